@@ -1,0 +1,283 @@
+//! The helper ⇄ agent wire protocol: one Unix-socket connection per Exec,
+//! carrying frames `[u8 kind][u32 little-endian length][payload]`.
+//!
+//! Both ends use this module, so the two halves can never disagree. The
+//! process spec is JSON (small, once per Exec); every other frame is raw bytes
+//! or fixed-width integers so output and stdin stay binary-safe and cheap.
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Upper bound on one frame's payload; anything larger is a broken peer.
+pub const MAX_FRAME: usize = 16 << 20;
+
+const HEADER: usize = 5;
+
+/// What the agent should run, with the environment already merged in order
+/// (VM env, then process env) by the helper.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartSpec {
+    /// argv; argv[0] is looked up in PATH when it has no slash.
+    pub argv: Vec<String>,
+    /// Variables applied after the agent's base environment, later wins.
+    pub env: Vec<(String, String)>,
+    /// Working directory; empty means "/".
+    pub cwd: String,
+    /// mkdir -p the cwd before starting.
+    pub create_cwd: bool,
+    /// Run on a pseudo-terminal.
+    pub tty: bool,
+    /// Terminal columns (tty only).
+    pub tty_cols: u16,
+    /// Terminal rows (tty only).
+    pub tty_rows: u16,
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// Normal exit with this code.
+    Code(i32),
+    /// Killed by this signal.
+    Signal(i32),
+}
+
+/// One protocol message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame {
+    /// helper → agent: run a process (first frame of an exec connection).
+    Start(StartSpec),
+    /// helper → agent: bytes for the process's stdin.
+    Stdin(Vec<u8>),
+    /// helper → agent: end of stdin.
+    CloseStdin,
+    /// helper → agent: deliver a signal, to the process group if `group`.
+    Signal {
+        /// Signal number.
+        signal: i32,
+        /// Whole process group instead of the process only.
+        group: bool,
+    },
+    /// helper → agent: liveness probe (first and only frame of its connection).
+    Ping,
+    /// agent → helper: the process runs with this pid.
+    Started(i32),
+    /// agent → helper: stdout bytes.
+    Stdout(Vec<u8>),
+    /// agent → helper: stderr bytes.
+    Stderr(Vec<u8>),
+    /// agent → helper: the process is gone; last frame.
+    Exited(ExitStatus),
+    /// agent → helper: the process could not be started.
+    Error(String),
+    /// agent → helper: answer to `Ping`.
+    Pong,
+}
+
+/// Why a frame could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolError {
+    /// The socket failed.
+    #[error("agent connection: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer sent a frame larger than [`MAX_FRAME`].
+    #[error("agent frame of {0} bytes exceeds the limit")]
+    TooLarge(usize),
+    /// The peer sent an unknown frame kind.
+    #[error("unknown agent frame kind {0}")]
+    UnknownKind(u8),
+    /// The payload does not fit its kind.
+    #[error("malformed agent frame: {0}")]
+    Malformed(String),
+    /// The connection ended in the middle of a frame.
+    #[error("agent connection closed mid-frame")]
+    Truncated,
+}
+
+mod kind {
+    pub const START: u8 = 1;
+    pub const STDIN: u8 = 2;
+    pub const CLOSE_STDIN: u8 = 3;
+    pub const SIGNAL: u8 = 4;
+    pub const PING: u8 = 5;
+    pub const STARTED: u8 = 10;
+    pub const STDOUT: u8 = 11;
+    pub const STDERR: u8 = 12;
+    pub const EXITED: u8 = 13;
+    pub const ERROR: u8 = 14;
+    pub const PONG: u8 = 15;
+}
+
+impl Frame {
+    /// Appends the encoded frame to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) -> Result<(), ProtocolError> {
+        let (k, payload): (u8, std::borrow::Cow<'_, [u8]>) = match self {
+            Frame::Start(spec) => {
+                let json = serde_json::to_vec(spec).map_err(|e| ProtocolError::Malformed(e.to_string()))?;
+                (kind::START, json.into())
+            }
+            Frame::Stdin(b) => (kind::STDIN, b.as_slice().into()),
+            Frame::CloseStdin => (kind::CLOSE_STDIN, (&[][..]).into()),
+            Frame::Signal { signal, group } => {
+                let mut p = signal.to_le_bytes().to_vec();
+                p.push(u8::from(*group));
+                (kind::SIGNAL, p.into())
+            }
+            Frame::Ping => (kind::PING, (&[][..]).into()),
+            Frame::Started(pid) => (kind::STARTED, pid.to_le_bytes().to_vec().into()),
+            Frame::Stdout(b) => (kind::STDOUT, b.as_slice().into()),
+            Frame::Stderr(b) => (kind::STDERR, b.as_slice().into()),
+            Frame::Exited(status) => {
+                let (tag, v) = match status {
+                    ExitStatus::Code(c) => (0u8, *c),
+                    ExitStatus::Signal(s) => (1u8, *s),
+                };
+                let mut p = vec![tag];
+                p.extend_from_slice(&v.to_le_bytes());
+                (kind::EXITED, p.into())
+            }
+            Frame::Error(msg) => (kind::ERROR, msg.as_bytes().into()),
+            Frame::Pong => (kind::PONG, (&[][..]).into()),
+        };
+        if payload.len() > MAX_FRAME {
+            return Err(ProtocolError::TooLarge(payload.len()));
+        }
+        out.reserve(HEADER + payload.len());
+        out.push(k);
+        out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        out.extend_from_slice(&payload);
+        Ok(())
+    }
+
+    fn decode(k: u8, p: &[u8]) -> Result<Frame, ProtocolError> {
+        let int = |p: &[u8]| -> Result<i32, ProtocolError> {
+            let b: [u8; 4] = p.get(..4).and_then(|s| s.try_into().ok()).ok_or_else(|| ProtocolError::Malformed("short integer".into()))?;
+            Ok(i32::from_le_bytes(b))
+        };
+        Ok(match k {
+            kind::START => Frame::Start(serde_json::from_slice(p).map_err(|e| ProtocolError::Malformed(e.to_string()))?),
+            kind::STDIN => Frame::Stdin(p.to_vec()),
+            kind::CLOSE_STDIN => Frame::CloseStdin,
+            kind::SIGNAL => Frame::Signal { signal: int(p)?, group: p.get(4).copied().unwrap_or(0) != 0 },
+            kind::PING => Frame::Ping,
+            kind::STARTED => Frame::Started(int(p)?),
+            kind::STDOUT => Frame::Stdout(p.to_vec()),
+            kind::STDERR => Frame::Stderr(p.to_vec()),
+            kind::EXITED => {
+                let v = int(p.get(1..).unwrap_or_default())?;
+                match p.first() {
+                    Some(0) => Frame::Exited(ExitStatus::Code(v)),
+                    Some(1) => Frame::Exited(ExitStatus::Signal(v)),
+                    _ => return Err(ProtocolError::Malformed("exit status tag".into())),
+                }
+            }
+            kind::ERROR => Frame::Error(String::from_utf8_lossy(p).into_owned()),
+            kind::PONG => Frame::Pong,
+            other => return Err(ProtocolError::UnknownKind(other)),
+        })
+    }
+}
+
+/// Writes one frame with a single write call.
+pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &Frame) -> Result<(), ProtocolError> {
+    let mut buf = Vec::new();
+    frame.encode(&mut buf)?;
+    w.write_all(&buf).await?;
+    Ok(())
+}
+
+/// Reads frames from a byte stream.
+///
+/// `next` is cancel-safe (bytes read are kept in the buffer), which lets
+/// callers use it as one branch of `tokio::select!` next to other I/O.
+pub struct FrameReader<R> {
+    inner: R,
+    buf: Vec<u8>,
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    /// Wraps a reader.
+    pub fn new(inner: R) -> Self {
+        Self { inner, buf: Vec::new() }
+    }
+
+    /// The next frame, or `None` at a clean end of stream.
+    pub async fn next(&mut self) -> Result<Option<Frame>, ProtocolError> {
+        loop {
+            if let Some(frame) = self.parse()? {
+                return Ok(Some(frame));
+            }
+            self.buf.reserve(64 * 1024);
+            if self.inner.read_buf(&mut self.buf).await? == 0 {
+                return if self.buf.is_empty() { Ok(None) } else { Err(ProtocolError::Truncated) };
+            }
+        }
+    }
+
+    fn parse(&mut self) -> Result<Option<Frame>, ProtocolError> {
+        if self.buf.len() < HEADER {
+            return Ok(None);
+        }
+        let len = u32::from_le_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+        if len > MAX_FRAME {
+            return Err(ProtocolError::TooLarge(len));
+        }
+        if self.buf.len() < HEADER + len {
+            return Ok(None);
+        }
+        let frame = Frame::decode(self.buf[0], &self.buf[HEADER..HEADER + len])?;
+        self.buf.drain(..HEADER + len);
+        Ok(Some(frame))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn every_frame_round_trips() {
+        let frames = vec![
+            Frame::Start(StartSpec {
+                argv: vec!["echo".into(), "hi".into()],
+                env: vec![("A".into(), "1".into())],
+                cwd: "/tmp".into(),
+                create_cwd: true,
+                tty: false,
+                tty_cols: 80,
+                tty_rows: 24,
+            }),
+            Frame::Stdin((0..=255).collect()),
+            Frame::CloseStdin,
+            Frame::Signal { signal: 15, group: true },
+            Frame::Ping,
+            Frame::Started(42),
+            Frame::Stdout(vec![0, 1, 2]),
+            Frame::Stderr(Vec::new()),
+            Frame::Exited(ExitStatus::Code(3)),
+            Frame::Exited(ExitStatus::Signal(9)),
+            Frame::Error("nope".into()),
+            Frame::Pong,
+        ];
+        let mut bytes = Vec::new();
+        for f in &frames {
+            f.encode(&mut bytes).unwrap();
+        }
+        let mut r = FrameReader::new(bytes.as_slice());
+        for f in &frames {
+            assert_eq!(r.next().await.unwrap().as_ref(), Some(f));
+        }
+        assert!(r.next().await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn truncated_and_unknown_frames_are_errors() {
+        let mut r = FrameReader::new(&[kind::STDOUT, 10, 0, 0, 0, 1][..]);
+        assert!(matches!(r.next().await, Err(ProtocolError::Truncated)));
+        let mut r = FrameReader::new(&[99u8, 0, 0, 0, 0][..]);
+        assert!(matches!(r.next().await, Err(ProtocolError::UnknownKind(99))));
+        let mut r = FrameReader::new(&[kind::STDOUT, 0xff, 0xff, 0xff, 0xff][..]);
+        assert!(matches!(r.next().await, Err(ProtocolError::TooLarge(_))));
+        let mut r = FrameReader::new(&[kind::STARTED, 1, 0, 0, 0, 7][..]);
+        assert!(matches!(r.next().await, Err(ProtocolError::Malformed(_))));
+    }
+}

@@ -1,0 +1,249 @@
+//! The local image store and the mmdebstrap image builder.
+//!
+//! An image is a Debian root filesystem that sandboxes boot from (read-only,
+//! as the lower layer of an overlay). On disk, per image:
+//!
+//! ```text
+//! <store>/<name>/rootfs/       the tree, owned by the id range in image.json
+//! <store>/<name>/image.json    ImageInfo (serde)
+//! ```
+//!
+//! Ownership is shifted at build time (uid/gid + `uid_base`) so a sandbox's
+//! user namespace can map `0..id_count` onto it without touching the files
+//! again: root inside a sandbox is never root on the host.
+//!
+//! - [`store`]: listing, lookup and the build sequence (temp dir, atomic rename).
+//! - [`mmdebstrap`]: running mmdebstrap with the host's apt sources as mirrors.
+//! - [`ownership`]: the one-pass uid/gid shift of a built tree.
+//! - [`inspect`]: what a built tree provides (shell, package manager, size).
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+mod inspect;
+mod mmdebstrap;
+mod ownership;
+mod store;
+
+pub use store::ImageStore;
+
+/// Name of the default image, the one sandboxes boot from unless told otherwise.
+pub const DEFAULT_IMAGE: &str = "mcp-dev";
+
+/// Debian suite images are built from unless the request names another.
+pub const DEFAULT_SUITE: &str = "bookworm";
+
+/// First host uid/gid of an image built as root: far above any real account,
+/// and the same base the sandbox user namespaces map from.
+pub const ROOT_UID_BASE: u32 = 100_000;
+
+/// Number of ids an image built as root is shifted into (a full 16-bit range,
+/// so `nobody` (65534) still maps).
+pub const ROOT_ID_COUNT: u32 = 65_536;
+
+/// Packages of the default image `mcp-dev`: enough for agents to run Python and
+/// Node projects, clone repositories and install more with apt.
+pub fn default_packages() -> Vec<String> {
+    [
+        "python3",
+        "python3-pip",
+        "python3-venv",
+        "git",
+        "curl",
+        "ca-certificates",
+        "nodejs",
+        "npm",
+        "gpgv",
+        "procps",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect()
+}
+
+/// Packages every image gets whatever was asked for: apt inside a sandbox
+/// cannot verify its lists without `gpgv`, nor reach https mirrors without
+/// `ca-certificates`.
+const REQUIRED_PACKAGES: [&str; 2] = ["gpgv", "ca-certificates"];
+
+/// A built image, as stored in `image.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageInfo {
+    /// Name used to select the image (`VmSpec.image`).
+    pub name: String,
+    /// Disk usage of the root filesystem in bytes (allocated blocks, hard
+    /// links counted once).
+    pub size_bytes: u64,
+    /// Unix time in milliseconds when the build finished.
+    pub created_at_ms: i64,
+    /// Shell for `sh -c` style commands: `/bin/bash` if present, else `/bin/sh`.
+    pub shell: String,
+    /// Package manager the image carries: "apt", "apk", "dnf" or "".
+    pub package_manager: String,
+    /// Host uid/gid that root (0) inside the image is owned by; a sandbox maps
+    /// its ids `0..id_count` onto `uid_base..uid_base+id_count`.
+    pub uid_base: u32,
+    /// Size of the id range the tree's owners fall into.
+    pub id_count: u32,
+}
+
+/// What to build.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildRequest {
+    /// Image name, `^[a-z0-9][a-z0-9._-]{0,62}$`.
+    pub name: String,
+    /// Debian suite, e.g. "bookworm"; empty means [`DEFAULT_SUITE`].
+    pub suite: String,
+    /// Packages on top of minbase; `gpgv` and `ca-certificates` are always added.
+    pub packages: Vec<String>,
+    /// Rebuild even if an image of that name exists (it is replaced only once
+    /// the new build succeeded).
+    pub force: bool,
+}
+
+/// Everything that can go wrong with images.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    /// The name breaks the naming rule.
+    #[error("invalid image name {0:?}: must match ^[a-z0-9][a-z0-9._-]{{0,62}}$")]
+    InvalidName(String),
+    /// A package name apt would not accept (or that could smuggle in an option).
+    #[error("invalid package name {0:?}: must match ^[a-z0-9][a-z0-9+.:=~-]*$")]
+    InvalidPackage(String),
+    /// The suite name is not a plain Debian codename.
+    #[error("invalid suite {0:?}: must match ^[a-z][a-z0-9-]*$")]
+    InvalidSuite(String),
+    /// No image of that name in the store.
+    #[error("image {0:?} not found")]
+    NotFound(String),
+    /// The builder is not installed.
+    #[error("mmdebstrap not found: install the `mmdebstrap` package (apt-get install mmdebstrap)")]
+    MmdebstrapMissing,
+    /// mmdebstrap ran and failed.
+    #[error("mmdebstrap failed ({status}); last output:\n{stderr_tail}")]
+    BuildFailed {
+        /// Its exit status.
+        status: String,
+        /// The last lines it wrote to stderr.
+        stderr_tail: String,
+    },
+    /// Building without root needs one subordinate id range for the user.
+    #[error("cannot build without root: {0}")]
+    SubordinateIds(String),
+    /// A file in a built tree has an owner that the id range cannot hold.
+    #[error("{path}: owner id {id} is outside 0..{count}; cannot shift it into the image id range")]
+    IdOutOfRange {
+        /// The offending file.
+        path: PathBuf,
+        /// Its uid or gid.
+        id: u32,
+        /// Size of the range.
+        count: u32,
+    },
+    /// `image.json` is unreadable or malformed.
+    #[error("{path}: bad image metadata: {source}")]
+    Metadata {
+        /// The metadata file.
+        path: PathBuf,
+        /// What serde said.
+        source: serde_json::Error,
+    },
+    /// A filesystem or process operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done, naming the path.
+        context: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+impl ImageError {
+    fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        ImageError::Io { context: context.into(), source }
+    }
+}
+
+/// Checks an image name: `^[a-z0-9][a-z0-9._-]{0,62}$`. The name becomes a
+/// directory, so this is also what keeps `..` and `/` out of the store.
+pub fn validate_name(name: &str) -> Result<(), ImageError> {
+    let bytes = name.as_bytes();
+    let ok = matches!(bytes.first(), Some(c) if c.is_ascii_lowercase() || c.is_ascii_digit())
+        && bytes.len() <= 63
+        && bytes
+            .iter()
+            .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'-'));
+    if ok { Ok(()) } else { Err(ImageError::InvalidName(name.to_string())) }
+}
+
+fn validate_package(name: &str) -> Result<(), ImageError> {
+    let bytes = name.as_bytes();
+    let ok = matches!(bytes.first(), Some(c) if c.is_ascii_lowercase() || c.is_ascii_digit())
+        && bytes.iter().all(|&c| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'+' | b'.' | b':' | b'=' | b'~' | b'-')
+        });
+    if ok { Ok(()) } else { Err(ImageError::InvalidPackage(name.to_string())) }
+}
+
+fn validate_suite(suite: &str) -> Result<(), ImageError> {
+    let bytes = suite.as_bytes();
+    let ok = matches!(bytes.first(), Some(c) if c.is_ascii_lowercase())
+        && bytes.iter().all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-');
+    if ok { Ok(()) } else { Err(ImageError::InvalidSuite(suite.to_string())) }
+}
+
+/// The package list actually installed: the request's, plus the required
+/// ones, without duplicates, in a stable order.
+fn package_list(requested: &[String]) -> Result<Vec<String>, ImageError> {
+    let mut out: Vec<String> = Vec::new();
+    for p in requested.iter().map(String::as_str).chain(REQUIRED_PACKAGES) {
+        validate_package(p)?;
+        if !out.iter().any(|q| q == p) {
+            out.push(p.to_string());
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_rule() {
+        for ok in ["mcp-dev", "a", "0", "x.y_z-1", &"a".repeat(63)] {
+            assert!(validate_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "-a", ".a", "_a", "A", "a/b", "..", "a b", "é", &"a".repeat(64)] {
+            let err = validate_name(bad).unwrap_err();
+            assert!(matches!(err, ImageError::InvalidName(_)), "{bad}");
+            assert!(err.to_string().contains("^[a-z0-9][a-z0-9._-]{0,62}$"), "{err}");
+        }
+    }
+
+    #[test]
+    fn package_list_adds_required_once_and_rejects_options() {
+        let got = package_list(&["python3".into(), "gpgv".into()]).unwrap();
+        assert_eq!(got, ["python3", "gpgv", "ca-certificates"]);
+        assert!(matches!(package_list(&["--foo".into()]), Err(ImageError::InvalidPackage(_))));
+        assert!(matches!(package_list(&["a,b".into()]), Err(ImageError::InvalidPackage(_))));
+        assert!(package_list(&["libstdc++6".into(), "g++".into()]).is_ok());
+    }
+
+    #[test]
+    fn suites_are_plain_codenames() {
+        assert!(validate_suite("bookworm").is_ok());
+        assert!(validate_suite("bookworm-backports").is_ok());
+        for bad in ["", "Bookworm", "../x", "-x", "a b"] {
+            assert!(matches!(validate_suite(bad), Err(ImageError::InvalidSuite(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn default_packages_include_apt_essentials() {
+        let p = default_packages();
+        for must in REQUIRED_PACKAGES.iter().chain(&["python3", "git"]) {
+            assert!(p.iter().any(|q| q == must), "{must}");
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! # sandbox-mcp
+//!
+//! Local, VM-grade sandboxes for AI agents, served as an MCP server.
+//!
+//! # Layout
+//! - [`proto`]: the generated helper contract (`proto/sandbox_mcp/helper/v1/helper.proto`).
+//! - [`paths`]: where every file lives (XDG dirs, sockets), shared by all binaries.
+//! - [`image`]: the local image store and the mmdebstrap image builder.
+//! - [`helper`]: the Linux VM helper: the gRPC service and its namespace driver.
+//! - [`agent`]: the in-sandbox agent that runs one process per Exec.
+//! - [`orchestrator`]: sandboxes by name, exec semantics, env, audit; talks to a helper.
+//! - [`mcp`]: the MCP tool surface, a thin layer over the orchestrator.
+#![warn(missing_docs)]
+
+pub mod agent;
+pub mod helper;
+pub mod image;
+pub mod mcp;
+pub mod orchestrator;
+pub mod paths;
+pub mod proto;

@@ -1,0 +1,167 @@
+//! The text shapes of tool results, kept identical to the reference server's
+//! so prompts written for it keep working (`[exit code N]`, `(12.3ms)`, the
+//! status and history tables).
+use std::time::{Duration, SystemTime};
+
+use crate::orchestrator::{
+    Sandbox,
+    audit::AuditEntry,
+    exec::{ExecResult, Outcome},
+    helper_client::ExitStatus,
+    text::render,
+};
+
+/// Milliseconds with one decimal, as `(63.2ms)` prints them.
+pub fn ms(d: Duration) -> String {
+    format!("{:.1}ms", d.as_secs_f64() * 1000.0)
+}
+
+/// Seconds the way Python prints a float (`30.0`, `2.5`), as the reference's
+/// `Timed out after 30.0s` does.
+pub fn seconds(s: f64) -> String {
+    if s.fract() == 0.0 { format!("{s:.1}") } else { format!("{s}") }
+}
+
+/// A command's result: stdout, `[stderr] …`, `[exit code N]` when non-zero,
+/// and the duration. Trailing newlines are trimmed as the reference does.
+pub fn exec_result(r: &ExecResult, timeout_secs: f64) -> String {
+    let mut lines = Vec::new();
+    let stdout = render(&r.stdout);
+    let stdout = stdout.trim_end_matches('\n');
+    if !stdout.is_empty() {
+        lines.push(stdout.to_string());
+    }
+    let mut stderr = render(&r.stderr).trim_end_matches('\n').to_string();
+    if r.outcome == Outcome::TimedOut {
+        if !stderr.is_empty() {
+            stderr.push('\n');
+        }
+        stderr.push_str(&format!("Timed out after {}s (process group killed; output so far shown)", seconds(timeout_secs)));
+    }
+    if !stderr.is_empty() {
+        lines.push(format!("[stderr] {stderr}"));
+    }
+    let code = r.exit_code();
+    if code != 0 {
+        match r.outcome {
+            Outcome::Exited(ExitStatus::Signal(sig)) => lines.push(format!("[exit code {code}] (killed by signal {sig})")),
+            _ => lines.push(format!("[exit code {code}]")),
+        }
+    }
+    lines.push(format!("({})", ms(r.duration)));
+    lines.join("\n")
+}
+
+/// Memory as `512M` / `2G`.
+pub fn memory(bytes: u64) -> String {
+    let mib = bytes >> 20;
+    if mib >= 1024 && mib % 1024 == 0 { format!("{}G", mib / 1024) } else { format!("{mib}M") }
+}
+
+/// One `status` line for a sandbox.
+pub fn status_line(s: &Sandbox, alive: bool) -> String {
+    let mut fields = vec![
+        format!("  {:<12} {}", s.name, s.name),
+        format!("shell:{}", if alive { "alive" } else { "dead" }),
+        format!("idle:{}s", s.idle().as_secs()),
+        format!("{}cpu/{}", s.cpus, memory(s.memory_bytes)),
+    ];
+    let cmds = s.command_count();
+    if cmds > 0 {
+        fields.push(format!("cmds:{cmds}"));
+    }
+    fields.join("  ")
+}
+
+/// The `list_all` table.
+pub fn list_table(rows: &[(std::sync::Arc<Sandbox>, bool)]) -> String {
+    let mut out = vec![
+        format!("{:<12}  {:<16}  {:<6}  {:>8}  {}", "Name", "Container", "Shell", "Idle", "Resources"),
+        "─".repeat(65),
+    ];
+    for (s, alive) in rows {
+        out.push(format!(
+            "{:<12}  {:<16}  {:<6}  {:>8}  {}cpu/{}",
+            s.name,
+            s.name,
+            if *alive { "alive" } else { "dead" },
+            format!("{}s", s.idle().as_secs()),
+            s.cpus,
+            memory(s.memory_bytes)
+        ));
+    }
+    out.join("\n")
+}
+
+/// The `history` listing, newest first.
+pub fn history(sandbox: &str, entries: &[AuditEntry]) -> String {
+    let now = SystemTime::now();
+    let mut out = vec![format!("Recent commands in '{sandbox}' ({} shown):", entries.len())];
+    for (i, e) in entries.iter().enumerate() {
+        let status = if e.exit_code == 0 { "ok".to_string() } else { format!("exit:{}", e.exit_code) };
+        let ago = now.duration_since(e.at).unwrap_or_default().as_secs();
+        out.push(format!(
+            "  {:>2}. [{status}] {:.0}ms {ago}s ago  {}",
+            i + 1,
+            e.duration.as_secs_f64() * 1000.0,
+            e.command
+        ));
+    }
+    out.join("\n")
+}
+
+/// The `env list` text.
+pub fn env_list(sandbox: &str, env: &std::collections::BTreeMap<String, String>) -> String {
+    if env.is_empty() {
+        return "No persistent env vars set. Use env(action='set', key='FOO', value='bar').".to_string();
+    }
+    format!("Persistent env vars in '{sandbox}':\n{}", crate::orchestrator::env::profile_script(env).trim_end())
+}
+
+/// The last lines of an install that say what was installed.
+pub fn install_summary(stdout: &str, packages: &[String]) -> String {
+    let lines: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("Setting up") || l.starts_with("OK:") || l.to_lowercase().contains("installing"))
+        .collect();
+    if lines.is_empty() {
+        format!("Installed {}", packages.join(" "))
+    } else {
+        lines[lines.len().saturating_sub(5)..].join("\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::orchestrator::exec::Captured;
+
+    fn result(out: &str, err: &str, outcome: Outcome) -> ExecResult {
+        let cap = |s: &str| Captured { bytes: s.as_bytes().to_vec(), total: s.len() as u64 };
+        ExecResult { stdout: cap(out), stderr: cap(err), outcome, duration: Duration::from_micros(1234) }
+    }
+
+    #[test]
+    fn exec_shapes() {
+        assert_eq!(exec_result(&result("hi\n", "", Outcome::Exited(ExitStatus::Code(0))), 30.0), "hi\n(1.2ms)");
+        assert_eq!(
+            exec_result(&result("", "bad\n", Outcome::Exited(ExitStatus::Code(2))), 30.0),
+            "[stderr] bad\n[exit code 2]\n(1.2ms)"
+        );
+        let t = exec_result(&result("part", "", Outcome::TimedOut), 2.0);
+        assert!(t.starts_with("part\n[stderr] Timed out after 2.0s"), "{t}");
+        assert!(t.contains("[exit code -1]"), "{t}");
+        let k = exec_result(&result("", "", Outcome::Exited(ExitStatus::Signal(9))), 1.0);
+        assert!(k.starts_with("[exit code 137] (killed by signal 9)"), "{k}");
+    }
+
+    #[test]
+    fn helpers() {
+        assert_eq!(seconds(30.0), "30.0");
+        assert_eq!(seconds(2.5), "2.5");
+        assert_eq!(memory(512 << 20), "512M");
+        assert_eq!(memory(2 << 30), "2G");
+        assert_eq!(install_summary("x\nSetting up jq (1.6)\n", &["jq".into()]), "Setting up jq (1.6)");
+        assert_eq!(install_summary("", &["jq".into()]), "Installed jq");
+    }
+}

@@ -1,0 +1,82 @@
+//! The MCP tool surface: a thin layer that turns tool calls into orchestrator
+//! calls and orchestrator results into the reference's text shapes. No policy
+//! or state lives here. Tools are grouped by topic, one router per file:
+//! [`core`] (exec, python, install, env), [`files`], [`lifecycle`].
+pub mod core;
+pub mod files;
+pub mod format;
+pub mod lifecycle;
+
+use std::sync::Arc;
+
+use rmcp::{
+    ServerHandler, ServiceExt,
+    handler::server::router::tool::ToolRouter,
+    model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig},
+    tool_handler,
+};
+
+use crate::orchestrator::{OrchestratorError, SandboxManager};
+
+/// What the server tells the agent about the sandbox model on connect.
+const INSTRUCTIONS: &str = "\
+Isolated Linux sandboxes (Debian, root inside, no privilege on the host) for running code. \
+Every tool takes `sandbox` (default 'default'); a sandbox is created on first use in a few tens of ms. \
+Each exec runs one fresh process (`<shell> -c`), so `cd` and `export` do not carry over: pass `workdir`, \
+and use env(action='set') for variables every later command should see. /workspace is a per-sandbox \
+volume that survives reset and destroy; everything else is reset by reset(). Install packages with \
+install(). Output is capped at 50,000 bytes per stream; timeouts kill the whole process group.";
+
+/// The MCP server: the tool routers over one shared sandbox manager.
+#[derive(Clone)]
+pub struct SandboxServer {
+    manager: Arc<SandboxManager>,
+    tool_router: ToolRouter<Self>,
+}
+
+impl SandboxServer {
+    /// A server over `manager` (shared by every MCP session).
+    pub fn new(manager: Arc<SandboxManager>) -> Self {
+        let tool_router = Self::core_router() + Self::files_router() + Self::lifecycle_router();
+        Self { manager, tool_router }
+    }
+
+    /// Serve one MCP session on stdin/stdout until the client disconnects.
+    pub async fn serve_stdio(self) -> Result<(), std::io::Error> {
+        let service = self.serve(rmcp::transport::stdio()).await.map_err(std::io::Error::other)?;
+        service.waiting().await.map_err(std::io::Error::other)?;
+        Ok(())
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for SandboxServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("sandbox-mcp", env!("CARGO_PKG_VERSION")))
+            .with_instructions(INSTRUCTIONS)
+    }
+}
+
+/// A successful tool result.
+fn ok(text: impl Into<String>) -> Result<CallToolResult, rmcp::ErrorData> {
+    Ok(CallToolResult::success(vec![ContentBlock::text(text.into())]))
+}
+
+/// A failed tool result: `Error: …` text (what the reference's clients match
+/// on) with `isError` set. The single place orchestrator errors meet MCP.
+fn fail(text: impl std::fmt::Display) -> Result<CallToolResult, rmcp::ErrorData> {
+    Ok(CallToolResult::error(vec![ContentBlock::text(format!("Error: {text}"))]))
+}
+
+/// `ok` for a successful text, `fail` for an orchestrator error.
+fn reply(r: Result<String, OrchestratorError>) -> Result<CallToolResult, rmcp::ErrorData> {
+    match r {
+        Ok(text) => ok(text),
+        Err(e) => fail(e),
+    }
+}
+
+fn default_sandbox() -> String {
+    "default".to_string()
+}

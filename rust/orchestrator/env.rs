@@ -1,0 +1,79 @@
+//! Persistent environment variables of a sandbox. The orchestrator applies
+//! them to every later command as process environment (so `unset` really
+//! unsets: no long-lived shell keeps stale exports), and mirrors them inside
+//! the sandbox: a JSON file it reads back after a restart, and a profile.d
+//! script so interactive login shells see them too.
+use std::{collections::BTreeMap, time::Duration};
+
+use super::{
+    error::OrchestratorError,
+    names::validate_env_key,
+    sandbox::{Command, Sandbox, SandboxManager},
+};
+
+/// The machine-readable copy, read back on attach.
+const ENV_JSON: &str = "/etc/sandbox-mcp/env.json";
+/// The copy login shells source.
+const ENV_PROFILE: &str = "/etc/profile.d/mcp-env.sh";
+
+fn shell_quote(value: &str) -> String {
+    format!("'{}'", value.replace('\'', r"'\''"))
+}
+
+/// The env as `export KEY='value'` lines, the form login shells source.
+pub fn profile_script(env: &BTreeMap<String, String>) -> String {
+    env.iter().map(|(k, v)| format!("export {k}={}\n", shell_quote(v))).collect()
+}
+
+impl SandboxManager {
+    /// Set `key` for every later command in the sandbox.
+    pub async fn set_env(&self, sandbox: &Sandbox, key: &str, value: &str) -> Result<(), OrchestratorError> {
+        validate_env_key(key)?;
+        let mut env = sandbox.env();
+        env.insert(key.to_string(), value.to_string());
+        self.store_env(sandbox, env).await
+    }
+
+    /// Remove `key` (a no-op when it was not set).
+    pub async fn unset_env(&self, sandbox: &Sandbox, key: &str) -> Result<(), OrchestratorError> {
+        validate_env_key(key)?;
+        let mut env = sandbox.env();
+        env.remove(key);
+        self.store_env(sandbox, env).await
+    }
+
+    /// Write the env inside the sandbox first and adopt it only once that
+    /// worked, so memory and sandbox never disagree.
+    async fn store_env(&self, sandbox: &Sandbox, env: BTreeMap<String, String>) -> Result<(), OrchestratorError> {
+        let json = serde_json::to_vec_pretty(&env)
+            .map_err(|e| OrchestratorError::InvalidArgument(format!("cannot encode env: {e}")))?;
+        let files = [(ENV_JSON.to_string(), json), (ENV_PROFILE.to_string(), profile_script(&env).into_bytes())];
+        self.write_files(sandbox, &files).await?;
+        if let Ok(mut current) = sandbox.env.lock() {
+            *current = env;
+        }
+        Ok(())
+    }
+
+    /// Read the env a previous orchestrator stored in the sandbox.
+    pub(super) async fn load_env(&self, sandbox: &Sandbox) -> Result<BTreeMap<String, String>, OrchestratorError> {
+        let cmd = Command::argv(["cat", ENV_JSON], Duration::from_secs(10));
+        let result = self.run_in(sandbox, cmd).await?;
+        if result.exit_code() != 0 {
+            return Ok(BTreeMap::new());
+        }
+        serde_json::from_slice(&result.stdout.bytes)
+            .map_err(|e| OrchestratorError::InvalidArgument(format!("{ENV_JSON} is not valid JSON: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profile_quotes_values() {
+        let env = BTreeMap::from([("A".to_string(), "it's $x\nline".to_string())]);
+        assert_eq!(profile_script(&env), "export A='it'\\''s $x\nline'\n");
+    }
+}

@@ -1,0 +1,34 @@
+//! The orchestrator's error type. Messages are written for the agent on the
+//! other side of MCP: each says what was wrong and, where useful, what to do.
+use super::helper_client::HelperError;
+
+/// Everything an orchestrator operation can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum OrchestratorError {
+    /// A sandbox name failed validation.
+    #[error("invalid sandbox name '{0}' (must match ^[A-Za-z0-9][A-Za-z0-9._-]*$, at most 48 characters)")]
+    InvalidName(String),
+    /// No sandbox of that name exists.
+    #[error("no active sandbox '{0}'")]
+    NoSuchSandbox(String),
+    /// An env key failed validation.
+    #[error("invalid env key '{0}' (must be [A-Za-z_][A-Za-z0-9_]*)")]
+    InvalidEnvKey(String),
+    /// A parameter was out of range or malformed; the message names it.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The image has no package manager `install` knows.
+    #[error("image '{0}' has no supported package manager (apt-get, apk or dnf)")]
+    NoPackageManager(String),
+    /// A volume directory on the host could not be prepared.
+    #[error("cannot prepare volume {path}: {source}")]
+    Volume {
+        /// The directory.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The helper failed.
+    #[error(transparent)]
+    Helper(#[from] HelperError),
+}

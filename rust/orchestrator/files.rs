@@ -1,0 +1,91 @@
+//! Files in sandboxes: write one or many (as a tar stream extracted inside the
+//! sandbox, so nothing is ever written on the host), and read one back.
+//! Relative paths resolve against `/workspace`.
+use std::time::Duration;
+
+use super::{
+    error::OrchestratorError,
+    exec::{Captured, ExecResult},
+    sandbox::{Command, Sandbox, SandboxManager, WORKSPACE},
+};
+
+/// Time allowed for a file write or read.
+const FILE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Resolve a sandbox path the way the file tools document it.
+pub fn resolve(path: &str) -> Result<String, OrchestratorError> {
+    if path.is_empty() {
+        return Err(OrchestratorError::InvalidArgument("path must not be empty".into()));
+    }
+    if path.contains('\0') {
+        return Err(OrchestratorError::InvalidArgument(format!("path {path:?} contains a NUL byte")));
+    }
+    Ok(if path.starts_with('/') { path.to_string() } else { format!("{WORKSPACE}/{path}") })
+}
+
+/// Why a command that handles files failed, from its stderr.
+fn failure(result: &ExecResult) -> OrchestratorError {
+    let text = crate::orchestrator::text::render(&result.stderr);
+    let text = text.trim_end();
+    OrchestratorError::InvalidArgument(if text.is_empty() {
+        format!("command failed with exit code {}", result.exit_code())
+    } else {
+        text.to_string()
+    })
+}
+
+impl SandboxManager {
+    /// Write files (absolute or /workspace-relative path → content) into a
+    /// sandbox in one round trip. Parent directories are created.
+    pub async fn write_files(&self, sandbox: &Sandbox, files: &[(String, Vec<u8>)]) -> Result<(), OrchestratorError> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (path, data) in files {
+            let full = resolve(path)?;
+            let mut header = tar::Header::new_gnu();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            header.set_uid(0);
+            header.set_gid(0);
+            header.set_mtime(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0));
+            header.set_entry_type(tar::EntryType::Regular);
+            builder
+                .append_data(&mut header, full.trim_start_matches('/'), data.as_slice())
+                .map_err(|e| OrchestratorError::InvalidArgument(format!("cannot write {path}: {e}")))?;
+        }
+        let archive = builder
+            .into_inner()
+            .map_err(|e| OrchestratorError::InvalidArgument(format!("cannot build archive: {e}")))?;
+        let mut cmd = Command::argv(["tar", "-x", "-f", "-", "-C", "/", "--no-overwrite-dir"], FILE_TIMEOUT);
+        cmd.stdin = archive;
+        let result = self.run_in(sandbox, cmd).await?;
+        if result.exit_code() != 0 {
+            return Err(failure(&result));
+        }
+        Ok(())
+    }
+
+    /// Read a file; its bytes up to the output cap.
+    pub async fn read_file(&self, sandbox: &Sandbox, path: &str) -> Result<Captured, OrchestratorError> {
+        let full = resolve(path)?;
+        let mut cmd = Command::argv(["cat", "--", &full], FILE_TIMEOUT);
+        cmd.audit_as = Some(format!("cat '{full}'"));
+        let result = self.run_in(sandbox, cmd).await?;
+        if result.exit_code() != 0 {
+            return Err(failure(&result));
+        }
+        Ok(result.stdout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_relative_to_workspace() {
+        assert_eq!(resolve("a/b.txt").unwrap(), "/workspace/a/b.txt");
+        assert_eq!(resolve("/etc/x").unwrap(), "/etc/x");
+        assert!(resolve("").is_err());
+        assert!(resolve("a\0b").is_err());
+    }
+}

@@ -1,0 +1,408 @@
+//! The orchestrator's side of the helper contract: connects to a helper over
+//! its Unix socket (starting the Linux helper as a detached daemon when none
+//! is running) and converts between proto messages and the domain types the
+//! rest of the orchestrator uses. No other orchestrator module sees proto types.
+use std::{
+    collections::HashMap,
+    fs::OpenOptions,
+    os::unix::{fs::OpenOptionsExt, process::CommandExt},
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Duration,
+};
+
+use hyper_util::rt::TokioIo;
+use tokio::{net::UnixStream, sync::mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Streaming, transport::Channel};
+
+use crate::proto::v1::{self as pb, vm_helper_client::VmHelperClient};
+
+/// Failures talking to the helper, already phrased for a user.
+#[derive(Debug, thiserror::Error)]
+pub enum HelperError {
+    /// The helper could not be reached or started.
+    #[error("VM helper unavailable at {socket}: {reason}")]
+    Unavailable {
+        /// Socket we tried.
+        socket: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The helper has no such VM or image.
+    #[error("{0}")]
+    NotFound(String),
+    /// A VM with that id already exists.
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// The helper rejected the request as malformed.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The VM is in the wrong state for the request.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// Anything else the helper reported.
+    #[error("VM helper error: {0}")]
+    Other(String),
+}
+
+impl From<tonic::Status> for HelperError {
+    fn from(s: tonic::Status) -> Self {
+        let msg = s.message().to_string();
+        match s.code() {
+            Code::NotFound => Self::NotFound(msg),
+            Code::AlreadyExists => Self::AlreadyExists(msg),
+            Code::InvalidArgument => Self::InvalidArgument(msg),
+            Code::FailedPrecondition => Self::FailedPrecondition(msg),
+            Code::Unavailable => Self::Unavailable { socket: PathBuf::new(), reason: msg },
+            code => Self::Other(format!("{code:?}: {msg}")),
+        }
+    }
+}
+
+/// Network access of a VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Network {
+    /// Loopback only.
+    None,
+    /// Outbound access through a user-mode network stack.
+    Egress,
+}
+
+/// What the orchestrator asks the helper to create.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    /// VM id (the orchestrator uses the sandbox name).
+    pub id: String,
+    /// Image name.
+    pub image: String,
+    /// Whole CPUs.
+    pub cpus: u32,
+    /// Memory limit in bytes.
+    pub memory_bytes: u64,
+    /// (host dir, guest dir) pairs shared read-write.
+    pub mounts: Vec<(PathBuf, String)>,
+    /// Network access.
+    pub network: Network,
+    /// Metadata to find the VM again after a restart.
+    pub labels: HashMap<String, String>,
+}
+
+/// Lifecycle state reported by the helper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VmState {
+    /// Prepared, not booted.
+    Created,
+    /// Booted and accepting Exec.
+    Running,
+    /// Stopped.
+    Stopped,
+    /// A state this build does not know.
+    Unknown,
+}
+
+/// A VM as the helper reports it.
+#[derive(Debug, Clone)]
+pub struct VmInfo {
+    /// VM id.
+    pub id: String,
+    /// Image it runs.
+    pub image: String,
+    /// Labels given at creation.
+    pub labels: HashMap<String, String>,
+    /// Lifecycle state.
+    pub state: VmState,
+    /// Shell for `-c` commands.
+    pub shell: String,
+    /// CPU limit.
+    pub cpus: u32,
+    /// Memory limit in bytes.
+    pub memory_bytes: u64,
+    /// Unix ms of the last start.
+    pub started_at_ms: i64,
+}
+
+/// An image the helper can boot.
+#[derive(Debug, Clone)]
+pub struct ImageSummary {
+    /// Image name.
+    pub name: String,
+    /// Package manager inside ("apt", "apk", "dnf" or "").
+    pub package_manager: String,
+}
+
+/// A process to run in a VM.
+#[derive(Debug, Clone, Default)]
+pub struct ProcessConfig {
+    /// argv; argv[0] is looked up in PATH.
+    pub argv: Vec<String>,
+    /// Extra environment.
+    pub env: HashMap<String, String>,
+    /// Working directory.
+    pub cwd: String,
+    /// Create `cwd` if missing.
+    pub create_cwd: bool,
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// Exited with this code.
+    Code(i32),
+    /// Killed by this signal.
+    Signal(i32),
+}
+
+/// One event from a running process.
+#[derive(Debug)]
+pub enum ProcessEvent {
+    /// Started with this in-VM pid.
+    Started(i32),
+    /// Bytes on stdout.
+    Stdout(Vec<u8>),
+    /// Bytes on stderr.
+    Stderr(Vec<u8>),
+    /// The process is gone; no more events follow.
+    Exited(ExitStatus),
+}
+
+/// The input side of a running process: stdin and signals. Cloneable so
+/// stdin can be fed while another task reads the output.
+#[derive(Clone)]
+pub struct ProcessInput {
+    tx: mpsc::Sender<pb::ExecRequest>,
+}
+
+/// The output side of a running process.
+pub struct ProcessEvents {
+    rx: Streaming<pb::ExecResponse>,
+}
+
+impl ProcessInput {
+    async fn send(&self, msg: pb::exec_request::Msg) -> Result<(), HelperError> {
+        self.tx
+            .send(pb::ExecRequest { msg: Some(msg) })
+            .await
+            .map_err(|_| HelperError::Other("exec stream closed by the helper".into()))
+    }
+
+    /// Write to the process's stdin.
+    pub async fn write_stdin(&self, data: Vec<u8>) -> Result<(), HelperError> {
+        self.send(pb::exec_request::Msg::Stdin(data)).await
+    }
+
+    /// Close stdin: the process reads EOF.
+    pub async fn close_stdin(&self) -> Result<(), HelperError> {
+        self.send(pb::exec_request::Msg::CloseStdin(pb::CloseStdin {})).await
+    }
+
+    /// Signal the whole process group.
+    pub async fn signal_group(&self, signal: i32) -> Result<(), HelperError> {
+        self.send(pb::exec_request::Msg::Signal(pb::Signal { signal, process_group: true })).await
+    }
+}
+
+impl ProcessEvents {
+    /// Next event, or `None` when the helper ended the stream.
+    pub async fn next(&mut self) -> Result<Option<ProcessEvent>, HelperError> {
+        use pb::exec_response::Msg;
+        loop {
+            let Some(resp) = self.rx.message().await? else { return Ok(None) };
+            let event = match resp.msg {
+                Some(Msg::Started(s)) => ProcessEvent::Started(s.pid),
+                Some(Msg::Stdout(b)) => ProcessEvent::Stdout(b),
+                Some(Msg::Stderr(b)) => ProcessEvent::Stderr(b),
+                Some(Msg::Exited(e)) => ProcessEvent::Exited(match e.status {
+                    Some(pb::exited::Status::Signal(s)) => ExitStatus::Signal(s),
+                    Some(pb::exited::Status::Code(c)) => ExitStatus::Code(c),
+                    None => ExitStatus::Code(-1),
+                }),
+                None => continue,
+            };
+            return Ok(Some(event));
+        }
+    }
+}
+
+/// A connection to a helper.
+#[derive(Clone)]
+pub struct HelperClient {
+    client: VmHelperClient<Channel>,
+}
+
+impl HelperClient {
+    /// Connect to the helper at `socket`, starting `helper_bin` as a detached
+    /// daemon first if nothing answers there. The helper outlives this process,
+    /// so sandboxes survive an MCP client restarting its server.
+    pub async fn connect_or_spawn(socket: &Path, helper_bin: &Path) -> Result<Self, HelperError> {
+        if let Ok(c) = Self::connect(socket).await {
+            return Ok(c);
+        }
+        let unavailable = |reason: String| HelperError::Unavailable { socket: socket.to_path_buf(), reason };
+        // One orchestrator at a time decides to spawn: two MCP servers starting
+        // together must not start two helpers fighting over one socket.
+        let _lock = spawn_lock(socket).map_err(|e| unavailable(format!("lock: {e}")))?;
+        if let Ok(c) = Self::connect(socket).await {
+            return Ok(c);
+        }
+        spawn_helper(socket, helper_bin).map_err(|e| unavailable(format!("cannot start {}: {e}", helper_bin.display())))?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            match Self::connect(socket).await {
+                Ok(c) => return Ok(c),
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    return Err(unavailable(format!(
+                        "started {} but it did not answer within 15 s ({e}); see {}",
+                        helper_bin.display(),
+                        crate::paths::helper_log_file().display()
+                    )));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    }
+
+    /// Connect to a running helper; fails fast if none answers.
+    pub async fn connect(socket: &Path) -> Result<Self, HelperError> {
+        let path = socket.to_path_buf();
+        let unavailable = |reason: String| HelperError::Unavailable { socket: path.clone(), reason };
+        // Dial once up front so a dead socket fails here instead of on first use.
+        UnixStream::connect(socket).await.map_err(|e| unavailable(e.to_string()))?;
+        let dial = path.clone();
+        let channel = tonic::transport::Endpoint::try_from("http://localhost")
+            .map_err(|e| unavailable(e.to_string()))?
+            .connect_with_connector(tower::service_fn(move |_| {
+                let dial = dial.clone();
+                async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(dial).await?)) }
+            }))
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        let mut client = Self { client: VmHelperClient::new(channel) };
+        client.info().await?;
+        Ok(client)
+    }
+
+    /// Helper platform/driver/version line for status output.
+    pub async fn info(&mut self) -> Result<String, HelperError> {
+        let i = self.client.get_info(pb::GetInfoRequest {}).await?.into_inner();
+        Ok(format!("{} {} {}", i.platform, i.driver, i.version))
+    }
+
+    /// Create a VM (not started).
+    pub async fn create_vm(&self, cfg: VmConfig) -> Result<VmInfo, HelperError> {
+        let spec = pb::VmSpec {
+            id: cfg.id.clone(),
+            image: cfg.image,
+            cpus: cfg.cpus,
+            memory_bytes: cfg.memory_bytes,
+            pids_limit: 0,
+            mounts: cfg
+                .mounts
+                .into_iter()
+                .map(|(h, g)| pb::Mount { host_path: h.to_string_lossy().into_owned(), guest_path: g, read_only: false })
+                .collect(),
+            env: HashMap::new(),
+            hostname: cfg.id,
+            network: match cfg.network {
+                Network::None => pb::NetworkMode::None,
+                Network::Egress => pb::NetworkMode::Egress,
+            } as i32,
+            labels: cfg.labels,
+        };
+        let vm = self.client.clone().create_vm(pb::CreateVmRequest { spec: Some(spec) }).await?.into_inner().vm;
+        vm_info(vm)
+    }
+
+    /// Boot a VM; returns once Exec works.
+    pub async fn start_vm(&self, id: &str) -> Result<VmInfo, HelperError> {
+        vm_info(self.client.clone().start_vm(pb::StartVmRequest { id: id.into() }).await?.into_inner().vm)
+    }
+
+    /// Delete a VM (stopping it first); volumes are kept.
+    pub async fn delete_vm(&self, id: &str) -> Result<(), HelperError> {
+        self.client.clone().delete_vm(pb::DeleteVmRequest { id: id.into() }).await?;
+        Ok(())
+    }
+
+    /// Every VM of the helper.
+    pub async fn list_vms(&self) -> Result<Vec<VmInfo>, HelperError> {
+        let vms = self.client.clone().list_vms(pb::ListVmsRequest {}).await?.into_inner().vms;
+        vms.into_iter().map(|v| vm_info(Some(v))).collect()
+    }
+
+    /// Images the helper can boot.
+    pub async fn list_images(&self) -> Result<Vec<ImageSummary>, HelperError> {
+        let images = self.client.clone().list_images(pb::ListImagesRequest {}).await?.into_inner().images;
+        Ok(images.into_iter().map(|i| ImageSummary { name: i.name, package_manager: i.package_manager }).collect())
+    }
+
+    /// Start a process in a VM and return its handle once the helper accepted it.
+    pub async fn spawn(&self, vm_id: &str, p: ProcessConfig) -> Result<(ProcessInput, ProcessEvents), HelperError> {
+        let (tx, rx) = mpsc::channel(64);
+        let start = pb::ProcessSpec {
+            vm_id: vm_id.into(),
+            argv: p.argv,
+            env: p.env,
+            cwd: p.cwd,
+            create_cwd: p.create_cwd,
+            tty: false,
+            tty_cols: 0,
+            tty_rows: 0,
+        };
+        tx.send(pb::ExecRequest { msg: Some(pb::exec_request::Msg::Start(start)) })
+            .await
+            .map_err(|_| HelperError::Other("exec stream closed".into()))?;
+        let rx = self.client.clone().exec(ReceiverStream::new(rx)).await?.into_inner();
+        Ok((ProcessInput { tx }, ProcessEvents { rx }))
+    }
+}
+
+fn vm_info(vm: Option<pb::Vm>) -> Result<VmInfo, HelperError> {
+    let vm = vm.ok_or_else(|| HelperError::Other("helper answered without a VM".into()))?;
+    let spec = vm.spec.unwrap_or_default();
+    let state = match pb::VmState::try_from(vm.state) {
+        Ok(pb::VmState::Created) => VmState::Created,
+        Ok(pb::VmState::Running) => VmState::Running,
+        Ok(pb::VmState::Stopped) => VmState::Stopped,
+        _ => VmState::Unknown,
+    };
+    Ok(VmInfo {
+        id: spec.id,
+        image: spec.image,
+        labels: spec.labels,
+        state,
+        shell: if vm.shell.is_empty() { "/bin/sh".into() } else { vm.shell },
+        cpus: spec.cpus,
+        memory_bytes: spec.memory_bytes,
+        started_at_ms: vm.started_at_ms,
+    })
+}
+
+fn spawn_lock(socket: &Path) -> std::io::Result<nix::fcntl::Flock<std::fs::File>> {
+    let dir = socket.parent().unwrap_or(Path::new("/"));
+    std::fs::create_dir_all(dir)?;
+    let f = OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(socket.with_extension("lock"))?;
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| std::io::Error::from(e))
+}
+
+fn spawn_helper(socket: &Path, helper_bin: &Path) -> std::io::Result<()> {
+    let log_path = crate::paths::helper_log_file();
+    if let Some(dir) = log_path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let log = OpenOptions::new().create(true).append(true).mode(0o600).open(&log_path)?;
+    let mut cmd = std::process::Command::new(helper_bin);
+    cmd.arg("serve").arg("--socket").arg(socket).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    // SAFETY: setsid is async-signal-safe; it detaches the helper from our
+    // session so it survives the MCP client killing our process group.
+    unsafe {
+        cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from));
+    }
+    let child = cmd.spawn()?;
+    // Reap it in the background if it exits early; a daemon is never waited for.
+    std::thread::spawn(move || {
+        let mut child = child;
+        let _ = child.wait();
+    });
+    Ok(())
+}

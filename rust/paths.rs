@@ -1,0 +1,73 @@
+//! Where sandbox-mcp keeps its files. Every binary resolves paths here so the
+//! orchestrator, the helper and the tests agree without passing flags around.
+//!
+//! - data (`$XDG_DATA_HOME/sandbox-mcp`, `~/.local/share/sandbox-mcp`): images and
+//!   volumes, which are user data and outlive everything else.
+//! - state (`$XDG_STATE_HOME/sandbox-mcp`, `~/.local/state/sandbox-mcp`): per-VM
+//!   writable layers, logs, the state file.
+//! - runtime (`$XDG_RUNTIME_DIR/sandbox-mcp`, else `<state>/run`): sockets and pid files.
+//!
+//! Overrides: `SANDBOX_MCP_IMAGE_STORE` (image directory, so test runs can share
+//! one built image) and `SANDBOX_MCP_HELPER_SOCKET` (helper socket path).
+use std::path::PathBuf;
+
+fn home() -> PathBuf {
+    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"))
+}
+
+fn xdg(var: &str, fallback: &str) -> PathBuf {
+    match std::env::var_os(var) {
+        Some(v) if !v.is_empty() => PathBuf::from(v),
+        _ => home().join(fallback),
+    }
+}
+
+/// Root of user data: images and volumes.
+pub fn data_dir() -> PathBuf {
+    xdg("XDG_DATA_HOME", ".local/share").join("sandbox-mcp")
+}
+
+/// Root of state: VM layers, logs, state file.
+pub fn state_dir() -> PathBuf {
+    xdg("XDG_STATE_HOME", ".local/state").join("sandbox-mcp")
+}
+
+/// Directory for sockets and pid files; short, because Unix socket paths are
+/// limited to 107 bytes.
+pub fn runtime_dir() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(v) if !v.is_empty() => PathBuf::from(v).join("sandbox-mcp"),
+        _ => state_dir().join("run"),
+    }
+}
+
+/// The image store.
+pub fn image_store() -> PathBuf {
+    match std::env::var_os("SANDBOX_MCP_IMAGE_STORE") {
+        Some(v) if !v.is_empty() => PathBuf::from(v),
+        _ => data_dir().join("images"),
+    }
+}
+
+/// Per-sandbox volumes (e.g. `<volumes>/<sandbox>/workspace`).
+pub fn volumes_dir() -> PathBuf {
+    data_dir().join("volumes")
+}
+
+/// The helper's gRPC socket.
+pub fn helper_socket() -> PathBuf {
+    match std::env::var_os("SANDBOX_MCP_HELPER_SOCKET") {
+        Some(v) if !v.is_empty() => PathBuf::from(v),
+        _ => runtime_dir().join("helper.sock"),
+    }
+}
+
+/// The helper's pid file, next to its socket.
+pub fn helper_pid_file() -> PathBuf {
+    helper_socket().with_extension("pid")
+}
+
+/// The helper's log file (it runs detached, so stderr goes here).
+pub fn helper_log_file() -> PathBuf {
+    state_dir().join("helper.log")
+}

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Installs the host packages sandbox-mcp needs to build, run and test, only
+# when missing, quietly, one line per step (CI logs stay readable).
+#   mmdebstrap         builds images
+#   passt              pasta: outbound network for sandboxes
+#   uidmap             newuidmap/newgidmap: image builds without root
+#   protobuf-compiler  protoc, needed by build.rs
+#   python3-venv       the test venv (only if this python3 cannot make one)
+set -euo pipefail
+
+packages=(mmdebstrap passt uidmap protobuf-compiler)
+if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    packages+=(python3-venv)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+        missing+=("$p")
+    fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+    echo "deps: ${packages[*]}: already installed"
+else
+    sudo=()
+    if [ "$(id -u)" -ne 0 ]; then
+        if ! command -v sudo >/dev/null; then
+            echo "deps: missing ${missing[*]}; install them as root: apt-get install ${missing[*]}" >&2
+            exit 1
+        fi
+        sudo=(sudo)
+    fi
+    echo "deps: installing ${missing[*]}"
+    log=$(mktemp)
+    trap 'rm -f "$log"' EXIT
+    if ! "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive sh -c \
+        'apt-get update -qq && apt-get install -y -qq --no-install-recommends "$@"' sh "${missing[@]}" >"$log" 2>&1; then
+        tail -n 30 "$log" >&2
+        echo "deps: apt-get failed" >&2
+        exit 1
+    fi
+    echo "deps: installed ${missing[*]}"
+fi
+
+for tool in cargo cc python3; do
+    if ! command -v "$tool" >/dev/null; then
+        echo "deps: $tool not found on PATH (install the Rust toolchain, a C linker and Python 3.10+)" >&2
+        exit 1
+    fi
+done
+if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+    echo "deps: python3 is $(python3 -V 2>&1); the mcp test client needs 3.10+" >&2
+    exit 1
+fi
+echo "deps: $(cargo --version | cut -d' ' -f1-2), $(python3 -V 2>&1), $(mmdebstrap --version)"

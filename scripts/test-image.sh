@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds an image with the sandbox-mcp CLI unless the store already has it:
+#   scripts/test-image.sh SANDBOX_MCP_BIN STORE NAME PACKAGES(comma list)
+# mmdebstrap's progress goes to STORE/NAME.build.log; on failure its tail is shown.
+set -euo pipefail
+
+bin=$1
+store=$2
+name=$3
+packages=$4
+
+if [ -f "$store/$name/image.json" ]; then
+    echo "image: $name present in $store"
+    exit 0
+fi
+
+mkdir -p "$store"
+log="$store/$name.build.log"
+start=$SECONDS
+echo "image: building $name ($packages) into $store"
+if ! "$bin" image build --name "$name" --packages "$packages" --store "$store" >"$log" 2>&1; then
+    tail -n 40 "$log" >&2
+    echo "image: building $name failed (full log: $log)" >&2
+    exit 1
+fi
+echo "image: $name built in $(( SECONDS - start )) s"

@@ -1,0 +1,159 @@
+"""Fixtures for the end-to-end tests: isolated environments and running servers.
+
+Every test gets its own XDG directories in a fresh temp dir, so servers,
+helpers and their state never meet across tests. The image store is shared
+(building an image takes tens of seconds), read-only from the tests' side.
+`make test` provides the environment these fixtures read; running pytest
+without it fails loudly rather than skipping.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mcp_client import McpClient  # noqa: E402
+
+# How long a helper gets between SIGTERM and SIGKILL at teardown.
+HELPER_STOP_TIMEOUT = 5.0
+
+
+def required_env(name: str) -> str:
+    """The value of an environment variable `make test` sets, or a test failure."""
+    value = os.environ.get(name, "")
+    if not value:
+        pytest.fail(f"{name} is not set: run `make test` (it builds the binaries and the test image)", pytrace=False)
+    return value
+
+
+def shared_image_store() -> str:
+    """The shared test image store, checked to hold the test image."""
+    store = required_env("SANDBOX_MCP_TEST_IMAGE_STORE")
+    image = required_env("SANDBOX_MCP_TEST_IMAGE")
+    if not (Path(store) / image / "image.json").is_file():
+        pytest.fail(f"test image {image!r} missing from {store}: run `make test`", pytrace=False)
+    return store
+
+
+def new_env_dir() -> str:
+    """A fresh, short temp dir: the runtime dir holds Unix sockets, whose
+    paths are limited to 107 bytes."""
+    return tempfile.mkdtemp(prefix="smcp-", dir="/tmp")
+
+
+def isolated_env(base: str) -> dict[str, str]:
+    """Environment for a server (and the helper it starts) confined to `base`."""
+    env = {
+        "XDG_DATA_HOME": f"{base}/data",
+        "XDG_STATE_HOME": f"{base}/state",
+        "XDG_RUNTIME_DIR": f"{base}/run",
+        "XDG_CONFIG_HOME": f"{base}/config",
+        "SANDBOX_MCP_IMAGE_STORE": shared_image_store(),
+        "SANDBOX_MCP_DEFAULT_IMAGE": required_env("SANDBOX_MCP_TEST_IMAGE"),
+        "RUST_LOG": os.environ.get("RUST_LOG", "info"),
+    }
+    helper = os.environ.get("SANDBOX_VM_HELPER_BIN")
+    if helper:
+        env["SANDBOX_VM_HELPER_BIN"] = helper
+    for key in ("XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME"):
+        os.makedirs(env[key], mode=0o700, exist_ok=True)
+    return env
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours counts as gone; reap it if it is ours.
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return Path(f"/proc/{pid}").exists() and _state(pid) != "Z"
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def stop_helper(env: dict[str, str], timeout: float = HELPER_STOP_TIMEOUT) -> None:
+    """Stops the helper a server started in `env` (pid from its pid file):
+    SIGTERM, then SIGKILL if it is still there after `timeout`."""
+    pid_file = Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / "helper.pid"
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _pid_alive(pid):
+            return
+        time.sleep(0.05)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture
+def env() -> Iterator[dict[str, str]]:
+    """An isolated environment (fresh XDG dirs, the test image store); the
+    helper started in it is stopped and the dirs removed afterwards."""
+    base = new_env_dir()
+    e = isolated_env(base)
+    e["SANDBOX_MCP_TEST_TMP"] = base
+    try:
+        yield e
+    finally:
+        stop_helper(e)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def server_factory(env: dict[str, str]) -> Iterator[Callable[..., McpClient]]:
+    """Starts `$SANDBOX_MCP_BIN` (stdio) in `env`; call it again for a second
+    server on the same state (restart tests). Extra keyword arguments are
+    added to the environment. Every client is closed at teardown, before the
+    `env` fixture stops the helper."""
+    binary = required_env("SANDBOX_MCP_BIN")
+    clients: list[McpClient] = []
+
+    def start(**extra_env: str) -> McpClient:
+        n = len(clients)
+        client = McpClient(
+            binary,
+            env={**env, **extra_env},
+            stderr_path=f"{env['SANDBOX_MCP_TEST_TMP']}/server-{n}.log",
+        )
+        clients.append(client)
+        return client
+
+    try:
+        yield start
+    finally:
+        for c in clients:
+            c.close()
+
+
+@pytest.fixture
+def server(server_factory: Callable[..., McpClient]) -> McpClient:
+    """A running `sandbox-mcp` server in an isolated environment."""
+    return server_factory()
