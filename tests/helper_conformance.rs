@@ -1,0 +1,930 @@
+//! Conformance tests for the VmHelper contract, written only against the
+//! generated gRPC client so they can run against any helper.
+//!
+//! With `SANDBOX_MCP_CONFORMANCE_SOCKET` set, every test talks to that
+//! helper. Otherwise each test starts its own `sandbox-vm-helper serve` with
+//! XDG dirs in a temp dir and the image store from
+//! `SANDBOX_MCP_TEST_IMAGE_STORE` (built by `make test`), and kills it at the
+//! end, even on panic.
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use sandbox_mcp::proto::v1 as pb;
+use sandbox_mcp::proto::v1::vm_helper_client::VmHelperClient;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt as _;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Streaming};
+
+// ------------------------------------------------------------------ harness
+
+/// A directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        // Short, because Unix socket paths are limited to 107 bytes.
+        let p = PathBuf::from(format!(
+            "/tmp/smcp-h{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The helper under test; stopped (TERM, then KILL) on drop.
+struct HelperProcess(Child);
+
+impl Drop for HelperProcess {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        for _ in 0..200 {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Harness {
+    // Dropped first: the helper stops (and cleans its VMs) before the temp
+    // dir holding its state goes away.
+    helper: Option<HelperProcess>,
+    client: VmHelperClient<Channel>,
+    image: String,
+    /// uid_base of the test image, when we know the store.
+    uid_base: Option<u32>,
+    tmp: TempDir,
+    prefix: String,
+}
+
+async fn connect(socket: &Path) -> Option<VmHelperClient<Channel>> {
+    let socket = socket.to_path_buf();
+    let channel = Endpoint::try_from("http://localhost")
+        .ok()?
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(
+                    tokio::net::UnixStream::connect(socket).await?,
+                ))
+            }
+        }))
+        .await
+        .ok()?;
+    Some(VmHelperClient::new(channel).max_decoding_message_size(64 << 20))
+}
+
+impl Harness {
+    async fn new(test: &str) -> Harness {
+        let image = std::env::var("SANDBOX_MCP_TEST_IMAGE").unwrap_or_else(|_| "mcp-test".into());
+        let tmp = TempDir::new();
+        let prefix = format!("{test}-{}", std::process::id());
+        if let Ok(socket) = std::env::var("SANDBOX_MCP_CONFORMANCE_SOCKET") {
+            let client = connect(Path::new(&socket))
+                .await
+                .expect("connect to SANDBOX_MCP_CONFORMANCE_SOCKET");
+            return Harness {
+                client,
+                image,
+                uid_base: None,
+                tmp,
+                prefix,
+                helper: None,
+            };
+        }
+        let store = std::env::var("SANDBOX_MCP_TEST_IMAGE_STORE").expect(
+            "SANDBOX_MCP_TEST_IMAGE_STORE is not set: run `make test`, which builds the test image and sets it \
+             (or set SANDBOX_MCP_CONFORMANCE_SOCKET to test a running helper)",
+        );
+        let uid_base = std::fs::read_to_string(Path::new(&store).join(&image).join("image.json"))
+            .ok()
+            .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+            .and_then(|v| v.get("uid_base").and_then(|u| u.as_u64()))
+            .map(|u| u as u32);
+        let socket = tmp.0.join("h.sock");
+        let child = Command::new(env!("CARGO_BIN_EXE_sandbox-vm-helper"))
+            .arg("serve")
+            .arg("--socket")
+            .arg(&socket)
+            .env("XDG_DATA_HOME", tmp.0.join("data"))
+            .env("XDG_STATE_HOME", tmp.0.join("state"))
+            .env("XDG_RUNTIME_DIR", tmp.0.join("run"))
+            .env("SANDBOX_MCP_IMAGE_STORE", &store)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn sandbox-vm-helper");
+        let helper = HelperProcess(child);
+        let mut client = None;
+        for _ in 0..200 {
+            if socket.exists() {
+                client = connect(&socket).await;
+                if client.is_some() {
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        let client = client.expect("helper did not come up");
+        Harness {
+            client,
+            image,
+            uid_base,
+            tmp,
+            prefix,
+            helper: Some(helper),
+        }
+    }
+
+    fn id(&self, name: &str) -> String {
+        format!("{}-{name}", self.prefix)
+    }
+
+    fn spec(&self, name: &str) -> pb::VmSpec {
+        pb::VmSpec {
+            id: self.id(name),
+            image: self.image.clone(),
+            network: pb::NetworkMode::None as i32,
+            ..Default::default()
+        }
+    }
+
+    async fn create(&mut self, spec: pb::VmSpec) -> Result<pb::Vm, tonic::Status> {
+        let r = self
+            .client
+            .create_vm(pb::CreateVmRequest { spec: Some(spec) })
+            .await?;
+        Ok(r.into_inner().vm.expect("vm in response"))
+    }
+
+    async fn start(&mut self, id: &str) -> Result<pb::Vm, tonic::Status> {
+        let r = self
+            .client
+            .start_vm(pb::StartVmRequest { id: id.into() })
+            .await?;
+        Ok(r.into_inner().vm.expect("vm in response"))
+    }
+
+    async fn stop(&mut self, id: &str) -> Result<pb::Vm, tonic::Status> {
+        let r = self
+            .client
+            .stop_vm(pb::StopVmRequest {
+                id: id.into(),
+                grace_ms: 0,
+            })
+            .await?;
+        Ok(r.into_inner().vm.expect("vm in response"))
+    }
+
+    async fn delete(&mut self, id: &str) -> Result<(), tonic::Status> {
+        self.client
+            .delete_vm(pb::DeleteVmRequest { id: id.into() })
+            .await
+            .map(|_| ())
+    }
+
+    async fn get(&mut self, id: &str) -> Result<pb::Vm, tonic::Status> {
+        let r = self
+            .client
+            .get_vm(pb::GetVmRequest { id: id.into() })
+            .await?;
+        Ok(r.into_inner().vm.expect("vm in response"))
+    }
+
+    /// Creates and starts a VM (network NONE unless `tweak` changes it).
+    async fn running(&mut self, name: &str, tweak: impl FnOnce(&mut pb::VmSpec)) -> String {
+        let mut spec = self.spec(name);
+        tweak(&mut spec);
+        let id = spec.id.clone();
+        self.create(spec).await.expect("create");
+        let vm = self.start(&id).await.expect("start");
+        assert_eq!(vm.state, pb::VmState::Running as i32);
+        id
+    }
+
+    async fn caps(&mut self) -> Vec<String> {
+        self.client
+            .get_info(pb::GetInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .capabilities
+    }
+
+    /// Opens an Exec stream; returns the request sender and the responses.
+    async fn open(
+        &mut self,
+        start: pb::ProcessSpec,
+    ) -> Result<(mpsc::Sender<pb::ExecRequest>, Streaming<pb::ExecResponse>), tonic::Status> {
+        let (tx, rx) = mpsc::channel(64);
+        tx.send(req(pb::exec_request::Msg::Start(start)))
+            .await
+            .unwrap();
+        let resp = self.client.exec(ReceiverStream::new(rx)).await?;
+        Ok((tx, resp.into_inner()))
+    }
+
+    /// Runs argv to completion with the given stdin (then close_stdin).
+    async fn run(&mut self, start: pb::ProcessSpec, stdin: &[u8]) -> Result<Output, tonic::Status> {
+        let (tx, mut out) = self.open(start).await?;
+        if !stdin.is_empty() {
+            for chunk in stdin.chunks(256 * 1024) {
+                // A process that exits early ends the call; later sends fail.
+                let _ = tx
+                    .send(req(pb::exec_request::Msg::Stdin(chunk.to_vec())))
+                    .await;
+            }
+        }
+        let _ = tx
+            .send(req(pb::exec_request::Msg::CloseStdin(pb::CloseStdin {})))
+            .await;
+        collect(&mut out).await
+    }
+
+    async fn sh(&mut self, id: &str, script: &str) -> Output {
+        self.run(process(id, &["sh", "-c", script]), b"")
+            .await
+            .expect("exec")
+    }
+}
+
+fn req(msg: pb::exec_request::Msg) -> pb::ExecRequest {
+    pb::ExecRequest { msg: Some(msg) }
+}
+
+fn process(id: &str, argv: &[&str]) -> pb::ProcessSpec {
+    pb::ProcessSpec {
+        vm_id: id.into(),
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Output {
+    pid: i32,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    status: Option<pb::exited::Status>,
+}
+
+impl Output {
+    fn out(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+    fn err(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+    fn code(&self) -> Option<i32> {
+        match self.status {
+            Some(pb::exited::Status::Code(c)) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+async fn collect(out: &mut Streaming<pb::ExecResponse>) -> Result<Output, tonic::Status> {
+    let mut o = Output::default();
+    let mut first = true;
+    while let Some(msg) = out.next().await {
+        match msg?.msg {
+            Some(pb::exec_response::Msg::Started(s)) => {
+                assert!(first, "started must come first");
+                o.pid = s.pid;
+            }
+            Some(pb::exec_response::Msg::Stdout(b)) => o.stdout.extend(b),
+            Some(pb::exec_response::Msg::Stderr(b)) => o.stderr.extend(b),
+            Some(pb::exec_response::Msg::Exited(e)) => {
+                assert!(o.status.is_none(), "exactly one exited");
+                o.status = e.status;
+            }
+            None => {}
+        }
+        first = false;
+    }
+    assert!(o.status.is_some(), "stream ended without exited: {o:?}");
+    Ok(o)
+}
+
+/// Waits (bounded) until `pid` is gone inside the VM.
+async fn wait_gone(h: &mut Harness, id: &str, pid: &str) -> bool {
+    for _ in 0..100 {
+        if h.sh(id, &format!("kill -0 {pid} 2>/dev/null")).await.code() != Some(0) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+// ------------------------------------------------------------------ tests
+
+#[tokio::test]
+async fn get_info_describes_the_helper() {
+    let mut h = Harness::new("info").await;
+    let info = h
+        .client
+        .get_info(pb::GetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!info.platform.is_empty() && !info.driver.is_empty() && !info.version.is_empty());
+    assert!(
+        info.capabilities.iter().any(|c| c == "exec"),
+        "{:?}",
+        info.capabilities
+    );
+    if h.helper.is_some() {
+        assert_eq!(
+            (info.platform.as_str(), info.driver.as_str()),
+            ("linux", "namespaces")
+        );
+        for cap in ["seccomp", "userns", "network.none"] {
+            assert!(
+                info.capabilities.iter().any(|c| c == cap),
+                "missing {cap}: {:?}",
+                info.capabilities
+            );
+        }
+    }
+    let images = h
+        .client
+        .list_images(pb::ListImagesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .images;
+    let image = images
+        .iter()
+        .find(|i| i.name == h.image)
+        .expect("test image listed");
+    assert!(!image.shell.is_empty());
+}
+
+#[tokio::test]
+async fn lifecycle_create_start_stop_restart_delete() {
+    let mut h = Harness::new("life").await;
+    let mut spec = h.spec("vm");
+    spec.labels = HashMap::from([("owner".into(), "test".into())]);
+    let id = spec.id.clone();
+    let vm = h.create(spec).await.unwrap();
+    assert_eq!(vm.state, pb::VmState::Created as i32);
+    assert_eq!(vm.started_at_ms, 0);
+    let s = vm.spec.unwrap();
+    assert_eq!(
+        (s.cpus, s.memory_bytes, s.pids_limit),
+        (1, 512 << 20, 1024),
+        "defaults"
+    );
+    assert_eq!(s.hostname, id);
+    assert_eq!(s.labels.get("owner").map(String::as_str), Some("test"));
+    assert!(
+        h.client
+            .list_vms(pb::ListVmsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .vms
+            .iter()
+            .any(|v| v.spec.as_ref().unwrap().id == id)
+    );
+
+    let err = h.create(h.spec("vm")).await.unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists);
+    assert_eq!(
+        h.stop(&id).await.unwrap_err().code(),
+        Code::FailedPrecondition
+    );
+    let exec_err = h.run(process(&id, &["true"]), b"").await.unwrap_err();
+    assert_eq!(exec_err.code(), Code::FailedPrecondition);
+
+    let vm = h.start(&id).await.unwrap();
+    assert_eq!(vm.state, pb::VmState::Running as i32);
+    assert!(vm.started_at_ms > 0);
+    assert_eq!(
+        h.start(&id).await.unwrap_err().code(),
+        Code::FailedPrecondition
+    );
+    // Exec works as soon as StartVm returned.
+    assert_eq!(h.sh(&id, "echo kept > /root/state").await.code(), Some(0));
+
+    let vm = h.stop(&id).await.unwrap();
+    assert_eq!(vm.state, pb::VmState::Stopped as i32);
+    assert!(
+        vm.stop_reason.is_empty(),
+        "requested stop has no reason: {}",
+        vm.stop_reason
+    );
+    assert_eq!(h.get(&id).await.unwrap().state, pb::VmState::Stopped as i32);
+    assert_eq!(
+        h.stop(&id).await.unwrap_err().code(),
+        Code::FailedPrecondition
+    );
+
+    h.start(&id).await.unwrap();
+    assert_eq!(
+        h.sh(&id, "cat /root/state").await.out(),
+        "kept\n",
+        "writable layer survives a stop"
+    );
+
+    h.delete(&id).await.unwrap();
+    assert_eq!(h.get(&id).await.unwrap_err().code(), Code::NotFound);
+    assert_eq!(h.delete(&id).await.unwrap_err().code(), Code::NotFound);
+}
+
+#[tokio::test]
+async fn unknown_vms_and_images_are_not_found() {
+    let mut h = Harness::new("nf").await;
+    let id = h.id("ghost");
+    assert_eq!(h.start(&id).await.unwrap_err().code(), Code::NotFound);
+    assert_eq!(h.stop(&id).await.unwrap_err().code(), Code::NotFound);
+    assert_eq!(h.get(&id).await.unwrap_err().code(), Code::NotFound);
+    assert_eq!(h.delete(&id).await.unwrap_err().code(), Code::NotFound);
+    assert_eq!(
+        h.run(process(&id, &["true"]), b"")
+            .await
+            .unwrap_err()
+            .code(),
+        Code::NotFound
+    );
+    let mut spec = h.spec("img");
+    spec.image = "no-such-image".into();
+    assert_eq!(h.create(spec).await.unwrap_err().code(), Code::NotFound);
+}
+
+#[tokio::test]
+async fn malformed_specs_are_invalid_arguments() {
+    let mut h = Harness::new("inval").await;
+    let missing = h.tmp.0.join("missing");
+    let file = h.tmp.0.join("file");
+    std::fs::write(&file, "x").unwrap();
+    type Tweak = Box<dyn Fn(&mut pb::VmSpec)>;
+    let cases: Vec<(&str, Tweak)> = vec![
+        ("id", Box::new(|s| s.id = "-bad/id".into())),
+        ("id", Box::new(|s| s.id = String::new())),
+        (
+            "host_path",
+            Box::new(|s| s.mounts = vec![mount("relative/dir", "/w")]),
+        ),
+        (
+            "host_path",
+            Box::new(move |s| s.mounts = vec![mount(missing.to_str().unwrap(), "/w")]),
+        ),
+        (
+            "host_path",
+            Box::new(move |s| s.mounts = vec![mount(file.to_str().unwrap(), "/w")]),
+        ),
+        (
+            "guest_path",
+            Box::new(|s| s.mounts = vec![mount("/tmp", "relative")]),
+        ),
+        ("network", Box::new(|s| s.network = 99)),
+    ];
+    for (field, tweak) in cases {
+        let mut spec = h.spec("bad");
+        tweak(&mut spec);
+        let err = h.create(spec).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{field}: {err:?}");
+        assert!(
+            err.message().contains(field),
+            "message names {field}: {}",
+            err.message()
+        );
+    }
+    assert_eq!(
+        h.client
+            .create_vm(pb::CreateVmRequest { spec: None })
+            .await
+            .unwrap_err()
+            .code(),
+        Code::InvalidArgument
+    );
+}
+
+fn mount(host: &str, guest: &str) -> pb::Mount {
+    pb::Mount {
+        host_path: host.into(),
+        guest_path: guest.into(),
+        read_only: false,
+    }
+}
+
+#[tokio::test]
+async fn exec_reports_output_and_exit_status_exactly() {
+    let mut h = Harness::new("exec").await;
+    let id = h.running("vm", |_| {}).await;
+    let o = h.run(process(&id, &["echo", "hi"]), b"").await.unwrap();
+    assert_eq!((o.out(), o.code()), ("hi\n".to_string(), Some(0)));
+    assert!(o.pid > 0);
+    let o = h.sh(&id, "echo out; echo err >&2; exit 3").await;
+    assert_eq!(
+        (o.out(), o.err(), o.code()),
+        ("out\n".into(), "err\n".into(), Some(3))
+    );
+    let o = h.sh(&id, "kill -9 $$").await;
+    assert_eq!(o.status, Some(pb::exited::Status::Signal(9)));
+    let o = h.run(process(&id, &["cat"]), b"").await.unwrap();
+    assert_eq!(
+        (o.stdout.len(), o.code()),
+        (0, Some(0)),
+        "no stdin given reads EOF at once"
+    );
+
+    let err = h.run(process(&id, &[]), b"").await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let err = h
+        .run(process(&id, &["/no/such/program"]), b"")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+}
+
+#[tokio::test]
+async fn exec_is_binary_safe_both_ways() {
+    let mut h = Harness::new("bin").await;
+    let id = h.running("vm", |_| {}).await;
+    let all: Vec<u8> = (0..=255u8).cycle().take(256 * 40).collect();
+    let o = h.run(process(&id, &["cat"]), &all).await.unwrap();
+    assert_eq!(o.stdout, all, "all 256 byte values round trip");
+
+    let stdin = b"line one\nline two without newline".to_vec();
+    let o = h.run(process(&id, &["cat"]), &stdin).await.unwrap();
+    assert_eq!(o.stdout, stdin);
+
+    let o = h
+        .sh(&id, "head -c 1000000 /dev/zero | tr '\\0' a; echo")
+        .await;
+    assert_eq!(o.stdout.len(), 1_000_001);
+    assert!(o.stdout[..1_000_000].iter().all(|&b| b == b'a'));
+}
+
+#[tokio::test]
+async fn exec_applies_cwd_and_env() {
+    let mut h = Harness::new("env").await;
+    let id = h
+        .running("vm", |s| {
+            s.env = HashMap::from([("A".into(), "vm".into()), ("B".into(), "vm".into())])
+        })
+        .await;
+    let mut p = process(&id, &["sh", "-c", "echo $A $B $C $HOME; pwd"]);
+    p.env = HashMap::from([("B".into(), "proc".into()), ("C".into(), "c".into())]);
+    let o = h.run(p, b"").await.unwrap();
+    assert_eq!(o.out(), "vm proc c /root\n/\n");
+
+    let mut p = process(&id, &["pwd"]);
+    p.cwd = "/tmp/new/deep".into();
+    let err = h.run(p.clone(), b"").await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("/tmp/new/deep"), "{}", err.message());
+    p.create_cwd = true;
+    assert_eq!(h.run(p, b"").await.unwrap().out(), "/tmp/new/deep\n");
+}
+
+#[tokio::test]
+async fn exec_stdin_streams_interactively() {
+    let mut h = Harness::new("stdin").await;
+    let id = h.running("vm", |_| {}).await;
+    let (tx, mut out) = h.open(process(&id, &["cat"])).await.unwrap();
+    assert!(matches!(
+        out.next().await.unwrap().unwrap().msg,
+        Some(pb::exec_response::Msg::Started(_))
+    ));
+    for word in ["ping\n", "pong\n"] {
+        tx.send(req(pb::exec_request::Msg::Stdin(word.as_bytes().to_vec())))
+            .await
+            .unwrap();
+        match out.next().await.unwrap().unwrap().msg {
+            Some(pb::exec_response::Msg::Stdout(b)) => assert_eq!(b, word.as_bytes()),
+            other => panic!("expected echo, got {other:?}"),
+        }
+    }
+    tx.send(req(pb::exec_request::Msg::CloseStdin(pb::CloseStdin {})))
+        .await
+        .unwrap();
+    let rest = collect(&mut out).await.unwrap();
+    assert_eq!(rest.code(), Some(0));
+}
+
+#[tokio::test]
+async fn signals_reach_the_process_group() {
+    let mut h = Harness::new("sig").await;
+    let id = h.running("vm", |_| {}).await;
+    let (tx, mut out) = h
+        .open(process(&id, &["sh", "-c", "sleep 1000 & echo $!; wait"]))
+        .await
+        .unwrap();
+    let mut bg = String::new();
+    while !bg.ends_with('\n') {
+        if let Some(pb::exec_response::Msg::Stdout(b)) = out.next().await.unwrap().unwrap().msg {
+            bg.push_str(&String::from_utf8_lossy(&b));
+        }
+    }
+    let bg = bg.trim().to_string();
+    tx.send(req(pb::exec_request::Msg::Signal(pb::Signal {
+        signal: 15,
+        process_group: true,
+    })))
+    .await
+    .unwrap();
+    let o = collect(&mut out).await.unwrap();
+    assert_eq!(o.status, Some(pb::exited::Status::Signal(15)));
+    assert!(
+        wait_gone(&mut h, &id, &bg).await,
+        "background sleep {bg} survived a group signal"
+    );
+
+    let (tx, mut out) = h.open(process(&id, &["sleep", "1000"])).await.unwrap();
+    assert!(matches!(
+        out.next().await.unwrap().unwrap().msg,
+        Some(pb::exec_response::Msg::Started(_))
+    ));
+    tx.send(req(pb::exec_request::Msg::Signal(pb::Signal {
+        signal: 2,
+        process_group: false,
+    })))
+    .await
+    .unwrap();
+    assert_eq!(
+        collect(&mut out).await.unwrap().status,
+        Some(pb::exited::Status::Signal(2))
+    );
+}
+
+#[tokio::test]
+async fn client_disconnect_kills_the_process() {
+    let mut h = Harness::new("disc").await;
+    let id = h.running("vm", |_| {}).await;
+    let (tx, mut out) = h
+        .open(process(&id, &["sh", "-c", "echo ready; exec sleep 1000"]))
+        .await
+        .unwrap();
+    let mut pid = 0;
+    loop {
+        match out.next().await.unwrap().unwrap().msg {
+            Some(pb::exec_response::Msg::Started(s)) => pid = s.pid,
+            Some(pb::exec_response::Msg::Stdout(_)) => break,
+            _ => {}
+        }
+    }
+    drop(tx);
+    drop(out);
+    assert!(
+        wait_gone(&mut h, &id, &pid.to_string()).await,
+        "process {pid} survived its client"
+    );
+}
+
+#[tokio::test]
+async fn background_processes_survive_a_finished_exec() {
+    let mut h = Harness::new("bg").await;
+    let id = h.running("vm", |_| {}).await;
+    let o = h.sh(&id, "sleep 1000 >/dev/null 2>&1 & echo $!").await;
+    assert_eq!(o.code(), Some(0));
+    let pid = o.out().trim().to_string();
+    assert_eq!(
+        h.sh(&id, &format!("kill -0 {pid}")).await.code(),
+        Some(0),
+        "detached child still runs"
+    );
+}
+
+#[tokio::test]
+async fn workspace_mount_is_shared_and_owned_by_the_mapped_root() {
+    let mut h = Harness::new("ws").await;
+    let ws = h.tmp.0.join("workspace");
+    std::fs::create_dir(&ws).unwrap();
+    std::fs::write(ws.join("from-host"), "host\n").unwrap();
+    let ws_str = ws.to_str().unwrap().to_string();
+    let id = h
+        .running("vm", |s| s.mounts = vec![mount(&ws_str, "/workspace")])
+        .await;
+    let o = h
+        .sh(
+            &id,
+            "cat /workspace/from-host && echo guest > /workspace/from-guest && id -u",
+        )
+        .await;
+    assert_eq!(
+        (o.out(), o.code()),
+        ("host\n0\n".to_string(), Some(0)),
+        "{}",
+        o.err()
+    );
+    let created = ws.join("from-guest");
+    assert_eq!(std::fs::read_to_string(&created).unwrap(), "guest\n");
+    let owner = std::fs::metadata(&created).unwrap().uid();
+    if let Some(base) = h.uid_base {
+        assert_eq!(owner, base, "root inside is uid_base outside");
+    }
+    assert_ne!(owner, 0, "root inside must not be root on the host");
+}
+
+#[tokio::test]
+async fn hostname_and_network_none() {
+    let mut h = Harness::new("net").await;
+    let id = h.running("vm", |s| s.hostname = "box1".into()).await;
+    assert_eq!(h.sh(&id, "hostname").await.out(), "box1\n");
+    let dev = h.sh(&id, "cat /proc/net/dev").await.out();
+    assert!(dev.contains("lo:") && !dev.contains("eth0"), "{dev}");
+    let other = h.running("dflt", |_| {}).await;
+    assert_eq!(h.sh(&other, "hostname").await.out(), format!("{other}\n"));
+}
+
+#[tokio::test]
+async fn network_egress_has_an_interface() {
+    let mut h = Harness::new("egress").await;
+    if !h.caps().await.iter().any(|c| c == "network.egress") {
+        eprintln!("skipped: helper lacks network.egress");
+        return;
+    }
+    let id = h
+        .running("vm", |s| s.network = pb::NetworkMode::Egress as i32)
+        .await;
+    let dev = h.sh(&id, "cat /proc/net/dev").await.out();
+    assert!(
+        dev.lines()
+            .skip(2)
+            .any(|l| !l.trim_start().starts_with("lo:")),
+        "an interface besides lo: {dev}"
+    );
+    if h.helper.is_some() {
+        let host = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+        assert_eq!(
+            h.sh(&id, "cat /etc/resolv.conf").await.out(),
+            host,
+            "resolv.conf follows the host"
+        );
+    }
+}
+
+#[tokio::test]
+async fn memory_limit_is_enforced() {
+    let mut h = Harness::new("mem").await;
+    if !h.caps().await.iter().any(|c| c.starts_with("cgroups.")) {
+        eprintln!("skipped: helper has no cgroups");
+        return;
+    }
+    let id = h.running("vm", |s| s.memory_bytes = 64 << 20).await;
+    let o = h
+        .run(
+            process(
+                &id,
+                &["python3", "-c", "x = b'a' * (300 << 20); print(len(x))"],
+            ),
+            b"",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        o.status,
+        Some(pb::exited::Status::Signal(9)),
+        "allocation past the limit is OOM-killed: {o:?}"
+    );
+    assert_eq!(
+        h.sh(&id, "echo alive").await.out(),
+        "alive\n",
+        "the vm survives"
+    );
+}
+
+#[tokio::test]
+async fn pids_limit_is_enforced() {
+    let mut h = Harness::new("pids").await;
+    if !h.caps().await.iter().any(|c| c.starts_with("cgroups.")) {
+        eprintln!("skipped: helper has no cgroups");
+        return;
+    }
+    let id = h.running("vm", |s| s.pids_limit = 16).await;
+    let o = h
+        .sh(
+            &id,
+            "i=0; while [ $i -lt 40 ]; do sleep 30 & i=$((i+1)); done; echo done",
+        )
+        .await;
+    assert!(
+        o.err().to_lowercase().contains("fork"),
+        "forks beyond the limit fail: {o:?}"
+    );
+}
+
+#[tokio::test]
+async fn sandbox_is_locked_down() {
+    let mut h = Harness::new("lock").await;
+    let id = h.running("vm", |_| {}).await;
+    let o = h.sh(&id, "grep NoNewPrivs /proc/self/status").await;
+    assert_eq!(
+        o.out().split_whitespace().collect::<Vec<_>>(),
+        ["NoNewPrivs:", "1"]
+    );
+    let o = h
+        .run(process(&id, &["unshare", "-U", "true"]), b"")
+        .await
+        .unwrap();
+    assert_ne!(o.code(), Some(0), "unshare must be refused: {o:?}");
+    let o = h.sh(&id, "mount -t tmpfs none /mnt").await;
+    assert_ne!(o.code(), Some(0), "mount must be refused: {o:?}");
+    // Threads and plain forks still work (clone without namespace flags).
+    assert_eq!(h.sh(&id, "(echo sub) | cat").await.out(), "sub\n");
+    let o = h.sh(&id, "ls /proc | grep -c '^[0-9]'").await;
+    let procs: u32 = o.out().trim().parse().unwrap();
+    assert!(
+        procs < 10,
+        "only the sandbox's own processes are visible: {procs}"
+    );
+}
+
+#[tokio::test]
+async fn tty_exec_runs_on_a_terminal() {
+    let mut h = Harness::new("tty").await;
+    let id = h.running("vm", |_| {}).await;
+    let mut p = process(&id, &["sh", "-c", "tty; echo $TERM; stty size"]);
+    p.tty = true;
+    p.tty_cols = 100;
+    p.tty_rows = 30;
+    let o = h.run(p, b"").await.unwrap();
+    let out = o.out();
+    assert!(out.starts_with("/dev/pts/"), "{out:?}");
+    assert!(
+        out.contains("xterm-256color") && out.contains("30 100"),
+        "{out:?}"
+    );
+    assert!(o.stderr.is_empty());
+}
+
+#[tokio::test]
+async fn stop_kills_processes_that_ignore_term_after_the_grace() {
+    let mut h = Harness::new("grace").await;
+    let id = h.running("vm", |_| {}).await;
+    let o = h
+        .sh(
+            &id,
+            "(trap '' TERM; exec sleep 1000) >/dev/null 2>&1 & echo started",
+        )
+        .await;
+    assert_eq!(o.out(), "started\n");
+    let r = h
+        .client
+        .stop_vm(pb::StopVmRequest {
+            id: id.clone(),
+            grace_ms: 100,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.vm.unwrap().state, pb::VmState::Stopped as i32);
+    h.start(&id).await.unwrap();
+    assert_eq!(h.sh(&id, "echo back").await.out(), "back\n");
+}
+
+#[tokio::test]
+async fn a_vm_whose_agent_dies_is_reported_stopped_with_a_reason() {
+    let mut h = Harness::new("death").await;
+    if h.helper.is_none() {
+        eprintln!("skipped: kills the Linux agent by pid, only against the helper built here");
+        return;
+    }
+    let id = h.running("vm", |_| {}).await;
+    // PID 2 is the agent (PID 1 is the sandbox's init).
+    let _ = h.run(process(&id, &["sh", "-c", "kill -9 2"]), b"").await;
+    let mut vm = h.get(&id).await.unwrap();
+    for _ in 0..100 {
+        if vm.state == pb::VmState::Stopped as i32 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        vm = h.get(&id).await.unwrap();
+    }
+    assert_eq!(vm.state, pb::VmState::Stopped as i32);
+    assert!(!vm.stop_reason.is_empty());
+    assert_eq!(
+        h.run(process(&id, &["true"]), b"")
+            .await
+            .unwrap_err()
+            .code(),
+        Code::FailedPrecondition
+    );
+    h.start(&id).await.unwrap();
+    assert_eq!(h.sh(&id, "echo again").await.out(), "again\n");
+}

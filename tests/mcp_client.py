@@ -100,14 +100,28 @@ class McpClient:
         except Exception as e:
             raise McpError(f"{what}: {e!r}{self._stderr_tail()}") from e
 
-    def call_raw(self, tool: str, timeout: float = CALL_TIMEOUT, **args: Any) -> Any:
+    def call_raw(self, tool: str, /, *, call_timeout: float | None = None, **args: Any) -> Any:
         """Calls a tool and returns the SDK's CallToolResult (`is_error`,
-        `content`, `structured_content`)."""
-        return self._run(lambda s: s.call_tool(tool, args), timeout, f"call {tool}")
+        `content`, `structured_content`). Keyword arguments are the tool's
+        arguments (`timeout` included: that one is the tool's own); the client
+        waits `call_timeout`, by default long enough to outlast the tool's."""
+        if call_timeout is None:
+            call_timeout = CALL_TIMEOUT
+            if isinstance(args.get("timeout"), (int, float)):
+                call_timeout = max(call_timeout, float(args["timeout"]) + CALL_TIMEOUT)
+        return self._run(lambda s: s.call_tool(tool, args), call_timeout, f"call {tool}")
 
-    def call(self, tool: str, timeout: float = CALL_TIMEOUT, **args: Any) -> tuple[str, bool]:
+    def call(self, tool: str, /, *, call_timeout: float | None = None, **args: Any) -> tuple[str, bool]:
         """Calls a tool and returns (text of the result, is_error)."""
-        result = self.call_raw(tool, timeout=timeout, **args)
+        result = self.call_raw(tool, call_timeout=call_timeout, **args)
+        return result_text(result), bool(result.is_error)
+
+    tool = call
+
+    def tool(self, tool: str, _timeout: float = CALL_TIMEOUT, **args: Any) -> tuple[str, bool]:
+        """Like `call`, for tools that take a `timeout` argument of their own:
+        the client-side limit is `_timeout` here."""
+        result = self._run(lambda s: s.call_tool(tool, args), _timeout, f"call {tool}")
         return result_text(result), bool(result.is_error)
 
     def list_tools(self, timeout: float = CALL_TIMEOUT) -> list[Any]:

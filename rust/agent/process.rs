@@ -1,7 +1,6 @@
 //! Starting one user process from a [`StartSpec`]: environment, working
 //! directory, pipes or a pseudo-terminal, and its own process group.
 use std::os::fd::OwnedFd;
-use std::os::unix::process::CommandExt as _;
 use std::process::Stdio;
 
 use nix::pty::{Winsize, openpty};
@@ -13,7 +12,10 @@ use super::protocol::StartSpec;
 
 /// The environment every process starts from, before VM and process env.
 const BASE_ENV: &[(&str, &str)] = &[
-    ("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+    (
+        "PATH",
+        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    ),
     ("HOME", "/root"),
     ("LANG", "C.UTF-8"),
 ];
@@ -34,32 +36,55 @@ pub struct Spawned {
 
 /// Starts the process described by `spec`.
 pub fn spawn(spec: &StartSpec) -> Result<Spawned, AgentError> {
-    let program = spec.argv.first().ok_or_else(|| AgentError::Rejected("argv: must not be empty".into()))?;
-    let cwd = if spec.cwd.is_empty() { "/" } else { spec.cwd.as_str() };
+    let program = spec
+        .argv
+        .first()
+        .ok_or_else(|| AgentError::Rejected("argv: must not be empty".into()))?;
+    let cwd = if spec.cwd.is_empty() {
+        "/"
+    } else {
+        spec.cwd.as_str()
+    };
     if spec.create_cwd {
-        std::fs::create_dir_all(cwd).map_err(|e| AgentError::Rejected(format!("cwd: cannot create {cwd}: {e}")))?;
+        std::fs::create_dir_all(cwd)
+            .map_err(|e| AgentError::Rejected(format!("cwd: cannot create {cwd}: {e}")))?;
     } else if !std::path::Path::new(cwd).is_dir() {
-        return Err(AgentError::Rejected(format!("cwd: {cwd} does not exist or is not a directory")));
+        return Err(AgentError::Rejected(format!(
+            "cwd: {cwd} does not exist or is not a directory"
+        )));
     }
     let mut cmd = Command::new(program);
-    cmd.args(&spec.argv[1..]).env_clear().envs(BASE_ENV.iter().copied()).current_dir(cwd);
+    cmd.args(&spec.argv[1..])
+        .env_clear()
+        .envs(BASE_ENV.iter().copied())
+        .current_dir(cwd);
     if spec.tty {
         cmd.env("TERM", "xterm-256color");
     }
     cmd.envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    let spawned = if spec.tty { spawn_tty(cmd, spec) } else { spawn_pipes(cmd) };
+    let spawned = if spec.tty {
+        spawn_tty(cmd, spec)
+    } else {
+        spawn_pipes(cmd)
+    };
     spawned.map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
             AgentError::Rejected(format!("argv[0]: cannot run `{program}`: {e}"))
         }
-        _ => AgentError::Io { what: format!("spawn `{program}`"), source: e },
+        _ => AgentError::Io {
+            what: format!("spawn `{program}`"),
+            source: e,
+        },
     })
 }
 
 fn spawn_pipes(mut cmd: Command) -> std::io::Result<Spawned> {
     // Own process group so a group signal or a dropped connection reaches
     // everything the command started; process_group keeps posix_spawn usable.
-    cmd.process_group(0).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.process_group(0)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = cmd.spawn()?;
     let pid = pid_of(&child)?;
     let missing = || std::io::Error::other("child stdio was not captured");
@@ -74,8 +99,16 @@ fn spawn_pipes(mut cmd: Command) -> std::io::Result<Spawned> {
 
 fn spawn_tty(mut cmd: Command, spec: &StartSpec) -> std::io::Result<Spawned> {
     let size = Winsize {
-        ws_row: if spec.tty_rows == 0 { 24 } else { spec.tty_rows },
-        ws_col: if spec.tty_cols == 0 { 80 } else { spec.tty_cols },
+        ws_row: if spec.tty_rows == 0 {
+            24
+        } else {
+            spec.tty_rows
+        },
+        ws_col: if spec.tty_cols == 0 {
+            80
+        } else {
+            spec.tty_cols
+        },
         ws_xpixel: 0,
         ws_ypixel: 0,
     };
@@ -102,7 +135,9 @@ fn spawn_tty(mut cmd: Command, spec: &StartSpec) -> std::io::Result<Spawned> {
         child,
         pid,
         stdin: Box::new(tokio::fs::File::from_std(writer)),
-        stdout: Box::new(PtyReader(tokio::fs::File::from_std(std::fs::File::from(master)))),
+        stdout: Box::new(PtyReader(tokio::fs::File::from_std(std::fs::File::from(
+            master,
+        )))),
         stderr: None,
     })
 }
@@ -125,7 +160,9 @@ impl AsyncRead for PtyReader {
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         match std::pin::Pin::new(&mut self.0).poll_read(cx, buf) {
-            std::task::Poll::Ready(Err(e)) if e.raw_os_error() == Some(libc::EIO) => std::task::Poll::Ready(Ok(())),
+            std::task::Poll::Ready(Err(e)) if e.raw_os_error() == Some(libc::EIO) => {
+                std::task::Poll::Ready(Ok(()))
+            }
             other => other,
         }
     }

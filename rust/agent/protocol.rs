@@ -112,7 +112,8 @@ impl Frame {
     pub fn encode(&self, out: &mut Vec<u8>) -> Result<(), ProtocolError> {
         let (k, payload): (u8, std::borrow::Cow<'_, [u8]>) = match self {
             Frame::Start(spec) => {
-                let json = serde_json::to_vec(spec).map_err(|e| ProtocolError::Malformed(e.to_string()))?;
+                let json = serde_json::to_vec(spec)
+                    .map_err(|e| ProtocolError::Malformed(e.to_string()))?;
                 (kind::START, json.into())
             }
             Frame::Stdin(b) => (kind::STDIN, b.as_slice().into()),
@@ -150,14 +151,22 @@ impl Frame {
 
     fn decode(k: u8, p: &[u8]) -> Result<Frame, ProtocolError> {
         let int = |p: &[u8]| -> Result<i32, ProtocolError> {
-            let b: [u8; 4] = p.get(..4).and_then(|s| s.try_into().ok()).ok_or_else(|| ProtocolError::Malformed("short integer".into()))?;
+            let b: [u8; 4] = p
+                .get(..4)
+                .and_then(|s| s.try_into().ok())
+                .ok_or_else(|| ProtocolError::Malformed("short integer".into()))?;
             Ok(i32::from_le_bytes(b))
         };
         Ok(match k {
-            kind::START => Frame::Start(serde_json::from_slice(p).map_err(|e| ProtocolError::Malformed(e.to_string()))?),
+            kind::START => Frame::Start(
+                serde_json::from_slice(p).map_err(|e| ProtocolError::Malformed(e.to_string()))?,
+            ),
             kind::STDIN => Frame::Stdin(p.to_vec()),
             kind::CLOSE_STDIN => Frame::CloseStdin,
-            kind::SIGNAL => Frame::Signal { signal: int(p)?, group: p.get(4).copied().unwrap_or(0) != 0 },
+            kind::SIGNAL => Frame::Signal {
+                signal: int(p)?,
+                group: p.get(4).copied().unwrap_or(0) != 0,
+            },
             kind::PING => Frame::Ping,
             kind::STARTED => Frame::Started(int(p)?),
             kind::STDOUT => Frame::Stdout(p.to_vec()),
@@ -178,7 +187,10 @@ impl Frame {
 }
 
 /// Writes one frame with a single write call.
-pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &Frame) -> Result<(), ProtocolError> {
+pub async fn write_frame<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    frame: &Frame,
+) -> Result<(), ProtocolError> {
     let mut buf = Vec::new();
     frame.encode(&mut buf)?;
     w.write_all(&buf).await?;
@@ -197,7 +209,10 @@ pub struct FrameReader<R> {
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// Wraps a reader.
     pub fn new(inner: R) -> Self {
-        Self { inner, buf: Vec::new() }
+        Self {
+            inner,
+            buf: Vec::new(),
+        }
     }
 
     /// The next frame, or `None` at a clean end of stream.
@@ -208,7 +223,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             }
             self.buf.reserve(64 * 1024);
             if self.inner.read_buf(&mut self.buf).await? == 0 {
-                return if self.buf.is_empty() { Ok(None) } else { Err(ProtocolError::Truncated) };
+                return if self.buf.is_empty() {
+                    Ok(None)
+                } else {
+                    Err(ProtocolError::Truncated)
+                };
             }
         }
     }
@@ -248,7 +267,10 @@ mod tests {
             }),
             Frame::Stdin((0..=255).collect()),
             Frame::CloseStdin,
-            Frame::Signal { signal: 15, group: true },
+            Frame::Signal {
+                signal: 15,
+                group: true,
+            },
             Frame::Ping,
             Frame::Started(42),
             Frame::Stdout(vec![0, 1, 2]),
@@ -274,7 +296,10 @@ mod tests {
         let mut r = FrameReader::new(&[kind::STDOUT, 10, 0, 0, 0, 1][..]);
         assert!(matches!(r.next().await, Err(ProtocolError::Truncated)));
         let mut r = FrameReader::new(&[99u8, 0, 0, 0, 0][..]);
-        assert!(matches!(r.next().await, Err(ProtocolError::UnknownKind(99))));
+        assert!(matches!(
+            r.next().await,
+            Err(ProtocolError::UnknownKind(99))
+        ));
         let mut r = FrameReader::new(&[kind::STDOUT, 0xff, 0xff, 0xff, 0xff][..]);
         assert!(matches!(r.next().await, Err(ProtocolError::TooLarge(_))));
         let mut r = FrameReader::new(&[kind::STARTED, 1, 0, 0, 0, 7][..]);

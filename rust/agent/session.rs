@@ -47,7 +47,13 @@ pub async fn handle(stream: UnixStream) {
 }
 
 async fn run<W: AsyncWrite + Unpin>(p: Spawned, reader: FrameReader<OwnedReadHalf>, mut wr: W) {
-    let Spawned { mut child, pid, stdin, mut stdout, stderr } = p;
+    let Spawned {
+        mut child,
+        pid,
+        stdin,
+        mut stdout,
+        stderr,
+    } = p;
     if write_frame(&mut wr, &Frame::Started(pid)).await.is_err() {
         kill_group(pid);
         return;
@@ -110,7 +116,11 @@ async fn read_opt(
 }
 
 /// Applies stdin and signal frames; a dropped connection kills the group.
-async fn apply_requests(mut reader: FrameReader<OwnedReadHalf>, stdin: mpsc::UnboundedSender<StdinOp>, pid: i32) {
+async fn apply_requests(
+    mut reader: FrameReader<OwnedReadHalf>,
+    stdin: mpsc::UnboundedSender<StdinOp>,
+    pid: i32,
+) {
     loop {
         match reader.next().await {
             Ok(Some(Frame::Stdin(b))) => {
@@ -121,7 +131,11 @@ async fn apply_requests(mut reader: FrameReader<OwnedReadHalf>, stdin: mpsc::Unb
             }
             Ok(Some(Frame::Signal { signal, group })) => {
                 if let Ok(sig) = Signal::try_from(signal) {
-                    let _ = if group { killpg(Pid::from_raw(pid), sig) } else { kill(Pid::from_raw(pid), sig) };
+                    let _ = if group {
+                        killpg(Pid::from_raw(pid), sig)
+                    } else {
+                        kill(Pid::from_raw(pid), sig)
+                    };
                 }
             }
             Ok(Some(_)) => {}
@@ -133,7 +147,10 @@ async fn apply_requests(mut reader: FrameReader<OwnedReadHalf>, stdin: mpsc::Unb
     }
 }
 
-async fn feed_stdin(mut stdin: Box<dyn AsyncWrite + Send + Unpin>, mut ops: mpsc::UnboundedReceiver<StdinOp>) {
+async fn feed_stdin(
+    mut stdin: Box<dyn AsyncWrite + Send + Unpin>,
+    mut ops: mpsc::UnboundedReceiver<StdinOp>,
+) {
     while let Some(op) = ops.recv().await {
         match op {
             StdinOp::Data(b) => {

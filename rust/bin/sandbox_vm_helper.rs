@@ -1,1 +1,67 @@
-fn main(){}
+//! `sandbox-vm-helper`: the Linux VM helper. `serve` runs the gRPC service in
+//! the foreground (the orchestrator daemonizes it); `__vm-init` is internal:
+//! the helper re-executes itself with it to launch each VM.
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "sandbox-vm-helper",
+    version,
+    about = "Runs sandbox-mcp VMs as Linux namespace sandboxes"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the VmHelper gRPC service on a Unix socket.
+    Serve {
+        /// Socket path (default: the runtime dir's helper.sock).
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
+    /// Launch one VM (internal; started by `serve`, config on stdin).
+    #[command(name = "__vm-init", hide = true)]
+    VmInit,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        // No runtime and no threads before this point: the launcher must be
+        // single-threaded to enter a new user namespace.
+        Command::VmInit => {
+            ExitCode::from(u8::try_from(sandbox_mcp::helper::vm_init()).unwrap_or(1))
+        }
+        Command::Serve { socket } => {
+            tracing_subscriber::fmt()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                )
+                .init();
+            let socket = socket.unwrap_or_else(sandbox_mcp::paths::helper_socket);
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("sandbox-vm-helper: cannot start the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(sandbox_mcp::helper::serve(&socket)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!(error = %e, "helper failed");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

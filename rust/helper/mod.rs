@@ -1,1 +1,29 @@
-//! wip
+//! The Linux VM helper: serves the `VmHelper` gRPC contract on a Unix socket
+//! and runs each "VM" as a namespace sandbox with an agent inside.
+//!
+//! - [`server`]: socket, health, reflection, signals.
+//! - [`service`]: the gRPC trait impl; the only place with proto types.
+//! - [`vm`]: the registry and lifecycle state machine.
+//! - [`spec`]: validated VM specs with defaults.
+//! - [`storage`]: the VM's host files (layers, agent socket, shared dirs).
+//! - [`exec`]: the helper's side of an Exec (agent client).
+//! - [`driver`]: namespaces, cgroups, seccomp, rootfs, pasta.
+//! - [`error`]: [`HelperError`], mapped to gRPC codes in `service::status`.
+pub mod driver;
+pub mod error;
+pub mod exec;
+pub mod server;
+pub mod service;
+pub mod spec;
+pub mod storage;
+pub mod vm;
+
+pub use error::HelperError;
+pub use server::serve;
+
+/// Entry point of the hidden `__vm-init` subcommand (a VM's launcher; its
+/// config arrives on stdin). Must run before anything starts a thread;
+/// returns the exit code.
+pub fn vm_init() -> i32 {
+    driver::init::run()
+}

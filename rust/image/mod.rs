@@ -12,10 +12,10 @@
 //! user namespace can map `0..id_count` onto it without touching the files
 //! again: root inside a sandbox is never root on the host.
 //!
-//! - [`store`]: listing, lookup and the build sequence (temp dir, atomic rename).
-//! - [`mmdebstrap`]: running mmdebstrap with the host's apt sources as mirrors.
-//! - [`ownership`]: the one-pass uid/gid shift of a built tree.
-//! - [`inspect`]: what a built tree provides (shell, package manager, size).
+//! - `store`: listing, lookup and the build sequence (temp dir, atomic rename).
+//! - `mmdebstrap`: running mmdebstrap with the host's apt sources as mirrors.
+//! - `ownership`: the one-pass uid/gid shift of a built tree.
+//! - `inspect`: what a built tree provides (shell, package manager, size).
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};

@@ -1,0 +1,65 @@
+# Build, install, test and benchmark sandbox-mcp. CI runs `make test` (.ci/run).
+SHELL := /bin/bash
+.DEFAULT_GOAL := build
+
+PREFIX ?= $(HOME)/.local
+CARGO ?= cargo
+VENV := .venv-test
+REQUIREMENTS := tests/requirements.txt
+
+# One small image shared by every test run (built once, reused while present).
+TEST_IMAGE_STORE := $(CURDIR)/target/test-images
+TEST_IMAGE := mcp-test
+TEST_PACKAGES := python3
+
+DEBUG_BIN := $(CURDIR)/target/debug
+RELEASE_BIN := $(CURDIR)/target/release
+
+.PHONY: deps build install test test-image venv bench clean-test
+
+deps:
+	@scripts/install-deps.sh
+
+build:
+	$(CARGO) build --release
+
+# Binaries go in through a temp name and a rename, so a running helper
+# (ETXTBSY on overwrite) does not block an upgrade.
+install: deps build
+	@install -d "$(PREFIX)/bin"
+	@for b in sandbox-mcp sandbox-vm-helper; do \
+	    install -m 755 "$(RELEASE_BIN)/$$b" "$(PREFIX)/bin/.$$b.new" && \
+	    mv -f "$(PREFIX)/bin/.$$b.new" "$(PREFIX)/bin/$$b" && \
+	    echo "install: $(PREFIX)/bin/$$b"; \
+	done
+	"$(PREFIX)/bin/sandbox-mcp" image build
+	@scripts/print-registration.sh "$(abspath $(PREFIX))/bin/sandbox-mcp"
+
+venv:
+	@scripts/venv.sh $(VENV) $(REQUIREMENTS)
+
+test-image:
+	@scripts/test-image.sh "$(DEBUG_BIN)/sandbox-mcp" "$(TEST_IMAGE_STORE)" $(TEST_IMAGE) $(TEST_PACKAGES)
+
+test: export SANDBOX_MCP_TEST_IMAGE_STORE := $(TEST_IMAGE_STORE)
+test: export SANDBOX_MCP_TEST_IMAGE := $(TEST_IMAGE)
+test: export SANDBOX_MCP_BIN := $(DEBUG_BIN)/sandbox-mcp
+test: export SANDBOX_VM_HELPER_BIN := $(DEBUG_BIN)/sandbox-vm-helper
+test: deps venv
+	$(CARGO) build --quiet
+	@$(MAKE) --no-print-directory test-image
+	@scripts/run-tests.sh $(VENV)
+
+# Benchmarks the release build on the test image (built if missing).
+bench: export SANDBOX_MCP_BIN := $(RELEASE_BIN)/sandbox-mcp
+bench: export SANDBOX_VM_HELPER_BIN := $(RELEASE_BIN)/sandbox-vm-helper
+bench: export SANDBOX_MCP_BENCH_IMAGE_STORE := $(TEST_IMAGE_STORE)
+bench: export SANDBOX_MCP_BENCH_IMAGE := $(TEST_IMAGE)
+bench: deps venv build
+	@scripts/test-image.sh "$(RELEASE_BIN)/sandbox-mcp" "$(TEST_IMAGE_STORE)" $(TEST_IMAGE) $(TEST_PACKAGES)
+	$(VENV)/bin/python bench/bench.py
+
+# Removes the test venv and the test image (the image is owned by shifted
+# ids, so it needs the same privileges it was built with).
+clean-test:
+	rm -rf $(VENV) $(TEST_IMAGE_STORE)

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Latency benchmark of sandbox-mcp over a real MCP client (stdio).
+
+Measures, on an isolated server (fresh XDG dirs, helper stopped at the end):
+  (a) warm `exec echo hi` in one sandbox: p50/p99 over 500 calls after 5 warm-up calls;
+  (b) sandbox create: p50 over 20 first calls (`exec true` in a new sandbox, which
+      creates it), each sandbox destroyed afterwards (not timed);
+  (c) baseline: this Python process running `sh -c 'echo hi'` with subprocess, p50/p99.
+
+Environment: SANDBOX_MCP_BIN (default target/release/sandbox-mcp),
+SANDBOX_VM_HELPER_BIN (passed through), SANDBOX_MCP_BENCH_IMAGE_STORE and
+SANDBOX_MCP_BENCH_IMAGE (default: the server's own store and default image).
+`make bench` sets them all.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from mcp_client import McpClient  # noqa: E402
+
+WARM_CALLS = 500
+WARMUP = 5
+CREATES = 20
+BASELINE_CALLS = 500
+# Creating a sandbox can include the helper's first start.
+CREATE_TIMEOUT = 120.0
+
+
+def percentile(samples: list[float], p: float) -> float:
+    """Nearest-rank percentile, in the samples' unit."""
+    s = sorted(samples)
+    k = max(0, min(len(s) - 1, math.ceil(p / 100 * len(s)) - 1))
+    return s[k]
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Wall time of one call in milliseconds."""
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1000
+
+
+def checked(client: McpClient, tool: str, timeout: float = 60.0, **args: object) -> str:
+    """Calls a tool and fails the benchmark if the tool reports an error."""
+    text, is_error = client.call(tool, call_timeout=timeout, **args)
+    if is_error:
+        raise SystemExit(f"bench: {tool} {args} failed: {text}")
+    return text
+
+
+def server_env(base: str) -> dict[str, str]:
+    env = {
+        "XDG_DATA_HOME": f"{base}/data",
+        "XDG_STATE_HOME": f"{base}/state",
+        "XDG_RUNTIME_DIR": f"{base}/run",
+        "XDG_CONFIG_HOME": f"{base}/config",
+        "RUST_LOG": os.environ.get("RUST_LOG", "warn"),
+    }
+    for key in ("XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME"):
+        os.makedirs(env[key], mode=0o700, exist_ok=True)
+    passthrough = {
+        "SANDBOX_VM_HELPER_BIN": "SANDBOX_VM_HELPER_BIN",
+        "SANDBOX_MCP_BENCH_IMAGE_STORE": "SANDBOX_MCP_IMAGE_STORE",
+        "SANDBOX_MCP_BENCH_IMAGE": "SANDBOX_MCP_DEFAULT_IMAGE",
+    }
+    for src, dst in passthrough.items():
+        if os.environ.get(src):
+            env[dst] = os.environ[src]
+    return env
+
+
+def stop_helper(env: dict[str, str]) -> None:
+    """Stops the helper the server started (TERM, then KILL after 5 s)."""
+    pid_file = Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / "helper.pid"
+    try:
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, 15)
+    except (OSError, ValueError):
+        return
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.05)
+    try:
+        os.kill(pid, 9)
+    except OSError:
+        pass
+
+
+def bench_warm_exec(client: McpClient) -> list[float]:
+    for _ in range(WARMUP):
+        checked(client, "exec", timeout=CREATE_TIMEOUT, command="echo hi", sandbox="bench")
+    return [timed(lambda: checked(client, "exec", command="echo hi", sandbox="bench")) for _ in range(WARM_CALLS)]
+
+
+def bench_create(client: McpClient) -> list[float]:
+    samples = []
+    for n in range(CREATES):
+        name = f"bench-{n}"
+        samples.append(timed(lambda: checked(client, "exec", timeout=CREATE_TIMEOUT, command="true", sandbox=name)))
+        checked(client, "destroy", sandbox=name)
+    return samples
+
+
+def bench_baseline() -> list[float]:
+    return [timed(lambda: subprocess.run(["sh", "-c", "echo hi"], capture_output=True, check=True))
+            for _ in range(BASELINE_CALLS)]
+
+
+def row(label: str, samples: list[float]) -> str:
+    return (f"{label:<34} {len(samples):>5} {statistics.median(samples):>9.2f} "
+            f"{percentile(samples, 99):>9.2f} {max(samples):>9.2f}")
+
+
+def main() -> int:
+    binary = os.environ.get("SANDBOX_MCP_BIN") or str(ROOT / "target/release/sandbox-mcp")
+    if not os.access(binary, os.X_OK):
+        print(f"bench: {binary} is not executable: run `make bench`", file=sys.stderr)
+        return 1
+    base = tempfile.mkdtemp(prefix="smcp-bench-", dir="/tmp")
+    env = server_env(base)
+    rows = []
+    try:
+        with McpClient(binary, env=env, stderr_path=f"{base}/server.log") as client:
+            rows.append(row("exec `echo hi` (warm, MCP)", bench_warm_exec(client)))
+            rows.append(row("sandbox create (`exec true`, new)", bench_create(client)))
+            checked(client, "destroy", sandbox="bench")
+    finally:
+        stop_helper(env)
+        shutil.rmtree(base, ignore_errors=True)
+    rows.append(row("baseline subprocess sh -c echo", bench_baseline()))
+    print(f"sandbox-mcp bench: {binary}")
+    print(f"{'measure':<34} {'n':>5} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}")
+    for r in rows:
+        print(r)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,301 @@
+//! Inside a VM: the launcher process (hidden `__vm-init` subcommand, config
+//! on stdin) and the sandbox's PID 1.
+//!
+//! The launcher is a fresh exec of the helper binary, so it is
+//! single-threaded and may unshare a user namespace. It waits for the helper
+//! to write its id maps (and put it in the VM's cgroups), becomes root,
+//! unshares the other namespaces and forks PID 1; then it only waits for PID 1
+//! and exits with its status, which is how the helper learns the VM ended.
+//!
+//! PID 1 builds the filesystem, locks the sandbox down (no_new_privs,
+//! seccomp), forks the agent and reaps children until the agent dies, a stop
+//! finishes, or the helper's end of the control socket closes (the lifeline:
+//! a sandbox never outlives its helper).
+//!
+//! Control socket messages (SEQPACKET, one per datagram): to the helper
+//! `userns`, `pid:<host pid of PID 1>`, `ready`, `error:<text>`; from it `go`
+//! and `term`.
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sched::{CloneFlags, unshare};
+use nix::sys::signal::{SigSet, Signal, kill};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::socket::{MsgFlags, recv, send};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{ForkResult, Gid, Pid, Uid, fork};
+use serde::{Deserialize, Serialize};
+
+use super::DriverError;
+use super::rootfs;
+
+/// The agent's listening socket, inherited from the helper.
+pub const LISTENER_FD: RawFd = 3;
+/// The control socket to the helper, inherited from the helper.
+pub const CONTROL_FD: RawFd = 4;
+
+/// What the launcher needs to build a VM; passed as JSON on its stdin (not
+/// argv, which every process in the sandbox could read from /proc/1/cmdline).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InitConfig {
+    /// Hostname inside the VM.
+    pub hostname: String,
+    /// The image rootfs (overlay lower layer).
+    pub lower: PathBuf,
+    /// The VM's writable layer.
+    pub upper: PathBuf,
+    /// overlayfs work dir, next to `upper`.
+    pub work: PathBuf,
+    /// Host directories to bind into the VM.
+    pub mounts: Vec<BindMount>,
+    /// A resolv.conf to bind over /etc/resolv.conf (EGRESS only).
+    pub resolv_conf: Option<PathBuf>,
+}
+
+/// One host directory shared into the VM.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BindMount {
+    /// Host path.
+    pub host: PathBuf,
+    /// Absolute, normalized path inside the VM.
+    pub guest: PathBuf,
+    /// Mounted read-only.
+    pub read_only: bool,
+}
+
+/// Entry point of `__vm-init`; reads the config from stdin and returns the
+/// process exit code.
+pub fn run() -> i32 {
+    // SAFETY: the helper placed the control socket on this fd for us.
+    let control = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
+    set_cloexec(CONTROL_FD);
+    set_cloexec(LISTENER_FD);
+    let mut config_json = String::new();
+    if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut config_json) {
+        report(&control, &format!("error:read init config: {e}"));
+        return 1;
+    }
+    match launcher(&control, &config_json) {
+        Ok(code) => code,
+        Err(e) => {
+            report(&control, &format!("error:{e}"));
+            1
+        }
+    }
+}
+
+fn launcher(control: &OwnedFd, config_json: &str) -> Result<i32, DriverError> {
+    let config: InitConfig = serde_json::from_str(config_json)
+        .map_err(|e| DriverError::InitFailed(format!("bad init config: {e}")))?;
+    rootfs::stage(&config)?;
+    let sys = |what: &'static str| {
+        move |source| DriverError::Sys {
+            what: what.into(),
+            source,
+        }
+    };
+    unshare(CloneFlags::CLONE_NEWUSER).map_err(sys("unshare user namespace"))?;
+    report(control, "userns");
+    if recv_msg(control)?.as_slice() != b"go" {
+        return Err(DriverError::InitFailed("the helper did not map ids".into()));
+    }
+    nix::unistd::setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0))
+        .map_err(sys("setresgid 0"))?;
+    nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0))
+        .map_err(sys("setresuid 0"))?;
+    let _ = nix::unistd::setgroups(&[]);
+    // Changing credentials made us non-dumpable, which locks our
+    // /proc/PID/ns files against pasta (it enters our namespaces without
+    // privileges of its own). Root in the sandbox can ptrace us regardless.
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1) };
+    unshare(
+        CloneFlags::CLONE_NEWNS
+            | CloneFlags::CLONE_NEWPID
+            | CloneFlags::CLONE_NEWIPC
+            | CloneFlags::CLONE_NEWUTS
+            | CloneFlags::CLONE_NEWNET
+            | CloneFlags::CLONE_NEWCGROUP,
+    )
+    .map_err(sys("unshare namespaces"))?;
+    // SAFETY: this process is single-threaded (a fresh exec, no runtime).
+    match unsafe { fork() }.map_err(sys("fork PID 1"))? {
+        ForkResult::Child => {
+            let code = match pid1(control, &config) {
+                Ok(code) => code,
+                Err(e) => {
+                    report(control, &format!("error:{e}"));
+                    1
+                }
+            };
+            std::process::exit(code);
+        }
+        ForkResult::Parent { child } => {
+            report(control, &format!("pid:{child}"));
+            loop {
+                match waitpid(child, None) {
+                    Ok(WaitStatus::Exited(_, code)) => return Ok(code),
+                    Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(128 + sig as i32),
+                    Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+                    Err(e) => {
+                        return Err(DriverError::Sys {
+                            what: "wait for PID 1".into(),
+                            source: e,
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn pid1(control: &OwnedFd, config: &InitConfig) -> Result<i32, DriverError> {
+    let sys = |what: &'static str| {
+        move |source| DriverError::Sys {
+            what: what.into(),
+            source,
+        }
+    };
+    // If the launcher dies, so does the sandbox.
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+    rootfs::setup(config)?;
+    nix::unistd::sethostname(&config.hostname).map_err(sys("sethostname"))?;
+    super::network::loopback_up()?;
+
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGCHLD);
+    mask.add(Signal::SIGTERM);
+    mask.thread_block().map_err(sys("block signals"))?;
+    let mut sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .map_err(sys("signalfd"))?;
+
+    // SAFETY: prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(DriverError::Sys {
+            what: "no_new_privs".into(),
+            source: nix::errno::Errno::last(),
+        });
+    }
+    super::seccomp::install()?;
+    quiet_stdio()?;
+
+    // SAFETY: PID 1 is single-threaded.
+    let agent = match unsafe { fork() }.map_err(sys("fork agent"))? {
+        ForkResult::Child => {
+            let _ = SigSet::empty().thread_set_mask();
+            drop(sigfd);
+            // SAFETY: closing our copy of the control socket; the agent has
+            // no business with the helper's lifeline.
+            unsafe { libc::close(CONTROL_FD) };
+            // SAFETY: the helper put the listening socket on this fd.
+            let listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(LISTENER_FD) };
+            let _ = crate::agent::run(listener);
+            std::process::exit(1);
+        }
+        ForkResult::Parent { child } => child,
+    };
+    // SAFETY: PID 1 does not use the listener; the agent owns it now.
+    unsafe { libc::close(LISTENER_FD) };
+    report(control, "ready");
+    reap(control, &mut sigfd, agent)
+}
+
+/// PID 1's loop: reap everything, exit when the agent dies (mirroring its
+/// status), when a requested stop has emptied the sandbox, or when the helper
+/// is gone. Exiting makes the kernel kill whatever is left in the namespace.
+fn reap(control: &OwnedFd, sigfd: &mut SignalFd, agent: Pid) -> Result<i32, DriverError> {
+    let mut stopping = false;
+    loop {
+        let (ctl_ready, sig_ready) = {
+            let mut fds = [
+                PollFd::new(control.as_fd(), PollFlags::POLLIN),
+                PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => {
+                    return Err(DriverError::Sys {
+                        what: "poll".into(),
+                        source: e,
+                    });
+                }
+                Ok(_) => {}
+            }
+            let ready = |f: &PollFd<'_>| f.revents().is_some_and(|r| !r.is_empty());
+            (ready(&fds[0]), ready(&fds[1]))
+        };
+        if ctl_ready {
+            let mut buf = [0u8; 64];
+            match recv(control.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
+                Ok(0) | Err(nix::errno::Errno::ECONNRESET) => return Ok(0),
+                Ok(n) if &buf[..n] == b"term" => {
+                    stopping = true;
+                    let _ = kill(Pid::from_raw(-1), Signal::SIGTERM);
+                }
+                _ => {}
+            }
+        }
+        if sig_ready {
+            while let Ok(Some(info)) = sigfd.read_signal() {
+                if info.ssi_signo == Signal::SIGTERM as u32 {
+                    stopping = true;
+                    let _ = kill(Pid::from_raw(-1), Signal::SIGTERM);
+                }
+            }
+        }
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) if pid == agent && !stopping => return Ok(code),
+                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == agent && !stopping => {
+                    return Ok(128 + sig as i32);
+                }
+                Ok(WaitStatus::StillAlive) => break,
+                Ok(_) => {}
+                Err(nix::errno::Errno::ECHILD) if stopping => return Ok(0),
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+/// PID 1 and the agent keep no fd on the helper's log: the sandbox is
+/// untrusted and ptrace is allowed inside it.
+fn quiet_stdio() -> Result<(), DriverError> {
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(|e| DriverError::io("open /dev/null", e))?;
+    for fd in 0..3 {
+        // SAFETY: dup2 onto the standard fds.
+        unsafe { libc::dup2(null.as_raw_fd(), fd) };
+    }
+    Ok(())
+}
+
+fn set_cloexec(fd: RawFd) {
+    // SAFETY: fcntl on an fd number; harmless if it is not open.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+}
+
+fn report(control: &OwnedFd, msg: &str) {
+    let _ = send(control.as_raw_fd(), msg.as_bytes(), MsgFlags::empty());
+}
+
+fn recv_msg(control: &OwnedFd) -> Result<Vec<u8>, DriverError> {
+    let mut buf = [0u8; 64];
+    loop {
+        match recv(control.as_raw_fd(), &mut buf, MsgFlags::empty()) {
+            Ok(n) => return Ok(buf[..n].to_vec()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => {
+                return Err(DriverError::Sys {
+                    what: "read control socket".into(),
+                    source: e,
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! The helper side of a VM's life: start the launcher, map its ids, put it in
+//! its cgroup, attach pasta, wait for the agent; later stop and clean up.
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, recv, send, socketpair};
+use tokio::io::AsyncWriteExt as _;
+use tokio::io::unix::AsyncFd;
+use tokio::net::UnixStream;
+use tokio::process::{Child, Command};
+
+use super::cgroup::{Limits, VmCgroup};
+use super::init::{CONTROL_FD, InitConfig, LISTENER_FD};
+use super::network::{Pasta, pidfd_kill, pidfd_open};
+use super::{Driver, DriverError};
+use crate::agent::protocol::{Frame, FrameReader, write_frame};
+
+/// Generous bound on a start; a healthy one takes milliseconds, this only
+/// turns a wedged launcher into an error instead of a hung RPC.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Everything needed to start one VM.
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    /// VM id (names its cgroup).
+    pub id: String,
+    /// What the launcher builds inside.
+    pub init: InitConfig,
+    /// Host uid/gid that root inside maps to.
+    pub uid_base: u32,
+    /// How many ids are mapped.
+    pub id_count: u32,
+    /// cgroup limits.
+    pub limits: Limits,
+    /// Attach pasta for outbound network.
+    pub egress: bool,
+    /// Where the agent's listening socket is created (outside the VM).
+    pub agent_socket: PathBuf,
+}
+
+/// A running VM's host-side resources.
+#[derive(Debug)]
+pub struct Instance {
+    /// Host pid of the sandbox's PID 1.
+    pub pid1: i32,
+    pid1fd: OwnedFd,
+    /// Our end of the control socket; closing it is the lifeline cut.
+    control: OwnedFd,
+    cgroup: Option<VmCgroup>,
+    pasta: Option<Pasta>,
+    agent_socket: PathBuf,
+}
+
+impl Instance {
+    /// Asks PID 1 to SIGTERM everything in the sandbox.
+    pub fn request_stop(&self) {
+        let _ = send(self.control.as_raw_fd(), b"term", MsgFlags::MSG_DONTWAIT);
+    }
+
+    /// Kills PID 1, which takes the whole pid namespace down.
+    pub fn kill(&self) {
+        pidfd_kill(&self.pid1fd, libc::SIGKILL);
+    }
+
+    /// Releases what the VM held on the host; call once its launcher exited.
+    pub fn cleanup(self) {
+        if let Some(p) = &self.pasta {
+            p.stop();
+        }
+        if let Some(cg) = &self.cgroup {
+            cg.remove();
+        }
+        let _ = std::fs::remove_file(&self.agent_socket);
+    }
+}
+
+/// Starts a VM and returns once its agent answers. The returned [`Child`] is
+/// the launcher: it exits when the VM is gone, with PID 1's status.
+pub async fn launch(driver: &Driver, spec: &LaunchSpec) -> Result<(Instance, Child), DriverError> {
+    let io = |what: &str| {
+        let what = what.to_string();
+        move |e| DriverError::io(what, e)
+    };
+    if let Some(dir) = spec.agent_socket.parent() {
+        std::fs::create_dir_all(dir).map_err(io("create runtime dir"))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(io("chmod runtime dir"))?;
+    }
+    let _ = std::fs::remove_file(&spec.agent_socket);
+    let listener = std::os::unix::net::UnixListener::bind(&spec.agent_socket)
+        .map_err(io("bind agent socket"))?;
+    std::fs::set_permissions(&spec.agent_socket, std::fs::Permissions::from_mode(0o600))
+        .map_err(io("chmod agent socket"))?;
+    let (ours, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|source| DriverError::Sys {
+        what: "control socketpair".into(),
+        source,
+    })?;
+
+    let init_json =
+        serde_json::to_string(&spec.init).map_err(|e| DriverError::InitFailed(e.to_string()))?;
+    let mut cmd = Command::new(&driver.self_exe);
+    // A neutral argv[0]: /proc/1/cmdline inside the sandbox shows it.
+    cmd.arg0("sandbox-vm-init")
+        .arg("__vm-init")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let (lfd, cfd) = (listener.as_raw_fd(), theirs.as_raw_fd());
+    // SAFETY: only fcntl/dup2 (async-signal-safe) between fork and exec. The
+    // detour through fds >= 10 keeps dup2 correct when a source already sits
+    // on 3 or 4, and dup2 clears CLOEXEC on the copies the launcher needs.
+    unsafe {
+        cmd.pre_exec(move || {
+            let a = libc::fcntl(lfd, libc::F_DUPFD_CLOEXEC, 10);
+            let b = libc::fcntl(cfd, libc::F_DUPFD_CLOEXEC, 10);
+            if a < 0 || b < 0 || libc::dup2(a, LISTENER_FD) < 0 || libc::dup2(b, CONTROL_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(io("spawn vm launcher"))?;
+    drop(listener);
+    drop(theirs);
+    let launcher_pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+    if let Some(mut stdin) = child.stdin.take() {
+        // A few hundred bytes: fits the pipe buffer, never blocks for long.
+        let written = stdin.write_all(init_json.as_bytes()).await;
+        drop(stdin);
+        if let Err(e) = written {
+            let state = Partial {
+                cgroup: None,
+                pasta: None,
+                pid1: None,
+            };
+            return Err(abort(state, child, spec, DriverError::io("send init config", e)).await);
+        }
+    }
+
+    let mut state = Partial {
+        cgroup: None,
+        pasta: None,
+        pid1: None,
+    };
+    let result = tokio::time::timeout(
+        START_TIMEOUT,
+        handshake(driver, spec, ours, launcher_pid, &mut state),
+    )
+    .await;
+    match result {
+        Ok(Ok(control)) => match state {
+            Partial {
+                cgroup,
+                pasta,
+                pid1: Some((pid1, pid1fd)),
+            } => Ok((
+                Instance {
+                    pid1,
+                    pid1fd,
+                    control,
+                    cgroup,
+                    pasta,
+                    agent_socket: spec.agent_socket.clone(),
+                },
+                child,
+            )),
+            _ => Err(DriverError::InitFailed(
+                "PID 1 never reported its pid".into(),
+            )),
+        },
+        Ok(Err(e)) => Err(abort(state, child, spec, e).await),
+        Err(_) => Err(abort(state, child, spec, DriverError::Timeout("the vm to start")).await),
+    }
+}
+
+struct Partial {
+    cgroup: Option<VmCgroup>,
+    pasta: Option<Pasta>,
+    pid1: Option<(i32, OwnedFd)>,
+}
+
+async fn abort(state: Partial, mut child: Child, spec: &LaunchSpec, e: DriverError) -> DriverError {
+    if let Some((_, fd)) = &state.pid1 {
+        pidfd_kill(fd, libc::SIGKILL);
+    }
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+    if let Some(p) = &state.pasta {
+        p.stop();
+    }
+    if let Some(cg) = &state.cgroup {
+        cg.remove();
+    }
+    let _ = std::fs::remove_file(&spec.agent_socket);
+    e
+}
+
+async fn handshake(
+    driver: &Driver,
+    spec: &LaunchSpec,
+    control: OwnedFd,
+    launcher_pid: i32,
+    state: &mut Partial,
+) -> Result<OwnedFd, DriverError> {
+    let set_nb = nix::fcntl::fcntl(
+        &control,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    );
+    set_nb.map_err(|source| DriverError::Sys {
+        what: "control socket nonblocking".into(),
+        source,
+    })?;
+    // SAFETY: we own the fd and it stays open for as long as the AsyncFd.
+    let control = unsafe { AsyncFd::register(control) }
+        .map_err(|e| DriverError::io("register control socket", std::io::Error::from(e)))?;
+
+    expect(&control, b"userns").await?;
+    driver.ids.map(launcher_pid, spec.uid_base, spec.id_count)?;
+    if let Some(layout) = &driver.cgroups {
+        let cg = layout.create(&spec.id, spec.limits)?;
+        let added = cg.add(launcher_pid);
+        state.cgroup = Some(cg);
+        added?;
+    }
+    send(control.get_ref().as_raw_fd(), b"go", MsgFlags::MSG_DONTWAIT).map_err(|source| {
+        DriverError::Sys {
+            what: "control socket send".into(),
+            source,
+        }
+    })?;
+
+    let mut ready = false;
+    while !ready || state.pid1.is_none() {
+        let msg = recv_async(&control).await?;
+        let text = String::from_utf8_lossy(&msg);
+        if let Some(pid) = text.strip_prefix("pid:") {
+            let pid: i32 = pid
+                .parse()
+                .map_err(|_| DriverError::InitFailed(format!("bad pid message {text:?}")))?;
+            state.pid1 = Some((pid, pidfd_open(pid)?));
+            if spec.egress {
+                let pasta = driver
+                    .pasta
+                    .as_deref()
+                    .ok_or(DriverError::Network("pasta is not installed".into()))?;
+                let pid_file = spec.agent_socket.with_extension("pasta.pid");
+                state.pasta = Some(Pasta::start(pasta, pid, &pid_file).await?);
+            }
+        } else if text == "ready" {
+            ready = true;
+        } else if let Some(err) = text.strip_prefix("error:") {
+            return Err(DriverError::InitFailed(err.to_string()));
+        } else if msg.is_empty() {
+            return Err(DriverError::InitFailed(
+                "the launcher exited during setup".into(),
+            ));
+        }
+    }
+    ping(spec).await?;
+    Ok(control.into_inner())
+}
+
+async fn expect(control: &AsyncFd<OwnedFd>, want: &[u8]) -> Result<(), DriverError> {
+    let msg = recv_async(control).await?;
+    if msg == want {
+        return Ok(());
+    }
+    let text = String::from_utf8_lossy(&msg);
+    Err(DriverError::InitFailed(match text.strip_prefix("error:") {
+        Some(err) => err.to_string(),
+        None if msg.is_empty() => "the launcher exited during setup".into(),
+        None => format!("unexpected message {text:?}"),
+    }))
+}
+
+async fn recv_async(control: &AsyncFd<OwnedFd>) -> Result<Vec<u8>, DriverError> {
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let mut guard = control
+            .readable()
+            .await
+            .map_err(|e| DriverError::io("wait on control socket", e))?;
+        match guard.try_io(|fd| {
+            recv(fd.get_ref().as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT)
+                .map_err(std::io::Error::from)
+        }) {
+            Ok(Ok(n)) => {
+                buf.truncate(n);
+                return Ok(buf);
+            }
+            Ok(Err(e)) if e.raw_os_error() == Some(libc::ECONNRESET) => return Ok(Vec::new()),
+            Ok(Err(e)) => return Err(DriverError::io("read control socket", e)),
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+/// One round trip to the agent, so StartVm returns only when Exec works.
+async fn ping(spec: &LaunchSpec) -> Result<(), DriverError> {
+    let stream = UnixStream::connect(&spec.agent_socket)
+        .await
+        .map_err(|e| DriverError::io("connect agent", e))?;
+    let (rd, mut wr) = stream.into_split();
+    write_frame(&mut wr, &Frame::Ping).await?;
+    match FrameReader::new(rd).next().await? {
+        Some(Frame::Pong) => Ok(()),
+        other => Err(DriverError::InitFailed(format!(
+            "agent answered {other:?} to a ping"
+        ))),
+    }
+}

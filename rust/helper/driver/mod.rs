@@ -1,0 +1,135 @@
+//! The namespace driver: what this host can do ([`Driver`]) and how one VM
+//! is started, stopped and cleaned up ([`launch`]).
+//!
+//! A VM is a launcher process (re-exec of this binary) in fresh user, mount,
+//! pid, ipc, uts, net and cgroup namespaces whose PID 1 runs the agent. The
+//! pieces live in one file each: [`userns`] id maps, [`cgroup`] limits,
+//! [`rootfs`] the filesystem, [`seccomp`] the syscall filter, [`network`]
+//! loopback and pasta, [`init`] the in-sandbox side, [`launch`] the helper
+//! side.
+use std::path::PathBuf;
+
+pub mod cgroup;
+pub mod init;
+pub mod launch;
+pub mod network;
+pub mod rootfs;
+pub mod seccomp;
+pub mod userns;
+
+/// Why the driver could not start, stop or build a VM.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Sys {
+        /// What was being done.
+        what: String,
+        /// The errno.
+        source: nix::errno::Errno,
+    },
+    /// File or process I/O failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The user namespace could not be mapped.
+    #[error("user namespace: {0}")]
+    UserNs(String),
+    /// A cgroup could not be created or configured.
+    #[error("cgroup: {0}")]
+    Cgroup(String),
+    /// pasta failed.
+    #[error("network: {0}")]
+    Network(String),
+    /// The seccomp filter could not be built or installed.
+    #[error("seccomp: {0}")]
+    Seccomp(String),
+    /// The sandbox's init reported a failure (or died) during setup.
+    #[error("vm init: {0}")]
+    InitFailed(String),
+    /// The agent did not answer its first ping.
+    #[error("agent: {0}")]
+    Agent(#[from] crate::agent::protocol::ProtocolError),
+    /// A step did not finish in time.
+    #[error("timed out waiting for {0}")]
+    Timeout(&'static str),
+}
+
+impl DriverError {
+    /// An I/O error with context.
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        DriverError::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+/// What this host offers for running VMs, probed once at helper start.
+#[derive(Debug)]
+pub struct Driver {
+    /// This binary, re-executed as each VM's launcher.
+    self_exe: PathBuf,
+    ids: userns::IdMapper,
+    cgroups: Option<cgroup::CgroupLayout>,
+    pasta: Option<PathBuf>,
+}
+
+impl Driver {
+    /// Probes the host: id mapping, cgroups, pasta.
+    pub fn detect() -> Result<Self, DriverError> {
+        let self_exe =
+            std::env::current_exe().map_err(|e| DriverError::io("locate own binary", e))?;
+        let cgroups = match cgroup::CgroupLayout::detect() {
+            Ok(layout) => Some(layout),
+            Err(reason) => {
+                tracing::warn!(%reason, "cgroups unavailable: VMs run without cpu/memory/pids limits");
+                None
+            }
+        };
+        let pasta = network::find_pasta();
+        if pasta.is_none() {
+            tracing::warn!(
+                "pasta not found: EGRESS networking unavailable (install the passt package)"
+            );
+        }
+        Ok(Driver {
+            self_exe,
+            ids: userns::IdMapper::detect(),
+            cgroups,
+            pasta,
+        })
+    }
+
+    /// Capability names for GetInfo.
+    pub fn capabilities(&self) -> Vec<String> {
+        let mut caps = vec!["exec", "exec.tty", "network.none", "seccomp"];
+        if self.pasta.is_some() {
+            caps.push("network.egress");
+        }
+        if let Some(cg) = &self.cgroups {
+            caps.push(cg.capability());
+        }
+        if self.ids.available() {
+            caps.push("userns");
+        }
+        caps.into_iter().map(String::from).collect()
+    }
+
+    /// Why VMs cannot run here at all, if they cannot.
+    pub fn unavailable_reason(&self) -> Option<String> {
+        match &self.ids {
+            userns::IdMapper::Unavailable(reason) => Some(reason.clone()),
+            _ => None,
+        }
+    }
+
+    /// Whether EGRESS networking can be provided.
+    pub fn supports_egress(&self) -> bool {
+        self.pasta.is_some()
+    }
+}

@@ -1,0 +1,77 @@
+//! The helper's error type. Each variant corresponds to one gRPC status code
+//! of the contract; `service::status` is the single place that maps them.
+use super::driver::DriverError;
+use super::vm::VmState;
+
+/// Everything a helper RPC can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum HelperError {
+    /// The request is malformed; `field` names the offending field.
+    #[error("{field}: {reason}")]
+    InvalidArgument {
+        /// Dotted field path, e.g. `spec.mounts[0].host_path`.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No VM with this id.
+    #[error("vm {0:?} not found")]
+    VmNotFound(String),
+    /// No image with this name.
+    #[error("image {0:?} not found")]
+    ImageNotFound(String),
+    /// A VM with this id exists already.
+    #[error("vm {0:?} already exists")]
+    AlreadyExists(String),
+    /// The VM is in the wrong state for the operation.
+    #[error("cannot {op} vm {id:?}: it is {state}")]
+    WrongState {
+        /// The operation, e.g. "start".
+        op: &'static str,
+        /// The VM.
+        id: String,
+        /// Its current state.
+        state: VmState,
+    },
+    /// The process could not be started (bad cwd, unknown program).
+    #[error("{0}")]
+    ExecRejected(String),
+    /// This host cannot run VMs (or this kind of VM).
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// The namespace driver failed.
+    #[error("driver: {0}")]
+    Driver(#[from] DriverError),
+    /// Talking to the in-VM agent failed.
+    #[error("agent: {0}")]
+    Agent(#[from] crate::agent::protocol::ProtocolError),
+    /// The image store failed.
+    #[error("image store: {0}")]
+    Image(String),
+    /// Host file or socket I/O failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
+
+impl HelperError {
+    /// An invalid-argument error for `field`.
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        HelperError::InvalidArgument {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// An I/O error with context.
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        HelperError::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! The helper process: the gRPC socket, health, reflection, pid file and
+//! signal handling around [`HelperService`].
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::net::UnixListener;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_stream::wrappers::UnixListenerStream;
+
+use super::driver::Driver;
+use super::error::HelperError;
+use super::service::HelperService;
+use super::vm::VmManager;
+use crate::image::ImageStore;
+use crate::proto::v1::vm_helper_server::VmHelperServer;
+
+/// Grace period for VMs when the helper itself is asked to stop.
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(2000);
+/// How long clients get to hang up once every VM is stopped.
+const CLIENT_DRAIN: Duration = Duration::from_millis(500);
+
+/// Serves the helper on `socket` until SIGTERM or SIGINT, then stops every
+/// VM and removes the socket and pid file.
+pub async fn serve(socket: &Path) -> Result<(), HelperError> {
+    let io = |what: String| move |e| HelperError::io(what, e);
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir).map_err(io(format!("create {}", dir.display())))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(io(format!("chmod {}", dir.display())))?;
+    }
+    match std::fs::remove_file(socket) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(io(format!("remove stale {}", socket.display()))(e));
+        }
+        _ => {}
+    }
+    let listener = UnixListener::bind(socket).map_err(io(format!("bind {}", socket.display())))?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
+        .map_err(io(format!("chmod {}", socket.display())))?;
+    let pid_file = pid_file_for(socket);
+    std::fs::write(&pid_file, format!("{}\n", std::process::id()))
+        .map_err(io(format!("write {}", pid_file.display())))?;
+
+    let vms = VmManager::new(
+        Driver::detect()?,
+        ImageStore::new(crate::paths::image_store()),
+    );
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<VmHelperServer<HelperService>>()
+        .await;
+    let reflection = |b: tonic_reflection::server::Builder<'static>| {
+        b.register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection(tonic_reflection::server::Builder::configure())
+        .build_v1()
+        .map_err(|e| HelperError::io("reflection", std::io::Error::other(e)))?;
+    let reflection_v1alpha = reflection(tonic_reflection::server::Builder::configure())
+        .build_v1alpha()
+        .map_err(|e| HelperError::io("reflection", std::io::Error::other(e)))?;
+
+    tracing::info!(socket = %socket.display(), capabilities = ?vms.driver().capabilities(), "helper serving");
+    let stopper = vms.clone();
+    let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(VmHelperServer::new(HelperService::new(vms)))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+            let why = shutdown_signal().await;
+            tracing::info!(signal = why, "stopping every vm");
+            // Stopping VMs first ends their Exec streams, so the server's
+            // graceful shutdown has nothing left to wait for.
+            stopper.shutdown(SHUTDOWN_GRACE).await;
+            let _ = stopped_tx.send(());
+        });
+    // Graceful shutdown waits for clients to hang up; an idle orchestrator
+    // connection must not keep the helper alive forever.
+    let result = tokio::select! {
+        r = server => r,
+        () = async {
+            let _ = stopped_rx.await;
+            tokio::time::sleep(CLIENT_DRAIN).await;
+        } => Ok(()),
+    };
+    let _ = std::fs::remove_file(socket);
+    let _ = std::fs::remove_file(&pid_file);
+    result.map_err(|e| HelperError::io("grpc server", std::io::Error::other(e)))
+}
+
+/// The pid file that goes with `socket`: the default one for the default
+/// socket, else next to the socket.
+fn pid_file_for(socket: &Path) -> PathBuf {
+    if socket == crate::paths::helper_socket() {
+        crate::paths::helper_pid_file()
+    } else {
+        socket.with_extension("pid")
+    }
+}
+
+async fn shutdown_signal() -> &'static str {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; the helper only stops when killed");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}

@@ -1,0 +1,425 @@
+//! The VM registry and lifecycle: CREATED → RUNNING ⇄ STOPPED, any → deleted.
+//!
+//! Each VM has two locks: `op` serializes lifecycle operations on that VM
+//! (a start or a stop with its grace period may take a while) and holds the
+//! running instance; `data` is a short-lived lock for the state everyone
+//! reads (GetVm, ListVms, Exec), so reads never wait behind a slow stop.
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::driver::cgroup::Limits;
+use super::driver::init::{BindMount, InitConfig};
+use super::driver::launch::{Instance, LaunchSpec, launch};
+use super::driver::{Driver, network};
+use super::error::HelperError;
+use super::spec::{Network, VmConfig};
+use super::storage::{agent_socket, prepare_dir, share_mounts, vm_dir};
+use crate::image::{ImageError, ImageInfo, ImageStore};
+
+/// Where a VM is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VmState {
+    /// Filesystem prepared, never started.
+    Created,
+    /// Booted; the agent accepts Exec.
+    Running,
+    /// Was running; everything in it is gone.
+    Stopped,
+}
+
+impl VmState {
+    /// StartVm is valid.
+    pub fn can_start(self) -> bool {
+        matches!(self, VmState::Created | VmState::Stopped)
+    }
+    /// StopVm is valid.
+    pub fn can_stop(self) -> bool {
+        self == VmState::Running
+    }
+    /// Exec is valid.
+    pub fn can_exec(self) -> bool {
+        self == VmState::Running
+    }
+}
+
+impl std::fmt::Display for VmState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            VmState::Created => "created",
+            VmState::Running => "running",
+            VmState::Stopped => "stopped",
+        })
+    }
+}
+
+/// A snapshot of one VM.
+#[derive(Debug, Clone)]
+pub struct VmInfo {
+    /// Its spec, with defaults applied.
+    pub config: VmConfig,
+    /// Lifecycle state.
+    pub state: VmState,
+    /// Unix ms.
+    pub created_at_ms: i64,
+    /// Unix ms of the last start, 0 if never.
+    pub started_at_ms: i64,
+    /// The image's shell.
+    pub shell: String,
+    /// Why it stopped on its own; empty otherwise.
+    pub stop_reason: String,
+}
+
+/// What Exec needs to reach a running VM's agent.
+#[derive(Debug, Clone)]
+pub struct ExecTarget {
+    /// The agent's socket.
+    pub socket: PathBuf,
+    /// The VM's environment, applied before the process's own.
+    pub env: Vec<(String, String)>,
+}
+
+struct Data {
+    info: VmInfo,
+    /// Bumped on every start, so a late exit notice of an older run cannot
+    /// stop a newer one.
+    generation: u64,
+}
+
+struct Run {
+    instance: Instance,
+    /// Set once the launcher exited, with a description of how.
+    exited: watch::Receiver<Option<String>>,
+}
+
+struct Slot {
+    id: String,
+    image: ImageInfo,
+    dir: PathBuf,
+    op: tokio::sync::Mutex<Option<Run>>,
+    data: Mutex<Data>,
+}
+
+impl Slot {
+    fn data(&self) -> std::sync::MutexGuard<'_, Data> {
+        self.data
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Every VM this helper knows, in creation order.
+pub struct VmManager {
+    driver: Driver,
+    images: ImageStore,
+    vms: Mutex<Vec<Arc<Slot>>>,
+    me: Weak<VmManager>,
+}
+
+impl VmManager {
+    /// A manager with no VMs.
+    pub fn new(driver: Driver, images: ImageStore) -> Arc<Self> {
+        Arc::new_cyclic(|me| VmManager {
+            driver,
+            images,
+            vms: Mutex::new(Vec::new()),
+            me: me.clone(),
+        })
+    }
+
+    /// The driver (for GetInfo).
+    pub fn driver(&self) -> &Driver {
+        &self.driver
+    }
+
+    /// The image store.
+    pub fn images(&self) -> &ImageStore {
+        &self.images
+    }
+
+    fn list_slots(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Slot>>> {
+        self.vms
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn slot(&self, id: &str) -> Result<Arc<Slot>, HelperError> {
+        self.list_slots()
+            .iter()
+            .find(|s| s.id == id)
+            .cloned()
+            .ok_or_else(|| HelperError::VmNotFound(id.into()))
+    }
+
+    /// Registers a VM and prepares its writable layer.
+    pub fn create(&self, config: VmConfig) -> Result<VmInfo, HelperError> {
+        let config = config.validate()?;
+        let image = self.images.get(&config.image).map_err(|e| match e {
+            ImageError::NotFound(name) => HelperError::ImageNotFound(name),
+            other => HelperError::Image(other.to_string()),
+        })?;
+        if self.slot(&config.id).is_ok() {
+            return Err(HelperError::AlreadyExists(config.id));
+        }
+        let dir = vm_dir(&config.id);
+        prepare_dir(&dir, &image)?;
+        share_mounts(&config, &image);
+        let info = VmInfo {
+            shell: image.shell.clone(),
+            config,
+            state: VmState::Created,
+            created_at_ms: now_ms(),
+            started_at_ms: 0,
+            stop_reason: String::new(),
+        };
+        let slot = Arc::new(Slot {
+            id: info.config.id.clone(),
+            image,
+            dir,
+            op: tokio::sync::Mutex::new(None),
+            data: Mutex::new(Data {
+                info: info.clone(),
+                generation: 0,
+            }),
+        });
+        let mut vms = self.list_slots();
+        if vms.iter().any(|s| s.id == slot.id) {
+            return Err(HelperError::AlreadyExists(slot.id.clone()));
+        }
+        vms.push(slot);
+        Ok(info)
+    }
+
+    /// Boots a created or stopped VM; returns once its agent answers.
+    pub async fn start(&self, id: &str) -> Result<VmInfo, HelperError> {
+        let slot = self.slot(id)?;
+        let mut op = slot.op.lock().await;
+        let (config, state) = {
+            let d = slot.data();
+            (d.info.config.clone(), d.info.state)
+        };
+        if !state.can_start() {
+            return Err(HelperError::WrongState {
+                op: "start",
+                id: id.into(),
+                state,
+            });
+        }
+        if let Some(reason) = self.driver.unavailable_reason() {
+            return Err(HelperError::Unavailable(reason));
+        }
+        let egress = config.network == Network::Egress;
+        if egress && !self.driver.supports_egress() {
+            return Err(HelperError::Unavailable(
+                "network EGRESS needs pasta (package passt)".into(),
+            ));
+        }
+        let resolv_conf = if egress {
+            let path = slot.dir.join("resolv.conf");
+            network::write_resolv_conf(&path)?;
+            Some(path)
+        } else {
+            None
+        };
+        let spec = LaunchSpec {
+            id: id.into(),
+            init: InitConfig {
+                hostname: config.hostname.clone(),
+                lower: self.images.rootfs(&slot.image.name),
+                upper: slot.dir.join("upper"),
+                work: slot.dir.join("work"),
+                mounts: config
+                    .mounts
+                    .iter()
+                    .map(|m| BindMount {
+                        host: m.host_path.clone(),
+                        guest: m.guest_path.clone(),
+                        read_only: m.read_only,
+                    })
+                    .collect(),
+                resolv_conf,
+            },
+            uid_base: slot.image.uid_base,
+            id_count: slot.image.id_count,
+            limits: Limits {
+                cpus: config.cpus,
+                memory_bytes: config.memory_bytes,
+                pids: config.pids_limit,
+            },
+            egress,
+            agent_socket: agent_socket(id),
+        };
+        let (instance, mut child) = launch(&self.driver, &spec).await?;
+        let (tx, rx) = watch::channel(None);
+        let generation = {
+            let mut d = slot.data();
+            d.generation += 1;
+            d.info.state = VmState::Running;
+            d.info.started_at_ms = now_ms();
+            d.info.stop_reason.clear();
+            d.generation
+        };
+        *op = Some(Run {
+            instance,
+            exited: rx,
+        });
+        let (me, id_owned) = (self.me.clone(), id.to_string());
+        tokio::spawn(async move {
+            let how = match child.wait().await {
+                Ok(st) => describe_exit(st),
+                Err(e) => format!("lost track of init: {e}"),
+            };
+            let _ = tx.send(Some(how.clone()));
+            if let Some(me) = me.upgrade() {
+                me.on_exit(&id_owned, generation, how).await;
+            }
+        });
+        Ok(slot.data().info.clone())
+    }
+
+    /// The launcher of run `generation` exited without being asked to.
+    async fn on_exit(&self, id: &str, generation: u64, how: String) {
+        let Ok(slot) = self.slot(id) else { return };
+        let mut op = slot.op.lock().await;
+        if slot.data().generation != generation {
+            return;
+        }
+        if let Some(run) = op.take() {
+            tracing::warn!(vm = id, reason = %how, "vm stopped on its own");
+            run.instance.cleanup();
+            let mut d = slot.data();
+            d.info.state = VmState::Stopped;
+            d.info.stop_reason = how;
+        }
+    }
+
+    /// Stops a running VM: TERM everything, KILL after `grace`.
+    pub async fn stop(&self, id: &str, grace: Duration) -> Result<VmInfo, HelperError> {
+        let slot = self.slot(id)?;
+        let mut op = slot.op.lock().await;
+        let state = slot.data().info.state;
+        let run = match op.take() {
+            Some(run) if state.can_stop() => run,
+            other => {
+                *op = other;
+                return Err(HelperError::WrongState {
+                    op: "stop",
+                    id: id.into(),
+                    state,
+                });
+            }
+        };
+        stop_run(run, grace).await;
+        let mut d = slot.data();
+        d.info.state = VmState::Stopped;
+        d.info.stop_reason.clear();
+        Ok(d.info.clone())
+    }
+
+    /// Stops (if running) and removes a VM with its writable layer.
+    pub async fn delete(&self, id: &str) -> Result<(), HelperError> {
+        let slot = self.slot(id)?;
+        let mut op = slot.op.lock().await;
+        if let Some(run) = op.take() {
+            // The filesystem is about to go: nothing inside needs a grace period.
+            stop_run(run, Duration::ZERO).await;
+        }
+        self.list_slots().retain(|s| !Arc::ptr_eq(s, &slot));
+        // A writable layer can hold many files: keep the walk off the
+        // runtime's worker threads.
+        let dir = slot.dir.clone();
+        let removed = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        match removed {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(HelperError::io(format!("remove {}", slot.dir.display()), e))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// One VM.
+    pub fn get(&self, id: &str) -> Result<VmInfo, HelperError> {
+        Ok(self.slot(id)?.data().info.clone())
+    }
+
+    /// Every VM, in creation order.
+    pub fn list(&self) -> Vec<VmInfo> {
+        let slots: Vec<_> = self.list_slots().clone();
+        slots.iter().map(|s| s.data().info.clone()).collect()
+    }
+
+    /// Where to run a process in VM `id`, which must be running.
+    pub fn exec_target(&self, id: &str) -> Result<ExecTarget, HelperError> {
+        let slot = self.slot(id)?;
+        let d = slot.data();
+        if !d.info.state.can_exec() {
+            return Err(HelperError::WrongState {
+                op: "exec in",
+                id: id.into(),
+                state: d.info.state,
+            });
+        }
+        Ok(ExecTarget {
+            socket: agent_socket(id),
+            env: d
+                .info
+                .config
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        })
+    }
+
+    /// Stops every running VM (helper shutdown).
+    pub async fn shutdown(&self, grace: Duration) {
+        let slots: Vec<_> = self.list_slots().clone();
+        for slot in slots {
+            let mut op = slot.op.lock().await;
+            if let Some(run) = op.take() {
+                stop_run(run, grace).await;
+                slot.data().info.state = VmState::Stopped;
+            }
+        }
+    }
+}
+
+async fn stop_run(run: Run, grace: Duration) {
+    let Run {
+        instance,
+        mut exited,
+    } = run;
+    if grace.is_zero() {
+        instance.kill();
+    } else {
+        instance.request_stop();
+        if tokio::time::timeout(grace, exited.wait_for(Option::is_some))
+            .await
+            .is_err()
+        {
+            instance.kill();
+        }
+    }
+    let _ = exited.wait_for(Option::is_some).await;
+    instance.cleanup();
+}
+
+fn describe_exit(st: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt as _;
+    match (st.code(), st.signal()) {
+        (Some(c), _) => format!("init exited with status {c}"),
+        (None, Some(s)) => format!("init was killed by signal {s}"),
+        _ => "init exited".into(),
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}

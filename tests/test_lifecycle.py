@@ -1,0 +1,91 @@
+"""status, list_all, destroy, reset, history and install through a real MCP client."""
+
+
+def test_status_and_list_all_empty(server):
+    assert server.tool("status") == ("No active sandboxes (boot on first use)", False)
+    assert server.tool("list_all") == ("No active sandboxes. Use any sandbox tool to auto-create 'default'.", False)
+
+
+def test_status_and_list_all(server):
+    server.tool("exec", command="true")
+    server.tool("exec", command="true", sandbox="other")
+    text, _ = server.tool("status")
+    lines = text.split("\n")
+    assert lines[0].startswith("  default      default  shell:alive  idle:")
+    assert "2cpu/512M" in lines[0] and "cmds:1" in lines[0]
+    assert lines[1].startswith("  other ")
+    assert any(line.startswith("Image:    ") for line in lines)
+    text, _ = server.tool("list_all")
+    rows = text.split("\n")
+    assert rows[0].split() == ["Name", "Container", "Shell", "Idle", "Resources"]
+    assert rows[1] == "─" * 65
+    assert rows[2].split()[0] == "default" and rows[2].split()[2] == "alive"
+
+
+def test_destroy_keeps_workspace(server):
+    server.tool("exec", command="echo kept > /workspace/keep.txt; echo gone > /tmp/gone")
+    text, err = server.tool("destroy", sandbox="default")
+    assert not err and text == "Destroyed sandbox 'default' (default)"
+    assert server.tool("status")[0].startswith("No active sandboxes")
+    out, _ = server.tool("exec", command="cat /workspace/keep.txt; cat /tmp/gone")
+    assert out.startswith("kept\n[stderr] cat: /tmp/gone: No such file or directory")
+
+
+def test_destroy_errors(server):
+    text, err = server.tool("destroy", sandbox="nope")
+    assert err and text == "Error: no active sandbox 'nope'"
+    text, err = server.tool("destroy", sandbox="../etc")
+    assert err and text.startswith("Error: invalid sandbox name '../etc'")
+
+
+def test_reset(server):
+    server.tool("exec", command="echo ws > /workspace/w.txt; echo root > /etc/marker")
+    server.tool("env", action="set", key="A", value="1")
+    text, err = server.tool("reset")
+    assert not err and text == "Fresh sandbox 'default' ready: default (workspace preserved)"
+    out, _ = server.tool("exec", command='cat /workspace/w.txt; test -e /etc/marker || echo no-marker; echo "${A-unset}"')
+    assert out.startswith("ws\nno-marker\nunset\n"), out
+    text, _ = server.tool("reset", wipe_workspace=True)
+    assert text == "Fresh sandbox 'default' ready: default (workspace wiped)"
+    out, _ = server.tool("exec", command="ls -A /workspace | wc -l")
+    assert out.startswith("0\n")
+
+
+def test_reset_creates_missing(server):
+    text, err = server.tool("reset", sandbox="fresh")
+    assert not err and text.startswith("Fresh sandbox 'fresh' ready")
+
+
+def test_history_newest_first_and_redacted(server):
+    assert server.tool("history") == ("No command history for 'default'.", False)
+    server.tool("exec", command="echo first")
+    server.tool("exec", command="exit 4")
+    server.tool("exec", command="curl -H 'Authorization: Bearer abc123secret' https://example.invalid || true")
+    text, _ = server.tool("history", limit=2)
+    lines = text.split("\n")
+    assert lines[0] == "Recent commands in 'default' (2 shown):"
+    assert lines[1].startswith("   1. [ok] ") and "Authorization: Bearer ***" in lines[1]
+    assert "abc123secret" not in text
+    assert lines[2].startswith("   2. [exit:4] ") and lines[2].endswith("  exit 4")
+
+
+def test_install_with_apt(server):
+    text, err = server.tool("install", packages="jq", _timeout=600)
+    assert not err, text
+    assert "jq" in text
+    out, _ = server.tool("exec", command="echo '{\"a\": 5}' | jq .a")
+    assert out.startswith("5\n")
+
+
+def test_install_rejects_options_and_shell(server):
+    for bad in ("--allow-unauthenticated", "jq;id", "$(id)"):
+        text, err = server.tool("install", packages=bad)
+        assert err and text.startswith("Error: invalid package name"), text
+    text, err = server.tool("install", packages="  ")
+    assert err and text == "Error: packages must name at least one package"
+
+
+def test_install_unknown_package(server):
+    text, err = server.tool("install", packages="no-such-package-smcp", _timeout=600)
+    assert err
+    assert "Unable to locate package no-such-package-smcp" in text
