@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds an image with the sandbox-mcp CLI unless the store already has it:
 #   scripts/test-image.sh SANDBOX_MCP_BIN STORE NAME PACKAGES(comma list)
-# mmdebstrap's progress goes to STORE/NAME.build.log; on failure its tail is shown.
+# mmdebstrap's progress goes to STORE/.NAME.build.log (a dot name: never an image); on failure its tail is shown.
 set -euo pipefail
 
 bin=$1
@@ -15,7 +15,7 @@ if [ -f "$store/$name/image.json" ]; then
 fi
 
 mkdir -p "$store"
-log="$store/$name.build.log"
+log="$store/.$name.build.log"
 start=$SECONDS
 echo "image: building $name ($packages) into $store"
 if ! "$bin" image build --name "$name" --packages "$packages" --store "$store" >"$log" 2>&1; then

@@ -76,6 +76,34 @@ struct Harness {
     uid_base: Option<u32>,
     tmp: TempDir,
     prefix: String,
+    /// An external helper (SANDBOX_MCP_CONFORMANCE_SOCKET) outlives the
+    /// test, so the VMs created here are deleted on drop.
+    external: Option<PathBuf>,
+    created: Vec<String>,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        let (Some(socket), ids) = (self.external.take(), std::mem::take(&mut self.created)) else {
+            return;
+        };
+        // Drop cannot await, and the test's runtime is busy dropping us:
+        // clean up from a thread with a runtime of its own.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Some(mut client) = connect(&socket).await {
+                    for id in ids {
+                        let _ = client.delete_vm(pb::DeleteVmRequest { id }).await;
+                    }
+                }
+            });
+        })
+        .join();
+    }
 }
 
 async fn connect(socket: &Path) -> Option<VmHelperClient<Channel>> {
@@ -111,6 +139,8 @@ impl Harness {
                 tmp,
                 prefix,
                 helper: None,
+                external: Some(PathBuf::from(socket)),
+                created: Vec::new(),
             };
         }
         let store = std::env::var("SANDBOX_MCP_TEST_IMAGE_STORE").expect(
@@ -154,6 +184,8 @@ impl Harness {
             tmp,
             prefix,
             helper: Some(helper),
+            external: None,
+            created: Vec::new(),
         }
     }
 
@@ -171,6 +203,7 @@ impl Harness {
     }
 
     async fn create(&mut self, spec: pb::VmSpec) -> Result<pb::Vm, tonic::Status> {
+        self.created.push(spec.id.clone());
         let r = self
             .client
             .create_vm(pb::CreateVmRequest { spec: Some(spec) })

@@ -44,7 +44,7 @@ impl ImageStore {
         for entry in entries {
             let entry = entry.map_err(|e| ImageError::io(format!("reading {}", self.root.display()), e))?;
             let Some(name) = entry.file_name().to_str().map(String::from) else { continue };
-            if validate_name(&name).is_err() {
+            if validate_name(&name).is_err() || !entry.file_type().is_ok_and(|t| t.is_dir()) {
                 continue;
             }
             match self.get(&name) {
@@ -63,7 +63,9 @@ impl ImageStore {
         let path = self.root.join(name).join(INFO_FILE);
         let text = match fs::read_to_string(&path) {
             Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(ImageError::NotFound(name.to_string())),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => {
+                return Err(ImageError::NotFound(name.to_string()));
+            }
             Err(e) => return Err(ImageError::io(format!("reading {}", path.display()), e)),
         };
         serde_json::from_str(&text).map_err(|source| ImageError::Metadata { path, source })
@@ -275,12 +277,14 @@ mod tests {
         fs::create_dir_all(store.root().join("broken")).unwrap();
         fs::write(store.root().join("broken").join(INFO_FILE), "{not json").unwrap();
         fs::create_dir_all(store.root().join("Upper")).unwrap();
+        fs::write(store.root().join("build.log"), "not an image").unwrap();
 
         let names: Vec<_> = store.list().unwrap().into_iter().map(|i| i.name).collect();
         assert_eq!(names, ["alpha", "mcp-dev", "zeta"]);
         assert_eq!(store.get("mcp-dev").unwrap(), info("mcp-dev"));
         assert_eq!(store.rootfs("mcp-dev"), t.path().join("images/mcp-dev/rootfs"));
         assert!(matches!(store.get("broken"), Err(ImageError::Metadata { .. })));
+        assert!(matches!(store.get("build.log"), Err(ImageError::NotFound(_))));
     }
 
     #[test]

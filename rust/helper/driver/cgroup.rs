@@ -230,3 +230,43 @@ fn write(path: &Path, value: &str) -> Result<(), DriverError> {
     std::fs::write(path, value)
         .map_err(|e| DriverError::Cgroup(format!("write {value} to {}: {e}", path.display())))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_are_written_and_the_group_removed() {
+        let Ok(layout) = CgroupLayout::detect() else {
+            eprintln!("skipped: no usable cgroups here (not root?)");
+            return;
+        };
+        let id = format!("unit-test-{}", std::process::id());
+        let limits = Limits {
+            cpus: 2,
+            memory_bytes: 64 << 20,
+            pids: 33,
+        };
+        let cg = layout.create(&id, limits).unwrap();
+        let read = |f: &str| {
+            cg.dirs
+                .iter()
+                .find_map(|d| std::fs::read_to_string(d.join(f)).ok())
+                .unwrap_or_default()
+        };
+        assert_eq!(read("pids.max").trim(), "33");
+        match layout {
+            CgroupLayout::V1 { .. } => {
+                assert_eq!(
+                    read("memory.limit_in_bytes").trim(),
+                    (64u64 << 20).to_string()
+                );
+                assert_eq!(read("cpu.cfs_quota_us").trim(), "200000");
+            }
+            CgroupLayout::V2 { .. } => assert_eq!(read("cpu.max").trim(), "200000 100000"),
+        }
+        cg.remove();
+        assert!(cg.dirs.iter().all(|d| !d.exists()));
+        assert!(cg.add(1).is_err(), "adding to a removed group fails");
+    }
+}

@@ -50,6 +50,9 @@ pub fn write_resolv_conf(dest: &Path) -> Result<(), DriverError> {
 #[derive(Debug)]
 pub struct Pasta {
     pidfd: OwnedFd,
+    /// Kept while pasta runs, so a helper restarted after a crash can find
+    /// and stop it ([`reap_stale`]).
+    pid_file: PathBuf,
 }
 
 impl Pasta {
@@ -94,13 +97,13 @@ impl Pasta {
         }
         let text = std::fs::read_to_string(pid_file)
             .map_err(|e| DriverError::io("read pasta pid file", e))?;
-        let _ = std::fs::remove_file(pid_file);
         let daemon: i32 = text
             .trim()
             .parse()
             .map_err(|_| DriverError::Network(format!("pasta pid file holds {text:?}")))?;
         Ok(Pasta {
             pidfd: pidfd_open(daemon)?,
+            pid_file: pid_file.to_path_buf(),
         })
     }
 
@@ -108,6 +111,39 @@ impl Pasta {
     /// do not rely on that).
     pub fn stop(&self) {
         pidfd_kill(&self.pidfd, libc::SIGTERM);
+        let _ = std::fs::remove_file(&self.pid_file);
+    }
+}
+
+/// Stops pasta processes left by a helper that died without cleaning up
+/// (its VMs died with it through their lifeline; pasta does not notice). A
+/// process is only signalled if its command line names the pid file, so a
+/// recycled pid is never hit.
+pub fn reap_stale(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for path in entries.flatten().map(|e| e.path()) {
+        if !path.to_string_lossy().ends_with(".pasta.pid") {
+            continue;
+        }
+        let pid = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok());
+        if let Some(pid) = pid {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let names_file = cmdline
+                .split(|&b| b == 0)
+                .any(|arg| arg == path.as_os_str().as_encoded_bytes());
+            if names_file {
+                tracing::info!(pid, "stopping pasta left by an earlier helper");
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+        }
+        let _ = std::fs::remove_file(&path);
     }
 }
 

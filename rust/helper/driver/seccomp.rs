@@ -147,3 +147,52 @@ pub fn install() -> Result<(), DriverError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    fn errno_of(ret: i64) -> Option<i32> {
+        (ret == -1)
+            .then(|| std::io::Error::last_os_error().raw_os_error())
+            .flatten()
+    }
+
+    #[test]
+    fn denied_calls_fail_and_ordinary_ones_work() {
+        // Filters and no_new_privs are per thread: confine a scratch thread.
+        std::thread::spawn(|| {
+            // SAFETY: prctl/syscall with integer or null arguments.
+            unsafe {
+                assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+                super::install().unwrap();
+                assert_eq!(
+                    errno_of(libc::unshare(libc::CLONE_NEWUSER).into()),
+                    Some(libc::EPERM)
+                );
+                assert_eq!(
+                    errno_of(libc::syscall(libc::SYS_setns, -1, 0)),
+                    Some(libc::EPERM)
+                );
+                assert_eq!(
+                    errno_of(libc::syscall(libc::SYS_bpf, 0, 0, 0)),
+                    Some(libc::EPERM)
+                );
+                assert_eq!(
+                    errno_of(libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0)),
+                    Some(libc::ENOSYS)
+                );
+                let none = std::ptr::null::<libc::c_char>();
+                assert_eq!(
+                    errno_of(libc::mount(none, c"/".as_ptr(), none, 0, std::ptr::null()).into()),
+                    Some(libc::EPERM)
+                );
+                assert!(libc::getpid() > 0);
+            }
+            // Plain forks and threads (clone without namespace flags) still work.
+            let out = std::process::Command::new("true").status().unwrap();
+            assert!(out.success());
+            std::thread::spawn(|| ()).join().unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+}
