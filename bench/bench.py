@@ -5,7 +5,13 @@ Measures, on an isolated server (fresh XDG dirs, helper stopped at the end):
   (a) warm `exec echo hi` in one sandbox: p50/p99 over 500 calls after 5 warm-up calls;
   (b) sandbox create: p50 over 20 first calls (`exec true` in a new sandbox, which
       creates it), each sandbox destroyed afterwards (not timed);
-  (c) baseline: this Python process running `sh -c 'echo hi'` with subprocess, p50/p99.
+  (c) baseline: this Python process running `sh -c 'echo hi'` with subprocess, p50/p99;
+  (d) port forward throughput: a server in the sandbox (bg, python3) sends FORWARD_MIB MiB
+      of zeros through expose(); this process reads them from localhost, FORWARD_RUNS times (MB/s);
+  (e) sync latency: with sync_start running, a new file written on the host until it exists
+      in the sandbox, SYNC_SAMPLES times (p50/p90). A python3 loop inside the sandbox polls for
+      the file and prints the time it saw it (same clock as the host), so exec round trips do
+      not blur the figure.
 
 Environment: SANDBOX_MCP_BIN (default target/release/sandbox-mcp),
 SANDBOX_VM_HELPER_BIN (passed through), SANDBOX_MCP_BENCH_IMAGE_STORE and
@@ -17,10 +23,12 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -35,6 +43,10 @@ CREATES = 20
 BASELINE_CALLS = 500
 # Creating a sandbox can include the helper's first start.
 CREATE_TIMEOUT = 120.0
+FORWARD_MIB = 1024
+FORWARD_RUNS = 5
+FORWARD_PORT = 9000
+SYNC_SAMPLES = 20
 
 
 def percentile(samples: list[float], p: float) -> float:
@@ -66,7 +78,9 @@ def server_env(base: str) -> dict[str, str]:
         "XDG_RUNTIME_DIR": f"{base}/run",
         "XDG_CONFIG_HOME": f"{base}/config",
         "RUST_LOG": os.environ.get("RUST_LOG", "warn"),
+        "SANDBOX_MCP_HOST_ROOTS": f"{base}/host",
     }
+    os.makedirs(env["SANDBOX_MCP_HOST_ROOTS"], exist_ok=True)
     for key in ("XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME"):
         os.makedirs(env[key], mode=0o700, exist_ok=True)
     passthrough = {
@@ -117,6 +131,102 @@ def bench_baseline() -> list[float]:
             for _ in range(BASELINE_CALLS)]
 
 
+# Sends the number of MiB asked for (a decimal line) of zeros, then closes;
+# expose's probe connects and sends nothing.
+ZERO_SERVER = f"""
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", {FORWARD_PORT}))
+s.listen()
+block = bytes(1 << 20)
+while True:
+    c, _ = s.accept()
+    line = c.makefile().readline().strip()
+    for _ in range(int(line) if line.isdigit() else 0):
+        c.sendall(block)
+    c.close()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_through(port: int, mib: int) -> float:
+    """Reads `mib` MiB from the forward; returns MB/s (10^6 bytes per second)."""
+    buf = bytearray(4 << 20)
+    view = memoryview(buf)
+    got = 0
+    t = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", port)) as c:
+        c.sendall(f"{mib}\n".encode())
+        while True:
+            n = c.recv_into(view)
+            if n == 0:
+                break
+            got += n
+    elapsed = time.perf_counter() - t
+    if got != mib << 20:
+        raise SystemExit(f"bench: forward delivered {got} bytes, expected {mib << 20}")
+    return got / elapsed / 1e6
+
+
+def bench_forward(client: McpClient) -> list[float]:
+    checked(client, "bg", timeout=CREATE_TIMEOUT, sandbox="bench-net", name="zeros",
+            command=f"exec python3 -c '{ZERO_SERVER}'")
+    port = free_port()
+    deadline = time.monotonic() + 30
+    while "Warning" in checked(client, "expose", sandbox="bench-net", port=FORWARD_PORT, host_port=port):
+        checked(client, "unexpose", port=port)
+        if time.monotonic() > deadline:
+            raise SystemExit("bench: the zero server never listened")
+        time.sleep(0.1)
+    read_through(port, 64)
+    samples = [read_through(port, FORWARD_MIB) for _ in range(FORWARD_RUNS)]
+    checked(client, "unexpose", port=port)
+    return samples
+
+
+def bench_sync(client: McpClient, host_root: str) -> list[float]:
+    local = Path(host_root) / "sync"
+    local.mkdir()
+    started = checked(client, "sync_start", timeout=CREATE_TIMEOUT, sandbox="bench-sync", local_dir=str(local),
+                      sandbox_dir="/workspace/sync")
+    job = started.split("[", 1)[1].split("]", 1)[0]
+    samples = []
+    for n in range(SYNC_SAMPLES + 1):
+        name = f"f{n}"
+        waiter = ("import os, time\n"
+                  f"while not os.path.exists('/workspace/sync/{name}'): time.sleep(0.0002)\n"
+                  "print(time.time_ns())")
+        result: list[str] = []
+        t = threading.Thread(target=lambda: result.append(checked(client, "python", sandbox="bench-sync",
+                                                                  code=waiter, timeout=30)))
+        t.start()
+        # Give the waiter time to start, so it sees the file as soon as it lands.
+        time.sleep(0.3)
+        written = time.time_ns()
+        (local / name).write_text("x\n")
+        t.join(60)
+        seen = int(result[0].split("\n")[0])
+        if n > 0:
+            samples.append((seen - written) / 1e6)
+    checked(client, "sync_stop", job_id=job)
+    return samples
+
+
+def throughput_row(label: str, samples: list[float]) -> str:
+    return f"{label:<34} {len(samples):>5} {statistics.median(samples):>9.0f} {max(samples):>9.0f}   (MB/s: median, best)"
+
+
+def spread_row(label: str, samples: list[float]) -> str:
+    return (f"{label:<34} {len(samples):>5} {statistics.median(samples):>9.2f} "
+            f"{percentile(samples, 90):>9.2f} {max(samples):>9.2f}   (ms: p50, p90, max)")
+
+
 def row(label: str, samples: list[float]) -> str:
     return (f"{label:<34} {len(samples):>5} {statistics.median(samples):>9.2f} "
             f"{percentile(samples, 99):>9.2f} {max(samples):>9.2f}")
@@ -130,11 +240,16 @@ def main() -> int:
     base = tempfile.mkdtemp(prefix="smcp-bench-", dir="/tmp")
     env = server_env(base)
     rows = []
+    extra: list[str] = []
     try:
         with McpClient(binary, env=env, stderr_path=f"{base}/server.log") as client:
             rows.append(row("exec `echo hi` (warm, MCP)", bench_warm_exec(client)))
             rows.append(row("sandbox create (`exec true`, new)", bench_create(client)))
             checked(client, "destroy", sandbox="bench")
+            extra = [
+                throughput_row(f"forward {FORWARD_MIB} MiB (expose)", bench_forward(client)),
+                spread_row("sync host write -> in sandbox", bench_sync(client, env["SANDBOX_MCP_HOST_ROOTS"])),
+            ]
     finally:
         stop_helper(env)
         shutil.rmtree(base, ignore_errors=True)
@@ -142,6 +257,8 @@ def main() -> int:
     print(f"sandbox-mcp bench: {binary}")
     print(f"{'measure':<34} {'n':>5} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}")
     for r in rows:
+        print(r)
+    for r in extra:
         print(r)
     return 0
 

@@ -12,7 +12,9 @@
 use std::path::PathBuf;
 
 fn home() -> PathBuf {
-    std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"))
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/"))
 }
 
 fn xdg(var: &str, fallback: &str) -> PathBuf {
@@ -70,4 +72,9 @@ pub fn helper_pid_file() -> PathBuf {
 /// The helper's log file (it runs detached, so stderr goes here).
 pub fn helper_log_file() -> PathBuf {
     state_dir().join("helper.log")
+}
+
+/// User configuration (`$XDG_CONFIG_HOME/sandbox-mcp`, `~/.config/sandbox-mcp`).
+pub fn config_dir() -> PathBuf {
+    xdg("XDG_CONFIG_HOME", ".config").join("sandbox-mcp")
 }

@@ -9,18 +9,25 @@ store=$2
 name=$3
 packages=$4
 
+# The package list is remembered beside the image: a changed list rebuilds it.
+stamp="$store/.$name.packages"
+force=()
 if [ -f "$store/$name/image.json" ]; then
-    echo "image: $name present in $store"
-    exit 0
+    if [ "$(cat "$stamp" 2>/dev/null)" = "$packages" ]; then
+        echo "image: $name present in $store"
+        exit 0
+    fi
+    force=(--force)
 fi
 
 mkdir -p "$store"
 log="$store/.$name.build.log"
 start=$SECONDS
 echo "image: building $name ($packages) into $store"
-if ! "$bin" image build --name "$name" --packages "$packages" --store "$store" >"$log" 2>&1; then
+if ! "$bin" image build --name "$name" --packages "$packages" --store "$store" "${force[@]}" >"$log" 2>&1; then
     tail -n 40 "$log" >&2
     echo "image: building $name failed (full log: $log)" >&2
     exit 1
 fi
+echo "$packages" >"$stamp"
 echo "image: $name built in $(( SECONDS - start )) s"

@@ -6,6 +6,8 @@
 //! XDG dirs in a temp dir and the image store from
 //! `SANDBOX_MCP_TEST_IMAGE_STORE` (built by `make test`), and kills it at the
 //! end, even on panic.
+//!
+//! The issue-3 RPCs have a file each under `helper_conformance/`.
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
@@ -21,6 +23,15 @@ use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Streaming};
+
+#[path = "helper_conformance/background.rs"]
+mod background;
+#[path = "helper_conformance/copy.rs"]
+mod copy;
+#[path = "helper_conformance/dial.rs"]
+mod dial;
+#[path = "helper_conformance/stats.rs"]
+mod stats;
 
 // ------------------------------------------------------------------ harness
 
@@ -75,6 +86,8 @@ struct Harness {
     /// uid_base of the test image, when we know the store.
     uid_base: Option<u32>,
     tmp: TempDir,
+    /// The helper's socket, for tests that open channels of their own.
+    socket: PathBuf,
     prefix: String,
     /// An external helper (SANDBOX_MCP_CONFORMANCE_SOCKET) outlives the
     /// test, so the VMs created here are deleted on drop.
@@ -108,8 +121,12 @@ impl Drop for Harness {
 
 async fn connect(socket: &Path) -> Option<VmHelperClient<Channel>> {
     let socket = socket.to_path_buf();
+    // Windows as large as the helper's, so bulk streams (Dial, copies) are
+    // not throttled by HTTP/2 flow control on the client side.
     let channel = Endpoint::try_from("http://localhost")
         .ok()?
+        .initial_stream_window_size(8 << 20)
+        .initial_connection_window_size(32 << 20)
         .connect_with_connector(tower::service_fn(move |_| {
             let socket = socket.clone();
             async move {
@@ -137,6 +154,7 @@ impl Harness {
                 image,
                 uid_base: None,
                 tmp,
+                socket: PathBuf::from(&socket),
                 prefix,
                 helper: None,
                 external: Some(PathBuf::from(socket)),
@@ -182,6 +200,7 @@ impl Harness {
             image,
             uid_base,
             tmp,
+            socket,
             prefix,
             helper: Some(helper),
             external: None,

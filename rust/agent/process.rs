@@ -1,5 +1,6 @@
 //! Starting one user process from a [`StartSpec`]: environment, working
-//! directory, pipes or a pseudo-terminal, and its own process group.
+//! directory, pipes or a pseudo-terminal (Exec) or one shared output pipe
+//! (background), and its own process group.
 use std::os::fd::OwnedFd;
 use std::process::Stdio;
 
@@ -36,6 +37,52 @@ pub struct Spawned {
 
 /// Starts the process described by `spec`.
 pub fn spawn(spec: &StartSpec) -> Result<Spawned, AgentError> {
+    let cmd = command(spec)?;
+    let spawned = if spec.tty {
+        spawn_tty(cmd, spec)
+    } else {
+        spawn_pipes(cmd)
+    };
+    spawned.map_err(|e| spawn_error(spec, e))
+}
+
+/// A started background process: stdin is /dev/null, stdout and stderr
+/// share one pipe so the output stays interleaved as it was written.
+pub struct SpawnedBackground {
+    /// The process (reaped by tokio).
+    pub child: Child,
+    /// Its pid, which is also its process group id.
+    pub pid: i32,
+    /// The read end of its output pipe.
+    pub output: OwnedFd,
+}
+
+/// Starts `spec` (never on a tty) in its own process group.
+pub fn spawn_background(spec: &StartSpec) -> Result<SpawnedBackground, AgentError> {
+    if spec.tty {
+        return Err(AgentError::Rejected(
+            "tty: not supported for background processes".into(),
+        ));
+    }
+    let mut cmd = command(spec)?;
+    let started = (|| {
+        let (output, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        cmd.process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(write.try_clone()?))
+            .stderr(Stdio::from(write));
+        let child = cmd.spawn()?;
+        // The command still holds the pipe's write end; the output only
+        // reaches EOF once every copy outside the process group is closed.
+        drop(cmd);
+        let pid = pid_of(&child)?;
+        Ok(SpawnedBackground { child, pid, output })
+    })();
+    started.map_err(|e: std::io::Error| spawn_error(spec, e))
+}
+
+/// The command for `spec`: environment and a checked working directory.
+fn command(spec: &StartSpec) -> Result<Command, AgentError> {
     let program = spec
         .argv
         .first()
@@ -62,12 +109,12 @@ pub fn spawn(spec: &StartSpec) -> Result<Spawned, AgentError> {
         cmd.env("TERM", "xterm-256color");
     }
     cmd.envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    let spawned = if spec.tty {
-        spawn_tty(cmd, spec)
-    } else {
-        spawn_pipes(cmd)
-    };
-    spawned.map_err(|e| match e.kind() {
+    Ok(cmd)
+}
+
+fn spawn_error(spec: &StartSpec, e: std::io::Error) -> AgentError {
+    let program = spec.argv.first().map(String::as_str).unwrap_or_default();
+    match e.kind() {
         std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
             AgentError::Rejected(format!("argv[0]: cannot run `{program}`: {e}"))
         }
@@ -75,7 +122,7 @@ pub fn spawn(spec: &StartSpec) -> Result<Spawned, AgentError> {
             what: format!("spawn `{program}`"),
             source: e,
         },
-    })
+    }
 }
 
 fn spawn_pipes(mut cmd: Command) -> std::io::Result<Spawned> {

@@ -1,9 +1,16 @@
 //! The helper ⇄ agent wire protocol: one Unix-socket connection per Exec,
 //! carrying frames `[u8 kind][u32 little-endian length][payload]`.
 //!
-//! Both ends use this module, so the two halves can never disagree. The
-//! process spec is JSON (small, once per Exec); every other frame is raw bytes
-//! or fixed-width integers so output and stdin stay binary-safe and cheap.
+//! Both ends use this module, so the two halves can never disagree. Specs and
+//! requests are JSON (small, once per connection); every other frame is raw
+//! bytes or fixed-width integers so output, stdin and tar streams stay
+//! binary-safe and cheap.
+//!
+//! Connection kinds, by their first frame: `Ping`; `Start` (an Exec);
+//! `CopyIn` (then `Data`… `End`, answered by `Copied`); `CopyOut` (answered by
+//! `Data`… `End`); `Background` (answered by `BackgroundReply`, plus one
+//! `Stdout` with the output for log and stop). Any of them may be answered
+//! by `Fail` instead.
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -33,12 +40,82 @@ pub struct StartSpec {
 }
 
 /// How a process ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ExitStatus {
     /// Normal exit with this code.
     Code(i32),
     /// Killed by this signal.
     Signal(i32),
+}
+
+/// A request about the VM's background processes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BackgroundRequest {
+    /// Start `spec` under `name`.
+    Start {
+        /// Client-chosen id, unique among running processes.
+        name: String,
+        /// What to run (tty is refused).
+        spec: StartSpec,
+    },
+    /// Every record.
+    List,
+    /// One record and the last `tail_lines` lines of its output (0 = all).
+    Log {
+        /// The record.
+        name: String,
+        /// Lines wanted.
+        tail_lines: u32,
+    },
+    /// TERM the group, KILL it after `grace_ms`, drop the record.
+    Stop {
+        /// The record.
+        name: String,
+        /// Between TERM and KILL.
+        grace_ms: u32,
+        /// Lines of output to return.
+        tail_lines: u32,
+    },
+}
+
+/// One background process as the agent knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackgroundRecord {
+    /// Client-chosen id.
+    pub name: String,
+    /// Pid inside the VM, also its process group.
+    pub pid: i32,
+    /// What it was started with.
+    pub argv: Vec<String>,
+    /// Unix ms.
+    pub started_at_ms: i64,
+    /// Set once it exited.
+    pub exit: Option<ExitStatus>,
+}
+
+/// The answer to a [`BackgroundRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackgroundReply {
+    /// One record (start, log, stop) or all of them (list).
+    pub processes: Vec<BackgroundRecord>,
+    /// Output bytes dropped from the front of the ring (log).
+    pub dropped_bytes: u64,
+}
+
+/// Why the agent refused a copy or background request; decides the gRPC
+/// code the helper answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailKind {
+    /// The request is malformed or escapes its bounds.
+    Invalid,
+    /// The path or process does not exist.
+    NotFound,
+    /// A running process already has the name.
+    AlreadyExists,
+    /// A bound was reached (too many background records).
+    Exhausted,
+    /// Something failed inside the VM.
+    Internal,
 }
 
 /// One protocol message.
@@ -71,6 +148,33 @@ pub enum Frame {
     Error(String),
     /// agent → helper: answer to `Ping`.
     Pong,
+    /// helper → agent: extract the tar stream that follows into this
+    /// absolute directory.
+    CopyIn(String),
+    /// helper → agent: send this absolute path as a tar stream.
+    CopyOut(String),
+    /// Either way: the next chunk of a tar stream.
+    Data(Vec<u8>),
+    /// Either way: the tar stream is complete.
+    End,
+    /// agent → helper: the copy-in finished: regular files and their bytes.
+    Copied {
+        /// Regular files written.
+        files: u64,
+        /// Bytes of their content.
+        bytes: u64,
+    },
+    /// helper → agent: a background-process request.
+    Background(BackgroundRequest),
+    /// agent → helper: its answer.
+    BackgroundReply(BackgroundReply),
+    /// agent → helper: the request failed; last frame.
+    Fail {
+        /// Which kind of failure.
+        kind: FailKind,
+        /// What happened.
+        message: String,
+    },
 }
 
 /// Why a frame could not be read or written.
@@ -105,17 +209,50 @@ mod kind {
     pub const EXITED: u8 = 13;
     pub const ERROR: u8 = 14;
     pub const PONG: u8 = 15;
+    pub const COPY_IN: u8 = 20;
+    pub const COPY_OUT: u8 = 21;
+    pub const DATA: u8 = 22;
+    pub const END: u8 = 23;
+    pub const COPIED: u8 = 24;
+    pub const BACKGROUND: u8 = 25;
+    pub const BACKGROUND_REPLY: u8 = 26;
+    pub const FAIL: u8 = 27;
+}
+
+fn fail_code(kind: FailKind) -> u8 {
+    match kind {
+        FailKind::Invalid => 0,
+        FailKind::NotFound => 1,
+        FailKind::AlreadyExists => 2,
+        FailKind::Exhausted => 3,
+        FailKind::Internal => 4,
+    }
+}
+
+fn fail_kind(code: u8) -> Result<FailKind, ProtocolError> {
+    Ok(match code {
+        0 => FailKind::Invalid,
+        1 => FailKind::NotFound,
+        2 => FailKind::AlreadyExists,
+        3 => FailKind::Exhausted,
+        4 => FailKind::Internal,
+        other => return Err(ProtocolError::Malformed(format!("failure kind {other}"))),
+    })
+}
+
+fn to_json<T: Serialize>(v: &T) -> Result<Vec<u8>, ProtocolError> {
+    serde_json::to_vec(v).map_err(|e| ProtocolError::Malformed(e.to_string()))
+}
+
+fn from_json<'a, T: Deserialize<'a>>(p: &'a [u8]) -> Result<T, ProtocolError> {
+    serde_json::from_slice(p).map_err(|e| ProtocolError::Malformed(e.to_string()))
 }
 
 impl Frame {
     /// Appends the encoded frame to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) -> Result<(), ProtocolError> {
         let (k, payload): (u8, std::borrow::Cow<'_, [u8]>) = match self {
-            Frame::Start(spec) => {
-                let json = serde_json::to_vec(spec)
-                    .map_err(|e| ProtocolError::Malformed(e.to_string()))?;
-                (kind::START, json.into())
-            }
+            Frame::Start(spec) => (kind::START, to_json(spec)?.into()),
             Frame::Stdin(b) => (kind::STDIN, b.as_slice().into()),
             Frame::CloseStdin => (kind::CLOSE_STDIN, (&[][..]).into()),
             Frame::Signal { signal, group } => {
@@ -138,6 +275,22 @@ impl Frame {
             }
             Frame::Error(msg) => (kind::ERROR, msg.as_bytes().into()),
             Frame::Pong => (kind::PONG, (&[][..]).into()),
+            Frame::CopyIn(dir) => (kind::COPY_IN, dir.as_bytes().into()),
+            Frame::CopyOut(path) => (kind::COPY_OUT, path.as_bytes().into()),
+            Frame::Data(b) => (kind::DATA, b.as_slice().into()),
+            Frame::End => (kind::END, (&[][..]).into()),
+            Frame::Copied { files, bytes } => {
+                let mut p = files.to_le_bytes().to_vec();
+                p.extend_from_slice(&bytes.to_le_bytes());
+                (kind::COPIED, p.into())
+            }
+            Frame::Background(req) => (kind::BACKGROUND, to_json(req)?.into()),
+            Frame::BackgroundReply(reply) => (kind::BACKGROUND_REPLY, to_json(reply)?.into()),
+            Frame::Fail { kind: k, message } => {
+                let mut p = vec![fail_code(*k)];
+                p.extend_from_slice(message.as_bytes());
+                (kind::FAIL, p.into())
+            }
         };
         if payload.len() > MAX_FRAME {
             return Err(ProtocolError::TooLarge(payload.len()));
@@ -157,10 +310,16 @@ impl Frame {
                 .ok_or_else(|| ProtocolError::Malformed("short integer".into()))?;
             Ok(i32::from_le_bytes(b))
         };
+        let long = |p: &[u8]| -> Result<u64, ProtocolError> {
+            let b: [u8; 8] = p
+                .get(..8)
+                .and_then(|s| s.try_into().ok())
+                .ok_or_else(|| ProtocolError::Malformed("short integer".into()))?;
+            Ok(u64::from_le_bytes(b))
+        };
+        let text = |p: &[u8]| String::from_utf8_lossy(p).into_owned();
         Ok(match k {
-            kind::START => Frame::Start(
-                serde_json::from_slice(p).map_err(|e| ProtocolError::Malformed(e.to_string()))?,
-            ),
+            kind::START => Frame::Start(from_json(p)?),
             kind::STDIN => Frame::Stdin(p.to_vec()),
             kind::CLOSE_STDIN => Frame::CloseStdin,
             kind::SIGNAL => Frame::Signal {
@@ -181,6 +340,20 @@ impl Frame {
             }
             kind::ERROR => Frame::Error(String::from_utf8_lossy(p).into_owned()),
             kind::PONG => Frame::Pong,
+            kind::COPY_IN => Frame::CopyIn(text(p)),
+            kind::COPY_OUT => Frame::CopyOut(text(p)),
+            kind::DATA => Frame::Data(p.to_vec()),
+            kind::END => Frame::End,
+            kind::COPIED => Frame::Copied {
+                files: long(p)?,
+                bytes: long(p.get(8..).unwrap_or_default())?,
+            },
+            kind::BACKGROUND => Frame::Background(from_json(p)?),
+            kind::BACKGROUND_REPLY => Frame::BackgroundReply(from_json(p)?),
+            kind::FAIL => Frame::Fail {
+                kind: fail_kind(p.first().copied().unwrap_or(u8::MAX))?,
+                message: text(p.get(1..).unwrap_or_default()),
+            },
             other => return Err(ProtocolError::UnknownKind(other)),
         })
     }
@@ -279,6 +452,33 @@ mod tests {
             Frame::Exited(ExitStatus::Signal(9)),
             Frame::Error("nope".into()),
             Frame::Pong,
+            Frame::CopyIn("/dst".into()),
+            Frame::CopyOut("/src".into()),
+            Frame::Data(vec![9; 3]),
+            Frame::End,
+            Frame::Copied {
+                files: 2,
+                bytes: 1 << 40,
+            },
+            Frame::Background(BackgroundRequest::Stop {
+                name: "web".into(),
+                grace_ms: 10,
+                tail_lines: 5,
+            }),
+            Frame::BackgroundReply(BackgroundReply {
+                processes: vec![BackgroundRecord {
+                    name: "web".into(),
+                    pid: 7,
+                    argv: vec!["sleep".into()],
+                    started_at_ms: 1,
+                    exit: Some(ExitStatus::Signal(15)),
+                }],
+                dropped_bytes: 3,
+            }),
+            Frame::Fail {
+                kind: FailKind::AlreadyExists,
+                message: "taken".into(),
+            },
         ];
         let mut bytes = Vec::new();
         for f in &frames {
@@ -303,6 +503,10 @@ mod tests {
         let mut r = FrameReader::new(&[kind::STDOUT, 0xff, 0xff, 0xff, 0xff][..]);
         assert!(matches!(r.next().await, Err(ProtocolError::TooLarge(_))));
         let mut r = FrameReader::new(&[kind::STARTED, 1, 0, 0, 0, 7][..]);
+        assert!(matches!(r.next().await, Err(ProtocolError::Malformed(_))));
+        let mut r = FrameReader::new(&[kind::FAIL, 1, 0, 0, 0, 99][..]);
+        assert!(matches!(r.next().await, Err(ProtocolError::Malformed(_))));
+        let mut r = FrameReader::new(&[kind::COPIED, 4, 0, 0, 0, 1, 2, 3, 4][..]);
         assert!(matches!(r.next().await, Err(ProtocolError::Malformed(_))));
     }
 }

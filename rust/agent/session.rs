@@ -1,9 +1,11 @@
-//! One agent connection: a ping, or one process from `Start` to `Exited`.
+//! One agent connection: a ping, one process from `Start` to `Exited`, one
+//! copy, or one background-process request.
 //!
-//! Two small tasks per process and no threads: the connection loop below
+//! Two small tasks per Exec and no threads: the connection loop below
 //! forwards output and waits for the exit, a reader task applies the
 //! helper's stdin/signal frames, and a writer task feeds stdin so a process
 //! that stops reading its stdin can never stall signals or output.
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill, killpg};
@@ -13,8 +15,11 @@ use tokio::net::UnixStream;
 use tokio::net::unix::OwnedReadHalf;
 use tokio::sync::mpsc;
 
+use super::AgentError;
+use super::background::Registry;
+use super::copy;
 use super::process::{self, Spawned};
-use super::protocol::{ExitStatus, Frame, FrameReader, write_frame};
+use super::protocol::{BackgroundRequest, ExitStatus, Frame, FrameReader, write_frame};
 
 /// How long output is still forwarded after the main process exited: enough
 /// to drain what it wrote, short enough that a background child holding the
@@ -28,11 +33,121 @@ enum StdinOp {
     Close,
 }
 
-/// Serves one connection until its process is gone or the helper hangs up.
-pub async fn handle(stream: UnixStream) {
+/// Default grace between TERM and KILL when stopping a background process.
+const DEFAULT_STOP_GRACE: Duration = Duration::from_millis(2000);
+
+/// Serves one connection until its work is done or the helper hangs up.
+pub async fn handle(stream: UnixStream, background: Arc<Registry>) {
     let (rd, mut wr) = stream.into_split();
     let mut reader = FrameReader::new(rd);
-    match reader.next().await {
+    let first = reader.next().await;
+    let result = match first {
+        Ok(Some(Frame::CopyIn(dest))) => copy_in(&dest, reader).await.map(|c| {
+            vec![Frame::Copied {
+                files: c.files,
+                bytes: c.bytes,
+            }]
+        }),
+        Ok(Some(Frame::CopyOut(path))) => copy_out(&path, &mut wr).await.map(|()| vec![Frame::End]),
+        Ok(Some(Frame::Background(req))) => background_request(&background, req).await,
+        other => {
+            exec_or_ping(other, reader, wr).await;
+            return;
+        }
+    };
+    let frames = result.unwrap_or_else(|e| {
+        vec![Frame::Fail {
+            kind: e.kind(),
+            message: e.to_string(),
+        }]
+    });
+    for f in frames {
+        if write_frame(&mut wr, &f).await.is_err() {
+            return;
+        }
+    }
+    let _ = wr.flush().await;
+}
+
+async fn copy_in(
+    dest: &str,
+    mut reader: FrameReader<OwnedReadHalf>,
+) -> Result<copy::Copied, AgentError> {
+    let extraction = copy::extract(dest)?;
+    loop {
+        match reader.next().await {
+            Ok(Some(Frame::Data(chunk))) => {
+                if !extraction.feed(chunk).await {
+                    break;
+                }
+            }
+            Ok(Some(Frame::End)) => break,
+            Ok(Some(_)) => {}
+            // The helper gave up: whatever was written stays, like an
+            // interrupted tar; nobody is left to report to.
+            Ok(None) | Err(_) => {
+                let _ = extraction.finish().await;
+                return Err(AgentError::Rejected("the tar stream was cut short".into()));
+            }
+        }
+    }
+    extraction.finish().await
+}
+
+async fn copy_out<W: AsyncWrite + Unpin>(path: &str, wr: &mut W) -> Result<(), AgentError> {
+    let copy::Archiving { mut chunks, worker } = copy::archive(path)?;
+    while let Some(chunk) = chunks.recv().await {
+        if write_frame(wr, &Frame::Data(chunk)).await.is_err() {
+            // Dropping the receiver makes the tar thread stop too.
+            drop(chunks);
+            let _ = worker.await;
+            return Err(AgentError::Rejected("the helper hung up".into()));
+        }
+    }
+    worker.await.map_err(|e| AgentError::Io {
+        what: "copy-out thread".into(),
+        source: std::io::Error::other(e),
+    })?
+}
+
+async fn background_request(
+    registry: &Registry,
+    req: BackgroundRequest,
+) -> Result<Vec<Frame>, AgentError> {
+    let with_output = |(reply, output)| vec![Frame::BackgroundReply(reply), Frame::Stdout(output)];
+    Ok(match req {
+        BackgroundRequest::Start { name, spec } => {
+            let record = registry.start(name, &spec)?;
+            vec![Frame::BackgroundReply(super::protocol::BackgroundReply {
+                processes: vec![record],
+                dropped_bytes: 0,
+            })]
+        }
+        BackgroundRequest::List => vec![Frame::BackgroundReply(registry.list())],
+        BackgroundRequest::Log { name, tail_lines } => {
+            with_output(registry.log(&name, tail_lines)?)
+        }
+        BackgroundRequest::Stop {
+            name,
+            grace_ms,
+            tail_lines,
+        } => {
+            let grace = if grace_ms == 0 {
+                DEFAULT_STOP_GRACE
+            } else {
+                Duration::from_millis(grace_ms.into())
+            };
+            with_output(registry.stop(&name, grace, tail_lines).await?)
+        }
+    })
+}
+
+async fn exec_or_ping(
+    first: Result<Option<Frame>, super::protocol::ProtocolError>,
+    reader: FrameReader<OwnedReadHalf>,
+    mut wr: tokio::net::unix::OwnedWriteHalf,
+) {
+    match first {
         Ok(Some(Frame::Ping)) => {
             let _ = write_frame(&mut wr, &Frame::Pong).await;
         }
@@ -169,7 +284,8 @@ fn kill_group(pid: i32) {
     let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
 }
 
-fn exit_status(st: std::process::ExitStatus) -> ExitStatus {
+/// The protocol's view of a finished process.
+pub fn exit_status(st: std::process::ExitStatus) -> ExitStatus {
     use std::os::unix::process::ExitStatusExt as _;
     match (st.code(), st.signal()) {
         (Some(c), _) => ExitStatus::Code(c),

@@ -2,6 +2,7 @@
 //! of the contract; `service::status` is the single place that maps them.
 use super::driver::DriverError;
 use super::vm::VmState;
+use crate::agent::protocol::FailKind;
 
 /// Everything a helper RPC can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +37,23 @@ pub enum HelperError {
     /// The process could not be started (bad cwd, unknown program).
     #[error("{0}")]
     ExecRejected(String),
+    /// The agent refused a copy or background request; `kind` decides the
+    /// status code.
+    #[error("{message}")]
+    Guest {
+        /// Which kind of refusal.
+        kind: FailKind,
+        /// The agent's explanation.
+        message: String,
+    },
+    /// Nothing listens on the port inside the VM.
+    #[error("connection refused to port {port} in VM {vm}")]
+    DialRefused {
+        /// The VM.
+        vm: String,
+        /// The guest port.
+        port: u32,
+    },
     /// This host cannot run VMs (or this kind of VM).
     #[error("unavailable: {0}")]
     Unavailable(String),

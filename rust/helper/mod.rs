@@ -7,14 +7,20 @@
 //! - [`spec`]: validated VM specs with defaults.
 //! - [`storage`]: the VM's host files (layers, agent socket, shared dirs).
 //! - [`exec`]: the helper's side of an Exec (agent client).
+//! - [`guest`]: the helper's side of copies and background processes.
+//! - [`dial`]: TCP connections made inside a VM's network namespace.
+//! - [`stats`]: a running VM's resource usage.
 //! - [`driver`]: namespaces, cgroups, seccomp, rootfs, pasta.
 //! - [`error`]: [`HelperError`], mapped to gRPC codes in `service::status`.
+pub mod dial;
 pub mod driver;
 pub mod error;
 pub mod exec;
+pub mod guest;
 pub mod server;
 pub mod service;
 pub mod spec;
+pub mod stats;
 pub mod storage;
 pub mod vm;
 

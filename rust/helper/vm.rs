@@ -4,13 +4,14 @@
 //! (a start or a stop with its grace period may take a while) and holds the
 //! running instance; `data` is a short-lived lock for the state everyone
 //! reads (GetVm, ListVms, Exec), so reads never wait behind a slow stop.
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::driver::cgroup::Limits;
+use super::driver::cgroup::{Limits, UsageFiles};
 use super::driver::init::{BindMount, InitConfig};
 use super::driver::launch::{Instance, LaunchSpec, launch};
 use super::driver::{Driver, network};
@@ -81,8 +82,23 @@ pub struct ExecTarget {
     pub env: Vec<(String, String)>,
 }
 
+/// What Dial and Stats need from a running VM.
+#[derive(Debug, Clone)]
+pub struct RunHandles {
+    /// Host pid of the VM's PID 1.
+    pub pid1: i32,
+    /// The VM's network namespace.
+    pub netns: Arc<OwnedFd>,
+    /// Its cgroup counters, if it has a cgroup.
+    pub usage: Option<UsageFiles>,
+    /// When this run started.
+    pub started: Instant,
+}
+
 struct Data {
     info: VmInfo,
+    /// Set while running.
+    run: Option<RunHandles>,
     /// Bumped on every start, so a late exit notice of an older run cannot
     /// stop a newer one.
     generation: u64,
@@ -181,6 +197,7 @@ impl VmManager {
             op: tokio::sync::Mutex::new(None),
             data: Mutex::new(Data {
                 info: info.clone(),
+                run: None,
                 generation: 0,
             }),
         });
@@ -253,8 +270,15 @@ impl VmManager {
         };
         let (instance, mut child) = launch(&self.driver, &spec).await?;
         let (tx, rx) = watch::channel(None);
+        let handles = RunHandles {
+            pid1: instance.pid1,
+            netns: instance.netns.clone(),
+            usage: instance.usage_files(),
+            started: Instant::now(),
+        };
         let generation = {
             let mut d = slot.data();
+            d.run = Some(handles);
             d.generation += 1;
             d.info.state = VmState::Running;
             d.info.started_at_ms = now_ms();
@@ -290,6 +314,7 @@ impl VmManager {
             tracing::warn!(vm = id, reason = %how, "vm stopped on its own");
             run.instance.cleanup();
             let mut d = slot.data();
+            d.run = None;
             d.info.state = VmState::Stopped;
             d.info.stop_reason = how;
         }
@@ -313,6 +338,7 @@ impl VmManager {
         };
         stop_run(run, grace).await;
         let mut d = slot.data();
+        d.run = None;
         d.info.state = VmState::Stopped;
         d.info.stop_reason.clear();
         Ok(d.info.clone())
@@ -375,6 +401,20 @@ impl VmManager {
         })
     }
 
+    /// The handles of running VM `id`, for `op` (named in the error).
+    pub fn run_handles(&self, id: &str, op: &'static str) -> Result<RunHandles, HelperError> {
+        let slot = self.slot(id)?;
+        let d = slot.data();
+        match &d.run {
+            Some(run) if d.info.state == VmState::Running => Ok(run.clone()),
+            _ => Err(HelperError::WrongState {
+                op,
+                id: id.into(),
+                state: d.info.state,
+            }),
+        }
+    }
+
     /// Stops every running VM (helper shutdown).
     pub async fn shutdown(&self, grace: Duration) {
         let slots: Vec<_> = self.list_slots().clone();
@@ -382,7 +422,9 @@ impl VmManager {
             let mut op = slot.op.lock().await;
             if let Some(run) = op.take() {
                 stop_run(run, grace).await;
-                slot.data().info.state = VmState::Stopped;
+                let mut d = slot.data();
+                d.run = None;
+                d.info.state = VmState::Stopped;
             }
         }
     }

@@ -4,11 +4,12 @@
 use std::time::{Duration, SystemTime};
 
 use crate::orchestrator::{
-    Sandbox,
+    Config, Sandbox,
     audit::AuditEntry,
     exec::{ExecResult, Outcome},
-    helper_client::ExitStatus,
-    text::render,
+    helper_client::{BackgroundInfo, ExitStatus, Network},
+    observe::{FULL_PCT, HIGH_PCT, Observation},
+    text::{escape_bytes, human_size, render},
 };
 
 /// Milliseconds with one decimal, as `(63.2ms)` prints them.
@@ -19,7 +20,11 @@ pub fn ms(d: Duration) -> String {
 /// Seconds the way Python prints a float (`30.0`, `2.5`), as the reference's
 /// `Timed out after 30.0s` does.
 pub fn seconds(s: f64) -> String {
-    if s.fract() == 0.0 { format!("{s:.1}") } else { format!("{s}") }
+    if s.fract() == 0.0 {
+        format!("{s:.1}")
+    } else {
+        format!("{s}")
+    }
 }
 
 /// A command's result: stdout, `[stderr] …`, `[exit code N]` when non-zero,
@@ -36,7 +41,10 @@ pub fn exec_result(r: &ExecResult, timeout_secs: f64) -> String {
         if !stderr.is_empty() {
             stderr.push('\n');
         }
-        stderr.push_str(&format!("Timed out after {}s (process group killed; output so far shown)", seconds(timeout_secs)));
+        stderr.push_str(&format!(
+            "Timed out after {}s (process group killed; output so far shown)",
+            seconds(timeout_secs)
+        ));
     }
     if !stderr.is_empty() {
         lines.push(format!("[stderr] {stderr}"));
@@ -44,7 +52,9 @@ pub fn exec_result(r: &ExecResult, timeout_secs: f64) -> String {
     let code = r.exit_code();
     if code != 0 {
         match r.outcome {
-            Outcome::Exited(ExitStatus::Signal(sig)) => lines.push(format!("[exit code {code}] (killed by signal {sig})")),
+            Outcome::Exited(ExitStatus::Signal(sig)) => {
+                lines.push(format!("[exit code {code}] (killed by signal {sig})"))
+            }
             _ => lines.push(format!("[exit code {code}]")),
         }
     }
@@ -55,7 +65,11 @@ pub fn exec_result(r: &ExecResult, timeout_secs: f64) -> String {
 /// Memory as `512M` / `2G`.
 pub fn memory(bytes: u64) -> String {
     let mib = bytes >> 20;
-    if mib >= 1024 && mib % 1024 == 0 { format!("{}G", mib / 1024) } else { format!("{mib}M") }
+    if mib >= 1024 && mib % 1024 == 0 {
+        format!("{}G", mib / 1024)
+    } else {
+        format!("{mib}M")
+    }
 }
 
 /// One `status` line for a sandbox.
@@ -73,10 +87,46 @@ pub fn status_line(s: &Sandbox, alive: bool) -> String {
     fields.join("  ")
 }
 
+fn network(n: Network) -> &'static str {
+    match n {
+        Network::None => "none (loopback only)",
+        Network::Egress => "egress (outbound only)",
+    }
+}
+
+/// The lines under the sandbox list in `status`.
+pub fn status_footer(c: &Config) -> Vec<String> {
+    let d = c.defaults();
+    let mut lines = vec![
+        format!("Image:    {}", d.image),
+        "Volumes:  per-sandbox (workspace + apt/pip/npm caches)".to_string(),
+        format!("Network:  {}", network(d.network)),
+    ];
+    let mut profiles: Vec<String> = c
+        .profiles()
+        .map(|(n, p)| {
+            format!(
+                "{n}({}cpu/{}, {})",
+                p.cpus,
+                memory(p.memory_bytes),
+                network(p.network)
+            )
+        })
+        .collect();
+    if !profiles.is_empty() {
+        profiles.sort();
+        lines.push(format!("Profiles: {}", profiles.join(", ")));
+    }
+    lines
+}
+
 /// The `list_all` table.
 pub fn list_table(rows: &[(std::sync::Arc<Sandbox>, bool)]) -> String {
     let mut out = vec![
-        format!("{:<12}  {:<16}  {:<6}  {:>8}  {}", "Name", "Container", "Shell", "Idle", "Resources"),
+        format!(
+            "{:<12}  {:<16}  {:<6}  {:>8}  {}",
+            "Name", "Container", "Shell", "Idle", "Resources"
+        ),
         "─".repeat(65),
     ];
     for (s, alive) in rows {
@@ -96,9 +146,16 @@ pub fn list_table(rows: &[(std::sync::Arc<Sandbox>, bool)]) -> String {
 /// The `history` listing, newest first.
 pub fn history(sandbox: &str, entries: &[AuditEntry]) -> String {
     let now = SystemTime::now();
-    let mut out = vec![format!("Recent commands in '{sandbox}' ({} shown):", entries.len())];
+    let mut out = vec![format!(
+        "Recent commands in '{sandbox}' ({} shown):",
+        entries.len()
+    )];
     for (i, e) in entries.iter().enumerate() {
-        let status = if e.exit_code == 0 { "ok".to_string() } else { format!("exit:{}", e.exit_code) };
+        let status = if e.exit_code == 0 {
+            "ok".to_string()
+        } else {
+            format!("exit:{}", e.exit_code)
+        };
         let ago = now.duration_since(e.at).unwrap_or_default().as_secs();
         out.push(format!(
             "  {:>2}. [{status}] {:.0}ms {ago}s ago  {}",
@@ -113,16 +170,24 @@ pub fn history(sandbox: &str, entries: &[AuditEntry]) -> String {
 /// The `env list` text.
 pub fn env_list(sandbox: &str, env: &std::collections::BTreeMap<String, String>) -> String {
     if env.is_empty() {
-        return "No persistent env vars set. Use env(action='set', key='FOO', value='bar').".to_string();
+        return "No persistent env vars set. Use env(action='set', key='FOO', value='bar')."
+            .to_string();
     }
-    format!("Persistent env vars in '{sandbox}':\n{}", crate::orchestrator::env::profile_script(env).trim_end())
+    format!(
+        "Persistent env vars in '{sandbox}':\n{}",
+        crate::orchestrator::env::profile_script(env).trim_end()
+    )
 }
 
 /// The last lines of an install that say what was installed.
 pub fn install_summary(stdout: &str, packages: &[String]) -> String {
     let lines: Vec<&str> = stdout
         .lines()
-        .filter(|l| l.starts_with("Setting up") || l.starts_with("OK:") || l.to_lowercase().contains("installing"))
+        .filter(|l| {
+            l.starts_with("Setting up")
+                || l.starts_with("OK:")
+                || l.to_lowercase().contains("installing")
+        })
         .collect();
     if lines.is_empty() {
         format!("Installed {}", packages.join(" "))
@@ -131,21 +196,158 @@ pub fn install_summary(stdout: &str, packages: &[String]) -> String {
     }
 }
 
+/// The command of a background process as the user gave it.
+fn process_command(info: &BackgroundInfo) -> String {
+    match info.argv.as_slice() {
+        [_, flag, line] if flag == "-c" => line.clone(),
+        argv => argv.join(" "),
+    }
+}
+
+fn process_state(info: &BackgroundInfo) -> String {
+    match (info.running, info.exit) {
+        (true, _) => "alive".to_string(),
+        (false, Some(ExitStatus::Code(c))) => format!("dead, exit code {c}"),
+        (false, Some(ExitStatus::Signal(s))) => format!("dead, killed by signal {s}"),
+        (false, None) => "dead".to_string(),
+    }
+}
+
+/// The `logs` text.
+pub fn process_log(info: &BackgroundInfo, output: &[u8]) -> String {
+    let text = escape_bytes(output);
+    let body = if text.is_empty() { "(no output yet)".to_string() } else { text.trim_end_matches('\n').to_string() };
+    format!(
+        "[{}] PID {} ({}) — {}\n{}\n{body}",
+        info.name,
+        info.pid,
+        process_state(info),
+        process_command(info),
+        "─".repeat(40)
+    )
+}
+
+/// The `kill` text.
+pub fn killed(info: &BackgroundInfo, output: &[u8]) -> String {
+    let text = escape_bytes(output);
+    let text = text.trim_end_matches('\n');
+    let mut out = format!("Killed [{}] PID {}", info.name, info.pid);
+    if !text.is_empty() {
+        out.push_str(&format!("\nLast output:\n{text}"));
+    }
+    out
+}
+
+fn uptime(d: Duration) -> String {
+    format!("{}m {}s", d.as_secs() / 60, d.as_secs() % 60)
+}
+
+/// The `stats` text.
+pub fn stats(s: &Sandbox, obs: &Observation, bg: &[BackgroundInfo]) -> String {
+    let mut lines = vec![format!("Sandbox: {} ('{}', {}cpu/{})", s.name, s.name, s.cpus, memory(s.memory_bytes))];
+    match &obs.stats {
+        Some(st) => {
+            let pct = obs.mem_pct().map(|p| format!(" ({p}%)")).unwrap_or_default();
+            lines.push(format!("Memory:  {} / {}{pct}", human_size(st.memory_used), human_size(st.memory_limit)));
+            lines.push(format!("CPU:     {:.2}s total", st.cpu_usage_ns as f64 / 1e9));
+            lines.push(format!("Net:     {} rx / {} tx", human_size(st.net_rx), human_size(st.net_tx)));
+            lines.push(format!("PIDs:    {}", st.pids));
+            if st.oom_killed {
+                lines.push("OOM:     a process was killed for exceeding the memory limit".to_string());
+            }
+        }
+        None => lines.push("Stats:   unavailable".to_string()),
+    }
+    if let Some(d) = obs.disk {
+        lines.push(format!("Disk:    {}/{} ({}% used)", human_size(d.used), human_size(d.size), d.pct()));
+    }
+    if let Some(st) = &obs.stats {
+        lines.push(format!("Uptime:  {}", uptime(st.uptime)));
+    }
+    let running: Vec<&str> = bg.iter().filter(|b| b.running).map(|b| b.name.as_str()).collect();
+    if !running.is_empty() {
+        lines.push(format!("BgProcs: {}", running.join(", ")));
+    }
+    lines.push(format!("History: {} commands", s.command_count()));
+    lines.join("\n")
+}
+
+fn mark(pct: u64, full: &str) -> &'static str {
+    if pct >= FULL_PCT {
+        if full == "OOM" { " OOM" } else { " FULL" }
+    } else if pct >= HIGH_PCT {
+        " HIGH"
+    } else {
+        ""
+    }
+}
+
+/// The `health` text.
+pub fn health(rows: &[(std::sync::Arc<Sandbox>, Observation)]) -> String {
+    if rows.is_empty() {
+        return "No active sandboxes".to_string();
+    }
+    let mut issues = 0;
+    let mut lines = Vec::new();
+    for (s, obs) in rows {
+        let mut fields = vec![format!("{}:", s.name), format!("shell={}", if obs.alive { "ok" } else { "DEAD" })];
+        if !obs.alive {
+            issues += 1;
+        }
+        if let Some(d) = obs.disk {
+            let pct = d.pct();
+            issues += usize::from(pct >= HIGH_PCT);
+            fields.push(format!("disk={pct}%{}", mark(pct, "FULL")));
+        }
+        if let Some(pct) = obs.mem_pct() {
+            let oom = obs.stats.as_ref().is_some_and(|st| st.oom_killed);
+            issues += usize::from(pct >= HIGH_PCT || oom);
+            let m = if oom { " OOM" } else { mark(pct, "OOM") };
+            fields.push(format!("mem={pct}%{m}"));
+        }
+        if let Some(st) = &obs.stats {
+            fields.push(format!("up={}m{}s", st.uptime.as_secs() / 60, st.uptime.as_secs() % 60));
+            fields.push(format!("procs={}", st.pids));
+        }
+        lines.push(fields.join("  "));
+    }
+    let mut out = vec![format!("{} sandbox(es), {issues} issue(s)", rows.len())];
+    out.extend(lines);
+    out.join("\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::orchestrator::exec::Captured;
 
     fn result(out: &str, err: &str, outcome: Outcome) -> ExecResult {
-        let cap = |s: &str| Captured { bytes: s.as_bytes().to_vec(), total: s.len() as u64 };
-        ExecResult { stdout: cap(out), stderr: cap(err), outcome, duration: Duration::from_micros(1234) }
+        let cap = |s: &str| Captured {
+            bytes: s.as_bytes().to_vec(),
+            total: s.len() as u64,
+        };
+        ExecResult {
+            stdout: cap(out),
+            stderr: cap(err),
+            outcome,
+            duration: Duration::from_micros(1234),
+        }
     }
 
     #[test]
     fn exec_shapes() {
-        assert_eq!(exec_result(&result("hi\n", "", Outcome::Exited(ExitStatus::Code(0))), 30.0), "hi\n(1.2ms)");
         assert_eq!(
-            exec_result(&result("", "bad\n", Outcome::Exited(ExitStatus::Code(2))), 30.0),
+            exec_result(
+                &result("hi\n", "", Outcome::Exited(ExitStatus::Code(0))),
+                30.0
+            ),
+            "hi\n(1.2ms)"
+        );
+        assert_eq!(
+            exec_result(
+                &result("", "bad\n", Outcome::Exited(ExitStatus::Code(2))),
+                30.0
+            ),
             "[stderr] bad\n[exit code 2]\n(1.2ms)"
         );
         let t = exec_result(&result("part", "", Outcome::TimedOut), 2.0);
@@ -161,7 +363,10 @@ mod tests {
         assert_eq!(seconds(2.5), "2.5");
         assert_eq!(memory(512 << 20), "512M");
         assert_eq!(memory(2 << 30), "2G");
-        assert_eq!(install_summary("x\nSetting up jq (1.6)\n", &["jq".into()]), "Setting up jq (1.6)");
+        assert_eq!(
+            install_summary("x\nSetting up jq (1.6)\n", &["jq".into()]),
+            "Setting up jq (1.6)"
+        );
         assert_eq!(install_summary("", &["jq".into()]), "Installed jq");
     }
 }

@@ -1,5 +1,7 @@
 //! Lifecycle and observability tools: status, list_all, destroy, reset, history.
-use rmcp::{handler::server::wrapper::Parameters, model::CallToolResult, schemars, tool, tool_router};
+use rmcp::{
+    handler::server::wrapper::Parameters, model::CallToolResult, schemars, tool, tool_router,
+};
 use serde::Deserialize;
 
 use super::{SandboxServer, default_sandbox, format, reply};
@@ -39,7 +41,10 @@ fn default_limit() -> u32 {
 
 #[tool_router(router = lifecycle_router, vis = "pub(super)")]
 impl SandboxServer {
-    #[tool(description = "Show every sandbox with its state, idle time, resources and command count.", annotations(read_only_hint = true, open_world_hint = false))]
+    #[tool(
+        description = "Show every sandbox with its state, idle time, resources and command count.",
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
     async fn status(&self) -> Result<CallToolResult, rmcp::ErrorData> {
         let m = &self.manager;
         let result = async {
@@ -48,51 +53,96 @@ impl SandboxServer {
                 return Ok("No active sandboxes (boot on first use)".to_string());
             }
             let running = m.running().await?;
-            let mut lines: Vec<String> =
-                sandboxes.iter().map(|s| format::status_line(s, running.get(&s.name).copied().unwrap_or(false))).collect();
-            let cfg = m.config();
-            lines.push(format!("Image:    {}", cfg.image));
-            lines.push("Volumes:  per-sandbox (/workspace)".to_string());
-            lines.push(format!("Network:  {}", match cfg.network {
-                crate::orchestrator::helper_client::Network::None => "none (loopback only)",
-                crate::orchestrator::helper_client::Network::Egress => "egress (outbound only)",
-            }));
+            let mut lines: Vec<String> = sandboxes
+                .iter()
+                .map(|s| format::status_line(s, running.get(&s.name).copied().unwrap_or(false)))
+                .collect();
+            lines.extend(format::status_footer(m.config()));
             Ok(lines.join("\n"))
         };
         reply(result.await)
     }
 
-    #[tool(description = "Table of all sandboxes.", annotations(read_only_hint = true, open_world_hint = false))]
+    #[tool(
+        description = "Table of all sandboxes.",
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
     async fn list_all(&self) -> Result<CallToolResult, rmcp::ErrorData> {
         let m = &self.manager;
         let result = async {
             let sandboxes = m.list();
             if sandboxes.is_empty() {
-                return Ok("No active sandboxes. Use any sandbox tool to auto-create 'default'.".to_string());
+                return Ok(
+                    "No active sandboxes. Use any sandbox tool to auto-create 'default'."
+                        .to_string(),
+                );
             }
             let running = m.running().await?;
-            let rows: Vec<_> = sandboxes.into_iter().map(|s| {
-                let alive = running.get(&s.name).copied().unwrap_or(false);
-                (s, alive)
-            }).collect();
+            let rows: Vec<_> = sandboxes
+                .into_iter()
+                .map(|s| {
+                    let alive = running.get(&s.name).copied().unwrap_or(false);
+                    (s, alive)
+                })
+                .collect();
             Ok(format::list_table(&rows))
         };
         reply(result.await)
     }
 
-    #[tool(description = "Destroy a sandbox. Its /workspace volume is kept and reappears if the name is used again.", annotations(destructive_hint = true, idempotent_hint = false, open_world_hint = false))]
-    async fn destroy(&self, Parameters(p): Parameters<DestroyParams>) -> Result<CallToolResult, rmcp::ErrorData> {
-        reply(self.manager.destroy(&p.sandbox).await.map(|s| format!("Destroyed sandbox '{}' ({})", s.name, s.name)))
+    #[tool(
+        description = "Destroy a sandbox. Its /workspace volume is kept and reappears if the name is used again.",
+        annotations(
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn destroy(
+        &self,
+        Parameters(p): Parameters<DestroyParams>,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
+        reply(
+            self.manager
+                .destroy(&p.sandbox)
+                .await
+                .map(|s| format!("Destroyed sandbox '{}' ({})", s.name, s.name)),
+        )
     }
 
-    #[tool(description = "Replace a sandbox with a fresh one from its image (env and installed packages are reset). /workspace is kept unless wipe_workspace.", annotations(destructive_hint = true, idempotent_hint = true, open_world_hint = false))]
-    async fn reset(&self, Parameters(p): Parameters<ResetParams>) -> Result<CallToolResult, rmcp::ErrorData> {
-        let kept = if p.wipe_workspace { "workspace wiped" } else { "workspace preserved" };
-        reply(self.manager.reset(&p.sandbox, p.wipe_workspace).await.map(|s| format!("Fresh sandbox '{}' ready: {} ({kept})", s.name, s.name)))
+    #[tool(
+        description = "Replace a sandbox with a fresh one from its image (env and installed packages are reset). /workspace is kept unless wipe_workspace.",
+        annotations(
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn reset(
+        &self,
+        Parameters(p): Parameters<ResetParams>,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
+        let kept = if p.wipe_workspace {
+            "workspace wiped"
+        } else {
+            "workspace preserved"
+        };
+        reply(
+            self.manager
+                .reset(&p.sandbox, p.wipe_workspace)
+                .await
+                .map(|s| format!("Fresh sandbox '{}' ready: {} ({kept})", s.name, s.name)),
+        )
     }
 
-    #[tool(description = "Recent commands run in a sandbox, newest first (secrets redacted).", annotations(read_only_hint = true, open_world_hint = false))]
-    async fn history(&self, Parameters(p): Parameters<HistoryParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+    #[tool(
+        description = "Recent commands run in a sandbox, newest first (secrets redacted).",
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn history(
+        &self,
+        Parameters(p): Parameters<HistoryParams>,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
         let result = self.manager.get(&p.sandbox).map(|s| {
             let entries = s.history(p.limit as usize);
             if entries.is_empty() {
@@ -102,7 +152,9 @@ impl SandboxServer {
             }
         });
         reply(match result {
-            Err(crate::orchestrator::OrchestratorError::NoSuchSandbox(_)) => Ok(format!("No command history for '{}'.", p.sandbox)),
+            Err(crate::orchestrator::OrchestratorError::NoSuchSandbox(_)) => {
+                Ok(format!("No command history for '{}'.", p.sandbox))
+            }
             other => other,
         })
     }

@@ -6,6 +6,11 @@ pub mod core;
 pub mod files;
 pub mod format;
 pub mod lifecycle;
+pub mod network;
+pub mod observe;
+pub mod process;
+pub mod sync;
+pub mod transfer;
 
 use std::sync::Arc;
 
@@ -16,7 +21,7 @@ use rmcp::{
     tool_handler,
 };
 
-use crate::orchestrator::{OrchestratorError, SandboxManager};
+use crate::orchestrator::{OrchestratorError, SandboxManager, forward::ForwardManager, sync::SyncManager};
 
 /// What the server tells the agent about the sandbox model on connect.
 const INSTRUCTIONS: &str = "\
@@ -31,19 +36,38 @@ install(). Output is capped at 50,000 bytes per stream; timeouts kill the whole 
 #[derive(Clone)]
 pub struct SandboxServer {
     manager: Arc<SandboxManager>,
+    forwards: Arc<ForwardManager>,
+    syncs: Arc<SyncManager>,
     tool_router: ToolRouter<Self>,
 }
 
 impl SandboxServer {
     /// A server over `manager` (shared by every MCP session).
     pub fn new(manager: Arc<SandboxManager>) -> Self {
-        let tool_router = Self::core_router() + Self::files_router() + Self::lifecycle_router();
-        Self { manager, tool_router }
+        let tool_router = Self::core_router()
+            + Self::files_router()
+            + Self::lifecycle_router()
+            + Self::process_router()
+            + Self::transfer_router()
+            + Self::observe_router()
+            + Self::network_router()
+            + Self::sync_router();
+        let forwards = Arc::new(ForwardManager::new(manager.clone()));
+        let syncs = Arc::new(SyncManager::new(manager.clone()));
+        Self {
+            manager,
+            forwards,
+            syncs,
+            tool_router,
+        }
     }
 
     /// Serve one MCP session on stdin/stdout until the client disconnects.
     pub async fn serve_stdio(self) -> Result<(), std::io::Error> {
-        let service = self.serve(rmcp::transport::stdio()).await.map_err(std::io::Error::other)?;
+        let service = self
+            .serve(rmcp::transport::stdio())
+            .await
+            .map_err(std::io::Error::other)?;
         service.waiting().await.map_err(std::io::Error::other)?;
         Ok(())
     }
@@ -53,20 +77,27 @@ impl SandboxServer {
 impl ServerHandler for SandboxServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("sandbox-mcp", env!("CARGO_PKG_VERSION")))
+            .with_server_info(Implementation::new(
+                "sandbox-mcp",
+                env!("CARGO_PKG_VERSION"),
+            ))
             .with_instructions(INSTRUCTIONS)
     }
 }
 
 /// A successful tool result.
 fn ok(text: impl Into<String>) -> Result<CallToolResult, rmcp::ErrorData> {
-    Ok(CallToolResult::success(vec![ContentBlock::text(text.into())]))
+    Ok(CallToolResult::success(vec![ContentBlock::text(
+        text.into(),
+    )]))
 }
 
 /// A failed tool result: `Error: …` text (what the reference's clients match
 /// on) with `isError` set. The single place orchestrator errors meet MCP.
 fn fail(text: impl std::fmt::Display) -> Result<CallToolResult, rmcp::ErrorData> {
-    Ok(CallToolResult::error(vec![ContentBlock::text(format!("Error: {text}"))]))
+    Ok(CallToolResult::error(vec![ContentBlock::text(format!(
+        "Error: {text}"
+    ))]))
 }
 
 /// `ok` for a successful text, `fail` for an orchestrator error.

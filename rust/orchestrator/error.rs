@@ -6,7 +6,9 @@ use super::helper_client::HelperError;
 #[derive(Debug, thiserror::Error)]
 pub enum OrchestratorError {
     /// A sandbox name failed validation.
-    #[error("invalid sandbox name '{0}' (must match ^[A-Za-z0-9][A-Za-z0-9._-]*$, at most 48 characters)")]
+    #[error(
+        "invalid sandbox name '{0}' (must match ^[A-Za-z0-9][A-Za-z0-9._-]*$, at most 48 characters)"
+    )]
     InvalidName(String),
     /// No sandbox of that name exists.
     #[error("no active sandbox '{0}'")]
@@ -27,6 +29,29 @@ pub enum OrchestratorError {
         path: String,
         /// The I/O error.
         source: std::io::Error,
+    },
+    /// A host path is outside every configured host root.
+    #[error(
+        "host path {path} is outside the allowed host roots ({roots}); add a root with SANDBOX_MCP_HOST_ROOTS or host_roots in the config file"
+    )]
+    HostPathDenied {
+        /// The path as given (made absolute).
+        path: String,
+        /// The roots.
+        roots: String,
+    },
+    /// A host path to read does not exist.
+    #[error("{0} does not exist on host")]
+    HostPathMissing(String),
+    /// A background process id is unknown.
+    #[error("no background process '{name}' in sandbox '{sandbox}'. Running: {running}")]
+    NoSuchProcess {
+        /// The id asked for.
+        name: String,
+        /// The sandbox.
+        sandbox: String,
+        /// Ids that exist.
+        running: String,
     },
     /// The helper failed.
     #[error(transparent)]

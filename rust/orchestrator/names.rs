@@ -20,7 +20,9 @@ pub fn validate_sandbox_name(name: &str) -> Result<(), OrchestratorError> {
 /// Check an environment variable name against `^[A-Za-z_][A-Za-z0-9_]*$`.
 pub fn validate_env_key(key: &str) -> Result<(), OrchestratorError> {
     let mut chars = key.chars();
-    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
     if first_ok && chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
         Ok(())
     } else {
@@ -51,4 +53,33 @@ mod tests {
             assert!(validate_env_key(bad).is_err(), "{bad}");
         }
     }
+}
+
+/// `n` random lowercase hex digits for generated ids (`bg-…`, `sync-…`).
+pub fn random_hex(n: usize) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut out = String::with_capacity(n);
+    while out.len() < n {
+        // RandomState is seeded from the OS per instance; mixing in the time
+        // keeps ids distinct even if two states were seeded alike.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0),
+        );
+        out.push_str(&format!("{:016x}", h.finish()));
+    }
+    out.truncate(n);
+    out
+}
+
+/// Check a background process id against the sandbox-name rule.
+pub fn validate_process_name(name: &str) -> Result<(), OrchestratorError> {
+    validate_sandbox_name(name).map_err(|_| {
+        OrchestratorError::InvalidArgument(format!(
+            "invalid process name '{name}' (must match ^[A-Za-z0-9][A-Za-z0-9._-]*$, at most 48 characters)"
+        ))
+    })
 }

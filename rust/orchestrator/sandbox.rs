@@ -10,9 +10,10 @@ use std::{
 
 use super::{
     audit::AuditLog,
+    config::Config,
     error::OrchestratorError,
     exec::{self, ExecResult},
-    helper_client::{HelperClient, Network, ProcessConfig, VmConfig, VmInfo, VmState},
+    helper_client::{HelperClient, ProcessConfig, VmConfig, VmInfo, VmState},
     names::validate_sandbox_name,
 };
 
@@ -21,45 +22,13 @@ const NAME_LABEL: &str = "sandbox-mcp.name";
 /// Where a sandbox's workspace volume is mounted.
 pub const WORKSPACE: &str = "/workspace";
 
-/// Defaults for new sandboxes.
-#[derive(Debug, Clone)]
-pub struct ManagerConfig {
-    /// Image for primaries (`SANDBOX_MCP_DEFAULT_IMAGE`, default `mcp-dev`).
-    pub image: String,
-    /// CPUs per sandbox.
-    pub cpus: u32,
-    /// Memory per sandbox in bytes.
-    pub memory_bytes: u64,
-    /// Network mode (`SANDBOX_MCP_NETWORK`: `egress` (default) or `none`).
-    pub network: Network,
-    /// Root of per-sandbox volumes.
-    pub volumes_dir: PathBuf,
-}
-
-impl ManagerConfig {
-    /// Defaults, overridable from the environment.
-    pub fn from_env() -> Result<Self, OrchestratorError> {
-        let network = match std::env::var("SANDBOX_MCP_NETWORK").as_deref() {
-            Err(_) | Ok("") | Ok("egress") => Network::Egress,
-            Ok("none") => Network::None,
-            Ok(other) => {
-                return Err(OrchestratorError::InvalidArgument(format!(
-                    "SANDBOX_MCP_NETWORK must be 'egress' or 'none', not '{other}'"
-                )));
-            }
-        };
-        Ok(Self {
-            image: std::env::var("SANDBOX_MCP_DEFAULT_IMAGE")
-                .ok()
-                .filter(|s| !s.is_empty())
-                .unwrap_or_else(|| crate::image::DEFAULT_IMAGE.to_string()),
-            cpus: 2,
-            memory_bytes: 512 << 20,
-            network,
-            volumes_dir: crate::paths::volumes_dir(),
-        })
-    }
-}
+/// Per-sandbox package caches: (volume subdirectory, path inside). They live
+/// beside the workspace, so they survive `reset` and make reinstalls fast.
+const CACHE_VOLUMES: [(&str, &str); 3] = [
+    ("cache/apt", "/var/cache/apt/archives"),
+    ("cache/pip", "/root/.cache/pip"),
+    ("cache/npm", "/root/.npm"),
+];
 
 /// One live sandbox.
 #[derive(Debug)]
@@ -86,7 +55,8 @@ pub struct Sandbox {
 
 impl Sandbox {
     fn from_vm(vm: &VmInfo, name: String) -> Self {
-        let started_at = SystemTime::UNIX_EPOCH + Duration::from_millis(vm.started_at_ms.max(0) as u64);
+        let started_at =
+            SystemTime::UNIX_EPOCH + Duration::from_millis(vm.started_at_ms.max(0) as u64);
         Self {
             name,
             image: vm.image.clone(),
@@ -102,12 +72,22 @@ impl Sandbox {
 
     /// Seconds since the last command.
     pub fn idle(&self) -> Duration {
-        self.last_activity.lock().map(|t| t.elapsed()).unwrap_or_default()
+        self.last_activity
+            .lock()
+            .map(|t| t.elapsed())
+            .unwrap_or_default()
     }
 
     fn touch(&self) {
         if let Ok(mut t) = self.last_activity.lock() {
             *t = Instant::now();
+        }
+    }
+
+    /// Add an entry to the audit log.
+    pub fn record(&self, command: &str, exit_code: i32, duration: Duration) {
+        if let Ok(mut audit) = self.audit.lock() {
+            audit.record(command, exit_code, duration);
         }
     }
 
@@ -118,7 +98,10 @@ impl Sandbox {
 
     /// The newest `limit` audit entries, newest first.
     pub fn history(&self, limit: usize) -> Vec<super::audit::AuditEntry> {
-        self.audit.lock().map(|a| a.newest(limit)).unwrap_or_default()
+        self.audit
+            .lock()
+            .map(|a| a.newest(limit))
+            .unwrap_or_default()
     }
 
     /// A copy of the persistent env.
@@ -176,10 +159,27 @@ impl Command {
     }
 }
 
+fn cmd_argv(sandbox: &Sandbox, argv: ShellOrArgv) -> Vec<String> {
+    match argv {
+        ShellOrArgv::Shell(line) => vec![sandbox.shell.clone(), "-c".to_string(), line],
+        ShellOrArgv::Argv(argv) => argv,
+    }
+}
+
+/// Told when a sandbox goes away or is replaced, so what hangs off it (port
+/// forwards, sync jobs) follows.
+pub trait SandboxListener: Send + Sync {
+    /// The sandbox was destroyed or reaped.
+    fn destroyed(&self, name: &str);
+    /// The sandbox was replaced by a fresh VM of the same name (reset).
+    fn replaced(&self, _name: &str) {}
+}
+
 /// The registry of sandboxes, shared by every MCP session.
 pub struct SandboxManager {
+    listeners: Mutex<Vec<Arc<dyn SandboxListener>>>,
     pub(super) helper: HelperClient,
-    config: ManagerConfig,
+    config: Config,
     sandboxes: Mutex<BTreeMap<String, Arc<Sandbox>>>,
     /// One lock per name so concurrent first uses create a sandbox once.
     lifecycle_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -188,15 +188,18 @@ pub struct SandboxManager {
 impl SandboxManager {
     /// Connect the registry to a helper and attach every running VM that a
     /// previous orchestrator created, with its persistent env.
-    pub async fn start(helper: HelperClient, config: ManagerConfig) -> Result<Self, OrchestratorError> {
+    pub async fn start(helper: HelperClient, config: Config) -> Result<Self, OrchestratorError> {
         let manager = Self {
+            listeners: Mutex::default(),
             helper,
             config,
             sandboxes: Mutex::default(),
             lifecycle_locks: Mutex::default(),
         };
         for vm in manager.helper.list_vms().await? {
-            let Some(name) = vm.labels.get(NAME_LABEL).cloned() else { continue };
+            let Some(name) = vm.labels.get(NAME_LABEL).cloned() else {
+                continue;
+            };
             if vm.state != VmState::Running {
                 // A VM we created that is no longer running holds only a
                 // writable layer; the workspace is a volume and stays.
@@ -215,8 +218,27 @@ impl SandboxManager {
         Ok(manager)
     }
 
-    /// The defaults new sandboxes get.
-    pub fn config(&self) -> &ManagerConfig {
+    /// Register for destroy/replace events.
+    pub fn subscribe(&self, listener: Arc<dyn SandboxListener>) {
+        self.listeners.lock().unwrap_or_else(|p| p.into_inner()).push(listener);
+    }
+
+    fn notify(&self, event: impl Fn(&dyn SandboxListener)) {
+        let listeners = self.listeners.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for l in listeners {
+            event(l.as_ref());
+        }
+    }
+
+    /// Count outside use (e.g. traffic through a port forward) as activity.
+    pub fn touch(&self, name: &str) {
+        if let Some(s) = self.lock_map().get(name) {
+            s.touch();
+        }
+    }
+
+    /// The configuration sandboxes are created with.
+    pub fn config(&self) -> &Config {
         &self.config
     }
 
@@ -225,7 +247,10 @@ impl SandboxManager {
     }
 
     fn lifecycle_lock(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self.lifecycle_locks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut locks = self
+            .lifecycle_locks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         locks.entry(name.to_string()).or_default().clone()
     }
 
@@ -237,7 +262,10 @@ impl SandboxManager {
     /// An existing sandbox (never creates one).
     pub fn get(&self, name: &str) -> Result<Arc<Sandbox>, OrchestratorError> {
         validate_sandbox_name(name)?;
-        self.lock_map().get(name).cloned().ok_or_else(|| OrchestratorError::NoSuchSandbox(name.to_string()))
+        self.lock_map()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| OrchestratorError::NoSuchSandbox(name.to_string()))
     }
 
     /// The named sandbox, created and booted on first use.
@@ -260,16 +288,27 @@ impl SandboxManager {
     }
 
     async fn create_locked(&self, name: &str) -> Result<Arc<Sandbox>, OrchestratorError> {
-        let workspace = self.workspace_dir(name);
-        std::fs::create_dir_all(&workspace)
-            .map_err(|source| OrchestratorError::Volume { path: workspace.display().to_string(), source })?;
+        let volume = self.config.volumes_dir.join(name);
+        let mut mounts = vec![(self.workspace_dir(name), WORKSPACE.to_string())];
+        mounts.extend(
+            CACHE_VOLUMES
+                .iter()
+                .map(|(sub, guest)| (volume.join(sub), guest.to_string())),
+        );
+        for (dir, _) in &mounts {
+            std::fs::create_dir_all(dir).map_err(|source| OrchestratorError::Volume {
+                path: dir.display().to_string(),
+                source,
+            })?;
+        }
+        let profile = self.config.profile_for(name);
         let cfg = VmConfig {
             id: name.to_string(),
-            image: self.config.image.clone(),
-            cpus: self.config.cpus,
-            memory_bytes: self.config.memory_bytes,
-            mounts: vec![(workspace, WORKSPACE.to_string())],
-            network: self.config.network,
+            image: profile.image.clone(),
+            cpus: profile.cpus,
+            memory_bytes: profile.memory_bytes,
+            mounts,
+            network: profile.network,
             labels: HashMap::from([(NAME_LABEL.to_string(), name.to_string())]),
         };
         self.helper.create_vm(cfg).await?;
@@ -294,59 +333,134 @@ impl SandboxManager {
         let sandbox = self.get(name)?;
         self.helper.delete_vm(name).await?;
         self.lock_map().remove(name);
+        self.notify(|l| l.destroyed(name));
         Ok(sandbox)
+    }
+
+    /// Destroy sandboxes idle longer than the configured TTL, except
+    /// `default`; returns their names.
+    pub async fn reap_idle(&self) -> Vec<String> {
+        let Some(ttl) = self.config.idle_ttl else { return Vec::new() };
+        let idle: Vec<String> =
+            self.list().into_iter().filter(|s| s.name != "default" && s.idle() > ttl).map(|s| s.name.clone()).collect();
+        let mut reaped = Vec::new();
+        for name in idle {
+            match self.destroy(&name).await {
+                Ok(_) => {
+                    tracing::info!(sandbox = %name, "reaped idle sandbox");
+                    reaped.push(name);
+                }
+                Err(e) => tracing::warn!(sandbox = %name, "could not reap idle sandbox: {e}"),
+            }
+        }
+        reaped
+    }
+
+    /// Run [`Self::reap_idle`] periodically until the manager is dropped.
+    pub fn spawn_reaper(self: &Arc<Self>) {
+        let Some(ttl) = self.config.idle_ttl else { return };
+        let every = (ttl / 4).clamp(Duration::from_millis(500), Duration::from_secs(30));
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                let Some(manager) = weak.upgrade() else { break };
+                manager.reap_idle().await;
+            }
+        });
     }
 
     /// Replace a sandbox with a fresh one from its image (creating it if it did
     /// not exist). The workspace is kept unless `wipe_workspace`.
-    pub async fn reset(&self, name: &str, wipe_workspace: bool) -> Result<Arc<Sandbox>, OrchestratorError> {
+    pub async fn reset(
+        &self,
+        name: &str,
+        wipe_workspace: bool,
+    ) -> Result<Arc<Sandbox>, OrchestratorError> {
         validate_sandbox_name(name)?;
         let lock = self.lifecycle_lock(name);
         let _guard = lock.lock().await;
-        if self.lock_map().contains_key(name) {
+        let existed = self.lock_map().contains_key(name);
+        if existed {
             self.helper.delete_vm(name).await?;
             self.lock_map().remove(name);
         }
         if wipe_workspace {
             let dir = self.workspace_dir(name);
             if dir.exists() {
-                std::fs::remove_dir_all(&dir)
-                    .map_err(|source| OrchestratorError::Volume { path: dir.display().to_string(), source })?;
+                std::fs::remove_dir_all(&dir).map_err(|source| OrchestratorError::Volume {
+                    path: dir.display().to_string(),
+                    source,
+                })?;
             }
         }
-        self.create_locked(name).await
+        let fresh = self.create_locked(name).await?;
+        if existed {
+            self.notify(|l| l.replaced(name));
+        }
+        Ok(fresh)
     }
 
     /// Run a command in the named sandbox (created on first use), with the
     /// sandbox's persistent env, and record it in the audit log.
-    pub async fn run(&self, name: &str, cmd: Command) -> Result<(Arc<Sandbox>, ExecResult), OrchestratorError> {
+    pub async fn run(
+        &self,
+        name: &str,
+        cmd: Command,
+    ) -> Result<(Arc<Sandbox>, ExecResult), OrchestratorError> {
         let sandbox = self.get_or_create(name).await?;
         let result = self.run_in(&sandbox, cmd).await?;
         Ok((sandbox, result))
     }
 
     /// Run a command in a known sandbox.
-    pub async fn run_in(&self, sandbox: &Sandbox, cmd: Command) -> Result<ExecResult, OrchestratorError> {
+    pub async fn run_in(
+        &self,
+        sandbox: &Sandbox,
+        cmd: Command,
+    ) -> Result<ExecResult, OrchestratorError> {
+        self.run_with_env(sandbox, cmd, sandbox.env()).await
+    }
+
+    /// Run an internal probe: not audited and not counted as activity, so
+    /// health checks never keep an idle sandbox alive.
+    pub(super) async fn probe(&self, sandbox: &Sandbox, cmd: Command) -> Result<ExecResult, OrchestratorError> {
+        let process = ProcessConfig { argv: cmd_argv(sandbox, cmd.argv), env: Default::default(), cwd: cmd.cwd, create_cwd: false };
+        Ok(exec::run(&self.helper, &sandbox.name, process, &cmd.stdin, cmd.timeout).await?)
+    }
+
+    /// Run a command with an explicit environment (the persistent env plus
+    /// per-call secrets that must not be stored anywhere).
+    pub async fn run_with_env(
+        &self,
+        sandbox: &Sandbox,
+        cmd: Command,
+        env: BTreeMap<String, String>,
+    ) -> Result<ExecResult, OrchestratorError> {
         if cmd.timeout.is_zero() {
-            return Err(OrchestratorError::InvalidArgument("timeout must be greater than 0".into()));
+            return Err(OrchestratorError::InvalidArgument(
+                "timeout must be greater than 0".into(),
+            ));
         }
-        let argv = match cmd.argv {
-            ShellOrArgv::Shell(line) => vec![sandbox.shell.clone(), "-c".to_string(), line],
-            ShellOrArgv::Argv(argv) => argv,
-        };
         let process = ProcessConfig {
-            argv,
-            env: sandbox.env().into_iter().collect(),
+            argv: cmd_argv(sandbox, cmd.argv),
+            env: env.into_iter().collect(),
             cwd: cmd.cwd,
             create_cwd: true,
         };
         sandbox.touch();
-        let result = exec::run(&self.helper, &sandbox.name, process, &cmd.stdin, cmd.timeout).await?;
+        let result = exec::run(
+            &self.helper,
+            &sandbox.name,
+            process,
+            &cmd.stdin,
+            cmd.timeout,
+        )
+        .await?;
         sandbox.touch();
         if let Some(text) = cmd.audit_as {
-            if let Ok(mut audit) = sandbox.audit.lock() {
-                audit.record(&text, result.exit_code(), result.duration);
-            }
+            sandbox.record(&text, result.exit_code(), result.duration);
         }
         Ok(result)
     }
@@ -354,6 +468,9 @@ impl SandboxManager {
     /// Which sandboxes' VMs the helper reports as running.
     pub async fn running(&self) -> Result<HashMap<String, bool>, OrchestratorError> {
         let vms = self.helper.list_vms().await?;
-        Ok(vms.into_iter().map(|v| (v.id, v.state == VmState::Running)).collect())
+        Ok(vms
+            .into_iter()
+            .map(|v| (v.id, v.state == VmState::Running))
+            .collect())
     }
 }

@@ -21,6 +21,9 @@ pub enum CgroupLayout {
         cpu: PathBuf,
         /// `<pids mount>/sandbox-mcp`.
         pids: PathBuf,
+        /// `<cpuacct mount>/sandbox-mcp`, when cpuacct has a hierarchy of
+        /// its own (co-mounted with cpu, the cpu group already counts).
+        cpuacct: Option<PathBuf>,
     },
     /// The unified hierarchy: `<our cgroup>/sandbox-mcp` with the three
     /// controllers enabled for its children.
@@ -48,6 +51,7 @@ impl CgroupLayout {
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
             .map_err(|e| format!("mountinfo: {e}"))?;
         let mut v1 = (None, None, None);
+        let mut cpuacct = None;
         let mut v2 = None;
         for line in mountinfo.lines() {
             let Some((left, right)) = line.split_once(" - ") else {
@@ -70,7 +74,10 @@ impl CgroupLayout {
                         v1.1 = Some(p.clone());
                     }
                     if has("pids") {
-                        v1.2 = Some(p);
+                        v1.2 = Some(p.clone());
+                    }
+                    if has("cpuacct") && !has("cpu") {
+                        cpuacct = Some(p);
                     }
                 }
                 "cgroup2" => v2 = Some(PathBuf::from(mount_point)),
@@ -82,6 +89,7 @@ impl CgroupLayout {
                 memory: m.join(GROUP),
                 cpu: c.join(GROUP),
                 pids: p.join(GROUP),
+                cpuacct: cpuacct.map(|a| a.join(GROUP)),
             },
             (_, Some(root)) => CgroupLayout::V2 {
                 base: v2_base(&root)?,
@@ -102,8 +110,13 @@ impl CgroupLayout {
 
     fn prepare(&self) -> Result<(), String> {
         match self {
-            CgroupLayout::V1 { memory, cpu, pids } => {
-                for dir in [memory, cpu, pids] {
+            CgroupLayout::V1 {
+                memory,
+                cpu,
+                pids,
+                cpuacct,
+            } => {
+                for dir in [memory, cpu, pids].into_iter().chain(cpuacct) {
                     mkdir(dir)?;
                 }
             }
@@ -120,11 +133,19 @@ impl CgroupLayout {
     pub fn create(&self, id: &str, limits: Limits) -> Result<VmCgroup, DriverError> {
         let cg = VmCgroup {
             dirs: match self {
-                CgroupLayout::V1 { memory, cpu, pids } => {
-                    vec![memory.join(id), cpu.join(id), pids.join(id)]
+                CgroupLayout::V1 {
+                    memory,
+                    cpu,
+                    pids,
+                    cpuacct,
+                } => {
+                    let mut dirs = vec![memory.join(id), cpu.join(id), pids.join(id)];
+                    dirs.extend(cpuacct.iter().map(|a| a.join(id)));
+                    dirs
                 }
                 CgroupLayout::V2 { base } => vec![base.join(id)],
             },
+            v2: matches!(self, CgroupLayout::V2 { .. }),
         };
         for d in &cg.dirs {
             mkdir(d).map_err(DriverError::Cgroup)?;
@@ -169,10 +190,40 @@ impl CgroupLayout {
 /// The cgroup of one VM (one dir per v1 controller, or one v2 dir).
 #[derive(Debug)]
 pub struct VmCgroup {
+    /// v1: memory, cpu, pids, then cpuacct if separate; v2: the one dir.
     dirs: Vec<PathBuf>,
+    v2: bool,
+}
+
+/// Where a VM's usage counters live, for Stats.
+#[derive(Debug, Clone)]
+pub enum UsageFiles {
+    /// One dir per controller; `cpu` is the dir holding cpuacct.usage.
+    V1 {
+        /// The memory controller's dir.
+        memory: PathBuf,
+        /// The pids controller's dir.
+        pids: PathBuf,
+        /// The dir with cpuacct.usage.
+        cpu: PathBuf,
+    },
+    /// The unified dir.
+    V2(PathBuf),
 }
 
 impl VmCgroup {
+    /// The files Stats reads.
+    pub fn usage_files(&self) -> UsageFiles {
+        if self.v2 {
+            return UsageFiles::V2(self.dirs[0].clone());
+        }
+        UsageFiles::V1 {
+            memory: self.dirs[0].clone(),
+            pids: self.dirs[2].clone(),
+            cpu: self.dirs.get(3).unwrap_or(&self.dirs[1]).clone(),
+        }
+    }
+
     /// Moves a process (and its future children) into the VM's cgroup.
     pub fn add(&self, pid: i32) -> Result<(), DriverError> {
         for d in &self.dirs {

@@ -3,6 +3,7 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, recv, send, socketpair};
@@ -11,7 +12,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::net::UnixStream;
 use tokio::process::{Child, Command};
 
-use super::cgroup::{Limits, VmCgroup};
+use super::cgroup::{Limits, UsageFiles, VmCgroup};
 use super::init::{CONTROL_FD, InitConfig, LISTENER_FD};
 use super::network::{Pasta, pidfd_kill, pidfd_open};
 use super::{Driver, DriverError};
@@ -45,6 +46,9 @@ pub struct LaunchSpec {
 pub struct Instance {
     /// Host pid of the sandbox's PID 1.
     pub pid1: i32,
+    /// The sandbox's network namespace, opened once at start so Dial never
+    /// has to trust a pid that may have been reused.
+    pub netns: Arc<OwnedFd>,
     pid1fd: OwnedFd,
     /// Our end of the control socket; closing it is the lifeline cut.
     control: OwnedFd,
@@ -57,6 +61,11 @@ impl Instance {
     /// Asks PID 1 to SIGTERM everything in the sandbox.
     pub fn request_stop(&self) {
         let _ = send(self.control.as_raw_fd(), b"term", MsgFlags::MSG_DONTWAIT);
+    }
+
+    /// The VM's cgroup counters, when it has a cgroup.
+    pub fn usage_files(&self) -> Option<UsageFiles> {
+        self.cgroup.as_ref().map(VmCgroup::usage_files)
     }
 
     /// Kills PID 1, which takes the whole pid namespace down.
@@ -161,17 +170,32 @@ pub async fn launch(driver: &Driver, spec: &LaunchSpec) -> Result<(Instance, Chi
                 cgroup,
                 pasta,
                 pid1: Some((pid1, pid1fd)),
-            } => Ok((
-                Instance {
-                    pid1,
-                    pid1fd,
-                    control,
-                    cgroup,
-                    pasta,
-                    agent_socket: spec.agent_socket.clone(),
-                },
-                child,
-            )),
+            } => {
+                let netns = match std::fs::File::open(format!("/proc/{pid1}/ns/net")) {
+                    Ok(f) => Arc::new(OwnedFd::from(f)),
+                    Err(e) => {
+                        let state = Partial {
+                            cgroup,
+                            pasta,
+                            pid1: Some((pid1, pid1fd)),
+                        };
+                        let e = DriverError::io("open the vm's network namespace", e);
+                        return Err(abort(state, child, spec, e).await);
+                    }
+                };
+                Ok((
+                    Instance {
+                        pid1,
+                        netns,
+                        pid1fd,
+                        control,
+                        cgroup,
+                        pasta,
+                        agent_socket: spec.agent_socket.clone(),
+                    },
+                    child,
+                ))
+            }
             _ => Err(DriverError::InitFailed(
                 "PID 1 never reported its pid".into(),
             )),

@@ -1,0 +1,132 @@
+//! Proto ⇄ domain conversions for the service: VM specs, process specs,
+//! exit statuses and background-process records.
+use super::super::error::HelperError;
+use super::super::spec::{MountSpec, Network, VmConfig, check_env_key};
+use super::super::vm::{VmInfo, VmManager, VmState};
+use crate::agent::protocol::{BackgroundRecord, ExitStatus, StartSpec};
+use crate::proto::v1 as pb;
+use std::path::PathBuf;
+
+/// Checks a process spec and turns it into what the agent runs, with the
+/// VM's environment merged in first; returns the agent's socket too.
+pub(super) fn start_spec(
+    vms: &VmManager,
+    p: pb::ProcessSpec,
+    field: &str,
+) -> Result<(PathBuf, StartSpec), HelperError> {
+    if p.argv.is_empty() || p.argv[0].is_empty() {
+        return Err(HelperError::invalid(
+            format!("{field}.argv"),
+            "must not be empty",
+        ));
+    }
+    for key in p.env.keys() {
+        check_env_key(&format!("{field}.env"), key)?;
+    }
+    let target = vms.exec_target(&p.vm_id)?;
+    let mut env = target.env;
+    let mut process_env: Vec<_> = p.env.into_iter().collect();
+    process_env.sort();
+    env.extend(process_env);
+    let spec = StartSpec {
+        argv: p.argv,
+        env,
+        cwd: p.cwd,
+        create_cwd: p.create_cwd,
+        tty: p.tty,
+        tty_cols: u16::try_from(p.tty_cols).unwrap_or(u16::MAX),
+        tty_rows: u16::try_from(p.tty_rows).unwrap_or(u16::MAX),
+    };
+    Ok((target.socket, spec))
+}
+
+pub(super) fn background_to_proto(r: BackgroundRecord) -> pb::BackgroundProcess {
+    pb::BackgroundProcess {
+        name: r.name,
+        pid: r.pid,
+        argv: r.argv,
+        started_at_ms: r.started_at_ms,
+        running: r.exit.is_none(),
+        exit: r.exit.map(exited),
+    }
+}
+
+pub(super) fn exited(st: ExitStatus) -> pb::Exited {
+    pb::Exited {
+        status: Some(match st {
+            ExitStatus::Code(c) => pb::exited::Status::Code(c),
+            ExitStatus::Signal(s) => pb::exited::Status::Signal(s),
+        }),
+    }
+}
+
+pub(super) fn config_from_proto(spec: pb::VmSpec) -> Result<VmConfig, HelperError> {
+    let network = match pb::NetworkMode::try_from(spec.network) {
+        Ok(pb::NetworkMode::None) => Network::None,
+        Ok(pb::NetworkMode::Unspecified | pb::NetworkMode::Egress) => Network::Egress,
+        Err(_) => {
+            return Err(HelperError::invalid(
+                "spec.network",
+                format!("unknown network mode {}", spec.network),
+            ));
+        }
+    };
+    Ok(VmConfig {
+        id: spec.id,
+        image: spec.image,
+        cpus: spec.cpus,
+        memory_bytes: spec.memory_bytes,
+        pids_limit: spec.pids_limit,
+        mounts: spec
+            .mounts
+            .into_iter()
+            .map(|m| MountSpec {
+                host_path: m.host_path.into(),
+                guest_path: m.guest_path.into(),
+                read_only: m.read_only,
+            })
+            .collect(),
+        env: spec.env.into_iter().collect(),
+        hostname: spec.hostname,
+        network,
+        labels: spec.labels.into_iter().collect(),
+    })
+}
+
+pub(super) fn vm_to_proto(vm: VmInfo) -> pb::Vm {
+    let c = vm.config;
+    pb::Vm {
+        spec: Some(pb::VmSpec {
+            id: c.id,
+            image: c.image,
+            cpus: c.cpus,
+            memory_bytes: c.memory_bytes,
+            pids_limit: c.pids_limit,
+            mounts: c
+                .mounts
+                .into_iter()
+                .map(|m| pb::Mount {
+                    host_path: m.host_path.display().to_string(),
+                    guest_path: m.guest_path.display().to_string(),
+                    read_only: m.read_only,
+                })
+                .collect(),
+            env: c.env.into_iter().collect(),
+            hostname: c.hostname,
+            network: match c.network {
+                Network::None => pb::NetworkMode::None,
+                Network::Egress => pb::NetworkMode::Egress,
+            } as i32,
+            labels: c.labels.into_iter().collect(),
+        }),
+        state: match vm.state {
+            VmState::Created => pb::VmState::Created,
+            VmState::Running => pb::VmState::Running,
+            VmState::Stopped => pb::VmState::Stopped,
+        } as i32,
+        created_at_ms: vm.created_at_ms,
+        started_at_ms: vm.started_at_ms,
+        shell: vm.shell,
+        stop_reason: vm.stop_reason,
+    }
+}

@@ -1,0 +1,321 @@
+//! The `VmHelper` gRPC service: the only place proto types and
+//! `tonic::Status` appear. Converts requests into domain calls on
+//! [`VmManager`] and maps [`HelperError`] to status codes in [`status`].
+//!
+//! - [`streams`]: the streaming RPCs (Exec, Dial, CopyIn, CopyOut).
+//! - [`convert`]: proto ⇄ domain conversions.
+use std::sync::Arc;
+use std::time::Duration;
+
+use tonic::{Request, Response, Status, Streaming};
+
+use super::error::HelperError;
+use super::vm::VmManager;
+use crate::agent::protocol::{BackgroundRequest, FailKind};
+use crate::proto::v1 as pb;
+use crate::proto::v1::vm_helper_server::VmHelper;
+
+mod convert;
+mod streams;
+
+use convert::{background_to_proto, config_from_proto, start_spec, vm_to_proto};
+use streams::RpcStream;
+
+/// Default StopVm grace period.
+const DEFAULT_GRACE: Duration = Duration::from_millis(2000);
+
+/// The service, over a shared VM manager.
+pub struct HelperService {
+    vms: Arc<VmManager>,
+}
+
+impl HelperService {
+    /// Serves `vms`.
+    pub fn new(vms: Arc<VmManager>) -> Self {
+        Self { vms }
+    }
+}
+
+impl HelperService {
+    /// The agent socket of running VM `id`.
+    fn agent(&self, id: &str) -> Result<std::path::PathBuf, Status> {
+        self.vms.exec_target(id).map(|t| t.socket).map_err(status)
+    }
+}
+
+/// The one mapping from helper errors to gRPC status codes.
+pub fn status(e: HelperError) -> Status {
+    let msg = e.to_string();
+    match e {
+        HelperError::InvalidArgument { .. } | HelperError::ExecRejected(_) => {
+            Status::invalid_argument(msg)
+        }
+        HelperError::VmNotFound(_) | HelperError::ImageNotFound(_) => Status::not_found(msg),
+        HelperError::AlreadyExists(_) => Status::already_exists(msg),
+        HelperError::WrongState { .. } => Status::failed_precondition(msg),
+        HelperError::Unavailable(_) | HelperError::DialRefused { .. } => Status::unavailable(msg),
+        HelperError::Guest { kind, .. } => match kind {
+            FailKind::Invalid => Status::invalid_argument(msg),
+            FailKind::NotFound => Status::not_found(msg),
+            FailKind::AlreadyExists => Status::already_exists(msg),
+            FailKind::Exhausted => Status::resource_exhausted(msg),
+            FailKind::Internal => Status::internal(msg),
+        },
+        HelperError::Driver(_)
+        | HelperError::Agent(_)
+        | HelperError::Image(_)
+        | HelperError::Io { .. } => Status::internal(msg),
+    }
+}
+
+#[tonic::async_trait]
+impl VmHelper for HelperService {
+    async fn get_info(
+        &self,
+        _: Request<pb::GetInfoRequest>,
+    ) -> Result<Response<pb::GetInfoResponse>, Status> {
+        Ok(Response::new(pb::GetInfoResponse {
+            platform: "linux".into(),
+            driver: "namespaces".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            capabilities: self.vms.driver().capabilities(),
+            image_store: crate::paths::image_store().display().to_string(),
+        }))
+    }
+
+    async fn create_vm(
+        &self,
+        req: Request<pb::CreateVmRequest>,
+    ) -> Result<Response<pb::CreateVmResponse>, Status> {
+        let spec = req
+            .into_inner()
+            .spec
+            .ok_or_else(|| status(HelperError::invalid("spec", "required")))?;
+        let config = config_from_proto(spec).map_err(status)?;
+        let vm = self.vms.create(config).map_err(status)?;
+        Ok(Response::new(pb::CreateVmResponse {
+            vm: Some(vm_to_proto(vm)),
+        }))
+    }
+
+    async fn start_vm(
+        &self,
+        req: Request<pb::StartVmRequest>,
+    ) -> Result<Response<pb::StartVmResponse>, Status> {
+        let vm = self.vms.start(&req.into_inner().id).await.map_err(status)?;
+        Ok(Response::new(pb::StartVmResponse {
+            vm: Some(vm_to_proto(vm)),
+        }))
+    }
+
+    async fn stop_vm(
+        &self,
+        req: Request<pb::StopVmRequest>,
+    ) -> Result<Response<pb::StopVmResponse>, Status> {
+        let req = req.into_inner();
+        let grace = if req.grace_ms == 0 {
+            DEFAULT_GRACE
+        } else {
+            Duration::from_millis(req.grace_ms.into())
+        };
+        let vm = self.vms.stop(&req.id, grace).await.map_err(status)?;
+        Ok(Response::new(pb::StopVmResponse {
+            vm: Some(vm_to_proto(vm)),
+        }))
+    }
+
+    async fn delete_vm(
+        &self,
+        req: Request<pb::DeleteVmRequest>,
+    ) -> Result<Response<pb::DeleteVmResponse>, Status> {
+        self.vms
+            .delete(&req.into_inner().id)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::DeleteVmResponse {}))
+    }
+
+    async fn get_vm(
+        &self,
+        req: Request<pb::GetVmRequest>,
+    ) -> Result<Response<pb::GetVmResponse>, Status> {
+        let vm = self.vms.get(&req.into_inner().id).map_err(status)?;
+        Ok(Response::new(pb::GetVmResponse {
+            vm: Some(vm_to_proto(vm)),
+        }))
+    }
+
+    async fn list_vms(
+        &self,
+        _: Request<pb::ListVmsRequest>,
+    ) -> Result<Response<pb::ListVmsResponse>, Status> {
+        Ok(Response::new(pb::ListVmsResponse {
+            vms: self.vms.list().into_iter().map(vm_to_proto).collect(),
+        }))
+    }
+
+    type ExecStream = RpcStream<pb::ExecResponse>;
+
+    async fn exec(
+        &self,
+        req: Request<Streaming<pb::ExecRequest>>,
+    ) -> Result<Response<Self::ExecStream>, Status> {
+        streams::exec(&self.vms, req.into_inner()).await
+    }
+
+    async fn list_images(
+        &self,
+        _: Request<pb::ListImagesRequest>,
+    ) -> Result<Response<pb::ListImagesResponse>, Status> {
+        let images = self
+            .vms
+            .images()
+            .list()
+            .map_err(|e| status(HelperError::Image(e.to_string())))?;
+        Ok(Response::new(pb::ListImagesResponse {
+            images: images
+                .into_iter()
+                .map(|i| pb::Image {
+                    name: i.name,
+                    size_bytes: i.size_bytes,
+                    created_at_ms: i.created_at_ms,
+                    shell: i.shell,
+                    package_manager: i.package_manager,
+                })
+                .collect(),
+        }))
+    }
+
+    type DialStream = RpcStream<pb::DialResponse>;
+
+    async fn dial(
+        &self,
+        req: Request<Streaming<pb::DialRequest>>,
+    ) -> Result<Response<Self::DialStream>, Status> {
+        streams::dial(&self.vms, req.into_inner()).await
+    }
+
+    async fn copy_in(
+        &self,
+        req: Request<Streaming<pb::CopyInRequest>>,
+    ) -> Result<Response<pb::CopyInResponse>, Status> {
+        streams::copy_in(&self.vms, req.into_inner()).await
+    }
+
+    type CopyOutStream = RpcStream<pb::CopyOutResponse>;
+
+    async fn copy_out(
+        &self,
+        req: Request<pb::CopyOutRequest>,
+    ) -> Result<Response<Self::CopyOutStream>, Status> {
+        streams::copy_out(&self.vms, req.into_inner()).await
+    }
+
+    async fn stats(
+        &self,
+        req: Request<pb::StatsRequest>,
+    ) -> Result<Response<pb::StatsResponse>, Status> {
+        let run = self
+            .vms
+            .run_handles(&req.into_inner().vm_id, "read stats of")
+            .map_err(status)?;
+        let u = super::stats::read(&run).map_err(status)?;
+        Ok(Response::new(pb::StatsResponse {
+            cpu_usage_ns: u.cpu_usage_ns,
+            memory_used_bytes: u.memory_used_bytes,
+            memory_limit_bytes: u.memory_limit_bytes,
+            pids: u.pids,
+            pids_limit: u.pids_limit,
+            net_rx_bytes: u.net_rx_bytes,
+            net_tx_bytes: u.net_tx_bytes,
+            uptime_ms: u.uptime_ms,
+            oom_killed: u.oom_killed,
+        }))
+    }
+
+    async fn start_background(
+        &self,
+        req: Request<pb::StartBackgroundRequest>,
+    ) -> Result<Response<pb::StartBackgroundResponse>, Status> {
+        let req = req.into_inner();
+        crate::agent::background::check_name(&req.name)
+            .map_err(|e| status(HelperError::invalid("name", e.to_string())))?;
+        let process = req
+            .process
+            .ok_or_else(|| status(HelperError::invalid("process", "required")))?;
+        if process.tty {
+            return Err(status(HelperError::invalid(
+                "process.tty",
+                "not supported for background processes",
+            )));
+        }
+        let (socket, spec) = start_spec(&self.vms, process, "process").map_err(status)?;
+        let start = BackgroundRequest::Start {
+            name: req.name,
+            spec,
+        };
+        let (reply, _) = super::guest::background(&socket, start)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::StartBackgroundResponse {
+            process: reply.processes.into_iter().next().map(background_to_proto),
+        }))
+    }
+
+    async fn list_background(
+        &self,
+        req: Request<pb::ListBackgroundRequest>,
+    ) -> Result<Response<pb::ListBackgroundResponse>, Status> {
+        let socket = self.agent(&req.into_inner().vm_id)?;
+        let (reply, _) = super::guest::background(&socket, BackgroundRequest::List)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::ListBackgroundResponse {
+            processes: reply
+                .processes
+                .into_iter()
+                .map(background_to_proto)
+                .collect(),
+        }))
+    }
+
+    async fn read_background_log(
+        &self,
+        req: Request<pb::ReadBackgroundLogRequest>,
+    ) -> Result<Response<pb::ReadBackgroundLogResponse>, Status> {
+        let req = req.into_inner();
+        let socket = self.agent(&req.vm_id)?;
+        let log = BackgroundRequest::Log {
+            name: req.name,
+            tail_lines: req.tail_lines,
+        };
+        let (reply, output) = super::guest::background(&socket, log)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::ReadBackgroundLogResponse {
+            process: reply.processes.into_iter().next().map(background_to_proto),
+            output,
+            dropped_bytes: reply.dropped_bytes,
+        }))
+    }
+
+    async fn stop_background(
+        &self,
+        req: Request<pb::StopBackgroundRequest>,
+    ) -> Result<Response<pb::StopBackgroundResponse>, Status> {
+        let req = req.into_inner();
+        let socket = self.agent(&req.vm_id)?;
+        let stop = BackgroundRequest::Stop {
+            name: req.name,
+            grace_ms: req.grace_ms,
+            tail_lines: req.tail_lines,
+        };
+        let (reply, output) = super::guest::background(&socket, stop)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::StopBackgroundResponse {
+            process: reply.processes.into_iter().next().map(background_to_proto),
+            output,
+        }))
+    }
+}

@@ -1,0 +1,42 @@
+//! Observability tools: stats, health.
+use rmcp::{handler::server::wrapper::Parameters, model::CallToolResult, schemars, tool, tool_router};
+use serde::Deserialize;
+
+use super::{SandboxServer, default_sandbox, format, reply};
+
+/// Parameters of `stats`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct StatsParams {
+    /// Sandbox name.
+    #[serde(default = "default_sandbox")]
+    pub sandbox: String,
+}
+
+#[tool_router(router = observe_router, vis = "pub(super)")]
+impl SandboxServer {
+    #[tool(description = "Resource usage of a sandbox: memory used/limit, CPU time, network bytes, pids, /workspace disk, uptime, background processes, history size.", annotations(read_only_hint = true, open_world_hint = false))]
+    async fn stats(&self, Parameters(p): Parameters<StatsParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+        let m = &self.manager;
+        let result = async {
+            let sandbox = m.get_or_create(&p.sandbox).await?;
+            let obs = m.observe(&sandbox).await?;
+            let bg = m.list_background(&sandbox).await.unwrap_or_default();
+            Ok(format::stats(&sandbox, &obs, &bg))
+        };
+        reply(result.await)
+    }
+
+    #[tool(description = "Health of every sandbox: agent alive, disk and memory use (HIGH at 80%, FULL/OOM at 95% or after an OOM kill), uptime, processes.", annotations(read_only_hint = true, open_world_hint = false))]
+    async fn health(&self) -> Result<CallToolResult, rmcp::ErrorData> {
+        let m = &self.manager;
+        let result = async {
+            let mut rows = Vec::new();
+            for sandbox in m.list() {
+                let obs = m.observe(&sandbox).await?;
+                rows.push((sandbox, obs));
+            }
+            Ok(format::health(&rows))
+        };
+        reply(result.await)
+    }
+}

@@ -1,0 +1,85 @@
+//! Observability: per-sandbox resource figures (`stats`) and the health
+//! sweep over every sandbox (`health`), from the helper's Stats RPC plus one
+//! unaudited probe inside the sandbox for its workspace disk usage.
+use std::time::Duration;
+
+use super::{
+    error::OrchestratorError,
+    helper_client::VmStats,
+    sandbox::{Command, Sandbox, SandboxManager, WORKSPACE},
+};
+
+/// Usage percentage at which `health` flags a resource.
+pub const HIGH_PCT: u64 = 80;
+/// Percentage at which disk is FULL and memory is OOM.
+pub const FULL_PCT: u64 = 95;
+
+/// Disk usage of /workspace.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Disk {
+    /// Bytes used.
+    pub used: u64,
+    /// Bytes in all.
+    pub size: u64,
+}
+
+impl Disk {
+    /// Used percentage (0 when unknown).
+    pub fn pct(&self) -> u64 {
+        (self.used * 100).checked_div(self.size).unwrap_or(0)
+    }
+}
+
+/// A sandbox's figures.
+#[derive(Debug, Clone)]
+pub struct Observation {
+    /// Helper figures, `None` if the helper could not give them.
+    pub stats: Option<VmStats>,
+    /// Workspace disk, `None` if the probe failed.
+    pub disk: Option<Disk>,
+    /// The agent answered the probe.
+    pub alive: bool,
+}
+
+impl Observation {
+    /// Memory use in percent of the limit.
+    pub fn mem_pct(&self) -> Option<u64> {
+        self.stats.as_ref().and_then(|s| (s.memory_used * 100).checked_div(s.memory_limit))
+    }
+}
+
+fn parse_df(out: &[u8]) -> Option<Disk> {
+    // `df -Pk`: header, then "fs blocks used avail capacity mount".
+    let text = std::str::from_utf8(out).ok()?;
+    let line = text.lines().nth(1)?;
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let size = f.get(1)?.parse::<u64>().ok()? * 1024;
+    let used = f.get(2)?.parse::<u64>().ok()? * 1024;
+    Some(Disk { used, size })
+}
+
+impl SandboxManager {
+    /// Figures for one sandbox. Probes are not audited and do not count as activity.
+    pub async fn observe(&self, sandbox: &Sandbox) -> Result<Observation, OrchestratorError> {
+        let stats = self.helper.stats(&sandbox.name).await.ok();
+        let probe = Command::argv(["df", "-Pk", WORKSPACE], Duration::from_secs(5));
+        let (alive, disk) = match self.probe(sandbox, probe).await {
+            Ok(r) => (true, parse_df(&r.stdout.bytes)),
+            Err(_) => (false, None),
+        };
+        Ok(Observation { stats, disk, alive })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn df_output() {
+        let d = parse_df(b"Filesystem 1024-blocks Used Available Capacity Mounted on\n/dev/vda 1000 250 750 25% /workspace\n").unwrap();
+        assert_eq!(d.size, 1_024_000);
+        assert_eq!(d.pct(), 25);
+        assert!(parse_df(b"garbage").is_none());
+    }
+}

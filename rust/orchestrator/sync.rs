@@ -1,0 +1,658 @@
+//! Sync jobs: one-way mirroring of a host directory into a sandbox. A job
+//! pushes the whole tree once (one tar stream through CopyIn), then watches
+//! it with inotify (`notify`) and mirrors each debounced batch of changes:
+//! changed paths as one tar, deleted paths as one `rm -rf --` argv. Ignored
+//! paths (fixed names plus the root's .gitignore) are never sent.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    hash::{BuildHasher, Hasher},
+    io::{self, Read, Write},
+    os::unix::fs::OpenOptionsExt,
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+use notify::{
+    EventKind, RecursiveMode, Watcher,
+    event::{AccessKind, AccessMode},
+};
+use tokio::{
+    sync::mpsc,
+    task::JoinHandle,
+    time::{Instant, timeout},
+};
+
+use super::{
+    OrchestratorError, Sandbox, SandboxManager,
+    files::resolve,
+    hostpath::expand_home,
+    sandbox::Command,
+    tarstream,
+};
+
+/// Names never synced, wherever they appear in the tree (sorted, as shown).
+pub const IGNORED_NAMES: [&str; 6] = [".DS_Store", ".git", ".venv", "__pycache__", "node_modules", "venv"];
+/// Quiet time that ends a batch: editors write a file in several events.
+const DEBOUNCE: Duration = Duration::from_millis(15);
+/// Upper bound on one batch, so a tree that never goes quiet still syncs.
+const MAX_BATCH: Duration = Duration::from_millis(250);
+/// How often an idle job checks that its sandbox still exists.
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+/// How long a missing sandbox may take to come back (a `reset` in progress).
+const GONE_GRACE: Duration = Duration::from_secs(3);
+/// Paths per `rm` process, well below ARG_MAX.
+const RM_BATCH: usize = 512;
+const RM_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Why a sync job could not be started or found.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// The host path is not a directory.
+    #[error("{0} is not a directory")]
+    NotADirectory(String),
+    /// No job with that id.
+    #[error("no sync job '{id}'. Active: {active}")]
+    NoSuchJob {
+        /// The id asked for.
+        id: String,
+        /// Ids of running jobs, or `none`.
+        active: String,
+    },
+    /// The directory could not be watched.
+    #[error("cannot watch {path}: {source}")]
+    Watch {
+        /// The host directory.
+        path: String,
+        /// The watcher's error.
+        source: notify::Error,
+    },
+    /// The initial full push failed; no job was started.
+    #[error("initial sync of {path} failed, sync not started: {reason}")]
+    InitialPush {
+        /// The host directory.
+        path: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The sandbox could not be found or created, or a path was invalid.
+    #[error(transparent)]
+    Orchestrator(#[from] OrchestratorError),
+}
+
+/// A sync job as reported to clients.
+#[derive(Debug, Clone)]
+pub struct SyncInfo {
+    /// `sync-<6 hex>`.
+    pub id: String,
+    /// Host directory (resolved).
+    pub local: PathBuf,
+    /// Sandbox name.
+    pub sandbox: String,
+    /// Directory inside the sandbox.
+    pub dir: String,
+    /// Files pushed so far, the initial push included.
+    pub files_synced: u64,
+    /// Batches that failed (each was logged).
+    pub errors: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    files: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// What a job mirrors, shared by its task.
+struct JobSpec {
+    id: String,
+    root: PathBuf,
+    sandbox: String,
+    dir: String,
+    counters: Counters,
+}
+
+impl JobSpec {
+    fn info(&self) -> SyncInfo {
+        SyncInfo {
+            id: self.id.clone(),
+            local: self.root.clone(),
+            sandbox: self.sandbox.clone(),
+            dir: self.dir.clone(),
+            files_synced: self.counters.files.load(Ordering::Relaxed),
+            errors: self.counters.errors.load(Ordering::Relaxed),
+        }
+    }
+}
+
+struct Job {
+    spec: Arc<JobSpec>,
+    task: JoinHandle<()>,
+}
+
+type Jobs = Arc<Mutex<BTreeMap<String, Job>>>;
+
+fn lock(jobs: &Jobs) -> std::sync::MutexGuard<'_, BTreeMap<String, Job>> {
+    jobs.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Every running sync job.
+pub struct SyncManager {
+    sandboxes: Arc<SandboxManager>,
+    jobs: Jobs,
+}
+
+/// Which paths are never sent: [`IGNORED_NAMES`] anywhere, and what the
+/// root's .gitignore ignores.
+pub struct Filter {
+    gitignore: Gitignore,
+}
+
+impl Filter {
+    /// The filter for `root`, reading `root/.gitignore` if present.
+    pub fn load(root: &Path) -> Self {
+        let mut builder = GitignoreBuilder::new(root);
+        let file = root.join(".gitignore");
+        if file.is_file()
+            && let Some(e) = builder.add(&file)
+        {
+            tracing::warn!("{}: {e} (valid lines still apply)", file.display());
+        }
+        let gitignore = builder.build().unwrap_or_else(|e| {
+            tracing::warn!("{}: {e}; ignoring it", file.display());
+            Gitignore::empty()
+        });
+        Self { gitignore }
+    }
+
+    /// Whether `rel` (relative to the root) is ignored; `is_dir` is `None`
+    /// for a path that no longer exists (ignored if either kind would be).
+    pub fn ignored(&self, rel: &Path, is_dir: Option<bool>) -> bool {
+        if rel.components().any(|c| IGNORED_NAMES.iter().any(|n| c.as_os_str() == *n)) {
+            return true;
+        }
+        let matches = |d: bool| self.gitignore.matched_path_or_any_parents(rel, d).is_ignore();
+        match is_dir {
+            Some(d) => matches(d),
+            None => matches(false) || matches(true),
+        }
+    }
+}
+
+impl SyncManager {
+    /// Sync jobs into the sandboxes of `sandboxes`.
+    pub fn new(sandboxes: Arc<SandboxManager>) -> Self {
+        Self { sandboxes, jobs: Arc::default() }
+    }
+
+    /// Push `local_dir` (under the host roots) to `sandbox_dir` in the sandbox
+    /// (created on first use) and keep mirroring it. Returns the job and the
+    /// number of files of the initial push; if that push fails, no job runs.
+    pub async fn start(&self, local_dir: &str, sandbox_dir: &str, sandbox: &str) -> Result<(SyncInfo, u64), SyncError> {
+        let root = self.sandboxes.config().host_roots.readable(local_dir)?;
+        if !root.is_dir() {
+            return Err(SyncError::NotADirectory(expand_home(local_dir).display().to_string()));
+        }
+        let dir = resolve(sandbox_dir)?;
+        let dir = if dir.len() > 1 { dir.trim_end_matches('/').to_string() } else { dir };
+        let sb = self.sandboxes.get_or_create(sandbox).await?;
+        // Watch before the initial push, so nothing changed during it is missed.
+        let (tx, events) = mpsc::unbounded_channel();
+        let watch_err = |source| SyncError::Watch { path: root.display().to_string(), source };
+        let config = notify::Config::default().with_follow_symlinks(false);
+        let mut watcher = notify::RecommendedWatcher::new(event_handler(tx), config).map_err(watch_err)?;
+        watcher.watch(&root, RecursiveMode::Recursive).map_err(watch_err)?;
+        let filter = Arc::new(Filter::load(&root));
+        let id = new_id(&lock(&self.jobs));
+        let spec = Arc::new(JobSpec { id: id.clone(), root, sandbox: sb.name.clone(), dir, counters: Counters::default() });
+        let initial = push(&self.sandboxes, &spec, &sb, &filter, vec![PathBuf::new()])
+            .await
+            .map_err(|reason| SyncError::InitialPush { path: spec.root.display().to_string(), reason })?;
+        spec.counters.files.store(initial, Ordering::Relaxed);
+        let ctx = JobCtx { spec: spec.clone(), sandboxes: self.sandboxes.clone(), filter, current: sb, jobs: self.jobs.clone() };
+        // Spawned under the lock: a job that ends at once cannot remove
+        // itself before it was inserted.
+        let mut jobs = lock(&self.jobs);
+        let task = tokio::spawn(ctx.run(events, watcher));
+        jobs.insert(id.clone(), Job { spec: spec.clone(), task });
+        drop(jobs);
+        tracing::info!(job = %id, sandbox = %spec.sandbox, local = %spec.root.display(), dir = %spec.dir, initial, "sync started");
+        Ok((spec.info(), initial))
+    }
+
+    /// Stop a job; it has stopped watching when this returns.
+    pub async fn stop(&self, id: &str) -> Result<SyncInfo, SyncError> {
+        let job = {
+            let mut jobs = lock(&self.jobs);
+            match jobs.remove(id) {
+                Some(j) => j,
+                None => {
+                    let ids: Vec<&str> = jobs.keys().map(String::as_str).collect();
+                    let active = if ids.is_empty() { "none".to_string() } else { ids.join(", ") };
+                    return Err(SyncError::NoSuchJob { id: id.to_string(), active });
+                }
+            }
+        };
+        Ok(end(job).await)
+    }
+
+    /// Stop every job into `sandbox` (call when it is destroyed or reaped).
+    pub async fn stop_for(&self, sandbox: &str) -> Vec<SyncInfo> {
+        let gone: Vec<Job> = {
+            let mut jobs = lock(&self.jobs);
+            let ids: Vec<String> = jobs.iter().filter(|(_, j)| j.spec.sandbox == sandbox).map(|(id, _)| id.clone()).collect();
+            ids.iter().filter_map(|id| jobs.remove(id)).collect()
+        };
+        let mut stopped = Vec::new();
+        for job in gone {
+            stopped.push(end(job).await);
+        }
+        stopped
+    }
+
+    /// Every running job, by id.
+    pub fn list(&self) -> Vec<SyncInfo> {
+        lock(&self.jobs).values().map(|j| j.spec.info()).collect()
+    }
+}
+
+async fn end(job: Job) -> SyncInfo {
+    job.task.abort();
+    let _ = job.task.await;
+    tracing::info!(job = %job.spec.id, "sync stopped");
+    job.spec.info()
+}
+
+fn new_id(jobs: &BTreeMap<String, Job>) -> String {
+    loop {
+        let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
+        let id = format!("sync-{:06x}", random & 0xff_ffff);
+        if !jobs.contains_key(&id) {
+            return id;
+        }
+    }
+}
+
+/// One thing the watcher saw.
+enum Change {
+    Path(PathBuf),
+    /// The kernel dropped events: only a full push is safe.
+    Rescan,
+}
+
+/// Forwards the watcher's events (on its own thread) to the job's task.
+/// Opens and reads are dropped: the job's own tar reads would otherwise
+/// trigger it again, forever.
+fn event_handler(tx: mpsc::UnboundedSender<Change>) -> impl notify::EventHandler {
+    move |res: notify::Result<notify::Event>| match res {
+        Ok(ev) => {
+            if ev.need_rescan() {
+                let _ = tx.send(Change::Rescan);
+            }
+            if matches!(ev.kind, EventKind::Access(a) if a != AccessKind::Close(AccessMode::Write)) {
+                return;
+            }
+            for p in ev.paths {
+                let _ = tx.send(Change::Path(p));
+            }
+        }
+        Err(e) => {
+            tracing::warn!("sync watcher: {e}");
+            let _ = tx.send(Change::Rescan);
+        }
+    }
+}
+
+/// The running side of a job.
+struct JobCtx {
+    spec: Arc<JobSpec>,
+    sandboxes: Arc<SandboxManager>,
+    filter: Arc<Filter>,
+    /// The sandbox as of the last push; a different one means it was reset.
+    current: Arc<Sandbox>,
+    jobs: Jobs,
+}
+
+#[derive(Default)]
+struct Batch {
+    paths: BTreeSet<PathBuf>,
+    rescan: bool,
+}
+
+impl Batch {
+    fn add(&mut self, c: Change) {
+        match c {
+            Change::Path(p) => {
+                self.paths.insert(p);
+            }
+            Change::Rescan => self.rescan = true,
+        }
+    }
+}
+
+impl JobCtx {
+    async fn run(mut self, mut events: mpsc::UnboundedReceiver<Change>, watcher: notify::RecommendedWatcher) {
+        let _watcher = watcher;
+        let mut tick = tokio::time::interval(CHECK_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let mut batch = Batch::default();
+            tokio::select! {
+                change = events.recv() => match change {
+                    Some(c) => batch.add(c),
+                    None => break,
+                },
+                _ = tick.tick() => {}
+            }
+            if !batch.paths.is_empty() || batch.rescan {
+                let deadline = Instant::now() + MAX_BATCH;
+                while let Ok(Some(c)) = timeout(DEBOUNCE, events.recv()).await {
+                    batch.add(c);
+                    if Instant::now() >= deadline {
+                        break;
+                    }
+                }
+            }
+            let Some(sb) = self.sandbox().await else {
+                tracing::info!(job = %self.spec.id, sandbox = %self.spec.sandbox, "sandbox is gone; sync job stops");
+                break;
+            };
+            if !Arc::ptr_eq(&sb, &self.current) {
+                // A reset replaced the VM: anything outside volumes is gone.
+                batch.rescan = true;
+                self.current = sb;
+            }
+            if batch.paths.is_empty() && !batch.rescan {
+                continue;
+            }
+            if let Err(e) = self.flush(batch).await {
+                self.spec.counters.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(job = %self.spec.id, "sync batch failed: {e}");
+            }
+        }
+        lock(&self.jobs).remove(&self.spec.id);
+    }
+
+    /// The sandbox now, waiting out a reset in progress; `None` if it is gone.
+    async fn sandbox(&self) -> Option<Arc<Sandbox>> {
+        let deadline = Instant::now() + GONE_GRACE;
+        loop {
+            if let Ok(sb) = self.sandboxes.get(&self.spec.sandbox) {
+                return Some(sb);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn flush(&mut self, batch: Batch) -> Result<(), String> {
+        let root = &self.spec.root;
+        let mut full = batch.rescan;
+        if batch.paths.contains(&root.join(".gitignore")) {
+            self.filter = Arc::new(Filter::load(root));
+            full = true;
+        }
+        let (pushes, deletes) = if full { (vec![PathBuf::new()], Vec::new()) } else { classify(root, &self.filter, batch.paths) };
+        if !deletes.is_empty() {
+            self.delete(&deletes).await?;
+        }
+        if !pushes.is_empty() {
+            let files = push(&self.sandboxes, &self.spec, &self.current, &self.filter, pushes).await?;
+            self.spec.counters.files.fetch_add(files, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    async fn delete(&self, rels: &[PathBuf]) -> Result<(), String> {
+        let paths: Vec<String> = rels
+            .iter()
+            .filter_map(|r| match r.to_str() {
+                Some(s) => Some(guest_path(&self.spec.dir, s)),
+                None => {
+                    tracing::warn!(job = %self.spec.id, "not deleting non-UTF-8 path {}", r.display());
+                    None
+                }
+            })
+            .collect();
+        for chunk in paths.chunks(RM_BATCH) {
+            let argv = ["rm", "-rf", "--"].into_iter().map(String::from).chain(chunk.iter().cloned());
+            let r = self.sandboxes.run_in(&self.current, Command::argv(argv, RM_TIMEOUT)).await.map_err(|e| e.to_string())?;
+            if r.exit_code() != 0 {
+                return Err(format!("rm failed: {}", super::text::render(&r.stderr).trim_end()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Split changed paths into (to push, to delete), relative to `root`,
+/// dropping ignored ones and those under another path of the same list.
+fn classify(root: &Path, filter: &Filter, paths: BTreeSet<PathBuf>) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let (mut pushes, mut deletes) = (Vec::<PathBuf>::new(), Vec::<PathBuf>::new());
+    for abs in paths {
+        let Ok(rel) = abs.strip_prefix(root) else { continue };
+        if rel.as_os_str().is_empty() {
+            continue;
+        }
+        let (list, is_dir) = match std::fs::symlink_metadata(&abs) {
+            Ok(m) => (&mut pushes, Some(m.is_dir())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => (&mut deletes, None),
+            Err(e) => {
+                tracing::warn!("sync: cannot stat {}: {e}", abs.display());
+                continue;
+            }
+        };
+        // Sorted order puts a directory right before what is under it.
+        if filter.ignored(rel, is_dir) || list.last().is_some_and(|last| rel.starts_with(last)) {
+            continue;
+        }
+        list.push(rel.to_path_buf());
+    }
+    (pushes, deletes)
+}
+
+fn guest_path(dir: &str, rel: &str) -> String {
+    if dir.ends_with('/') { format!("{dir}{rel}") } else { format!("{dir}/{rel}") }
+}
+
+/// Send `rels` (files, or directories with everything under them; the empty
+/// path is the whole root) as one tar stream built on a blocking thread while
+/// the helper extracts it. Returns the files written.
+async fn push(
+    sandboxes: &SandboxManager,
+    spec: &JobSpec,
+    sb: &Sandbox,
+    filter: &Arc<Filter>,
+    rels: Vec<PathBuf>,
+) -> Result<u64, String> {
+    let (root, filter) = (spec.root.clone(), filter.clone());
+    let (rx, build) = tarstream::build(move |b| append_all(b, &root, &rels, &filter));
+    let (built, copied) = tokio::join!(build, sandboxes.helper.copy_in(&sb.name, &spec.dir, rx));
+    let (files, _bytes) = copied.map_err(|e| e.to_string())?;
+    built.map_err(|e| e.to_string())?.map_err(|e| format!("reading {}: {e}", spec.root.display()))?;
+    Ok(files)
+}
+
+/// Append `rels` under `root` to `b`. Symlinks are archived as symlinks and
+/// never followed; entries are owned by root; paths that vanish or cannot be
+/// opened are skipped (a later event brings them).
+pub fn append_all<W: Write>(b: &mut tar::Builder<W>, root: &Path, rels: &[PathBuf], filter: &Filter) -> io::Result<()> {
+    for rel in rels {
+        append_tree(b, root, rel, filter)?;
+    }
+    Ok(())
+}
+
+fn header_for(meta: &std::fs::Metadata, kind: tar::EntryType) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_metadata_in_mode(meta, tar::HeaderMode::Complete);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_entry_type(kind);
+    if kind != tar::EntryType::Regular {
+        h.set_size(0);
+    }
+    h
+}
+
+fn skip(path: &Path, e: &io::Error) {
+    if e.kind() != io::ErrorKind::NotFound {
+        tracing::warn!("sync: skipping {}: {e}", path.display());
+    }
+}
+
+fn append_tree<W: Write>(b: &mut tar::Builder<W>, root: &Path, rel: &Path, filter: &Filter) -> io::Result<()> {
+    let abs = root.join(rel);
+    let meta = match std::fs::symlink_metadata(&abs) {
+        Ok(m) => m,
+        Err(e) => {
+            skip(&abs, &e);
+            return Ok(());
+        }
+    };
+    let ft = meta.file_type();
+    if ft.is_dir() {
+        if !rel.as_os_str().is_empty() {
+            b.append_data(&mut header_for(&meta, tar::EntryType::Directory), rel, io::empty())?;
+        }
+        let entries = match std::fs::read_dir(&abs) {
+            Ok(e) => e,
+            Err(e) => {
+                skip(&abs, &e);
+                return Ok(());
+            }
+        };
+        for entry in entries.flatten() {
+            let child = rel.join(entry.file_name());
+            let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
+            if !filter.ignored(&child, Some(is_dir)) {
+                append_tree(b, root, &child, filter)?;
+            }
+        }
+    } else if ft.is_symlink() {
+        match std::fs::read_link(&abs) {
+            Ok(target) => b.append_link(&mut header_for(&meta, tar::EntryType::Symlink), rel, target)?,
+            Err(e) => skip(&abs, &e),
+        }
+    } else if ft.is_file() {
+        // O_NOFOLLOW: the file may have been swapped for a symlink since the lstat.
+        let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&abs);
+        let (file, meta) = match file.and_then(|f| f.metadata().map(|m| (f, m))) {
+            Ok(fm) => fm,
+            Err(e) => {
+                skip(&abs, &e);
+                return Ok(());
+            }
+        };
+        // Exactly `size` bytes whatever happens to the file meanwhile: a file
+        // growing or shrinking mid-read must not corrupt the stream (its
+        // change event pushes it again).
+        let size = meta.len();
+        let data = file.take(size).chain(io::repeat(0)).take(size);
+        b.append_data(&mut header_for(&meta, tar::EntryType::Regular), rel, data)?;
+    }
+    Ok(())
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("smcp-sync-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("src/deep")).unwrap();
+        std::fs::create_dir_all(d.join("node_modules/x")).unwrap();
+        std::fs::create_dir_all(d.join("build")).unwrap();
+        std::fs::write(d.join("src/deep/a.py"), "print(1)").unwrap();
+        std::fs::write(d.join("node_modules/x/i.js"), "x").unwrap();
+        std::fs::write(d.join("build/out.o"), "o").unwrap();
+        std::fs::write(d.join("app.log"), "log").unwrap();
+        std::fs::write(d.join(".gitignore"), "build/\n*.log\n").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", d.join("src/link")).unwrap();
+        d
+    }
+
+    fn entries(root: &Path, rels: &[PathBuf]) -> BTreeMap<String, (tar::EntryType, Vec<u8>)> {
+        let mut b = tar::Builder::new(Vec::new());
+        b.follow_symlinks(false);
+        append_all(&mut b, root, rels, &Filter::load(root)).unwrap();
+        let out = b.into_inner().unwrap();
+        let mut archive = tar::Archive::new(out.as_slice());
+        archive
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let mut e = e.unwrap();
+                let path = e.path().unwrap().to_string_lossy().trim_end_matches('/').to_string();
+                let kind = e.header().entry_type();
+                assert_eq!(e.header().uid().unwrap(), 0);
+                let mut data = Vec::new();
+                if kind == tar::EntryType::Symlink {
+                    data = e.link_name().unwrap().unwrap().to_string_lossy().into_owned().into_bytes();
+                } else {
+                    e.read_to_end(&mut data).unwrap();
+                }
+                (path, (kind, data))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn full_tar_skips_ignored_paths_and_keeps_symlinks() {
+        let d = tree("full");
+        let e = entries(&d, &[PathBuf::new()]);
+        let names: Vec<&str> = e.keys().map(String::as_str).collect();
+        assert_eq!(names, [".gitignore", "src", "src/deep", "src/deep/a.py", "src/link"]);
+        assert_eq!(e["src/deep/a.py"], (tar::EntryType::Regular, b"print(1)".to_vec()));
+        assert_eq!(e["src/link"], (tar::EntryType::Symlink, b"/etc/passwd".to_vec()));
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn filter_matches_names_gitignore_and_vanished_dirs() {
+        let d = tree("filter");
+        let f = Filter::load(&d);
+        assert!(f.ignored(Path::new("a/.git/config"), Some(false)));
+        assert!(f.ignored(Path::new("pkg/__pycache__"), Some(true)));
+        assert!(f.ignored(Path::new("x.log"), Some(false)));
+        assert!(f.ignored(Path::new("build/out.o"), Some(false)));
+        assert!(f.ignored(Path::new("build"), None), "a deleted path is ignored if it was an ignored dir");
+        assert!(!f.ignored(Path::new("build"), Some(false)));
+        assert!(!f.ignored(Path::new("src/deep/a.py"), Some(false)));
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn classify_splits_and_drops_covered_paths() {
+        let d = tree("classify");
+        let f = Filter::load(&d);
+        let paths: BTreeSet<PathBuf> =
+            ["src", "src/deep/a.py", "gone", "gone/sub", "app.log", "node_modules/x/i.js", ""].iter().map(|p| d.join(p)).collect();
+        let (pushes, deletes) = classify(&d, &f, paths);
+        assert_eq!(pushes, [PathBuf::from("src")]);
+        assert_eq!(deletes, [PathBuf::from("gone")]);
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn vanished_paths_are_skipped() {
+        let d = tree("size");
+        let e = entries(&d, &[PathBuf::from("src/deep/a.py"), PathBuf::from("missing")]);
+        assert_eq!(e.len(), 1);
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn guest_paths_join_once() {
+        assert_eq!(guest_path("/", "a"), "/a");
+        assert_eq!(guest_path("/workspace", "a/b"), "/workspace/a/b");
+    }
+}

@@ -1,0 +1,483 @@
+//! Moving files between host and sandbox: `upload`, `download`, `git_clone`.
+//! Host paths go through the host-roots policy; archives coming out of a
+//! sandbox are unpacked by our own code, which writes only plain files and
+//! directories and never follows a symlink.
+use std::{
+    fs::{self, OpenOptions},
+    io::{self, Read},
+    os::unix::fs::OpenOptionsExt,
+    path::{Component, Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use tokio::sync::mpsc;
+
+use super::{
+    error::OrchestratorError,
+    exec::ExecResult,
+    files::resolve,
+    helper_client::HelperError,
+    sandbox::{Command, Sandbox, SandboxManager},
+    tarstream::{self, ChunkReader},
+};
+
+/// What an upload did.
+#[derive(Debug)]
+pub struct Uploaded {
+    /// Where it went in the sandbox.
+    pub dest: String,
+    /// Regular files written.
+    pub files: u64,
+    /// Bytes of the archive sent.
+    pub archive_bytes: u64,
+    /// Whether the source was a directory.
+    pub directory: bool,
+    /// Time taken.
+    pub elapsed: Duration,
+}
+
+/// What a download did.
+#[derive(Debug)]
+pub struct Downloaded {
+    /// Where it went on the host.
+    pub dest: PathBuf,
+    /// Bytes received (file content for a file, the archive for a directory).
+    pub bytes: u64,
+    /// Whether the source was a directory.
+    pub directory: bool,
+    /// Symlinks and other special entries not written on the host.
+    pub skipped: u64,
+    /// Time taken.
+    pub elapsed: Duration,
+}
+
+fn io_err(what: &str, e: io::Error) -> OrchestratorError {
+    OrchestratorError::InvalidArgument(format!("{what}: {e}"))
+}
+
+/// Only `Normal` components: no root, `.`, `..`.
+fn safe_relative(path: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(n) => out.push(n),
+            Component::CurDir => {}
+            _ => return None,
+        }
+    }
+    (!out.as_os_str().is_empty()).then_some(out)
+}
+
+/// Create `dir` (under `root`) component by component, refusing any existing
+/// component that is not a real directory.
+fn make_dirs(root: &Path, rel: &Path) -> io::Result<PathBuf> {
+    let mut at = root.to_path_buf();
+    for c in rel.components() {
+        at.push(c);
+        match fs::symlink_metadata(&at) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(io::Error::other(format!(
+                    "{} exists and is not a directory",
+                    at.display()
+                )));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => fs::create_dir(&at)?,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(at)
+}
+
+/// Write a regular file without following a symlink at its name.
+fn write_file_nofollow(path: &Path, mut data: impl Read, mode: u32) -> io::Result<u64> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode & 0o777)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    io::copy(&mut data, &mut f)
+}
+
+/// Unpack a sandbox's archive into `dest` (a directory, created if needed):
+/// plain files and directories only. Returns (files, skipped).
+fn unpack_dir(reader: impl Read, dest: &Path) -> io::Result<(u64, u64)> {
+    fs::create_dir_all(dest)?;
+    let (mut files, mut skipped) = (0, 0);
+    let mut archive = tar::Archive::new(reader);
+    for entry in archive.entries()? {
+        let mut entry = entry?;
+        let Some(rel) = safe_relative(&entry.path()?) else {
+            skipped += 1;
+            continue;
+        };
+        let mode = entry.header().mode().unwrap_or(0o644);
+        match entry.header().entry_type() {
+            tar::EntryType::Directory => {
+                make_dirs(dest, &rel)?;
+            }
+            tar::EntryType::Regular | tar::EntryType::Continuous => {
+                let parent = rel
+                    .parent()
+                    .map(|p| make_dirs(dest, p))
+                    .transpose()?
+                    .unwrap_or_else(|| dest.to_path_buf());
+                let name = rel
+                    .file_name()
+                    .ok_or_else(|| io::Error::other("entry without a name"))?;
+                write_file_nofollow(&parent.join(name), &mut entry, mode)?;
+                files += 1;
+            }
+            _ => skipped += 1,
+        }
+    }
+    Ok((files, skipped))
+}
+
+/// From a one-file archive, write the file's content to `dest`.
+fn unpack_single(reader: impl Read, dest: &Path) -> io::Result<u64> {
+    let mut archive = tar::Archive::new(reader);
+    for entry in archive.entries()? {
+        let entry = entry?;
+        if entry.header().entry_type().is_file() {
+            if let Some(parent) = dest.parent() {
+                fs::create_dir_all(parent)?;
+            }
+            let mode = entry.header().mode().unwrap_or(0o644);
+            return write_file_nofollow(dest, entry, mode);
+        }
+    }
+    Err(io::Error::other("the sandbox sent no file"))
+}
+
+/// The directory name `git clone` would pick: the last path segment without
+/// a trailing `.git` (only the suffix: `my.github.io` stays as it is).
+pub fn clone_dir_name(repo: &str) -> Option<String> {
+    let trimmed = repo.trim_end_matches('/');
+    let last = trimmed.rsplit(['/', ':']).next()?;
+    let name = last.strip_suffix(".git").unwrap_or(last);
+    (!name.is_empty() && name != "." && name != "..").then(|| name.to_string())
+}
+
+impl SandboxManager {
+    /// Copy a host file or directory (under the host roots) into the sandbox.
+    /// A file goes into `sandbox_path` if that is a directory (or ends in
+    /// `/`), else it becomes `sandbox_path`.
+    pub async fn upload(
+        &self,
+        sandbox: &Sandbox,
+        local: &str,
+        sandbox_path: &str,
+    ) -> Result<Uploaded, OrchestratorError> {
+        let started = Instant::now();
+        let source = self.config().host_roots.readable(local)?;
+        let target = resolve(sandbox_path)?;
+        let meta = fs::metadata(&source).map_err(|e| io_err(&source.display().to_string(), e))?;
+        if meta.is_dir() {
+            let src = source.clone();
+            let (rx, builder) = tarstream::build(move |b| b.append_dir_all("", &src));
+            let (files, _) = self.helper.copy_in(&sandbox.name, &target, rx).await?;
+            let (_, archive_bytes) = builder
+                .await
+                .map_err(|e| io_err("archive", e.into()))?
+                .map_err(|e| io_err("archive", e))?;
+            return Ok(Uploaded {
+                dest: target,
+                files,
+                archive_bytes,
+                directory: true,
+                elapsed: started.elapsed(),
+            });
+        }
+        let base = source
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let into_dir = target.ends_with('/') || self.is_dir(sandbox, &target).await?;
+        let (dir, name) = if into_dir {
+            (target.trim_end_matches('/').to_string(), base)
+        } else {
+            let p = Path::new(&target);
+            let dir = p
+                .parent()
+                .map(|d| d.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "/".into());
+            (
+                dir,
+                p.file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or(base),
+            )
+        };
+        let dest = format!("{}/{name}", dir.trim_end_matches('/'));
+        let src = source.clone();
+        let (rx, builder) = tarstream::build(move |b| b.append_path_with_name(&src, &name));
+        let (files, _) = self
+            .helper
+            .copy_in(&sandbox.name, if dir.is_empty() { "/" } else { &dir }, rx)
+            .await?;
+        let (_, archive_bytes) = builder
+            .await
+            .map_err(|e| io_err("archive", e.into()))?
+            .map_err(|e| io_err("archive", e))?;
+        Ok(Uploaded {
+            dest,
+            files,
+            archive_bytes: archive_bytes.min(meta.len().max(archive_bytes)),
+            directory: false,
+            elapsed: started.elapsed(),
+        })
+    }
+
+    async fn is_dir(&self, sandbox: &Sandbox, path: &str) -> Result<bool, OrchestratorError> {
+        let r = self
+            .run_in(
+                sandbox,
+                Command::argv(["test", "-d", path], Duration::from_secs(10)),
+            )
+            .await?;
+        Ok(r.exit_code() == 0)
+    }
+
+    /// Copy a sandbox file or directory to a host path under the host roots.
+    pub async fn download(
+        &self,
+        sandbox: &Sandbox,
+        sandbox_path: &str,
+        local: &str,
+    ) -> Result<Downloaded, OrchestratorError> {
+        let started = Instant::now();
+        let source = resolve(sandbox_path)?;
+        let directory = self.is_dir(sandbox, &source).await?;
+        let mut dest = self.config().host_roots.writable(local)?;
+        if !directory && dest.is_dir() {
+            let name = Path::new(&source)
+                .file_name()
+                .map(PathBuf::from)
+                .unwrap_or_default();
+            dest = self
+                .config()
+                .host_roots
+                .writable(&dest.join(name).to_string_lossy())?;
+        }
+        let mut stream =
+            self.helper
+                .copy_out(&sandbox.name, &source)
+                .await
+                .map_err(|e| match e {
+                    HelperError::NotFound(_) => OrchestratorError::InvalidArgument(format!(
+                        "{source} does not exist in sandbox"
+                    )),
+                    other => other.into(),
+                })?;
+        let (tx, rx) = mpsc::channel(8);
+        let target = dest.clone();
+        let unpack = tokio::task::spawn_blocking(move || {
+            let reader = ChunkReader::new(rx);
+            if directory {
+                unpack_dir(reader, &target).map(|(_, skipped)| (0, skipped))
+            } else {
+                unpack_single(reader, &target).map(|n| (n, 0))
+            }
+        });
+        let mut received = 0u64;
+        let mut failure = None;
+        loop {
+            match stream.next().await {
+                Ok(Some(chunk)) => {
+                    received += chunk.len() as u64;
+                    if tx.send(chunk).await.is_err() {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(HelperError::NotFound(_)) => {
+                    failure = Some(OrchestratorError::InvalidArgument(format!(
+                        "{source} does not exist in sandbox"
+                    )));
+                    break;
+                }
+                Err(e) => {
+                    failure = Some(e.into());
+                    break;
+                }
+            }
+        }
+        drop(tx);
+        let unpacked = unpack.await.map_err(|e| io_err("extract", e.into()))?;
+        if let Some(f) = failure {
+            return Err(f);
+        }
+        let (file_bytes, skipped) = unpacked.map_err(|e| io_err("Error extracting", e))?;
+        let bytes = if directory { received } else { file_bytes };
+        Ok(Downloaded {
+            dest,
+            bytes,
+            directory,
+            skipped,
+            elapsed: started.elapsed(),
+        })
+    }
+
+    /// `git clone` inside the sandbox. A token is handed to git through
+    /// environment-only config (GIT_CONFIG_*) of that one process: it is never
+    /// written to a file, never put in the remote URL, never in history.
+    pub async fn git_clone(
+        &self,
+        sandbox: &Sandbox,
+        repo: &str,
+        branch: &str,
+        token: &str,
+        path: &str,
+        shallow: bool,
+    ) -> Result<(String, ExecResult), OrchestratorError> {
+        if repo.is_empty() || repo.starts_with('-') || repo.chars().any(char::is_whitespace) {
+            return Err(OrchestratorError::InvalidArgument(format!(
+                "invalid repository '{repo}'"
+            )));
+        }
+        if branch.starts_with('-') || branch.chars().any(char::is_whitespace) {
+            return Err(OrchestratorError::InvalidArgument(format!(
+                "invalid branch '{branch}'"
+            )));
+        }
+        let name = clone_dir_name(repo).ok_or_else(|| {
+            OrchestratorError::InvalidArgument(format!(
+                "cannot derive a directory name from '{repo}'"
+            ))
+        })?;
+        let dir = format!("{}/{name}", resolve(path)?.trim_end_matches('/'));
+        let mut argv = vec!["git".to_string(), "clone".to_string()];
+        if shallow {
+            argv.extend(["--depth".to_string(), "1".to_string()]);
+        }
+        if !branch.is_empty() {
+            argv.extend(["--branch".to_string(), branch.to_string()]);
+        }
+        argv.extend(["--".to_string(), repo.to_string(), dir.clone()]);
+        let mut cmd = Command::argv(argv, super::packages::INSTALL_TIMEOUT);
+        cmd.audit_as = Some(format!("git clone {repo}"));
+        let mut env = sandbox.env();
+        env.insert("GIT_TERMINAL_PROMPT".into(), "0".into());
+        if !token.is_empty() {
+            let (user, password) = token.split_once(':').unwrap_or(("x-access-token", token));
+            let basic = base64_encode(format!("{user}:{password}").as_bytes());
+            env.insert("GIT_CONFIG_COUNT".into(), "1".into());
+            env.insert("GIT_CONFIG_KEY_0".into(), "http.extraHeader".into());
+            env.insert(
+                "GIT_CONFIG_VALUE_0".into(),
+                format!("Authorization: Basic {basic}"),
+            );
+        }
+        let result = self.run_with_env(sandbox, cmd, env).await?;
+        Ok((dir, result))
+    }
+}
+
+impl SandboxManager {
+    /// "<last commit oneline>\n<N> files" of a fresh clone.
+    pub async fn clone_summary(&self, sandbox: &Sandbox, dir: &str) -> Result<String, OrchestratorError> {
+        let script = r#"git -C "$1" log --oneline -1 && echo "$(git -C "$1" ls-files | wc -l) files""#;
+        let cmd = Command::argv(["/bin/sh", "-c", script, "sh", dir], Duration::from_secs(30));
+        let r = self.run_in(sandbox, cmd).await?;
+        Ok(crate::orchestrator::text::render(&r.stdout).trim_end().to_string())
+    }
+}
+
+fn base64_encode(data: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clone_names() {
+        assert_eq!(
+            clone_dir_name("https://github.com/a/my.github.io").as_deref(),
+            Some("my.github.io")
+        );
+        assert_eq!(
+            clone_dir_name("https://x/a/repo.git/").as_deref(),
+            Some("repo")
+        );
+        assert_eq!(
+            clone_dir_name("git@host:team/proj.git").as_deref(),
+            Some("proj")
+        );
+        assert_eq!(clone_dir_name("https://x/.."), None);
+    }
+
+    #[test]
+    fn base64() {
+        assert_eq!(
+            base64_encode(b"x-access-token:abc"),
+            "eC1hY2Nlc3MtdG9rZW46YWJj"
+        );
+        assert_eq!(base64_encode(b"a"), "YQ==");
+        assert_eq!(base64_encode(b"ab"), "YWI=");
+    }
+
+    #[test]
+    fn unpack_refuses_symlinks_and_escapes() {
+        let dir = std::env::temp_dir().join(format!("smcp-unpack-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("dest")).unwrap();
+        std::os::unix::fs::symlink(dir.join("outside"), dir.join("dest/planted")).unwrap();
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        b.append_link(&mut h, "evil", "/etc").unwrap();
+        let mut add = |name: &str, data: &[u8]| {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_path("placeholder").unwrap();
+            let raw = h.as_old_mut();
+            raw.name = [0; 100];
+            raw.name[..name.len()].copy_from_slice(name.as_bytes());
+            h.set_cksum();
+            b.append(&h, data).unwrap();
+        };
+        add("ok/file.txt", b"hello");
+        add("../escape.txt", b"x");
+        add("planted", b"through the link");
+        let archive = b.into_inner().unwrap();
+        let err = unpack_dir(archive.as_slice(), &dir.join("dest")).unwrap_err();
+        assert!(err.to_string().contains("planted"), "{err}");
+        assert_eq!(
+            fs::read_to_string(dir.join("dest/ok/file.txt")).unwrap(),
+            "hello"
+        );
+        assert!(!dir.join("escape.txt").exists());
+        assert!(!dir.join("outside").exists());
+        assert!(
+            fs::symlink_metadata(dir.join("dest/evil")).is_err(),
+            "symlinks are not created on the host"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

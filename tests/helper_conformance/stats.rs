@@ -1,0 +1,100 @@
+//! Stats: a running VM's resource usage moves with what runs inside it.
+use super::*;
+
+async fn stats(h: &mut Harness, id: &str) -> Result<pb::StatsResponse, tonic::Status> {
+    let r = h
+        .client
+        .stats(pb::StatsRequest { vm_id: id.into() })
+        .await?;
+    Ok(r.into_inner())
+}
+
+#[tokio::test]
+async fn stats_follow_memory_pids_cpu_and_time() {
+    let mut h = Harness::new("stats").await;
+    let cgroups = h.caps().await.iter().any(|c| c.starts_with("cgroups."));
+    let id = h
+        .running("vm", |s| {
+            s.memory_bytes = 256 << 20;
+            s.pids_limit = 77;
+        })
+        .await;
+    let first = stats(&mut h, &id).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let alloc =
+        "python3 -c 'import time; x = bytearray(64 << 20); time.sleep(1000)' >/dev/null 2>&1 &
+                 sleep 1000 >/dev/null 2>&1 &
+                 python3 -c 'sum(range(3000000))'";
+    assert_eq!(h.sh(&id, alloc).await.code(), Some(0));
+    let mut now = stats(&mut h, &id).await.unwrap();
+    assert!(now.uptime_ms > first.uptime_ms, "{first:?} then {now:?}");
+    if !cgroups {
+        eprintln!("skipped the cgroup counters: helper has no cgroups");
+        return;
+    }
+    for _ in 0..100 {
+        if now.memory_used_bytes >= 64 << 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        now = stats(&mut h, &id).await.unwrap();
+    }
+    assert!(now.memory_used_bytes >= 64 << 20, "{now:?}");
+    assert_eq!(now.memory_limit_bytes, 256 << 20);
+    assert!(now.pids >= first.pids + 2, "{first:?} then {now:?}");
+    assert_eq!(now.pids_limit, 77);
+    assert!(
+        now.cpu_usage_ns > first.cpu_usage_ns,
+        "{first:?} then {now:?}"
+    );
+    assert!(!now.oom_killed);
+    assert_eq!((now.net_rx_bytes, now.net_tx_bytes), (0, 0), "network NONE");
+}
+
+#[tokio::test]
+async fn stats_report_oom_kills() {
+    let mut h = Harness::new("statsoom").await;
+    if !h.caps().await.iter().any(|c| c.starts_with("cgroups.")) {
+        eprintln!("skipped: helper has no cgroups");
+        return;
+    }
+    let id = h.running("vm", |s| s.memory_bytes = 64 << 20).await;
+    let o = h
+        .sh(
+            &id,
+            "python3 -c \"x = b'a' * (300 << 20)\" 2>/dev/null; echo done",
+        )
+        .await;
+    assert_eq!(o.out(), "done\n");
+    assert!(stats(&mut h, &id).await.unwrap().oom_killed);
+}
+
+#[tokio::test]
+async fn stats_count_egress_traffic() {
+    let mut h = Harness::new("statsnet").await;
+    if !h.caps().await.iter().any(|c| c == "network.egress") {
+        eprintln!("skipped: helper lacks network.egress");
+        return;
+    }
+    let id = h
+        .running("vm", |s| s.network = pb::NetworkMode::Egress as i32)
+        .await;
+    // TEST-NET-1 is never answered; the datagrams still leave eth0.
+    let send = "python3 -c \"import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); \
+                [s.sendto(b'x' * 500, ('192.0.2.1', 9)) for _ in range(10)]\"";
+    assert_eq!(h.sh(&id, send).await.code(), Some(0));
+    let now = stats(&mut h, &id).await.unwrap();
+    assert!(now.net_tx_bytes >= 5000, "{now:?}");
+}
+
+#[tokio::test]
+async fn stats_need_a_running_vm() {
+    let mut h = Harness::new("statsst").await;
+    let e = stats(&mut h, "no-such-vm").await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    let spec = h.spec("vm");
+    let id = spec.id.clone();
+    h.create(spec).await.unwrap();
+    let e = stats(&mut h, &id).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+}

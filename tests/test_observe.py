@@ -1,0 +1,49 @@
+"""stats, health and the idle reaper through a real MCP client."""
+import re
+import time
+
+
+def test_stats(server):
+    server.tool("bg", command="sleep 300", name="sleeper")
+    text, err = server.tool("stats")
+    assert not err, text
+    lines = text.split("\n")
+    assert lines[0] == "Sandbox: default ('default', 2cpu/512M)"
+    assert re.search(r"^Memory:  [\d.]+[KMG]?B / 512\.0MB \(\d+%\)$", text, re.M), text
+    assert re.search(r"^CPU:     \d+\.\d\ds total$", text, re.M)
+    assert re.search(r"^PIDs:    \d+$", text, re.M)
+    assert re.search(r"^Disk:    .+ \(\d+% used\)$", text, re.M)
+    assert re.search(r"^Uptime:  \d+m \d+s$", text, re.M)
+    assert "BgProcs: sleeper" in text
+    assert lines[-1].startswith("History: ")
+
+
+def test_health(server):
+    assert server.tool("health") == ("No active sandboxes", False)
+    server.tool("exec", command="true")
+    server.tool("exec", command="true", sandbox="b")
+    text, err = server.tool("health")
+    assert not err
+    lines = text.split("\n")
+    assert lines[0] == "2 sandbox(es), 0 issue(s)"
+    assert re.match(r"^b:  shell=ok  disk=\d+%.*  mem=\d+%  up=\d+m\d+s  procs=\d+$", lines[1]), lines[1]
+
+
+def test_health_flags_oom(server):
+    server.tool("exec", command="python3 -c 'x = bytearray(900 * 1024 * 1024)'", timeout=60)
+    text, _ = server.tool("health")
+    assert "OOM" in text and "1 issue(s)" in text, text
+
+
+def test_idle_sandboxes_are_reaped_but_not_default(server_factory):
+    srv = server_factory(SANDBOX_MCP_IDLE_TTL="2")
+    srv.tool("exec", command="true")
+    srv.tool("exec", command="true", sandbox="temp")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        status, _ = srv.tool("status")
+        if "temp" not in status:
+            break
+        time.sleep(0.2)
+    assert "temp" not in status, status
+    assert "default" in status
