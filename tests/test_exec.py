@@ -152,3 +152,15 @@ def test_python_error(server):
 def test_python_timeout(server):
     text, _ = server.tool("python", code="import time\nprint('x', flush=True)\ntime.sleep(60)", timeout=1)
     assert text.startswith("x\n[stderr] Timed out after 1.0s"), text
+
+
+def test_missing_program_reads_like_a_shell(server):
+    text, err = server.tool("exec", command="no-such-program --flag")
+    assert not err
+    assert "no-such-program: command not found" in text and "[exit code 127]" in text, text
+
+
+def test_plain_and_shell_commands_agree(server):
+    plain, _ = server.tool("exec", command="printf %s-%s a b")
+    shelled, _ = server.tool("exec", command="printf '%s-%s' a b")
+    assert plain.split("\n")[0] == shelled.split("\n")[0] == "a-b"

@@ -199,9 +199,13 @@ impl Registry {
             let _ = killpg(group, Signal::SIGTERM);
             let _ = tokio::time::timeout(grace, exit.wait_for(Option::is_some)).await;
         }
-        // Also when the leader is gone: children it left in the group
-        // (a shell's `sleep &`) belong to the process being stopped.
-        let _ = killpg(group, Signal::SIGKILL);
+        // Also when the leader is gone, as long as something still holds its
+        // output pipe: children it left in the group (a shell's `sleep &`)
+        // belong to the process being stopped. Once the pipe is closed the
+        // group is presumed empty, and its id may belong to someone else.
+        if record.running() || !*record.drained.borrow() {
+            let _ = killpg(group, Signal::SIGKILL);
+        }
         let _ = tokio::time::timeout(REAP_TIMEOUT, exit.wait_for(Option::is_some)).await;
         let mut drained = record.drained.clone();
         let _ = tokio::time::timeout(FINAL_DRAIN, drained.wait_for(|d| *d)).await;

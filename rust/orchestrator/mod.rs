@@ -27,6 +27,7 @@ pub mod observe;
 pub mod packages;
 pub mod sandbox;
 pub mod sync;
+pub mod shell;
 pub mod tarstream;
 pub mod text;
 pub mod transfer;

@@ -13,7 +13,8 @@ use super::{
     config::Config,
     error::OrchestratorError,
     exec::{self, ExecResult},
-    helper_client::{HelperClient, ProcessConfig, VmConfig, VmInfo, VmState},
+    helper_client::{HelperClient, HelperError, ProcessConfig, VmConfig, VmInfo, VmState},
+    shell,
     names::validate_sandbox_name,
 };
 
@@ -443,21 +444,36 @@ impl SandboxManager {
                 "timeout must be greater than 0".into(),
             ));
         }
-        let process = ProcessConfig {
-            argv: cmd_argv(sandbox, cmd.argv),
+        let mut process = ProcessConfig {
+            argv: cmd_argv(sandbox, cmd.argv.clone()),
             env: env.into_iter().collect(),
             cwd: cmd.cwd,
             create_cwd: true,
         };
         sandbox.touch();
-        let result = exec::run(
-            &self.helper,
-            &sandbox.name,
-            process,
-            &cmd.stdin,
-            cmd.timeout,
-        )
-        .await?;
+        let direct = match &cmd.argv {
+            ShellOrArgv::Shell(line) => shell::direct_argv(line),
+            ShellOrArgv::Argv(_) => None,
+        };
+        let result = match direct {
+            Some(argv) => {
+                let attempt = ProcessConfig { argv, ..process.clone() };
+                match exec::run(&self.helper, &sandbox.name, attempt, &cmd.stdin, cmd.timeout).await {
+                    // Refused before it ran (no such program, …): let the
+                    // shell run it and word the error as a shell would.
+                    Err(HelperError::InvalidArgument(_)) => None,
+                    other => Some(other?),
+                }
+            }
+            None => None,
+        };
+        let result = match result {
+            Some(r) => r,
+            None => {
+                process.argv = cmd_argv(sandbox, cmd.argv);
+                exec::run(&self.helper, &sandbox.name, process, &cmd.stdin, cmd.timeout).await?
+            }
+        };
         sandbox.touch();
         if let Some(text) = cmd.audit_as {
             sandbox.record(&text, result.exit_code(), result.duration);

@@ -231,7 +231,9 @@ async fn dial_throughput_is_reported() {
     .unwrap();
     assert_eq!(read_all(&mut out).await.unwrap(), b"count=268435456");
     let up = started.elapsed().as_secs_f64();
-    let (_tx, mut out) = dial(&mut h.client, &id, 7006).await.unwrap();
+    // The client keeps its side open: the stream still ends when the
+    // guest closes.
+    let (_keep_open, mut out) = dial(&mut h.client, &id, 7006).await.unwrap();
     let started = std::time::Instant::now();
     let mut n = 0;
     while let Some(msg) = out.next().await {

@@ -146,7 +146,9 @@ pub async fn dial(
     if tx.send(Ok(connected)).await.is_err() {
         return Err(Status::cancelled("client went away"));
     }
-    tokio::spawn(client_to_guest(inbound, guest_wr, tx.clone()));
+    // Weak: the response stream must end when the guest closes, even while
+    // the client keeps its own side open.
+    tokio::spawn(client_to_guest(inbound, guest_wr, tx.downgrade()));
     tokio::spawn(guest_to_client(guest_rd, tx));
     Ok(stream_of(rx))
 }
@@ -154,7 +156,7 @@ pub async fn dial(
 async fn client_to_guest(
     mut inbound: Streaming<pb::DialRequest>,
     mut guest: OwnedWriteHalf,
-    tx: mpsc::Sender<Result<pb::DialResponse, Status>>,
+    tx: mpsc::WeakSender<Result<pb::DialResponse, Status>>,
 ) {
     while let Some(msg) = inbound.next().await {
         let data = match msg {
@@ -168,7 +170,9 @@ async fn client_to_guest(
                 msg: Some(pb::dial_request::Msg::Start(_)),
             }) => {
                 let e = HelperError::invalid("start", "may only be the first message");
-                let _ = tx.send(Err(status(e))).await;
+                if let Some(tx) = tx.upgrade() {
+                    let _ = tx.send(Err(status(e))).await;
+                }
                 return;
             }
             Ok(pb::DialRequest { msg: None }) => continue,
