@@ -1,5 +1,6 @@
 """stats, health and the idle reaper through a real MCP client."""
 import re
+import socket
 import time
 
 
@@ -47,3 +48,23 @@ def test_idle_sandboxes_are_reaped_but_not_default(server_factory):
         time.sleep(0.2)
     assert "temp" not in status, status
     assert "default" in status
+
+
+def test_reaping_stops_the_sandboxes_forwards(server_factory):
+    srv = server_factory(SANDBOX_MCP_IDLE_TTL="2")
+    text, err = srv.tool("expose", port=8080, host_port=18931, sandbox="temp2")
+    assert not err, text
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and "temp2" in srv.tool("status")[0]:
+        time.sleep(0.2)
+    deadline = time.monotonic() + 5
+    refused = False
+    while time.monotonic() < deadline and not refused:
+        try:
+            socket.create_connection(("127.0.0.1", 18931), timeout=1).close()
+            time.sleep(0.1)
+        except ConnectionRefusedError:
+            refused = True
+    assert refused, "the forward kept listening after its sandbox was reaped"
+    text, err = srv.tool("unexpose", port=18931)
+    assert err and text.startswith("Error: no forward on localhost:18931"), text

@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 use sandbox_mcp::{
     image::{self, BuildRequest, ImageStore},
     mcp::SandboxServer,
-    orchestrator::{Config, SandboxManager, helper_client::HelperClient},
+    orchestrator::{Config, Orchestrator, SandboxManager, helper_client::HelperClient},
     paths,
 };
 
@@ -79,8 +79,7 @@ async fn serve() -> Result<(), String> {
             .await
             .map_err(|e| e.to_string())?,
     );
-    manager.spawn_reaper();
-    SandboxServer::new(manager)
+    SandboxServer::new(&Orchestrator::new(manager))
         .serve_stdio()
         .await
         .map_err(|e| e.to_string())

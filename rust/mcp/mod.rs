@@ -21,7 +21,7 @@ use rmcp::{
     tool_handler,
 };
 
-use crate::orchestrator::{OrchestratorError, SandboxManager, forward::ForwardManager, sync::SyncManager};
+use crate::orchestrator::{Orchestrator, OrchestratorError, SandboxManager, forward::ForwardManager, sync::SyncManager};
 
 /// What the server tells the agent about the sandbox model on connect.
 const INSTRUCTIONS: &str = "\
@@ -32,7 +32,7 @@ and use env(action='set') for variables every later command should see. /workspa
 volume that survives reset and destroy; everything else is reset by reset(). Install packages with \
 install(). Output is capped at 50,000 bytes per stream; timeouts kill the whole process group.";
 
-/// The MCP server: the tool routers over one shared sandbox manager.
+/// The MCP server: the tool routers over the orchestrator's shared services.
 #[derive(Clone)]
 pub struct SandboxServer {
     manager: Arc<SandboxManager>,
@@ -42,8 +42,8 @@ pub struct SandboxServer {
 }
 
 impl SandboxServer {
-    /// A server over `manager` (shared by every MCP session).
-    pub fn new(manager: Arc<SandboxManager>) -> Self {
+    /// A server over `orchestrator` (shared by every MCP session).
+    pub fn new(orchestrator: &Orchestrator) -> Self {
         let tool_router = Self::core_router()
             + Self::files_router()
             + Self::lifecycle_router()
@@ -52,12 +52,10 @@ impl SandboxServer {
             + Self::observe_router()
             + Self::network_router()
             + Self::sync_router();
-        let forwards = Arc::new(ForwardManager::new(manager.clone()));
-        let syncs = Arc::new(SyncManager::new(manager.clone()));
         Self {
-            manager,
-            forwards,
-            syncs,
+            manager: orchestrator.sandboxes.clone(),
+            forwards: orchestrator.forwards.clone(),
+            syncs: orchestrator.syncs.clone(),
             tool_router,
         }
     }

@@ -258,6 +258,8 @@ async fn accept_loop(
 /// directions have ended; each direction's EOF is passed on as a half-close.
 async fn serve(stream: TcpStream, sandboxes: &SandboxManager, sandbox: &str, port: u16) -> Result<(), ForwardError> {
     let current = sandboxes.get(sandbox)?;
+    // Traffic through a forward is use: a served dev server is not idle.
+    sandboxes.touch(sandbox);
     let (writer, mut reader) = sandboxes.helper.dial(&current.name, port).await.map_err(OrchestratorError::from)?;
     stream.set_nodelay(true).ok();
     let (mut client_rx, mut client_tx) = stream.into_split();

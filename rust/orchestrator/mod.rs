@@ -33,5 +33,50 @@ pub mod text;
 pub mod transfer;
 
 pub use config::Config;
+use std::sync::Arc;
+
+use forward::ForwardManager;
+use sandbox::SandboxListener;
+use sync::SyncManager;
+
 pub use error::OrchestratorError;
 pub use sandbox::{Command, Sandbox, SandboxManager};
+
+/// The orchestrator's long-lived services, shared by every MCP session.
+pub struct Orchestrator {
+    /// Named sandboxes.
+    pub sandboxes: Arc<SandboxManager>,
+    /// Port forwards.
+    pub forwards: Arc<ForwardManager>,
+    /// Host → sandbox sync jobs.
+    pub syncs: Arc<SyncManager>,
+}
+
+impl Orchestrator {
+    /// Wire the services together: forwards and sync jobs follow their
+    /// sandbox's destruction (reset keeps both: a forward dials the new VM, a
+    /// sync job re-pushes), and idle sandboxes are reaped.
+    pub fn new(sandboxes: Arc<SandboxManager>) -> Self {
+        let forwards = Arc::new(ForwardManager::new(sandboxes.clone()));
+        let syncs = Arc::new(SyncManager::new(sandboxes.clone()));
+        sandboxes.subscribe(Arc::new(FollowSandboxes { forwards: forwards.clone(), syncs: syncs.clone() }));
+        sandboxes.spawn_reaper();
+        Self { sandboxes, forwards, syncs }
+    }
+}
+
+/// Stops a destroyed sandbox's forwards and sync jobs.
+struct FollowSandboxes {
+    forwards: Arc<ForwardManager>,
+    syncs: Arc<SyncManager>,
+}
+
+impl SandboxListener for FollowSandboxes {
+    fn destroyed(&self, name: &str) {
+        let (forwards, syncs, name) = (self.forwards.clone(), self.syncs.clone(), name.to_string());
+        tokio::spawn(async move {
+            forwards.sandbox_gone(&name).await;
+            syncs.stop_for(&name).await;
+        });
+    }
+}
