@@ -295,6 +295,7 @@ impl HelperClient {
                 .map_err(|e| unavailable(e.to_string()))?
                 .initial_stream_window_size(8 << 20)
                 .initial_connection_window_size(32 << 20)
+                .max_frame_size(1 << 20)
                 .connect_with_connector(tower::service_fn(move |_| {
                     let dial = dial.clone();
                     async move {
