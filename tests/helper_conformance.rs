@@ -42,11 +42,7 @@ impl TempDir {
     fn new() -> Self {
         static N: AtomicU32 = AtomicU32::new(0);
         // Short, because Unix socket paths are limited to 107 bytes.
-        let p = PathBuf::from(format!(
-            "/tmp/smcp-h{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
+        let p = PathBuf::from(format!("/tmp/smcp-h{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst)));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).unwrap();
         TempDir(p)
@@ -103,10 +99,7 @@ impl Drop for Harness {
         // Drop cannot await, and the test's runtime is busy dropping us:
         // clean up from a thread with a runtime of its own.
         let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             rt.block_on(async {
                 if let Some(mut client) = connect(&socket).await {
                     for id in ids {
@@ -129,11 +122,7 @@ async fn connect(socket: &Path) -> Option<VmHelperClient<Channel>> {
         .initial_connection_window_size(32 << 20)
         .connect_with_connector(tower::service_fn(move |_| {
             let socket = socket.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(
-                    tokio::net::UnixStream::connect(socket).await?,
-                ))
-            }
+            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(socket).await?)) }
         }))
         .await
         .ok()?;
@@ -146,9 +135,7 @@ impl Harness {
         let tmp = TempDir::new();
         let prefix = format!("{test}-{}", std::process::id());
         if let Ok(socket) = std::env::var("SANDBOX_MCP_CONFORMANCE_SOCKET") {
-            let client = connect(Path::new(&socket))
-                .await
-                .expect("connect to SANDBOX_MCP_CONFORMANCE_SOCKET");
+            let client = connect(Path::new(&socket)).await.expect("connect to SANDBOX_MCP_CONFORMANCE_SOCKET");
             return Harness {
                 client,
                 image,
@@ -223,44 +210,26 @@ impl Harness {
 
     async fn create(&mut self, spec: pb::VmSpec) -> Result<pb::Vm, tonic::Status> {
         self.created.push(spec.id.clone());
-        let r = self
-            .client
-            .create_vm(pb::CreateVmRequest { spec: Some(spec) })
-            .await?;
+        let r = self.client.create_vm(pb::CreateVmRequest { spec: Some(spec) }).await?;
         Ok(r.into_inner().vm.expect("vm in response"))
     }
 
     async fn start(&mut self, id: &str) -> Result<pb::Vm, tonic::Status> {
-        let r = self
-            .client
-            .start_vm(pb::StartVmRequest { id: id.into() })
-            .await?;
+        let r = self.client.start_vm(pb::StartVmRequest { id: id.into() }).await?;
         Ok(r.into_inner().vm.expect("vm in response"))
     }
 
     async fn stop(&mut self, id: &str) -> Result<pb::Vm, tonic::Status> {
-        let r = self
-            .client
-            .stop_vm(pb::StopVmRequest {
-                id: id.into(),
-                grace_ms: 0,
-            })
-            .await?;
+        let r = self.client.stop_vm(pb::StopVmRequest { id: id.into(), grace_ms: 0 }).await?;
         Ok(r.into_inner().vm.expect("vm in response"))
     }
 
     async fn delete(&mut self, id: &str) -> Result<(), tonic::Status> {
-        self.client
-            .delete_vm(pb::DeleteVmRequest { id: id.into() })
-            .await
-            .map(|_| ())
+        self.client.delete_vm(pb::DeleteVmRequest { id: id.into() }).await.map(|_| ())
     }
 
     async fn get(&mut self, id: &str) -> Result<pb::Vm, tonic::Status> {
-        let r = self
-            .client
-            .get_vm(pb::GetVmRequest { id: id.into() })
-            .await?;
+        let r = self.client.get_vm(pb::GetVmRequest { id: id.into() }).await?;
         Ok(r.into_inner().vm.expect("vm in response"))
     }
 
@@ -276,12 +245,7 @@ impl Harness {
     }
 
     async fn caps(&mut self) -> Vec<String> {
-        self.client
-            .get_info(pb::GetInfoRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .capabilities
+        self.client.get_info(pb::GetInfoRequest {}).await.unwrap().into_inner().capabilities
     }
 
     /// Opens an Exec stream; returns the request sender and the responses.
@@ -290,9 +254,7 @@ impl Harness {
         start: pb::ProcessSpec,
     ) -> Result<(mpsc::Sender<pb::ExecRequest>, Streaming<pb::ExecResponse>), tonic::Status> {
         let (tx, rx) = mpsc::channel(64);
-        tx.send(req(pb::exec_request::Msg::Start(start)))
-            .await
-            .unwrap();
+        tx.send(req(pb::exec_request::Msg::Start(start))).await.unwrap();
         let resp = self.client.exec(ReceiverStream::new(rx)).await?;
         Ok((tx, resp.into_inner()))
     }
@@ -303,21 +265,15 @@ impl Harness {
         if !stdin.is_empty() {
             for chunk in stdin.chunks(256 * 1024) {
                 // A process that exits early ends the call; later sends fail.
-                let _ = tx
-                    .send(req(pb::exec_request::Msg::Stdin(chunk.to_vec())))
-                    .await;
+                let _ = tx.send(req(pb::exec_request::Msg::Stdin(chunk.to_vec()))).await;
             }
         }
-        let _ = tx
-            .send(req(pb::exec_request::Msg::CloseStdin(pb::CloseStdin {})))
-            .await;
+        let _ = tx.send(req(pb::exec_request::Msg::CloseStdin(pb::CloseStdin {}))).await;
         collect(&mut out).await
     }
 
     async fn sh(&mut self, id: &str, script: &str) -> Output {
-        self.run(process(id, &["sh", "-c", script]), b"")
-            .await
-            .expect("exec")
+        self.run(process(id, &["sh", "-c", script]), b"").await.expect("exec")
     }
 }
 
@@ -326,11 +282,7 @@ fn req(msg: pb::exec_request::Msg) -> pb::ExecRequest {
 }
 
 fn process(id: &str, argv: &[&str]) -> pb::ProcessSpec {
-    pb::ProcessSpec {
-        vm_id: id.into(),
-        argv: argv.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }
+    pb::ProcessSpec { vm_id: id.into(), argv: argv.iter().map(|s| s.to_string()).collect(), ..Default::default() }
 }
 
 #[derive(Debug, Default)]
@@ -395,42 +347,17 @@ async fn wait_gone(h: &mut Harness, id: &str, pid: &str) -> bool {
 #[tokio::test]
 async fn get_info_describes_the_helper() {
     let mut h = Harness::new("info").await;
-    let info = h
-        .client
-        .get_info(pb::GetInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let info = h.client.get_info(pb::GetInfoRequest {}).await.unwrap().into_inner();
     assert!(!info.platform.is_empty() && !info.driver.is_empty() && !info.version.is_empty());
-    assert!(
-        info.capabilities.iter().any(|c| c == "exec"),
-        "{:?}",
-        info.capabilities
-    );
+    assert!(info.capabilities.iter().any(|c| c == "exec"), "{:?}", info.capabilities);
     if h.helper.is_some() {
-        assert_eq!(
-            (info.platform.as_str(), info.driver.as_str()),
-            ("linux", "namespaces")
-        );
+        assert_eq!((info.platform.as_str(), info.driver.as_str()), ("linux", "namespaces"));
         for cap in ["seccomp", "userns", "network.none"] {
-            assert!(
-                info.capabilities.iter().any(|c| c == cap),
-                "missing {cap}: {:?}",
-                info.capabilities
-            );
+            assert!(info.capabilities.iter().any(|c| c == cap), "missing {cap}: {:?}", info.capabilities);
         }
     }
-    let images = h
-        .client
-        .list_images(pb::ListImagesRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .images;
-    let image = images
-        .iter()
-        .find(|i| i.name == h.image)
-        .expect("test image listed");
+    let images = h.client.list_images(pb::ListImagesRequest {}).await.unwrap().into_inner().images;
+    let image = images.iter().find(|i| i.name == h.image).expect("test image listed");
     assert!(!image.shell.is_empty());
 }
 
@@ -444,62 +371,39 @@ async fn lifecycle_create_start_stop_restart_delete() {
     assert_eq!(vm.state, pb::VmState::Created as i32);
     assert_eq!(vm.started_at_ms, 0);
     let s = vm.spec.unwrap();
-    assert_eq!(
-        (s.cpus, s.memory_bytes, s.pids_limit),
-        (1, 512 << 20, 1024),
-        "defaults"
-    );
+    assert_eq!((s.cpus, s.memory_bytes, s.pids_limit), (1, 512 << 20, 1024), "defaults");
     assert_eq!(s.hostname, id);
     assert_eq!(s.labels.get("owner").map(String::as_str), Some("test"));
     assert!(
-        h.client
-            .list_vms(pb::ListVmsRequest {})
-            .await
+        h.client.list_vms(pb::ListVmsRequest {}).await.unwrap().into_inner().vms.iter().any(|v| v
+            .spec
+            .as_ref()
             .unwrap()
-            .into_inner()
-            .vms
-            .iter()
-            .any(|v| v.spec.as_ref().unwrap().id == id)
+            .id
+            == id)
     );
 
     let err = h.create(h.spec("vm")).await.unwrap_err();
     assert_eq!(err.code(), Code::AlreadyExists);
-    assert_eq!(
-        h.stop(&id).await.unwrap_err().code(),
-        Code::FailedPrecondition
-    );
+    assert_eq!(h.stop(&id).await.unwrap_err().code(), Code::FailedPrecondition);
     let exec_err = h.run(process(&id, &["true"]), b"").await.unwrap_err();
     assert_eq!(exec_err.code(), Code::FailedPrecondition);
 
     let vm = h.start(&id).await.unwrap();
     assert_eq!(vm.state, pb::VmState::Running as i32);
     assert!(vm.started_at_ms > 0);
-    assert_eq!(
-        h.start(&id).await.unwrap_err().code(),
-        Code::FailedPrecondition
-    );
+    assert_eq!(h.start(&id).await.unwrap_err().code(), Code::FailedPrecondition);
     // Exec works as soon as StartVm returned.
     assert_eq!(h.sh(&id, "echo kept > /root/state").await.code(), Some(0));
 
     let vm = h.stop(&id).await.unwrap();
     assert_eq!(vm.state, pb::VmState::Stopped as i32);
-    assert!(
-        vm.stop_reason.is_empty(),
-        "requested stop has no reason: {}",
-        vm.stop_reason
-    );
+    assert!(vm.stop_reason.is_empty(), "requested stop has no reason: {}", vm.stop_reason);
     assert_eq!(h.get(&id).await.unwrap().state, pb::VmState::Stopped as i32);
-    assert_eq!(
-        h.stop(&id).await.unwrap_err().code(),
-        Code::FailedPrecondition
-    );
+    assert_eq!(h.stop(&id).await.unwrap_err().code(), Code::FailedPrecondition);
 
     h.start(&id).await.unwrap();
-    assert_eq!(
-        h.sh(&id, "cat /root/state").await.out(),
-        "kept\n",
-        "writable layer survives a stop"
-    );
+    assert_eq!(h.sh(&id, "cat /root/state").await.out(), "kept\n", "writable layer survives a stop");
 
     h.delete(&id).await.unwrap();
     assert_eq!(h.get(&id).await.unwrap_err().code(), Code::NotFound);
@@ -514,13 +418,7 @@ async fn unknown_vms_and_images_are_not_found() {
     assert_eq!(h.stop(&id).await.unwrap_err().code(), Code::NotFound);
     assert_eq!(h.get(&id).await.unwrap_err().code(), Code::NotFound);
     assert_eq!(h.delete(&id).await.unwrap_err().code(), Code::NotFound);
-    assert_eq!(
-        h.run(process(&id, &["true"]), b"")
-            .await
-            .unwrap_err()
-            .code(),
-        Code::NotFound
-    );
+    assert_eq!(h.run(process(&id, &["true"]), b"").await.unwrap_err().code(), Code::NotFound);
     let mut spec = h.spec("img");
     spec.image = "no-such-image".into();
     assert_eq!(h.create(spec).await.unwrap_err().code(), Code::NotFound);
@@ -536,22 +434,10 @@ async fn malformed_specs_are_invalid_arguments() {
     let cases: Vec<(&str, Tweak)> = vec![
         ("id", Box::new(|s| s.id = "-bad/id".into())),
         ("id", Box::new(|s| s.id = String::new())),
-        (
-            "host_path",
-            Box::new(|s| s.mounts = vec![mount("relative/dir", "/w")]),
-        ),
-        (
-            "host_path",
-            Box::new(move |s| s.mounts = vec![mount(missing.to_str().unwrap(), "/w")]),
-        ),
-        (
-            "host_path",
-            Box::new(move |s| s.mounts = vec![mount(file.to_str().unwrap(), "/w")]),
-        ),
-        (
-            "guest_path",
-            Box::new(|s| s.mounts = vec![mount("/tmp", "relative")]),
-        ),
+        ("host_path", Box::new(|s| s.mounts = vec![mount("relative/dir", "/w")])),
+        ("host_path", Box::new(move |s| s.mounts = vec![mount(missing.to_str().unwrap(), "/w")])),
+        ("host_path", Box::new(move |s| s.mounts = vec![mount(file.to_str().unwrap(), "/w")])),
+        ("guest_path", Box::new(|s| s.mounts = vec![mount("/tmp", "relative")])),
         ("network", Box::new(|s| s.network = 99)),
     ];
     for (field, tweak) in cases {
@@ -559,28 +445,13 @@ async fn malformed_specs_are_invalid_arguments() {
         tweak(&mut spec);
         let err = h.create(spec).await.unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument, "{field}: {err:?}");
-        assert!(
-            err.message().contains(field),
-            "message names {field}: {}",
-            err.message()
-        );
+        assert!(err.message().contains(field), "message names {field}: {}", err.message());
     }
-    assert_eq!(
-        h.client
-            .create_vm(pb::CreateVmRequest { spec: None })
-            .await
-            .unwrap_err()
-            .code(),
-        Code::InvalidArgument
-    );
+    assert_eq!(h.client.create_vm(pb::CreateVmRequest { spec: None }).await.unwrap_err().code(), Code::InvalidArgument);
 }
 
 fn mount(host: &str, guest: &str) -> pb::Mount {
-    pb::Mount {
-        host_path: host.into(),
-        guest_path: guest.into(),
-        read_only: false,
-    }
+    pb::Mount { host_path: host.into(), guest_path: guest.into(), read_only: false }
 }
 
 #[tokio::test]
@@ -591,25 +462,15 @@ async fn exec_reports_output_and_exit_status_exactly() {
     assert_eq!((o.out(), o.code()), ("hi\n".to_string(), Some(0)));
     assert!(o.pid > 0);
     let o = h.sh(&id, "echo out; echo err >&2; exit 3").await;
-    assert_eq!(
-        (o.out(), o.err(), o.code()),
-        ("out\n".into(), "err\n".into(), Some(3))
-    );
+    assert_eq!((o.out(), o.err(), o.code()), ("out\n".into(), "err\n".into(), Some(3)));
     let o = h.sh(&id, "kill -9 $$").await;
     assert_eq!(o.status, Some(pb::exited::Status::Signal(9)));
     let o = h.run(process(&id, &["cat"]), b"").await.unwrap();
-    assert_eq!(
-        (o.stdout.len(), o.code()),
-        (0, Some(0)),
-        "no stdin given reads EOF at once"
-    );
+    assert_eq!((o.stdout.len(), o.code()), (0, Some(0)), "no stdin given reads EOF at once");
 
     let err = h.run(process(&id, &[]), b"").await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
-    let err = h
-        .run(process(&id, &["/no/such/program"]), b"")
-        .await
-        .unwrap_err();
+    let err = h.run(process(&id, &["/no/such/program"]), b"").await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
 }
 
@@ -625,9 +486,7 @@ async fn exec_is_binary_safe_both_ways() {
     let o = h.run(process(&id, &["cat"]), &stdin).await.unwrap();
     assert_eq!(o.stdout, stdin);
 
-    let o = h
-        .sh(&id, "head -c 1000000 /dev/zero | tr '\\0' a; echo")
-        .await;
+    let o = h.sh(&id, "head -c 1000000 /dev/zero | tr '\\0' a; echo").await;
     assert_eq!(o.stdout.len(), 1_000_001);
     assert!(o.stdout[..1_000_000].iter().all(|&b| b == b'a'));
 }
@@ -635,11 +494,7 @@ async fn exec_is_binary_safe_both_ways() {
 #[tokio::test]
 async fn exec_applies_cwd_and_env() {
     let mut h = Harness::new("env").await;
-    let id = h
-        .running("vm", |s| {
-            s.env = HashMap::from([("A".into(), "vm".into()), ("B".into(), "vm".into())])
-        })
-        .await;
+    let id = h.running("vm", |s| s.env = HashMap::from([("A".into(), "vm".into()), ("B".into(), "vm".into())])).await;
     let mut p = process(&id, &["sh", "-c", "echo $A $B $C $HOME; pwd"]);
     p.env = HashMap::from([("B".into(), "proc".into()), ("C".into(), "c".into())]);
     let o = h.run(p, b"").await.unwrap();
@@ -659,22 +514,15 @@ async fn exec_stdin_streams_interactively() {
     let mut h = Harness::new("stdin").await;
     let id = h.running("vm", |_| {}).await;
     let (tx, mut out) = h.open(process(&id, &["cat"])).await.unwrap();
-    assert!(matches!(
-        out.next().await.unwrap().unwrap().msg,
-        Some(pb::exec_response::Msg::Started(_))
-    ));
+    assert!(matches!(out.next().await.unwrap().unwrap().msg, Some(pb::exec_response::Msg::Started(_))));
     for word in ["ping\n", "pong\n"] {
-        tx.send(req(pb::exec_request::Msg::Stdin(word.as_bytes().to_vec())))
-            .await
-            .unwrap();
+        tx.send(req(pb::exec_request::Msg::Stdin(word.as_bytes().to_vec()))).await.unwrap();
         match out.next().await.unwrap().unwrap().msg {
             Some(pb::exec_response::Msg::Stdout(b)) => assert_eq!(b, word.as_bytes()),
             other => panic!("expected echo, got {other:?}"),
         }
     }
-    tx.send(req(pb::exec_request::Msg::CloseStdin(pb::CloseStdin {})))
-        .await
-        .unwrap();
+    tx.send(req(pb::exec_request::Msg::CloseStdin(pb::CloseStdin {}))).await.unwrap();
     let rest = collect(&mut out).await.unwrap();
     assert_eq!(rest.code(), Some(0));
 }
@@ -683,10 +531,7 @@ async fn exec_stdin_streams_interactively() {
 async fn signals_reach_the_process_group() {
     let mut h = Harness::new("sig").await;
     let id = h.running("vm", |_| {}).await;
-    let (tx, mut out) = h
-        .open(process(&id, &["sh", "-c", "sleep 1000 & echo $!; wait"]))
-        .await
-        .unwrap();
+    let (tx, mut out) = h.open(process(&id, &["sh", "-c", "sleep 1000 & echo $!; wait"])).await.unwrap();
     let mut bg = String::new();
     while !bg.ends_with('\n') {
         if let Some(pb::exec_response::Msg::Stdout(b)) = out.next().await.unwrap().unwrap().msg {
@@ -694,44 +539,22 @@ async fn signals_reach_the_process_group() {
         }
     }
     let bg = bg.trim().to_string();
-    tx.send(req(pb::exec_request::Msg::Signal(pb::Signal {
-        signal: 15,
-        process_group: true,
-    })))
-    .await
-    .unwrap();
+    tx.send(req(pb::exec_request::Msg::Signal(pb::Signal { signal: 15, process_group: true }))).await.unwrap();
     let o = collect(&mut out).await.unwrap();
     assert_eq!(o.status, Some(pb::exited::Status::Signal(15)));
-    assert!(
-        wait_gone(&mut h, &id, &bg).await,
-        "background sleep {bg} survived a group signal"
-    );
+    assert!(wait_gone(&mut h, &id, &bg).await, "background sleep {bg} survived a group signal");
 
     let (tx, mut out) = h.open(process(&id, &["sleep", "1000"])).await.unwrap();
-    assert!(matches!(
-        out.next().await.unwrap().unwrap().msg,
-        Some(pb::exec_response::Msg::Started(_))
-    ));
-    tx.send(req(pb::exec_request::Msg::Signal(pb::Signal {
-        signal: 2,
-        process_group: false,
-    })))
-    .await
-    .unwrap();
-    assert_eq!(
-        collect(&mut out).await.unwrap().status,
-        Some(pb::exited::Status::Signal(2))
-    );
+    assert!(matches!(out.next().await.unwrap().unwrap().msg, Some(pb::exec_response::Msg::Started(_))));
+    tx.send(req(pb::exec_request::Msg::Signal(pb::Signal { signal: 2, process_group: false }))).await.unwrap();
+    assert_eq!(collect(&mut out).await.unwrap().status, Some(pb::exited::Status::Signal(2)));
 }
 
 #[tokio::test]
 async fn client_disconnect_kills_the_process() {
     let mut h = Harness::new("disc").await;
     let id = h.running("vm", |_| {}).await;
-    let (tx, mut out) = h
-        .open(process(&id, &["sh", "-c", "echo ready; exec sleep 1000"]))
-        .await
-        .unwrap();
+    let (tx, mut out) = h.open(process(&id, &["sh", "-c", "echo ready; exec sleep 1000"])).await.unwrap();
     let mut pid = 0;
     loop {
         match out.next().await.unwrap().unwrap().msg {
@@ -742,10 +565,7 @@ async fn client_disconnect_kills_the_process() {
     }
     drop(tx);
     drop(out);
-    assert!(
-        wait_gone(&mut h, &id, &pid.to_string()).await,
-        "process {pid} survived its client"
-    );
+    assert!(wait_gone(&mut h, &id, &pid.to_string()).await, "process {pid} survived its client");
 }
 
 #[tokio::test]
@@ -755,11 +575,7 @@ async fn background_processes_survive_a_finished_exec() {
     let o = h.sh(&id, "sleep 1000 >/dev/null 2>&1 & echo $!").await;
     assert_eq!(o.code(), Some(0));
     let pid = o.out().trim().to_string();
-    assert_eq!(
-        h.sh(&id, &format!("kill -0 {pid}")).await.code(),
-        Some(0),
-        "detached child still runs"
-    );
+    assert_eq!(h.sh(&id, &format!("kill -0 {pid}")).await.code(), Some(0), "detached child still runs");
 }
 
 #[tokio::test]
@@ -769,21 +585,9 @@ async fn workspace_mount_is_shared_and_owned_by_the_mapped_root() {
     std::fs::create_dir(&ws).unwrap();
     std::fs::write(ws.join("from-host"), "host\n").unwrap();
     let ws_str = ws.to_str().unwrap().to_string();
-    let id = h
-        .running("vm", |s| s.mounts = vec![mount(&ws_str, "/workspace")])
-        .await;
-    let o = h
-        .sh(
-            &id,
-            "cat /workspace/from-host && echo guest > /workspace/from-guest && id -u",
-        )
-        .await;
-    assert_eq!(
-        (o.out(), o.code()),
-        ("host\n0\n".to_string(), Some(0)),
-        "{}",
-        o.err()
-    );
+    let id = h.running("vm", |s| s.mounts = vec![mount(&ws_str, "/workspace")]).await;
+    let o = h.sh(&id, "cat /workspace/from-host && echo guest > /workspace/from-guest && id -u").await;
+    assert_eq!((o.out(), o.code()), ("host\n0\n".to_string(), Some(0)), "{}", o.err());
     let created = ws.join("from-guest");
     assert_eq!(std::fs::read_to_string(&created).unwrap(), "guest\n");
     let owner = std::fs::metadata(&created).unwrap().uid();
@@ -811,23 +615,12 @@ async fn network_egress_has_an_interface() {
         eprintln!("skipped: helper lacks network.egress");
         return;
     }
-    let id = h
-        .running("vm", |s| s.network = pb::NetworkMode::Egress as i32)
-        .await;
+    let id = h.running("vm", |s| s.network = pb::NetworkMode::Egress as i32).await;
     let dev = h.sh(&id, "cat /proc/net/dev").await.out();
-    assert!(
-        dev.lines()
-            .skip(2)
-            .any(|l| !l.trim_start().starts_with("lo:")),
-        "an interface besides lo: {dev}"
-    );
+    assert!(dev.lines().skip(2).any(|l| !l.trim_start().starts_with("lo:")), "an interface besides lo: {dev}");
     if h.helper.is_some() {
         let host = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
-        assert_eq!(
-            h.sh(&id, "cat /etc/resolv.conf").await.out(),
-            host,
-            "resolv.conf follows the host"
-        );
+        assert_eq!(h.sh(&id, "cat /etc/resolv.conf").await.out(), host, "resolv.conf follows the host");
     }
 }
 
@@ -839,26 +632,9 @@ async fn memory_limit_is_enforced() {
         return;
     }
     let id = h.running("vm", |s| s.memory_bytes = 64 << 20).await;
-    let o = h
-        .run(
-            process(
-                &id,
-                &["python3", "-c", "x = b'a' * (300 << 20); print(len(x))"],
-            ),
-            b"",
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        o.status,
-        Some(pb::exited::Status::Signal(9)),
-        "allocation past the limit is OOM-killed: {o:?}"
-    );
-    assert_eq!(
-        h.sh(&id, "echo alive").await.out(),
-        "alive\n",
-        "the vm survives"
-    );
+    let o = h.run(process(&id, &["python3", "-c", "x = b'a' * (300 << 20); print(len(x))"]), b"").await.unwrap();
+    assert_eq!(o.status, Some(pb::exited::Status::Signal(9)), "allocation past the limit is OOM-killed: {o:?}");
+    assert_eq!(h.sh(&id, "echo alive").await.out(), "alive\n", "the vm survives");
 }
 
 #[tokio::test]
@@ -869,16 +645,8 @@ async fn pids_limit_is_enforced() {
         return;
     }
     let id = h.running("vm", |s| s.pids_limit = 16).await;
-    let o = h
-        .sh(
-            &id,
-            "i=0; while [ $i -lt 40 ]; do sleep 30 & i=$((i+1)); done; echo done",
-        )
-        .await;
-    assert!(
-        o.err().to_lowercase().contains("fork"),
-        "forks beyond the limit fail: {o:?}"
-    );
+    let o = h.sh(&id, "i=0; while [ $i -lt 40 ]; do sleep 30 & i=$((i+1)); done; echo done").await;
+    assert!(o.err().to_lowercase().contains("fork"), "forks beyond the limit fail: {o:?}");
 }
 
 #[tokio::test]
@@ -886,14 +654,8 @@ async fn sandbox_is_locked_down() {
     let mut h = Harness::new("lock").await;
     let id = h.running("vm", |_| {}).await;
     let o = h.sh(&id, "grep NoNewPrivs /proc/self/status").await;
-    assert_eq!(
-        o.out().split_whitespace().collect::<Vec<_>>(),
-        ["NoNewPrivs:", "1"]
-    );
-    let o = h
-        .run(process(&id, &["unshare", "-U", "true"]), b"")
-        .await
-        .unwrap();
+    assert_eq!(o.out().split_whitespace().collect::<Vec<_>>(), ["NoNewPrivs:", "1"]);
+    let o = h.run(process(&id, &["unshare", "-U", "true"]), b"").await.unwrap();
     assert_ne!(o.code(), Some(0), "unshare must be refused: {o:?}");
     let o = h.sh(&id, "mount -t tmpfs none /mnt").await;
     assert_ne!(o.code(), Some(0), "mount must be refused: {o:?}");
@@ -901,10 +663,7 @@ async fn sandbox_is_locked_down() {
     assert_eq!(h.sh(&id, "(echo sub) | cat").await.out(), "sub\n");
     let o = h.sh(&id, "ls /proc | grep -c '^[0-9]'").await;
     let procs: u32 = o.out().trim().parse().unwrap();
-    assert!(
-        procs < 10,
-        "only the sandbox's own processes are visible: {procs}"
-    );
+    assert!(procs < 10, "only the sandbox's own processes are visible: {procs}");
 }
 
 #[tokio::test]
@@ -918,10 +677,7 @@ async fn tty_exec_runs_on_a_terminal() {
     let o = h.run(p, b"").await.unwrap();
     let out = o.out();
     assert!(out.starts_with("/dev/pts/"), "{out:?}");
-    assert!(
-        out.contains("xterm-256color") && out.contains("30 100"),
-        "{out:?}"
-    );
+    assert!(out.contains("xterm-256color") && out.contains("30 100"), "{out:?}");
     assert!(o.stderr.is_empty());
 }
 
@@ -929,22 +685,9 @@ async fn tty_exec_runs_on_a_terminal() {
 async fn stop_kills_processes_that_ignore_term_after_the_grace() {
     let mut h = Harness::new("grace").await;
     let id = h.running("vm", |_| {}).await;
-    let o = h
-        .sh(
-            &id,
-            "(trap '' TERM; exec sleep 1000) >/dev/null 2>&1 & echo started",
-        )
-        .await;
+    let o = h.sh(&id, "(trap '' TERM; exec sleep 1000) >/dev/null 2>&1 & echo started").await;
     assert_eq!(o.out(), "started\n");
-    let r = h
-        .client
-        .stop_vm(pb::StopVmRequest {
-            id: id.clone(),
-            grace_ms: 100,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let r = h.client.stop_vm(pb::StopVmRequest { id: id.clone(), grace_ms: 100 }).await.unwrap().into_inner();
     assert_eq!(r.vm.unwrap().state, pb::VmState::Stopped as i32);
     h.start(&id).await.unwrap();
     assert_eq!(h.sh(&id, "echo back").await.out(), "back\n");
@@ -970,13 +713,7 @@ async fn a_vm_whose_agent_dies_is_reported_stopped_with_a_reason() {
     }
     assert_eq!(vm.state, pb::VmState::Stopped as i32);
     assert!(!vm.stop_reason.is_empty());
-    assert_eq!(
-        h.run(process(&id, &["true"]), b"")
-            .await
-            .unwrap_err()
-            .code(),
-        Code::FailedPrecondition
-    );
+    assert_eq!(h.run(process(&id, &["true"]), b"").await.unwrap_err().code(), Code::FailedPrecondition);
     h.start(&id).await.unwrap();
     assert_eq!(h.sh(&id, "echo again").await.out(), "again\n");
 }

@@ -24,7 +24,7 @@ def test_write_file_errors(server):
     assert err and text == "Error: path must not be empty"
     server.tool("exec", command="mkdir -p /workspace/adir/sub")
     text, err = server.tool("write_file", path="adir", content="x")
-    assert err and text.startswith("Error: "), text
+    assert err and text.startswith("Error: extract workspace/adir") and "Is a directory" in text, text
 
 
 def test_batch_write(server):

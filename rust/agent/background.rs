@@ -119,16 +119,12 @@ impl Registry {
         check_name(&name)?;
         let mut records = self.records();
         if records.iter().any(|r| r.name == name && r.running()) {
-            return Err(AgentError::AlreadyExists(format!(
-                "background process {name:?} is already running"
-            )));
+            return Err(AgentError::AlreadyExists(format!("background process {name:?} is already running")));
         }
         records.retain(|r| r.name != name);
         if records.len() >= MAX_RECORDS {
             let oldest_exited = records.iter().position(|r| !r.running()).ok_or_else(|| {
-                AgentError::Exhausted(format!(
-                    "{MAX_RECORDS} background processes are running already"
-                ))
+                AgentError::Exhausted(format!("{MAX_RECORDS} background processes are running already"))
             })?;
             records.remove(oldest_exited);
         }
@@ -163,24 +159,14 @@ impl Registry {
 
     /// Every record, oldest first.
     pub fn list(&self) -> BackgroundReply {
-        BackgroundReply {
-            processes: self.records().iter().map(|r| r.snapshot()).collect(),
-            dropped_bytes: 0,
-        }
+        BackgroundReply { processes: self.records().iter().map(|r| r.snapshot()).collect(), dropped_bytes: 0 }
     }
 
     /// One record with the tail of its output.
-    pub fn log(
-        &self,
-        name: &str,
-        tail_lines: u32,
-    ) -> Result<(BackgroundReply, Vec<u8>), AgentError> {
+    pub fn log(&self, name: &str, tail_lines: u32) -> Result<(BackgroundReply, Vec<u8>), AgentError> {
         let record = self.find(name)?;
         let ring = lock(&record.output);
-        let reply = BackgroundReply {
-            processes: vec![record.snapshot()],
-            dropped_bytes: ring.dropped,
-        };
+        let reply = BackgroundReply { processes: vec![record.snapshot()], dropped_bytes: ring.dropped };
         Ok((reply, ring.tail(tail_lines)))
     }
 
@@ -211,10 +197,7 @@ impl Registry {
         let _ = tokio::time::timeout(FINAL_DRAIN, drained.wait_for(|d| *d)).await;
         self.records().retain(|r| !Arc::ptr_eq(r, &record));
         let ring = lock(&record.output);
-        let reply = BackgroundReply {
-            processes: vec![record.snapshot()],
-            dropped_bytes: ring.dropped,
-        };
+        let reply = BackgroundReply { processes: vec![record.snapshot()], dropped_bytes: ring.dropped };
         Ok((reply, ring.tail(tail_lines)))
     }
 }
@@ -240,19 +223,12 @@ async fn collect_output(output: OwnedFd, record: std::sync::Weak<Record>) {
 /// Names are ids: `^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`.
 pub fn check_name(name: &str) -> Result<(), AgentError> {
     let ok = name.len() <= 63
-        && name
-            .bytes()
-            .next()
-            .is_some_and(|b| b.is_ascii_alphanumeric())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        && name.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
     if ok {
         Ok(())
     } else {
-        Err(AgentError::Rejected(format!(
-            "name: {name:?} must match ^[A-Za-z0-9][A-Za-z0-9._-]{{0,62}}$"
-        )))
+        Err(AgentError::Rejected(format!("name: {name:?} must match ^[A-Za-z0-9][A-Za-z0-9._-]{{0,62}}$")))
     }
 }
 
@@ -274,10 +250,7 @@ mod tests {
         r.push(&[b'b'; 20]);
         assert_eq!((r.bytes.len(), r.dropped), (RING_BYTES, 10));
         r.push(&vec![b'c'; RING_BYTES + 5]);
-        assert_eq!(
-            (r.bytes.len(), r.dropped),
-            (RING_BYTES, 10 + RING_BYTES as u64 + 5)
-        );
+        assert_eq!((r.bytes.len(), r.dropped), (RING_BYTES, 10 + RING_BYTES as u64 + 5));
         assert!(r.bytes.iter().all(|&b| b == b'c'));
     }
 

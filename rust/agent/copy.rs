@@ -34,12 +34,9 @@ pub struct Extraction {
 /// Starts extracting into `dest` (absolute, created if missing).
 pub fn extract(dest: &str) -> Result<Extraction, AgentError> {
     let dest = absolute("dest_dir", dest)?;
-    std::fs::create_dir_all(&dest).map_err(|e| {
-        AgentError::Rejected(format!("dest_dir: cannot create {}: {e}", dest.display()))
-    })?;
-    let dest = dest
-        .canonicalize()
-        .map_err(|e| io(format!("resolve {}", dest.display()), e))?;
+    std::fs::create_dir_all(&dest)
+        .map_err(|e| AgentError::Rejected(format!("dest_dir: cannot create {}: {e}", dest.display())))?;
+    let dest = dest.canonicalize().map_err(|e| io(format!("resolve {}", dest.display()), e))?;
     let (chunks, rx) = mpsc::channel(IN_FLIGHT);
     let worker = tokio::task::spawn_blocking(move || unpack(&dest, ChunkReader::new(rx)));
     Ok(Extraction { chunks, worker })
@@ -55,9 +52,7 @@ impl Extraction {
     /// Ends the stream and waits for the extraction.
     pub async fn finish(self) -> Result<Copied, AgentError> {
         drop(self.chunks);
-        self.worker
-            .await
-            .map_err(|e| io("copy-in thread", std::io::Error::other(e)))?
+        self.worker.await.map_err(|e| io("copy-in thread", std::io::Error::other(e)))?
     }
 }
 
@@ -72,10 +67,7 @@ fn unpack(dest: &Path, stream: ChunkReader) -> Result<Copied, AgentError> {
     let entries = archive.entries().map_err(malformed)?;
     for entry in entries {
         let mut entry = entry.map_err(malformed)?;
-        let path = entry
-            .path()
-            .map_err(|e| io("read tar entry name", e))?
-            .into_owned();
+        let path = entry.path().map_err(|e| io("read tar entry name", e))?.into_owned();
         check_inside(dest, &path)?;
         if let Ok(Some(link)) = entry.link_name()
             && entry.header().entry_type().is_hard_link()
@@ -84,9 +76,7 @@ fn unpack(dest: &Path, stream: ChunkReader) -> Result<Copied, AgentError> {
         }
         let regular = entry.header().entry_type().is_file();
         let size = entry.size();
-        entry
-            .unpack_in(dest)
-            .map_err(|e| io(format!("extract {}", path.display()), with_cause(e)))?;
+        entry.unpack_in(dest).map_err(|e| io(format!("extract {}", path.display()), with_cause(e)))?;
         if regular {
             copied.files += 1;
             copied.bytes += size;
@@ -98,12 +88,7 @@ fn unpack(dest: &Path, stream: ChunkReader) -> Result<Copied, AgentError> {
 /// Rejects names that leave `dest`: absolute, `..`, or through a symlink
 /// (already there or made by an earlier entry) that points outside.
 fn check_inside(dest: &Path, name: &Path) -> Result<(), AgentError> {
-    let escapes = || {
-        AgentError::Rejected(format!(
-            "tar entry {} escapes the destination directory",
-            name.display()
-        ))
-    };
+    let escapes = || AgentError::Rejected(format!("tar entry {} escapes the destination directory", name.display()));
     let mut target = dest.to_path_buf();
     for part in name.components() {
         match part {
@@ -137,9 +122,7 @@ pub struct Archiving {
 pub fn archive(path: &str) -> Result<Archiving, AgentError> {
     let path = absolute("path", path)?;
     let meta = std::fs::symlink_metadata(&path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => {
-            AgentError::NotFound(format!("{} does not exist in the vm", path.display()))
-        }
+        std::io::ErrorKind::NotFound => AgentError::NotFound(format!("{} does not exist in the vm", path.display())),
         _ => io(format!("stat {}", path.display()), e),
     })?;
     let (tx, rx) = mpsc::channel(IN_FLIGHT);
@@ -165,9 +148,7 @@ fn absolute(field: &str, path: &str) -> Result<PathBuf, AgentError> {
     if p.is_absolute() {
         Ok(p)
     } else {
-        Err(AgentError::Rejected(format!(
-            "{field}: {path:?} must be an absolute path"
-        )))
+        Err(AgentError::Rejected(format!("{field}: {path:?} must be an absolute path")))
     }
 }
 
@@ -184,10 +165,7 @@ fn with_cause(e: std::io::Error) -> std::io::Error {
 }
 
 fn io(what: impl Into<String>, source: std::io::Error) -> AgentError {
-    AgentError::Io {
-        what: what.into(),
-        source,
-    }
+    AgentError::Io { what: what.into(), source }
 }
 
 /// `Read` over chunks from the async side; EOF when the sender is gone.
@@ -199,11 +177,7 @@ struct ChunkReader {
 
 impl ChunkReader {
     fn new(rx: mpsc::Receiver<Vec<u8>>) -> Self {
-        Self {
-            rx,
-            chunk: Vec::new(),
-            at: 0,
-        }
+        Self { rx, chunk: Vec::new(), at: 0 }
     }
 }
 
@@ -230,10 +204,7 @@ struct ChunkWriter {
 
 impl ChunkWriter {
     fn new(tx: mpsc::Sender<Vec<u8>>) -> Self {
-        Self {
-            tx,
-            buf: Vec::with_capacity(CHUNK),
-        }
+        Self { tx, buf: Vec::with_capacity(CHUNK) }
     }
 
     fn send(&mut self) -> std::io::Result<()> {
@@ -255,11 +226,7 @@ impl Write for ChunkWriter {
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        if self.buf.is_empty() {
-            Ok(())
-        } else {
-            self.send()
-        }
+        if self.buf.is_empty() { Ok(()) } else { self.send() }
     }
 }
 
@@ -278,13 +245,7 @@ mod tests {
             assert!(check_inside(&dest, Path::new(ok)).is_ok(), "{ok}");
         }
         for bad in ["/etc/passwd", "../x", "sub/../../x", "out/etc/passwd"] {
-            assert!(
-                matches!(
-                    check_inside(&dest, Path::new(bad)),
-                    Err(AgentError::Rejected(_))
-                ),
-                "{bad}"
-            );
+            assert!(matches!(check_inside(&dest, Path::new(bad)), Err(AgentError::Rejected(_))), "{bad}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -63,10 +63,7 @@ pub fn run(listener: StdUnixListener) -> AgentError {
         let what = what.to_string();
         move |source| AgentError::Io { what, source }
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return io("start runtime")(e),
     };

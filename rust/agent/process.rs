@@ -12,14 +12,8 @@ use super::AgentError;
 use super::protocol::StartSpec;
 
 /// The environment every process starts from, before VM and process env.
-const BASE_ENV: &[(&str, &str)] = &[
-    (
-        "PATH",
-        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    ),
-    ("HOME", "/root"),
-    ("LANG", "C.UTF-8"),
-];
+const BASE_ENV: &[(&str, &str)] =
+    &[("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"), ("HOME", "/root"), ("LANG", "C.UTF-8")];
 
 /// A started process and the host ends of its stdio.
 pub struct Spawned {
@@ -38,11 +32,7 @@ pub struct Spawned {
 /// Starts the process described by `spec`.
 pub fn spawn(spec: &StartSpec) -> Result<Spawned, AgentError> {
     let cmd = command(spec)?;
-    let spawned = if spec.tty {
-        spawn_tty(cmd, spec)
-    } else {
-        spawn_pipes(cmd)
-    };
+    let spawned = if spec.tty { spawn_tty(cmd, spec) } else { spawn_pipes(cmd) };
     spawned.map_err(|e| spawn_error(spec, e))
 }
 
@@ -60,17 +50,12 @@ pub struct SpawnedBackground {
 /// Starts `spec` (never on a tty) in its own process group.
 pub fn spawn_background(spec: &StartSpec) -> Result<SpawnedBackground, AgentError> {
     if spec.tty {
-        return Err(AgentError::Rejected(
-            "tty: not supported for background processes".into(),
-        ));
+        return Err(AgentError::Rejected("tty: not supported for background processes".into()));
     }
     let mut cmd = command(spec)?;
     let started = (|| {
         let (output, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-        cmd.process_group(0)
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(write.try_clone()?))
-            .stderr(Stdio::from(write));
+        cmd.process_group(0).stdin(Stdio::null()).stdout(Stdio::from(write.try_clone()?)).stderr(Stdio::from(write));
         let child = cmd.spawn()?;
         // The command still holds the pipe's write end; the output only
         // reaches EOF once every copy outside the process group is closed.
@@ -83,28 +68,15 @@ pub fn spawn_background(spec: &StartSpec) -> Result<SpawnedBackground, AgentErro
 
 /// The command for `spec`: environment and a checked working directory.
 fn command(spec: &StartSpec) -> Result<Command, AgentError> {
-    let program = spec
-        .argv
-        .first()
-        .ok_or_else(|| AgentError::Rejected("argv: must not be empty".into()))?;
-    let cwd = if spec.cwd.is_empty() {
-        "/"
-    } else {
-        spec.cwd.as_str()
-    };
+    let program = spec.argv.first().ok_or_else(|| AgentError::Rejected("argv: must not be empty".into()))?;
+    let cwd = if spec.cwd.is_empty() { "/" } else { spec.cwd.as_str() };
     if spec.create_cwd {
-        std::fs::create_dir_all(cwd)
-            .map_err(|e| AgentError::Rejected(format!("cwd: cannot create {cwd}: {e}")))?;
+        std::fs::create_dir_all(cwd).map_err(|e| AgentError::Rejected(format!("cwd: cannot create {cwd}: {e}")))?;
     } else if !std::path::Path::new(cwd).is_dir() {
-        return Err(AgentError::Rejected(format!(
-            "cwd: {cwd} does not exist or is not a directory"
-        )));
+        return Err(AgentError::Rejected(format!("cwd: {cwd} does not exist or is not a directory")));
     }
     let mut cmd = Command::new(program);
-    cmd.args(&spec.argv[1..])
-        .env_clear()
-        .envs(BASE_ENV.iter().copied())
-        .current_dir(cwd);
+    cmd.args(&spec.argv[1..]).env_clear().envs(BASE_ENV.iter().copied()).current_dir(cwd);
     if spec.tty {
         cmd.env("TERM", "xterm-256color");
     }
@@ -118,20 +90,14 @@ fn spawn_error(spec: &StartSpec, e: std::io::Error) -> AgentError {
         std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
             AgentError::Rejected(format!("argv[0]: cannot run `{program}`: {e}"))
         }
-        _ => AgentError::Io {
-            what: format!("spawn `{program}`"),
-            source: e,
-        },
+        _ => AgentError::Io { what: format!("spawn `{program}`"), source: e },
     }
 }
 
 fn spawn_pipes(mut cmd: Command) -> std::io::Result<Spawned> {
     // Own process group so a group signal or a dropped connection reaches
     // everything the command started; process_group keeps posix_spawn usable.
-    cmd.process_group(0)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.process_group(0).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn()?;
     let pid = pid_of(&child)?;
     let missing = || std::io::Error::other("child stdio was not captured");
@@ -146,24 +112,14 @@ fn spawn_pipes(mut cmd: Command) -> std::io::Result<Spawned> {
 
 fn spawn_tty(mut cmd: Command, spec: &StartSpec) -> std::io::Result<Spawned> {
     let size = Winsize {
-        ws_row: if spec.tty_rows == 0 {
-            24
-        } else {
-            spec.tty_rows
-        },
-        ws_col: if spec.tty_cols == 0 {
-            80
-        } else {
-            spec.tty_cols
-        },
+        ws_row: if spec.tty_rows == 0 { 24 } else { spec.tty_rows },
+        ws_col: if spec.tty_cols == 0 { 80 } else { spec.tty_cols },
         ws_xpixel: 0,
         ws_ypixel: 0,
     };
     let pty = openpty(Some(&size), None).map_err(std::io::Error::from)?;
     let slave: OwnedFd = pty.slave;
-    cmd.stdin(Stdio::from(slave.try_clone()?))
-        .stdout(Stdio::from(slave.try_clone()?))
-        .stderr(Stdio::from(slave));
+    cmd.stdin(Stdio::from(slave.try_clone()?)).stdout(Stdio::from(slave.try_clone()?)).stderr(Stdio::from(slave));
     // SAFETY: setsid and ioctl are async-signal-safe; nothing else runs here.
     unsafe {
         cmd.pre_exec(|| {
@@ -182,9 +138,7 @@ fn spawn_tty(mut cmd: Command, spec: &StartSpec) -> std::io::Result<Spawned> {
         child,
         pid,
         stdin: Box::new(tokio::fs::File::from_std(writer)),
-        stdout: Box::new(PtyReader(tokio::fs::File::from_std(std::fs::File::from(
-            master,
-        )))),
+        stdout: Box::new(PtyReader(tokio::fs::File::from_std(std::fs::File::from(master)))),
         stderr: None,
     })
 }
@@ -207,9 +161,7 @@ impl AsyncRead for PtyReader {
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         match std::pin::Pin::new(&mut self.0).poll_read(cx, buf) {
-            std::task::Poll::Ready(Err(e)) if e.raw_os_error() == Some(libc::EIO) => {
-                std::task::Poll::Ready(Ok(()))
-            }
+            std::task::Poll::Ready(Err(e)) if e.raw_os_error() == Some(libc::EIO) => std::task::Poll::Ready(Ok(())),
             other => other,
         }
     }

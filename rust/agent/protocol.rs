@@ -322,10 +322,7 @@ impl Frame {
             kind::START => Frame::Start(from_json(p)?),
             kind::STDIN => Frame::Stdin(p.to_vec()),
             kind::CLOSE_STDIN => Frame::CloseStdin,
-            kind::SIGNAL => Frame::Signal {
-                signal: int(p)?,
-                group: p.get(4).copied().unwrap_or(0) != 0,
-            },
+            kind::SIGNAL => Frame::Signal { signal: int(p)?, group: p.get(4).copied().unwrap_or(0) != 0 },
             kind::PING => Frame::Ping,
             kind::STARTED => Frame::Started(int(p)?),
             kind::STDOUT => Frame::Stdout(p.to_vec()),
@@ -344,10 +341,7 @@ impl Frame {
             kind::COPY_OUT => Frame::CopyOut(text(p)),
             kind::DATA => Frame::Data(p.to_vec()),
             kind::END => Frame::End,
-            kind::COPIED => Frame::Copied {
-                files: long(p)?,
-                bytes: long(p.get(8..).unwrap_or_default())?,
-            },
+            kind::COPIED => Frame::Copied { files: long(p)?, bytes: long(p.get(8..).unwrap_or_default())? },
             kind::BACKGROUND => Frame::Background(from_json(p)?),
             kind::BACKGROUND_REPLY => Frame::BackgroundReply(from_json(p)?),
             kind::FAIL => Frame::Fail {
@@ -360,10 +354,7 @@ impl Frame {
 }
 
 /// Writes one frame with a single write call.
-pub async fn write_frame<W: AsyncWrite + Unpin>(
-    w: &mut W,
-    frame: &Frame,
-) -> Result<(), ProtocolError> {
+pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &Frame) -> Result<(), ProtocolError> {
     let mut buf = Vec::new();
     frame.encode(&mut buf)?;
     w.write_all(&buf).await?;
@@ -382,10 +373,7 @@ pub struct FrameReader<R> {
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// Wraps a reader.
     pub fn new(inner: R) -> Self {
-        Self {
-            inner,
-            buf: Vec::new(),
-        }
+        Self { inner, buf: Vec::new() }
     }
 
     /// The next frame, or `None` at a clean end of stream.
@@ -396,11 +384,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             }
             self.buf.reserve(64 * 1024);
             if self.inner.read_buf(&mut self.buf).await? == 0 {
-                return if self.buf.is_empty() {
-                    Ok(None)
-                } else {
-                    Err(ProtocolError::Truncated)
-                };
+                return if self.buf.is_empty() { Ok(None) } else { Err(ProtocolError::Truncated) };
             }
         }
     }
@@ -440,10 +424,7 @@ mod tests {
             }),
             Frame::Stdin((0..=255).collect()),
             Frame::CloseStdin,
-            Frame::Signal {
-                signal: 15,
-                group: true,
-            },
+            Frame::Signal { signal: 15, group: true },
             Frame::Ping,
             Frame::Started(42),
             Frame::Stdout(vec![0, 1, 2]),
@@ -456,15 +437,8 @@ mod tests {
             Frame::CopyOut("/src".into()),
             Frame::Data(vec![9; 3]),
             Frame::End,
-            Frame::Copied {
-                files: 2,
-                bytes: 1 << 40,
-            },
-            Frame::Background(BackgroundRequest::Stop {
-                name: "web".into(),
-                grace_ms: 10,
-                tail_lines: 5,
-            }),
+            Frame::Copied { files: 2, bytes: 1 << 40 },
+            Frame::Background(BackgroundRequest::Stop { name: "web".into(), grace_ms: 10, tail_lines: 5 }),
             Frame::BackgroundReply(BackgroundReply {
                 processes: vec![BackgroundRecord {
                     name: "web".into(),
@@ -475,10 +449,7 @@ mod tests {
                 }],
                 dropped_bytes: 3,
             }),
-            Frame::Fail {
-                kind: FailKind::AlreadyExists,
-                message: "taken".into(),
-            },
+            Frame::Fail { kind: FailKind::AlreadyExists, message: "taken".into() },
         ];
         let mut bytes = Vec::new();
         for f in &frames {
@@ -496,10 +467,7 @@ mod tests {
         let mut r = FrameReader::new(&[kind::STDOUT, 10, 0, 0, 0, 1][..]);
         assert!(matches!(r.next().await, Err(ProtocolError::Truncated)));
         let mut r = FrameReader::new(&[99u8, 0, 0, 0, 0][..]);
-        assert!(matches!(
-            r.next().await,
-            Err(ProtocolError::UnknownKind(99))
-        ));
+        assert!(matches!(r.next().await, Err(ProtocolError::UnknownKind(99))));
         let mut r = FrameReader::new(&[kind::STDOUT, 0xff, 0xff, 0xff, 0xff][..]);
         assert!(matches!(r.next().await, Err(ProtocolError::TooLarge(_))));
         let mut r = FrameReader::new(&[kind::STARTED, 1, 0, 0, 0, 7][..]);

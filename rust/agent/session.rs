@@ -42,12 +42,9 @@ pub async fn handle(stream: UnixStream, background: Arc<Registry>) {
     let mut reader = FrameReader::new(rd);
     let first = reader.next().await;
     let result = match first {
-        Ok(Some(Frame::CopyIn(dest))) => copy_in(&dest, reader).await.map(|c| {
-            vec![Frame::Copied {
-                files: c.files,
-                bytes: c.bytes,
-            }]
-        }),
+        Ok(Some(Frame::CopyIn(dest))) => {
+            copy_in(&dest, reader).await.map(|c| vec![Frame::Copied { files: c.files, bytes: c.bytes }])
+        }
         Ok(Some(Frame::CopyOut(path))) => copy_out(&path, &mut wr).await.map(|()| vec![Frame::End]),
         Ok(Some(Frame::Background(req))) => background_request(&background, req).await,
         other => {
@@ -55,12 +52,7 @@ pub async fn handle(stream: UnixStream, background: Arc<Registry>) {
             return;
         }
     };
-    let frames = result.unwrap_or_else(|e| {
-        vec![Frame::Fail {
-            kind: e.kind(),
-            message: e.to_string(),
-        }]
-    });
+    let frames = result.unwrap_or_else(|e| vec![Frame::Fail { kind: e.kind(), message: e.to_string() }]);
     for f in frames {
         if write_frame(&mut wr, &f).await.is_err() {
             return;
@@ -69,10 +61,7 @@ pub async fn handle(stream: UnixStream, background: Arc<Registry>) {
     let _ = wr.flush().await;
 }
 
-async fn copy_in(
-    dest: &str,
-    mut reader: FrameReader<OwnedReadHalf>,
-) -> Result<copy::Copied, AgentError> {
+async fn copy_in(dest: &str, mut reader: FrameReader<OwnedReadHalf>) -> Result<copy::Copied, AgentError> {
     let extraction = copy::extract(dest)?;
     loop {
         match reader.next().await {
@@ -104,39 +93,20 @@ async fn copy_out<W: AsyncWrite + Unpin>(path: &str, wr: &mut W) -> Result<(), A
             return Err(AgentError::Rejected("the helper hung up".into()));
         }
     }
-    worker.await.map_err(|e| AgentError::Io {
-        what: "copy-out thread".into(),
-        source: std::io::Error::other(e),
-    })?
+    worker.await.map_err(|e| AgentError::Io { what: "copy-out thread".into(), source: std::io::Error::other(e) })?
 }
 
-async fn background_request(
-    registry: &Registry,
-    req: BackgroundRequest,
-) -> Result<Vec<Frame>, AgentError> {
+async fn background_request(registry: &Registry, req: BackgroundRequest) -> Result<Vec<Frame>, AgentError> {
     let with_output = |(reply, output)| vec![Frame::BackgroundReply(reply), Frame::Stdout(output)];
     Ok(match req {
         BackgroundRequest::Start { name, spec } => {
             let record = registry.start(name, &spec)?;
-            vec![Frame::BackgroundReply(super::protocol::BackgroundReply {
-                processes: vec![record],
-                dropped_bytes: 0,
-            })]
+            vec![Frame::BackgroundReply(super::protocol::BackgroundReply { processes: vec![record], dropped_bytes: 0 })]
         }
         BackgroundRequest::List => vec![Frame::BackgroundReply(registry.list())],
-        BackgroundRequest::Log { name, tail_lines } => {
-            with_output(registry.log(&name, tail_lines)?)
-        }
-        BackgroundRequest::Stop {
-            name,
-            grace_ms,
-            tail_lines,
-        } => {
-            let grace = if grace_ms == 0 {
-                DEFAULT_STOP_GRACE
-            } else {
-                Duration::from_millis(grace_ms.into())
-            };
+        BackgroundRequest::Log { name, tail_lines } => with_output(registry.log(&name, tail_lines)?),
+        BackgroundRequest::Stop { name, grace_ms, tail_lines } => {
+            let grace = if grace_ms == 0 { DEFAULT_STOP_GRACE } else { Duration::from_millis(grace_ms.into()) };
             with_output(registry.stop(&name, grace, tail_lines).await?)
         }
     })
@@ -162,13 +132,7 @@ async fn exec_or_ping(
 }
 
 async fn run<W: AsyncWrite + Unpin>(p: Spawned, reader: FrameReader<OwnedReadHalf>, mut wr: W) {
-    let Spawned {
-        mut child,
-        pid,
-        stdin,
-        mut stdout,
-        stderr,
-    } = p;
+    let Spawned { mut child, pid, stdin, mut stdout, stderr } = p;
     if write_frame(&mut wr, &Frame::Started(pid)).await.is_err() {
         kill_group(pid);
         return;
@@ -231,11 +195,7 @@ async fn read_opt(
 }
 
 /// Applies stdin and signal frames; a dropped connection kills the group.
-async fn apply_requests(
-    mut reader: FrameReader<OwnedReadHalf>,
-    stdin: mpsc::UnboundedSender<StdinOp>,
-    pid: i32,
-) {
+async fn apply_requests(mut reader: FrameReader<OwnedReadHalf>, stdin: mpsc::UnboundedSender<StdinOp>, pid: i32) {
     loop {
         match reader.next().await {
             Ok(Some(Frame::Stdin(b))) => {
@@ -246,11 +206,7 @@ async fn apply_requests(
             }
             Ok(Some(Frame::Signal { signal, group })) => {
                 if let Ok(sig) = Signal::try_from(signal) {
-                    let _ = if group {
-                        killpg(Pid::from_raw(pid), sig)
-                    } else {
-                        kill(Pid::from_raw(pid), sig)
-                    };
+                    let _ = if group { killpg(Pid::from_raw(pid), sig) } else { kill(Pid::from_raw(pid), sig) };
                 }
             }
             Ok(Some(_)) => {}
@@ -262,10 +218,7 @@ async fn apply_requests(
     }
 }
 
-async fn feed_stdin(
-    mut stdin: Box<dyn AsyncWrite + Send + Unpin>,
-    mut ops: mpsc::UnboundedReceiver<StdinOp>,
-) {
+async fn feed_stdin(mut stdin: Box<dyn AsyncWrite + Send + Unpin>, mut ops: mpsc::UnboundedReceiver<StdinOp>) {
     while let Some(op) = ops.recv().await {
         match op {
             StdinOp::Data(b) => {

@@ -10,11 +10,7 @@ use sandbox_mcp::{
 };
 
 #[derive(Parser)]
-#[command(
-    name = "sandbox-mcp",
-    version,
-    about = "Local, VM-grade sandboxes for AI agents, served over MCP"
-)]
+#[command(name = "sandbox-mcp", version, about = "Local, VM-grade sandboxes for AI agents, served over MCP")]
 struct Cli {
     #[command(subcommand)]
     command: Option<Cmd>,
@@ -70,57 +66,25 @@ fn helper_bin() -> PathBuf {
 }
 
 async fn serve() -> Result<(), String> {
-    let helper = HelperClient::connect_or_spawn(&paths::helper_socket(), &helper_bin())
-        .await
-        .map_err(|e| e.to_string())?;
+    let helper =
+        HelperClient::connect_or_spawn(&paths::helper_socket(), &helper_bin()).await.map_err(|e| e.to_string())?;
     let config = Config::load().map_err(|e| e.to_string())?;
-    let manager = Arc::new(
-        SandboxManager::start(helper, config)
-            .await
-            .map_err(|e| e.to_string())?,
-    );
-    SandboxServer::new(&Orchestrator::new(manager))
-        .serve_stdio()
-        .await
-        .map_err(|e| e.to_string())
+    let manager = Arc::new(SandboxManager::start(helper, config).await.map_err(|e| e.to_string())?);
+    SandboxServer::new(&Orchestrator::new(manager)).serve_stdio().await.map_err(|e| e.to_string())
 }
 
 fn image_cmd(cmd: ImageCmd) -> Result<(), String> {
     let store_at = |s: Option<PathBuf>| ImageStore::new(s.unwrap_or_else(paths::image_store));
     match cmd {
-        ImageCmd::Build {
-            name,
-            packages,
-            suite,
-            store,
-            force,
-        } => {
+        ImageCmd::Build { name, packages, suite, store, force } => {
             let store = store_at(store);
-            let req = BuildRequest {
-                name,
-                suite,
-                packages: packages.unwrap_or_else(image::default_packages),
-                force,
-            };
-            let info = store
-                .build(&req, &mut |line| eprintln!("{line}"))
-                .map_err(|e| e.to_string())?;
-            println!(
-                "image {} ready in {} ({} MB)",
-                info.name,
-                store.root().display(),
-                info.size_bytes >> 20
-            );
+            let req = BuildRequest { name, suite, packages: packages.unwrap_or_else(image::default_packages), force };
+            let info = store.build(&req, &mut |line| eprintln!("{line}")).map_err(|e| e.to_string())?;
+            println!("image {} ready in {} ({} MB)", info.name, store.root().display(), info.size_bytes >> 20);
         }
         ImageCmd::List { store } => {
             for i in store_at(store).list().map_err(|e| e.to_string())? {
-                println!(
-                    "{}\t{} MB\t{}\t{}",
-                    i.name,
-                    i.size_bytes >> 20,
-                    i.package_manager,
-                    i.shell
-                );
+                println!("{}\t{} MB\t{}\t{}", i.name, i.size_bytes >> 20, i.package_manager, i.shell);
             }
         }
     }
@@ -131,17 +95,13 @@ fn main() -> ExitCode {
     // stdout belongs to the MCP stdio transport: logs go to stderr only.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let cli = Cli::parse();
     let result = match cli.command.unwrap_or(Cmd::Serve) {
         // Multi-threaded: a single thread measured the same exec latency but
         // cost a sixth of port-forward throughput.
-        Cmd::Serve => tokio::runtime::Runtime::new()
-            .map_err(|e| e.to_string())
-            .and_then(|rt| rt.block_on(serve())),
+        Cmd::Serve => tokio::runtime::Runtime::new().map_err(|e| e.to_string()).and_then(|rt| rt.block_on(serve())),
         Cmd::Image(cmd) => image_cmd(cmd),
     };
     match result {

@@ -7,11 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "sandbox-vm-helper",
-    version,
-    about = "Runs sandbox-mcp VMs as Linux namespace sandboxes"
-)]
+#[command(name = "sandbox-vm-helper", version, about = "Runs sandbox-mcp VMs as Linux namespace sandboxes")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -35,9 +31,7 @@ fn main() -> ExitCode {
     match cli.command {
         // No runtime and no threads before this point: the launcher must be
         // single-threaded to enter a new user namespace.
-        Command::VmInit => {
-            ExitCode::from(u8::try_from(sandbox_mcp::helper::vm_init()).unwrap_or(1))
-        }
+        Command::VmInit => ExitCode::from(u8::try_from(sandbox_mcp::helper::vm_init()).unwrap_or(1)),
         Command::Serve { socket } => {
             tracing_subscriber::fmt()
                 .with_writer(std::io::stderr)

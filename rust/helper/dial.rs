@@ -36,14 +36,9 @@ pub async fn connect(vm: &str, netns: Arc<OwnedFd>, port: u32) -> Result<TcpStre
             let _ = tx.send(connect_in(&netns, port16));
         })
         .map_err(|e| HelperError::io("start a dial thread", e))?;
-    let connected = rx
-        .await
-        .map_err(|_| HelperError::io("dial", std::io::Error::other("the dial thread died")))?;
+    let connected = rx.await.map_err(|_| HelperError::io("dial", std::io::Error::other("the dial thread died")))?;
     let stream = connected.map_err(|e| match e.kind() {
-        std::io::ErrorKind::ConnectionRefused => HelperError::DialRefused {
-            vm: vm.into(),
-            port,
-        },
+        std::io::ErrorKind::ConnectionRefused => HelperError::DialRefused { vm: vm.into(), port },
         _ => HelperError::io(format!("connect to port {port} in vm {vm}"), e),
     })?;
     stream

@@ -79,17 +79,11 @@ pub enum HelperError {
 impl HelperError {
     /// An invalid-argument error for `field`.
     pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        HelperError::InvalidArgument {
-            field: field.into(),
-            reason: reason.into(),
-        }
+        HelperError::InvalidArgument { field: field.into(), reason: reason.into() }
     }
 
     /// An I/O error with context.
     pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
-        HelperError::Io {
-            what: what.into(),
-            source,
-        }
+        HelperError::Io { what: what.into(), source }
     }
 }

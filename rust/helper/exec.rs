@@ -51,16 +51,10 @@ pub struct ExecSource {
 
 /// Connects to the agent and starts the process. Returns its pid (inside the
 /// VM) once it runs; a process that cannot start is `ExecRejected`.
-pub async fn start(
-    socket: &Path,
-    spec: StartSpec,
-) -> Result<(i32, ExecSink, ExecSource), HelperError> {
-    let stream = UnixStream::connect(socket).await.map_err(|e| {
-        HelperError::io(
-            format!("connect to the vm agent at {}", socket.display()),
-            e,
-        )
-    })?;
+pub async fn start(socket: &Path, spec: StartSpec) -> Result<(i32, ExecSink, ExecSource), HelperError> {
+    let stream = UnixStream::connect(socket)
+        .await
+        .map_err(|e| HelperError::io(format!("connect to the vm agent at {}", socket.display()), e))?;
     let (rd, mut wr) = stream.into_split();
     write_frame(&mut wr, &Frame::Start(spec)).await?;
     let mut rd = FrameReader::new(rd);
@@ -73,9 +67,7 @@ pub async fn start(
         }),
         None => Err(HelperError::Io {
             what: "agent protocol".into(),
-            source: std::io::Error::other(
-                "the agent closed the connection before the process started",
-            ),
+            source: std::io::Error::other("the agent closed the connection before the process started"),
         }),
     }
 }

@@ -9,16 +9,10 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use super::error::HelperError;
 use crate::agent::protocol::{BackgroundReply, BackgroundRequest, Frame, FrameReader, write_frame};
 
-async fn connect(
-    socket: &Path,
-    first: &Frame,
-) -> Result<(FrameReader<OwnedReadHalf>, OwnedWriteHalf), HelperError> {
-    let stream = UnixStream::connect(socket).await.map_err(|e| {
-        HelperError::io(
-            format!("connect to the vm agent at {}", socket.display()),
-            e,
-        )
-    })?;
+async fn connect(socket: &Path, first: &Frame) -> Result<(FrameReader<OwnedReadHalf>, OwnedWriteHalf), HelperError> {
+    let stream = UnixStream::connect(socket)
+        .await
+        .map_err(|e| HelperError::io(format!("connect to the vm agent at {}", socket.display()), e))?;
     let (rd, mut wr) = stream.into_split();
     write_frame(&mut wr, first).await?;
     Ok((FrameReader::new(rd), wr))
@@ -30,10 +24,7 @@ fn unexpected(what: &str, frame: Option<Frame>) -> HelperError {
         Some(f) => format!("{f:?}"),
         None => "the end of the connection".into(),
     };
-    HelperError::io(
-        "agent protocol",
-        std::io::Error::other(format!("expected {what}, got {got}")),
-    )
+    HelperError::io("agent protocol", std::io::Error::other(format!("expected {what}, got {got}")))
 }
 
 /// A copy-in under way: feed it tar chunks, then [`finish`](Self::finish).
@@ -118,14 +109,8 @@ impl CopyOut {
 
 /// Sends one background-process request; the output comes with log and
 /// stop requests.
-pub async fn background(
-    socket: &Path,
-    req: BackgroundRequest,
-) -> Result<(BackgroundReply, Vec<u8>), HelperError> {
-    let with_output = matches!(
-        req,
-        BackgroundRequest::Log { .. } | BackgroundRequest::Stop { .. }
-    );
+pub async fn background(socket: &Path, req: BackgroundRequest) -> Result<(BackgroundReply, Vec<u8>), HelperError> {
+    let with_output = matches!(req, BackgroundRequest::Log { .. } | BackgroundRequest::Stop { .. });
     let (mut rd, _wr) = connect(socket, &Frame::Background(req)).await?;
     let reply = match rd.next().await? {
         Some(Frame::BackgroundReply(reply)) => reply,

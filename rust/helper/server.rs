@@ -48,14 +48,9 @@ pub async fn serve(socket: &Path) -> Result<(), HelperError> {
         .map_err(io(format!("write {}", pid_file.display())))?;
 
     super::driver::network::reap_stale(&crate::paths::runtime_dir().join("vms"));
-    let vms = VmManager::new(
-        Driver::detect()?,
-        ImageStore::new(crate::paths::image_store()),
-    );
+    let vms = VmManager::new(Driver::detect()?, ImageStore::new(crate::paths::image_store()));
     let (health_reporter, health) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<VmHelperServer<HelperService>>()
-        .await;
+    health_reporter.set_serving::<VmHelperServer<HelperService>>().await;
     let reflection = |b: tonic_reflection::server::Builder<'static>| {
         b.register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -103,18 +98,11 @@ pub async fn serve(socket: &Path) -> Result<(), HelperError> {
 /// The pid file that goes with `socket`: the default one for the default
 /// socket, else next to the socket.
 fn pid_file_for(socket: &Path) -> PathBuf {
-    if socket == crate::paths::helper_socket() {
-        crate::paths::helper_pid_file()
-    } else {
-        socket.with_extension("pid")
-    }
+    if socket == crate::paths::helper_socket() { crate::paths::helper_pid_file() } else { socket.with_extension("pid") }
 }
 
 async fn shutdown_signal() -> &'static str {
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
         tracing::error!("cannot install signal handlers; the helper only stops when killed");
         return std::future::pending().await;
     };

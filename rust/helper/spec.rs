@@ -72,10 +72,7 @@ impl VmConfig {
     /// hostname → id). Errors name the field as `spec.<field>`.
     pub fn validate(mut self) -> Result<Self, HelperError> {
         if !ID_RE.is_match(&self.id) {
-            return Err(HelperError::invalid(
-                "spec.id",
-                format!("{:?} must match {}", self.id, ID_RE.as_str()),
-            ));
+            return Err(HelperError::invalid("spec.id", format!("{:?} must match {}", self.id, ID_RE.as_str())));
         }
         if self.image.is_empty() {
             return Err(HelperError::invalid("spec.image", "required"));
@@ -86,10 +83,7 @@ impl VmConfig {
         if self.memory_bytes == 0 {
             self.memory_bytes = DEFAULT_MEMORY_BYTES;
         } else if self.memory_bytes < MIN_MEMORY_BYTES {
-            return Err(HelperError::invalid(
-                "spec.memory_bytes",
-                format!("must be at least {MIN_MEMORY_BYTES}"),
-            ));
+            return Err(HelperError::invalid("spec.memory_bytes", format!("must be at least {MIN_MEMORY_BYTES}")));
         }
         if self.pids_limit == 0 {
             self.pids_limit = DEFAULT_PIDS;
@@ -97,10 +91,7 @@ impl VmConfig {
         if self.hostname.is_empty() {
             self.hostname = self.id.clone();
         } else if !HOSTNAME_RE.is_match(&self.hostname) {
-            return Err(HelperError::invalid(
-                "spec.hostname",
-                format!("{:?} is not a valid hostname", self.hostname),
-            ));
+            return Err(HelperError::invalid("spec.hostname", format!("{:?} is not a valid hostname", self.hostname)));
         }
         for key in self.env.keys() {
             check_env_key("spec.env", key)?;
@@ -116,19 +107,13 @@ impl VmConfig {
             if !m.host_path.is_dir() {
                 return Err(HelperError::invalid(
                     field("host_path"),
-                    format!(
-                        "{} does not exist or is not a directory",
-                        m.host_path.display()
-                    ),
+                    format!("{} does not exist or is not a directory", m.host_path.display()),
                 ));
             }
             if !is_normal_absolute(&m.guest_path) {
                 return Err(HelperError::invalid(
                     field("guest_path"),
-                    format!(
-                        "{} must be an absolute path below / without . or ..",
-                        m.guest_path.display()
-                    ),
+                    format!("{} must be an absolute path below / without . or ..", m.guest_path.display()),
                 ));
             }
         }
@@ -146,10 +131,7 @@ fn is_normal_absolute(p: &Path) -> bool {
 /// Environment-variable check for process specs (same rule as the VM env).
 pub fn check_env_key(field: &str, key: &str) -> Result<(), HelperError> {
     if key.is_empty() || key.contains('=') || key.contains('\0') {
-        return Err(HelperError::invalid(
-            field,
-            format!("invalid variable name {key:?}"),
-        ));
+        return Err(HelperError::invalid(field, format!("invalid variable name {key:?}")));
     }
     Ok(())
 }
@@ -204,17 +186,11 @@ mod tests {
         let mut c = config("a");
         c.env.insert("A=B".into(), "x".into());
         assert_eq!(field_of(c.validate().unwrap_err()), "spec.env");
-        let mount = |host: &str, guest: &str| MountSpec {
-            host_path: host.into(),
-            guest_path: guest.into(),
-            read_only: false,
-        };
+        let mount =
+            |host: &str, guest: &str| MountSpec { host_path: host.into(), guest_path: guest.into(), read_only: false };
         for (m, f) in [
             (mount("rel", "/w"), "spec.mounts[0].host_path"),
-            (
-                mount("/nonexistent-dir-xyz", "/w"),
-                "spec.mounts[0].host_path",
-            ),
+            (mount("/nonexistent-dir-xyz", "/w"), "spec.mounts[0].host_path"),
             (mount("/tmp", "w"), "spec.mounts[0].guest_path"),
             (mount("/tmp", "/"), "spec.mounts[0].guest_path"),
             (mount("/tmp", "/a/../b"), "spec.mounts[0].guest_path"),

@@ -32,10 +32,8 @@ pub struct Usage {
 
 /// Reads the usage of the VM behind `run`.
 pub fn read(run: &RunHandles) -> Result<Usage, HelperError> {
-    let mut usage = Usage {
-        uptime_ms: u64::try_from(run.started.elapsed().as_millis()).unwrap_or(u64::MAX),
-        ..Usage::default()
-    };
+    let mut usage =
+        Usage { uptime_ms: u64::try_from(run.started.elapsed().as_millis()).unwrap_or(u64::MAX), ..Usage::default() };
     let dev_path = format!("/proc/{}/net/dev", run.pid1);
     let dev = std::fs::read_to_string(&dev_path).map_err(|e| HelperError::io(dev_path, e))?;
     (usage.net_rx_bytes, usage.net_tx_bytes) = net_bytes(&dev);
@@ -64,10 +62,7 @@ pub fn read(run: &RunHandles) -> Result<Usage, HelperError> {
 /// A file holding one number; "max" and unreadable files read as 0
 /// (unknown), as the contract says.
 fn number(path: &Path) -> u64 {
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
+    std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
 }
 
 /// The value of `key` in a flat-keyed file (`key value` per line).
@@ -94,10 +89,7 @@ fn net_bytes(dev: &str) -> (u64, u64) {
             if name.trim() == "lo" {
                 return None;
             }
-            let fields: Vec<u64> = counters
-                .split_whitespace()
-                .map(|f| f.parse().unwrap_or(0))
-                .collect();
+            let fields: Vec<u64> = counters.split_whitespace().map(|f| f.parse().unwrap_or(0)).collect();
             Some((*fields.first()?, *fields.get(8)?))
         })
         .fold((0, 0), |(rx, tx), (r, t)| (rx + r, tx + t))
@@ -123,9 +115,6 @@ mod tests {
         let oom = "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n";
         assert_eq!(parse_keyed(oom, "oom_kill"), 2);
         assert_eq!(parse_keyed(oom, "missing"), 0);
-        assert_eq!(
-            parse_keyed("usage_usec 1234\nuser_usec 1000\n", "usage_usec"),
-            1234
-        );
+        assert_eq!(parse_keyed("usage_usec 1234\nuser_usec 1000\n", "usage_usec"), 1234);
     }
 }

@@ -15,9 +15,7 @@ pub fn vm_dir(id: &str) -> PathBuf {
 
 /// The agent's socket: in the runtime dir, never inside the VM.
 pub fn agent_socket(id: &str) -> PathBuf {
-    crate::paths::runtime_dir()
-        .join("vms")
-        .join(format!("{id}.sock"))
+    crate::paths::runtime_dir().join("vms").join(format!("{id}.sock"))
 }
 
 /// Creates the VM's directory with empty layers owned by the image's
@@ -26,8 +24,7 @@ pub fn prepare_dir(dir: &Path, image: &ImageInfo) -> Result<(), HelperError> {
     use std::os::unix::fs::{DirBuilderExt as _, chown};
     if dir.exists() {
         // Left behind by an earlier helper: a new VM starts from the image.
-        std::fs::remove_dir_all(dir)
-            .map_err(|e| HelperError::io(format!("remove stale {}", dir.display()), e))?;
+        std::fs::remove_dir_all(dir).map_err(|e| HelperError::io(format!("remove stale {}", dir.display()), e))?;
     }
     // 0711: the VM's root (an unmapped "other" here) must be able to pass
     // through to its layers, but not list them.
@@ -66,9 +63,7 @@ pub fn share_mounts(config: &VmConfig, image: &ImageInfo) {
         }
         match canonical.metadata() {
             Ok(meta) if meta.uid() == me => {
-                if let Err(e) =
-                    std::os::unix::fs::chown(&canonical, Some(image.uid_base), Some(image.uid_base))
-                {
+                if let Err(e) = std::os::unix::fs::chown(&canonical, Some(image.uid_base), Some(image.uid_base)) {
                     tracing::warn!(path = %canonical.display(), error = %e, "cannot hand the mount to the vm's root");
                 }
             }

@@ -120,9 +120,7 @@ struct Slot {
 
 impl Slot {
     fn data(&self) -> std::sync::MutexGuard<'_, Data> {
-        self.data
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.data.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -137,12 +135,7 @@ pub struct VmManager {
 impl VmManager {
     /// A manager with no VMs.
     pub fn new(driver: Driver, images: ImageStore) -> Arc<Self> {
-        Arc::new_cyclic(|me| VmManager {
-            driver,
-            images,
-            vms: Mutex::new(Vec::new()),
-            me: me.clone(),
-        })
+        Arc::new_cyclic(|me| VmManager { driver, images, vms: Mutex::new(Vec::new()), me: me.clone() })
     }
 
     /// The driver (for GetInfo).
@@ -156,17 +149,11 @@ impl VmManager {
     }
 
     fn list_slots(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Slot>>> {
-        self.vms
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.vms.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn slot(&self, id: &str) -> Result<Arc<Slot>, HelperError> {
-        self.list_slots()
-            .iter()
-            .find(|s| s.id == id)
-            .cloned()
-            .ok_or_else(|| HelperError::VmNotFound(id.into()))
+        self.list_slots().iter().find(|s| s.id == id).cloned().ok_or_else(|| HelperError::VmNotFound(id.into()))
     }
 
     /// Registers a VM and prepares its writable layer.
@@ -195,11 +182,7 @@ impl VmManager {
             image,
             dir,
             op: tokio::sync::Mutex::new(None),
-            data: Mutex::new(Data {
-                info: info.clone(),
-                run: None,
-                generation: 0,
-            }),
+            data: Mutex::new(Data { info: info.clone(), run: None, generation: 0 }),
         });
         let mut vms = self.list_slots();
         if vms.iter().any(|s| s.id == slot.id) {
@@ -218,20 +201,14 @@ impl VmManager {
             (d.info.config.clone(), d.info.state)
         };
         if !state.can_start() {
-            return Err(HelperError::WrongState {
-                op: "start",
-                id: id.into(),
-                state,
-            });
+            return Err(HelperError::WrongState { op: "start", id: id.into(), state });
         }
         if let Some(reason) = self.driver.unavailable_reason() {
             return Err(HelperError::Unavailable(reason));
         }
         let egress = config.network == Network::Egress;
         if egress && !self.driver.supports_egress() {
-            return Err(HelperError::Unavailable(
-                "network EGRESS needs pasta (package passt)".into(),
-            ));
+            return Err(HelperError::Unavailable("network EGRESS needs pasta (package passt)".into()));
         }
         let resolv_conf = if egress {
             let path = slot.dir.join("resolv.conf");
@@ -260,11 +237,7 @@ impl VmManager {
             },
             uid_base: slot.image.uid_base,
             id_count: slot.image.id_count,
-            limits: Limits {
-                cpus: config.cpus,
-                memory_bytes: config.memory_bytes,
-                pids: config.pids_limit,
-            },
+            limits: Limits { cpus: config.cpus, memory_bytes: config.memory_bytes, pids: config.pids_limit },
             egress,
             agent_socket: agent_socket(id),
         };
@@ -285,10 +258,7 @@ impl VmManager {
             d.info.stop_reason.clear();
             d.generation
         };
-        *op = Some(Run {
-            instance,
-            exited: rx,
-        });
+        *op = Some(Run { instance, exited: rx });
         let (me, id_owned) = (self.me.clone(), id.to_string());
         tokio::spawn(async move {
             let how = match child.wait().await {
@@ -329,11 +299,7 @@ impl VmManager {
             Some(run) if state.can_stop() => run,
             other => {
                 *op = other;
-                return Err(HelperError::WrongState {
-                    op: "stop",
-                    id: id.into(),
-                    state,
-                });
+                return Err(HelperError::WrongState { op: "stop", id: id.into(), state });
             }
         };
         stop_run(run, grace).await;
@@ -383,21 +349,11 @@ impl VmManager {
         let slot = self.slot(id)?;
         let d = slot.data();
         if !d.info.state.can_exec() {
-            return Err(HelperError::WrongState {
-                op: "exec in",
-                id: id.into(),
-                state: d.info.state,
-            });
+            return Err(HelperError::WrongState { op: "exec in", id: id.into(), state: d.info.state });
         }
         Ok(ExecTarget {
             socket: agent_socket(id),
-            env: d
-                .info
-                .config
-                .env
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+            env: d.info.config.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         })
     }
 
@@ -407,11 +363,7 @@ impl VmManager {
         let d = slot.data();
         match &d.run {
             Some(run) if d.info.state == VmState::Running => Ok(run.clone()),
-            _ => Err(HelperError::WrongState {
-                op,
-                id: id.into(),
-                state: d.info.state,
-            }),
+            _ => Err(HelperError::WrongState { op, id: id.into(), state: d.info.state }),
         }
     }
 
@@ -431,18 +383,12 @@ impl VmManager {
 }
 
 async fn stop_run(run: Run, grace: Duration) {
-    let Run {
-        instance,
-        mut exited,
-    } = run;
+    let Run { instance, mut exited } = run;
     if grace.is_zero() {
         instance.kill();
     } else {
         instance.request_stop();
-        if tokio::time::timeout(grace, exited.wait_for(Option::is_some))
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(grace, exited.wait_for(Option::is_some)).await.is_err() {
             instance.kill();
         }
     }

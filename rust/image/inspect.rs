@@ -23,11 +23,7 @@ pub(super) fn package_manager(rootfs: &Path) -> String {
         ("apk", &["sbin/apk", "usr/sbin/apk", "usr/bin/apk"]),
         ("dnf", &["usr/bin/dnf", "bin/dnf"]),
     ];
-    managers
-        .iter()
-        .find(|(_, paths)| present(rootfs, paths))
-        .map(|(name, _)| name.to_string())
-        .unwrap_or_default()
+    managers.iter().find(|(_, paths)| present(rootfs, paths)).map(|(name, _)| name.to_string()).unwrap_or_default()
 }
 
 /// Disk usage like `du -s --block-size=1`: allocated blocks, each hard-linked

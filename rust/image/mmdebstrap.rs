@@ -37,12 +37,10 @@ pub(super) fn id_range() -> Result<(Mode, u32, u32), ImageError> {
     match (uids, gids) {
         // One base describes both, as the sandbox maps uids and gids alike.
         (Some((ub, uc)), Some((gb, gc))) if ub == gb => Ok((Mode::Unshare, ub, uc.min(gc))),
-        (Some(_), Some(_)) => Err(ImageError::SubordinateIds(format!(
-            "user {user:?} has different /etc/subuid and /etc/subgid starts"
-        ))),
-        _ => Err(ImageError::SubordinateIds(format!(
-            "no range for user {user:?} in /etc/subuid and /etc/subgid"
-        ))),
+        (Some(_), Some(_)) => {
+            Err(ImageError::SubordinateIds(format!("user {user:?} has different /etc/subuid and /etc/subgid starts")))
+        }
+        _ => Err(ImageError::SubordinateIds(format!("no range for user {user:?} in /etc/subuid and /etc/subgid"))),
     }
 }
 
@@ -91,15 +89,10 @@ pub(super) fn args(mode: Mode, suite: &str, packages: &[String], target: &Path, 
         Mode::Root => "--mode=root",
         Mode::Unshare => "--mode=unshare",
     };
-    let mut a: Vec<OsString> = [
-        mode,
-        "--variant=minbase",
-        "--format=directory",
-        "--skip=cleanup/apt/lists",
-    ]
-    .into_iter()
-    .map(OsString::from)
-    .collect();
+    let mut a: Vec<OsString> = [mode, "--variant=minbase", "--format=directory", "--skip=cleanup/apt/lists"]
+        .into_iter()
+        .map(OsString::from)
+        .collect();
     a.push(format!("--include={}", packages.join(",")).into());
     a.push(suite.into());
     a.push(target.into());
@@ -137,10 +130,7 @@ pub(super) fn run(program: &str, args: &[OsString], progress: &mut dyn FnMut(&st
     if status.success() {
         return Ok(());
     }
-    Err(ImageError::BuildFailed {
-        status: status.to_string(),
-        stderr_tail: Vec::from(tail).join("\n"),
-    })
+    Err(ImageError::BuildFailed { status: status.to_string(), stderr_tail: Vec::from(tail).join("\n") })
 }
 
 #[cfg(test)]

@@ -44,21 +44,10 @@ pub const ROOT_ID_COUNT: u32 = 65_536;
 /// Packages of the default image `mcp-dev`: enough for agents to run Python and
 /// Node projects, clone repositories and install more with apt.
 pub fn default_packages() -> Vec<String> {
-    [
-        "python3",
-        "python3-pip",
-        "python3-venv",
-        "git",
-        "curl",
-        "ca-certificates",
-        "nodejs",
-        "npm",
-        "gpgv",
-        "procps",
-    ]
-    .into_iter()
-    .map(String::from)
-    .collect()
+    ["python3", "python3-pip", "python3-venv", "git", "curl", "ca-certificates", "nodejs", "npm", "gpgv", "procps"]
+        .into_iter()
+        .map(String::from)
+        .collect()
 }
 
 /// Packages every image gets whatever was asked for: apt inside a sandbox
@@ -160,10 +149,7 @@ pub enum ImageError {
 
 impl ImageError {
     fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        ImageError::Io {
-            context: context.into(),
-            source,
-        }
+        ImageError::Io { context: context.into(), source }
     }
 }
 
@@ -173,53 +159,31 @@ pub fn validate_name(name: &str) -> Result<(), ImageError> {
     let bytes = name.as_bytes();
     let ok = matches!(bytes.first(), Some(c) if c.is_ascii_lowercase() || c.is_ascii_digit())
         && bytes.len() <= 63
-        && bytes.iter().all(|&c| {
-            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'-')
-        });
-    if ok {
-        Ok(())
-    } else {
-        Err(ImageError::InvalidName(name.to_string()))
-    }
+        && bytes.iter().all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'-'));
+    if ok { Ok(()) } else { Err(ImageError::InvalidName(name.to_string())) }
 }
 
 fn validate_package(name: &str) -> Result<(), ImageError> {
     let bytes = name.as_bytes();
     let ok = matches!(bytes.first(), Some(c) if c.is_ascii_lowercase() || c.is_ascii_digit())
         && bytes.iter().all(|&c| {
-            c.is_ascii_lowercase()
-                || c.is_ascii_digit()
-                || matches!(c, b'+' | b'.' | b':' | b'=' | b'~' | b'-')
+            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'+' | b'.' | b':' | b'=' | b'~' | b'-')
         });
-    if ok {
-        Ok(())
-    } else {
-        Err(ImageError::InvalidPackage(name.to_string()))
-    }
+    if ok { Ok(()) } else { Err(ImageError::InvalidPackage(name.to_string())) }
 }
 
 fn validate_suite(suite: &str) -> Result<(), ImageError> {
     let bytes = suite.as_bytes();
     let ok = matches!(bytes.first(), Some(c) if c.is_ascii_lowercase())
-        && bytes
-            .iter()
-            .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-');
-    if ok {
-        Ok(())
-    } else {
-        Err(ImageError::InvalidSuite(suite.to_string()))
-    }
+        && bytes.iter().all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-');
+    if ok { Ok(()) } else { Err(ImageError::InvalidSuite(suite.to_string())) }
 }
 
 /// The package list actually installed: the request's, plus the required
 /// ones, without duplicates, in a stable order.
 fn package_list(requested: &[String]) -> Result<Vec<String>, ImageError> {
     let mut out: Vec<String> = Vec::new();
-    for p in requested
-        .iter()
-        .map(String::as_str)
-        .chain(REQUIRED_PACKAGES)
-    {
+    for p in requested.iter().map(String::as_str).chain(REQUIRED_PACKAGES) {
         validate_package(p)?;
         if !out.iter().any(|q| q == p) {
             out.push(p.to_string());
@@ -237,24 +201,10 @@ mod tests {
         for ok in ["mcp-dev", "a", "0", "x.y_z-1", &"a".repeat(63)] {
             assert!(validate_name(ok).is_ok(), "{ok}");
         }
-        for bad in [
-            "",
-            "-a",
-            ".a",
-            "_a",
-            "A",
-            "a/b",
-            "..",
-            "a b",
-            "é",
-            &"a".repeat(64),
-        ] {
+        for bad in ["", "-a", ".a", "_a", "A", "a/b", "..", "a b", "é", &"a".repeat(64)] {
             let err = validate_name(bad).unwrap_err();
             assert!(matches!(err, ImageError::InvalidName(_)), "{bad}");
-            assert!(
-                err.to_string().contains("^[a-z0-9][a-z0-9._-]{0,62}$"),
-                "{err}"
-            );
+            assert!(err.to_string().contains("^[a-z0-9][a-z0-9._-]{0,62}$"), "{err}");
         }
     }
 
@@ -262,14 +212,8 @@ mod tests {
     fn package_list_adds_required_once_and_rejects_options() {
         let got = package_list(&["python3".into(), "gpgv".into()]).unwrap();
         assert_eq!(got, ["python3", "gpgv", "ca-certificates"]);
-        assert!(matches!(
-            package_list(&["--foo".into()]),
-            Err(ImageError::InvalidPackage(_))
-        ));
-        assert!(matches!(
-            package_list(&["a,b".into()]),
-            Err(ImageError::InvalidPackage(_))
-        ));
+        assert!(matches!(package_list(&["--foo".into()]), Err(ImageError::InvalidPackage(_))));
+        assert!(matches!(package_list(&["a,b".into()]), Err(ImageError::InvalidPackage(_))));
         assert!(package_list(&["libstdc++6".into(), "g++".into()]).is_ok());
     }
 
@@ -278,10 +222,7 @@ mod tests {
         assert!(validate_suite("bookworm").is_ok());
         assert!(validate_suite("bookworm-backports").is_ok());
         for bad in ["", "Bookworm", "../x", "-x", "a b"] {
-            assert!(
-                matches!(validate_suite(bad), Err(ImageError::InvalidSuite(_))),
-                "{bad}"
-            );
+            assert!(matches!(validate_suite(bad), Err(ImageError::InvalidSuite(_))), "{bad}");
         }
     }
 

@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::mmdebstrap::{self, Mode};
-use super::{BuildRequest, DEFAULT_SUITE, ImageError, ImageInfo, inspect, ownership, package_list, validate_name, validate_suite};
+use super::{
+    BuildRequest, DEFAULT_SUITE, ImageError, ImageInfo, inspect, ownership, package_list, validate_name, validate_suite,
+};
 
 const INFO_FILE: &str = "image.json";
 const ROOTFS_DIR: &str = "rootfs";
@@ -201,7 +203,8 @@ fn remove_tree(path: &Path) {
 }
 
 fn write_info(path: &Path, info: &ImageInfo) -> Result<(), ImageError> {
-    let mut text = serde_json::to_string_pretty(info).map_err(|source| ImageError::Metadata { path: path.to_path_buf(), source })?;
+    let mut text = serde_json::to_string_pretty(info)
+        .map_err(|source| ImageError::Metadata { path: path.to_path_buf(), source })?;
     text.push('\n');
     fs::write(path, text).map_err(|e| ImageError::io(format!("writing {}", path.display()), e))
 }

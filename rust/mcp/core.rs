@@ -24,7 +24,9 @@ fn timeout(secs: f64) -> Result<Duration, OrchestratorError> {
     if secs.is_finite() && secs > 0.0 && secs <= MAX_TIMEOUT_SECS {
         Ok(Duration::from_secs_f64(secs))
     } else {
-        Err(OrchestratorError::InvalidArgument(format!("timeout must be greater than 0 and at most {MAX_TIMEOUT_SECS} seconds (got {secs})")))
+        Err(OrchestratorError::InvalidArgument(format!(
+            "timeout must be greater than 0 and at most {MAX_TIMEOUT_SECS} seconds (got {secs})"
+        )))
     }
 }
 
@@ -136,7 +138,12 @@ impl SandboxServer {
             Ok(r) if r.exit_code() == 0 => {
                 ok(format!("{}\n({})", format::install_summary(&render(&r.stdout), &packages), format::ms(r.duration)))
             }
-            Ok(r) => fail(format!("{}\n[exit code {}]\n({})", render(&r.stderr).trim_end(), r.exit_code(), format::ms(r.duration))),
+            Ok(r) => fail(format!(
+                "{}\n[exit code {}]\n({})",
+                render(&r.stderr).trim_end(),
+                r.exit_code(),
+                format::ms(r.duration)
+            )),
             Err(e) => fail(e),
         }
     }
@@ -153,9 +160,10 @@ impl SandboxServer {
             }
             let sandbox = m.get_or_create(&p.sandbox).await?;
             match p.action.as_str() {
-                "set" => m.set_env(&sandbox, &p.key, &p.value).await.map(|_| {
-                    format!("Set {} in '{}' (persists across commands)", p.key, p.sandbox)
-                }),
+                "set" => m
+                    .set_env(&sandbox, &p.key, &p.value)
+                    .await
+                    .map(|_| format!("Set {} in '{}' (persists across commands)", p.key, p.sandbox)),
                 "unset" => m.unset_env(&sandbox, &p.key).await.map(|_| format!("Unset {} in '{}'", p.key, p.sandbox)),
                 _ => Ok(format::env_list(&p.sandbox, &sandbox.env())),
             }

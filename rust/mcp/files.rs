@@ -92,7 +92,10 @@ impl SandboxServer {
         description = "Write many files in one call. `files` is a JSON object string {path: content}; relative paths are under /workspace. Nothing is written on the host.",
         annotations(destructive_hint = true, idempotent_hint = true, open_world_hint = false)
     )]
-    async fn batch_write(&self, Parameters(p): Parameters<BatchWriteParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+    async fn batch_write(
+        &self,
+        Parameters(p): Parameters<BatchWriteParams>,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
         let files = match parse_files(&p.files) {
             Ok(f) => f,
             Err(e) => return fail(e),

@@ -20,11 +20,7 @@ pub fn ms(d: Duration) -> String {
 /// Seconds the way Python prints a float (`30.0`, `2.5`), as the reference's
 /// `Timed out after 30.0s` does.
 pub fn seconds(s: f64) -> String {
-    if s.fract() == 0.0 {
-        format!("{s:.1}")
-    } else {
-        format!("{s}")
-    }
+    if s.fract() == 0.0 { format!("{s:.1}") } else { format!("{s}") }
 }
 
 /// A command's result: stdout, `[stderr] …`, `[exit code N]` when non-zero,
@@ -65,11 +61,7 @@ pub fn exec_result(r: &ExecResult, timeout_secs: f64) -> String {
 /// Memory as `512M` / `2G`.
 pub fn memory(bytes: u64) -> String {
     let mib = bytes >> 20;
-    if mib >= 1024 && mib % 1024 == 0 {
-        format!("{}G", mib / 1024)
-    } else {
-        format!("{mib}M")
-    }
+    if mib >= 1024 && mib % 1024 == 0 { format!("{}G", mib / 1024) } else { format!("{mib}M") }
 }
 
 /// One `status` line for a sandbox.
@@ -104,14 +96,7 @@ pub fn status_footer(c: &Config) -> Vec<String> {
     ];
     let mut profiles: Vec<String> = c
         .profiles()
-        .map(|(n, p)| {
-            format!(
-                "{n}({}cpu/{}, {})",
-                p.cpus,
-                memory(p.memory_bytes),
-                network(p.network)
-            )
-        })
+        .map(|(n, p)| format!("{n}({}cpu/{}, {})", p.cpus, memory(p.memory_bytes), network(p.network)))
         .collect();
     if !profiles.is_empty() {
         profiles.sort();
@@ -123,10 +108,7 @@ pub fn status_footer(c: &Config) -> Vec<String> {
 /// The `list_all` table.
 pub fn list_table(rows: &[(std::sync::Arc<Sandbox>, bool)]) -> String {
     let mut out = vec![
-        format!(
-            "{:<12}  {:<16}  {:<6}  {:>8}  {}",
-            "Name", "Container", "Shell", "Idle", "Resources"
-        ),
+        format!("{:<12}  {:<16}  {:<6}  {:>8}  {}", "Name", "Container", "Shell", "Idle", "Resources"),
         "─".repeat(65),
     ];
     for (s, alive) in rows {
@@ -146,16 +128,9 @@ pub fn list_table(rows: &[(std::sync::Arc<Sandbox>, bool)]) -> String {
 /// The `history` listing, newest first.
 pub fn history(sandbox: &str, entries: &[AuditEntry]) -> String {
     let now = SystemTime::now();
-    let mut out = vec![format!(
-        "Recent commands in '{sandbox}' ({} shown):",
-        entries.len()
-    )];
+    let mut out = vec![format!("Recent commands in '{sandbox}' ({} shown):", entries.len())];
     for (i, e) in entries.iter().enumerate() {
-        let status = if e.exit_code == 0 {
-            "ok".to_string()
-        } else {
-            format!("exit:{}", e.exit_code)
-        };
+        let status = if e.exit_code == 0 { "ok".to_string() } else { format!("exit:{}", e.exit_code) };
         let ago = now.duration_since(e.at).unwrap_or_default().as_secs();
         out.push(format!(
             "  {:>2}. [{status}] {:.0}ms {ago}s ago  {}",
@@ -170,24 +145,16 @@ pub fn history(sandbox: &str, entries: &[AuditEntry]) -> String {
 /// The `env list` text.
 pub fn env_list(sandbox: &str, env: &std::collections::BTreeMap<String, String>) -> String {
     if env.is_empty() {
-        return "No persistent env vars set. Use env(action='set', key='FOO', value='bar')."
-            .to_string();
+        return "No persistent env vars set. Use env(action='set', key='FOO', value='bar').".to_string();
     }
-    format!(
-        "Persistent env vars in '{sandbox}':\n{}",
-        crate::orchestrator::env::profile_script(env).trim_end()
-    )
+    format!("Persistent env vars in '{sandbox}':\n{}", crate::orchestrator::env::profile_script(env).trim_end())
 }
 
 /// The last lines of an install that say what was installed.
 pub fn install_summary(stdout: &str, packages: &[String]) -> String {
     let lines: Vec<&str> = stdout
         .lines()
-        .filter(|l| {
-            l.starts_with("Setting up")
-                || l.starts_with("OK:")
-                || l.to_lowercase().contains("installing")
-        })
+        .filter(|l| l.starts_with("Setting up") || l.starts_with("OK:") || l.to_lowercase().contains("installing"))
         .collect();
     if lines.is_empty() {
         format!("Installed {}", packages.join(" "))
@@ -322,32 +289,15 @@ mod tests {
     use crate::orchestrator::exec::Captured;
 
     fn result(out: &str, err: &str, outcome: Outcome) -> ExecResult {
-        let cap = |s: &str| Captured {
-            bytes: s.as_bytes().to_vec(),
-            total: s.len() as u64,
-        };
-        ExecResult {
-            stdout: cap(out),
-            stderr: cap(err),
-            outcome,
-            duration: Duration::from_micros(1234),
-        }
+        let cap = |s: &str| Captured { bytes: s.as_bytes().to_vec(), total: s.len() as u64 };
+        ExecResult { stdout: cap(out), stderr: cap(err), outcome, duration: Duration::from_micros(1234) }
     }
 
     #[test]
     fn exec_shapes() {
+        assert_eq!(exec_result(&result("hi\n", "", Outcome::Exited(ExitStatus::Code(0))), 30.0), "hi\n(1.2ms)");
         assert_eq!(
-            exec_result(
-                &result("hi\n", "", Outcome::Exited(ExitStatus::Code(0))),
-                30.0
-            ),
-            "hi\n(1.2ms)"
-        );
-        assert_eq!(
-            exec_result(
-                &result("", "bad\n", Outcome::Exited(ExitStatus::Code(2))),
-                30.0
-            ),
+            exec_result(&result("", "bad\n", Outcome::Exited(ExitStatus::Code(2))), 30.0),
             "[stderr] bad\n[exit code 2]\n(1.2ms)"
         );
         let t = exec_result(&result("part", "", Outcome::TimedOut), 2.0);
@@ -363,10 +313,7 @@ mod tests {
         assert_eq!(seconds(2.5), "2.5");
         assert_eq!(memory(512 << 20), "512M");
         assert_eq!(memory(2 << 30), "2G");
-        assert_eq!(
-            install_summary("x\nSetting up jq (1.6)\n", &["jq".into()]),
-            "Setting up jq (1.6)"
-        );
+        assert_eq!(install_summary("x\nSetting up jq (1.6)\n", &["jq".into()]), "Setting up jq (1.6)");
         assert_eq!(install_summary("", &["jq".into()]), "Installed jq");
     }
 }

@@ -1,7 +1,5 @@
 //! Lifecycle and observability tools: status, list_all, destroy, reset, history.
-use rmcp::{
-    handler::server::wrapper::Parameters, model::CallToolResult, schemars, tool, tool_router,
-};
+use rmcp::{handler::server::wrapper::Parameters, model::CallToolResult, schemars, tool, tool_router};
 use serde::Deserialize;
 
 use super::{SandboxServer, default_sandbox, format, reply};
@@ -63,19 +61,13 @@ impl SandboxServer {
         reply(result.await)
     }
 
-    #[tool(
-        description = "Table of all sandboxes.",
-        annotations(read_only_hint = true, open_world_hint = false)
-    )]
+    #[tool(description = "Table of all sandboxes.", annotations(read_only_hint = true, open_world_hint = false))]
     async fn list_all(&self) -> Result<CallToolResult, rmcp::ErrorData> {
         let m = &self.manager;
         let result = async {
             let sandboxes = m.list();
             if sandboxes.is_empty() {
-                return Ok(
-                    "No active sandboxes. Use any sandbox tool to auto-create 'default'."
-                        .to_string(),
-                );
+                return Ok("No active sandboxes. Use any sandbox tool to auto-create 'default'.".to_string());
             }
             let running = m.running().await?;
             let rows: Vec<_> = sandboxes
@@ -92,41 +84,18 @@ impl SandboxServer {
 
     #[tool(
         description = "Destroy a sandbox. Its /workspace volume is kept and reappears if the name is used again.",
-        annotations(
-            destructive_hint = true,
-            idempotent_hint = false,
-            open_world_hint = false
-        )
+        annotations(destructive_hint = true, idempotent_hint = false, open_world_hint = false)
     )]
-    async fn destroy(
-        &self,
-        Parameters(p): Parameters<DestroyParams>,
-    ) -> Result<CallToolResult, rmcp::ErrorData> {
-        reply(
-            self.manager
-                .destroy(&p.sandbox)
-                .await
-                .map(|s| format!("Destroyed sandbox '{}' ({})", s.name, s.name)),
-        )
+    async fn destroy(&self, Parameters(p): Parameters<DestroyParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+        reply(self.manager.destroy(&p.sandbox).await.map(|s| format!("Destroyed sandbox '{}' ({})", s.name, s.name)))
     }
 
     #[tool(
         description = "Replace a sandbox with a fresh one from its image (env and installed packages are reset). /workspace is kept unless wipe_workspace.",
-        annotations(
-            destructive_hint = true,
-            idempotent_hint = true,
-            open_world_hint = false
-        )
+        annotations(destructive_hint = true, idempotent_hint = true, open_world_hint = false)
     )]
-    async fn reset(
-        &self,
-        Parameters(p): Parameters<ResetParams>,
-    ) -> Result<CallToolResult, rmcp::ErrorData> {
-        let kept = if p.wipe_workspace {
-            "workspace wiped"
-        } else {
-            "workspace preserved"
-        };
+    async fn reset(&self, Parameters(p): Parameters<ResetParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+        let kept = if p.wipe_workspace { "workspace wiped" } else { "workspace preserved" };
         reply(
             self.manager
                 .reset(&p.sandbox, p.wipe_workspace)
@@ -139,10 +108,7 @@ impl SandboxServer {
         description = "Recent commands run in a sandbox, newest first (secrets redacted).",
         annotations(read_only_hint = true, open_world_hint = false)
     )]
-    async fn history(
-        &self,
-        Parameters(p): Parameters<HistoryParams>,
-    ) -> Result<CallToolResult, rmcp::ErrorData> {
+    async fn history(&self, Parameters(p): Parameters<HistoryParams>) -> Result<CallToolResult, rmcp::ErrorData> {
         let result = self.manager.get(&p.sandbox).map(|s| {
             let entries = s.history(p.limit as usize);
             if entries.is_empty() {

@@ -21,7 +21,9 @@ use rmcp::{
     tool_handler,
 };
 
-use crate::orchestrator::{Orchestrator, OrchestratorError, SandboxManager, forward::ForwardManager, sync::SyncManager};
+use crate::orchestrator::{
+    Orchestrator, OrchestratorError, SandboxManager, forward::ForwardManager, sync::SyncManager,
+};
 
 /// What the server tells the agent about the sandbox model on connect.
 const INSTRUCTIONS: &str = "\
@@ -62,10 +64,7 @@ impl SandboxServer {
 
     /// Serve one MCP session on stdin/stdout until the client disconnects.
     pub async fn serve_stdio(self) -> Result<(), std::io::Error> {
-        let service = self
-            .serve(rmcp::transport::stdio())
-            .await
-            .map_err(std::io::Error::other)?;
+        let service = self.serve(rmcp::transport::stdio()).await.map_err(std::io::Error::other)?;
         service.waiting().await.map_err(std::io::Error::other)?;
         Ok(())
     }
@@ -75,27 +74,20 @@ impl SandboxServer {
 impl ServerHandler for SandboxServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new(
-                "sandbox-mcp",
-                env!("CARGO_PKG_VERSION"),
-            ))
+            .with_server_info(Implementation::new("sandbox-mcp", env!("CARGO_PKG_VERSION")))
             .with_instructions(INSTRUCTIONS)
     }
 }
 
 /// A successful tool result.
 fn ok(text: impl Into<String>) -> Result<CallToolResult, rmcp::ErrorData> {
-    Ok(CallToolResult::success(vec![ContentBlock::text(
-        text.into(),
-    )]))
+    Ok(CallToolResult::success(vec![ContentBlock::text(text.into())]))
 }
 
 /// A failed tool result: `Error: …` text (what the reference's clients match
 /// on) with `isError` set. The single place orchestrator errors meet MCP.
 fn fail(text: impl std::fmt::Display) -> Result<CallToolResult, rmcp::ErrorData> {
-    Ok(CallToolResult::error(vec![ContentBlock::text(format!(
-        "Error: {text}"
-    ))]))
+    Ok(CallToolResult::error(vec![ContentBlock::text(format!("Error: {text}"))]))
 }
 
 /// `ok` for a successful text, `fail` for an orchestrator error.

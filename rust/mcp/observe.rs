@@ -14,7 +14,10 @@ pub struct StatsParams {
 
 #[tool_router(router = observe_router, vis = "pub(super)")]
 impl SandboxServer {
-    #[tool(description = "Resource usage of a sandbox: memory used/limit, CPU time, network bytes, pids, /workspace disk, uptime, background processes, history size.", annotations(read_only_hint = true, open_world_hint = false))]
+    #[tool(
+        description = "Resource usage of a sandbox: memory used/limit, CPU time, network bytes, pids, /workspace disk, uptime, background processes, history size.",
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
     async fn stats(&self, Parameters(p): Parameters<StatsParams>) -> Result<CallToolResult, rmcp::ErrorData> {
         let m = &self.manager;
         let result = async {
@@ -26,7 +29,10 @@ impl SandboxServer {
         reply(result.await)
     }
 
-    #[tool(description = "Health of every sandbox: agent alive, disk and memory use (HIGH at 80%, FULL/OOM at 95% or after an OOM kill), uptime, processes.", annotations(read_only_hint = true, open_world_hint = false))]
+    #[tool(
+        description = "Health of every sandbox: agent alive, disk and memory use (HIGH at 80%, FULL/OOM at 95% or after an OOM kill), uptime, processes.",
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
     async fn health(&self) -> Result<CallToolResult, rmcp::ErrorData> {
         let m = &self.manager;
         let result = async {

@@ -69,7 +69,10 @@ impl SandboxServer {
         reply(result.await)
     }
 
-    #[tool(description = "Show a background process's state and the last `tail` lines of its output (stdout and stderr interleaved).", annotations(read_only_hint = true, open_world_hint = false))]
+    #[tool(
+        description = "Show a background process's state and the last `tail` lines of its output (stdout and stderr interleaved).",
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
     async fn logs(&self, Parameters(p): Parameters<LogsParams>) -> Result<CallToolResult, rmcp::ErrorData> {
         let m = &self.manager;
         let result = async {
@@ -80,7 +83,10 @@ impl SandboxServer {
         reply(result.await)
     }
 
-    #[tool(description = "Stop a background process and everything it started (TERM, 2 s grace, KILL to its process group). Returns its last output.", annotations(destructive_hint = true, idempotent_hint = false, open_world_hint = false))]
+    #[tool(
+        description = "Stop a background process and everything it started (TERM, 2 s grace, KILL to its process group). Returns its last output.",
+        annotations(destructive_hint = true, idempotent_hint = false, open_world_hint = false)
+    )]
     async fn kill(&self, Parameters(p): Parameters<KillParams>) -> Result<CallToolResult, rmcp::ErrorData> {
         let m = &self.manager;
         let result = async {

@@ -96,6 +96,9 @@ mod tests {
             started_text(&job, 5),
             "Sync started [sync-0a1b2c]: /src/app -> default:/workspace\nInitial sync: 5 files\nWatching for changes (ignoring .DS_Store, .git, .venv, __pycache__, node_modules, venv, plus .gitignore)"
         );
-        assert_eq!(stopped_text(&job), "Stopped sync [sync-0a1b2c]: /src/app -> default:/workspace (7 files synced total)");
+        assert_eq!(
+            stopped_text(&job),
+            "Stopped sync [sync-0a1b2c]: /src/app -> default:/workspace (7 files synced total)"
+        );
     }
 }

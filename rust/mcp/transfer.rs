@@ -62,7 +62,10 @@ pub struct GitCloneParams {
 
 #[tool_router(router = transfer_router, vis = "pub(super)")]
 impl SandboxServer {
-    #[tool(description = "Copy a host file or directory into a sandbox. Only host paths under the configured host roots (default: the server's start directory) are allowed.", annotations(destructive_hint = true, idempotent_hint = true, open_world_hint = false))]
+    #[tool(
+        description = "Copy a host file or directory into a sandbox. Only host paths under the configured host roots (default: the server's start directory) are allowed.",
+        annotations(destructive_hint = true, idempotent_hint = true, open_world_hint = false)
+    )]
     async fn upload(&self, Parameters(p): Parameters<UploadParams>) -> Result<CallToolResult, rmcp::ErrorData> {
         let m = &self.manager;
         let result = async {
@@ -72,14 +75,27 @@ impl SandboxServer {
         match result.await {
             Ok(u) if u.directory => ok(format!(
                 "Uploaded {}/ -> {} ({} files, {} tar, {})",
-                p.local_path.trim_end_matches('/'), u.dest, u.files, human_size(u.archive_bytes), format::ms(u.elapsed)
+                p.local_path.trim_end_matches('/'),
+                u.dest,
+                u.files,
+                human_size(u.archive_bytes),
+                format::ms(u.elapsed)
             )),
-            Ok(u) => ok(format!("Uploaded {} -> {} ({}, {})", p.local_path, u.dest, human_size(u.archive_bytes), format::ms(u.elapsed))),
+            Ok(u) => ok(format!(
+                "Uploaded {} -> {} ({}, {})",
+                p.local_path,
+                u.dest,
+                human_size(u.archive_bytes),
+                format::ms(u.elapsed)
+            )),
             Err(e) => fail(e),
         }
     }
 
-    #[tool(description = "Copy a sandbox file or directory to the host (under the host roots). Only plain files and directories are written; symlinks from the sandbox are skipped and never followed.", annotations(destructive_hint = true, idempotent_hint = true, open_world_hint = false))]
+    #[tool(
+        description = "Copy a sandbox file or directory to the host (under the host roots). Only plain files and directories are written; symlinks from the sandbox are skipped and never followed.",
+        annotations(destructive_hint = true, idempotent_hint = true, open_world_hint = false)
+    )]
     async fn download(&self, Parameters(p): Parameters<DownloadParams>) -> Result<CallToolResult, rmcp::ErrorData> {
         let m = &self.manager;
         let result = async {
@@ -88,18 +104,28 @@ impl SandboxServer {
         };
         match result.await {
             Ok(d) => {
-                let skipped = if d.skipped > 0 { format!(", {} symlinks/special files skipped", d.skipped) } else { String::new() };
+                let skipped = if d.skipped > 0 {
+                    format!(", {} symlinks/special files skipped", d.skipped)
+                } else {
+                    String::new()
+                };
                 let (slash, kind) = if d.directory { ("/", " tar") } else { ("", "") };
                 ok(format!(
                     "Downloaded {}{slash} -> {} ({}{kind}, {}{skipped})",
-                    p.sandbox_path.trim_end_matches('/'), d.dest.display(), human_size(d.bytes), format::ms(d.elapsed)
+                    p.sandbox_path.trim_end_matches('/'),
+                    d.dest.display(),
+                    human_size(d.bytes),
+                    format::ms(d.elapsed)
                 ))
             }
             Err(e) => fail(e),
         }
     }
 
-    #[tool(description = "git clone a repository into the sandbox. A token is passed to git through this process's environment only: never written to a file, the remote URL or history.", annotations(destructive_hint = false, idempotent_hint = false, open_world_hint = true))]
+    #[tool(
+        description = "git clone a repository into the sandbox. A token is passed to git through this process's environment only: never written to a file, the remote URL or history.",
+        annotations(destructive_hint = false, idempotent_hint = false, open_world_hint = true)
+    )]
     async fn git_clone(&self, Parameters(p): Parameters<GitCloneParams>) -> Result<CallToolResult, rmcp::ErrorData> {
         let m = &self.manager;
         let result = async {
@@ -109,8 +135,12 @@ impl SandboxServer {
             Ok::<_, crate::orchestrator::OrchestratorError>((dir, r, summary))
         };
         match result.await {
-            Ok((dir, r, Some(summary))) => ok(format!("Cloned {} -> {dir}\n{summary}\n({})", p.repo, format::ms(r.duration))),
-            Ok((_, r, None)) => fail(format!("cloning: {}\n({})", render(&r.stderr).trim_end(), format::ms(r.duration))),
+            Ok((dir, r, Some(summary))) => {
+                ok(format!("Cloned {} -> {dir}\n{summary}\n({})", p.repo, format::ms(r.duration)))
+            }
+            Ok((_, r, None)) => {
+                fail(format!("cloning: {}\n({})", render(&r.stderr).trim_end(), format::ms(r.duration)))
+            }
             Err(e) => fail(e),
         }
     }

@@ -18,11 +18,7 @@ impl SandboxManager {
         command: &str,
         workdir: &str,
     ) -> Result<BackgroundInfo, OrchestratorError> {
-        let name = if name.is_empty() {
-            format!("bg-{}", random_hex(6))
-        } else {
-            name.to_string()
-        };
+        let name = if name.is_empty() { format!("bg-{}", random_hex(6)) } else { name.to_string() };
         validate_process_name(&name)?;
         let process = ProcessConfig {
             argv: vec![sandbox.shell.clone(), "-c".into(), command.into()],
@@ -37,22 +33,13 @@ impl SandboxManager {
             )),
             other => other.into(),
         })?;
-        sandbox.record(
-            &format!("bg[{name}]: {command}"),
-            0,
-            std::time::Duration::ZERO,
-        );
+        sandbox.record(&format!("bg[{name}]: {command}"), 0, std::time::Duration::ZERO);
         Ok(info)
     }
 
     /// Map the helper's NOT_FOUND for a process to the reference's message,
     /// which lists the ids that do exist.
-    async fn no_such_process(
-        &self,
-        sandbox: &Sandbox,
-        name: &str,
-        e: HelperError,
-    ) -> OrchestratorError {
+    async fn no_such_process(&self, sandbox: &Sandbox, name: &str, e: HelperError) -> OrchestratorError {
         if !matches!(e, HelperError::NotFound(_)) {
             return e.into();
         }
@@ -60,16 +47,8 @@ impl SandboxManager {
             Ok(list) => list.into_iter().map(|p| p.name).collect(),
             Err(_) => Vec::new(),
         };
-        let running = if running.is_empty() {
-            "none".to_string()
-        } else {
-            running.join(", ")
-        };
-        OrchestratorError::NoSuchProcess {
-            name: name.into(),
-            sandbox: sandbox.name.clone(),
-            running,
-        }
+        let running = if running.is_empty() { "none".to_string() } else { running.join(", ") };
+        OrchestratorError::NoSuchProcess { name: name.into(), sandbox: sandbox.name.clone(), running }
     }
 
     /// A background process and the last `tail` lines of its output (0 = all kept).
@@ -79,11 +58,7 @@ impl SandboxManager {
         name: &str,
         tail: u32,
     ) -> Result<(BackgroundInfo, Vec<u8>), OrchestratorError> {
-        match self
-            .helper
-            .read_background_log(&sandbox.name, name, tail)
-            .await
-        {
+        match self.helper.read_background_log(&sandbox.name, name, tail).await {
             Ok(r) => Ok(r),
             Err(e) => Err(self.no_such_process(sandbox, name, e).await),
         }
@@ -103,10 +78,7 @@ impl SandboxManager {
     }
 
     /// Every background process record of a sandbox.
-    pub async fn list_background(
-        &self,
-        sandbox: &Sandbox,
-    ) -> Result<Vec<BackgroundInfo>, OrchestratorError> {
+    pub async fn list_background(&self, sandbox: &Sandbox) -> Result<Vec<BackgroundInfo>, OrchestratorError> {
         Ok(self.helper.list_background(&sandbox.name).await?)
     }
 }

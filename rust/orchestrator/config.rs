@@ -76,9 +76,7 @@ pub fn parse_memory(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let digits: String = t.chars().take_while(|c| c.is_ascii_digit()).collect();
     let unit = t[digits.len()..].trim().to_ascii_uppercase();
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("invalid memory size '{s}' (use e.g. 512M or 2G)"))?;
+    let n: u64 = digits.parse().map_err(|_| format!("invalid memory size '{s}' (use e.g. 512M or 2G)"))?;
     let mib = match unit.as_str() {
         "" | "M" | "MB" | "MIB" => n,
         "G" | "GB" | "GIB" => n * 1024,
@@ -94,10 +92,7 @@ fn parse_network(key: &str, s: &str) -> Result<Network, OrchestratorError> {
     match s {
         "egress" => Ok(Network::Egress),
         "none" => Ok(Network::None),
-        other => Err(invalid(
-            key,
-            format!("network must be 'egress' or 'none', not '{other}'"),
-        )),
+        other => Err(invalid(key, format!("network must be 'egress' or 'none', not '{other}'"))),
     }
 }
 
@@ -129,24 +124,18 @@ fn env(key: &str) -> Option<String> {
 impl Config {
     /// The config file's path.
     pub fn path() -> PathBuf {
-        env("SANDBOX_MCP_CONFIG")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| crate::paths::config_dir().join("config.toml"))
+        env("SANDBOX_MCP_CONFIG").map(PathBuf::from).unwrap_or_else(|| crate::paths::config_dir().join("config.toml"))
     }
 
     /// Load the file (if present) and apply environment overrides.
     pub fn load() -> Result<Self, OrchestratorError> {
         let path = Self::path();
         let file: ConfigFile = match std::fs::read_to_string(&path) {
-            Ok(text) => toml::from_str(&text).map_err(|e| {
-                OrchestratorError::InvalidArgument(format!("config file {}: {e}", path.display()))
-            })?,
+            Ok(text) => toml::from_str(&text)
+                .map_err(|e| OrchestratorError::InvalidArgument(format!("config file {}: {e}", path.display())))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => ConfigFile::default(),
             Err(e) => {
-                return Err(OrchestratorError::InvalidArgument(format!(
-                    "cannot read {}: {e}",
-                    path.display()
-                )));
+                return Err(OrchestratorError::InvalidArgument(format!("cannot read {}: {e}", path.display())));
             }
         };
         Self::from_file(file)
@@ -169,31 +158,18 @@ impl Config {
         let mut profiles = HashMap::new();
         for (name, f) in &file.profiles {
             super::names::validate_sandbox_name(name)?;
-            profiles.insert(
-                name.clone(),
-                apply(&defaults, f, &format!("profiles.{name}"))?,
-            );
+            profiles.insert(name.clone(), apply(&defaults, f, &format!("profiles.{name}"))?);
         }
         let idle_secs = match env("SANDBOX_MCP_IDLE_TTL") {
-            Some(v) => v.parse::<u64>().map_err(|_| {
-                invalid(
-                    "SANDBOX_MCP_IDLE_TTL",
-                    format!("'{v}' is not a number of seconds"),
-                )
-            })?,
+            Some(v) => v
+                .parse::<u64>()
+                .map_err(|_| invalid("SANDBOX_MCP_IDLE_TTL", format!("'{v}' is not a number of seconds")))?,
             None => file.idle_ttl.unwrap_or(1800),
         };
         let roots: Vec<PathBuf> = match env("SANDBOX_MCP_HOST_ROOTS") {
-            Some(v) => v
-                .split(':')
-                .filter(|s| !s.is_empty())
-                .map(PathBuf::from)
-                .collect(),
+            Some(v) => v.split(':').filter(|s| !s.is_empty()).map(PathBuf::from).collect(),
             None => match file.host_roots {
-                Some(list) => list
-                    .iter()
-                    .map(|s| PathBuf::from(super::hostpath::expand_home(s)))
-                    .collect(),
+                Some(list) => list.iter().map(|s| PathBuf::from(super::hostpath::expand_home(s))).collect(),
                 None => {
                     vec![std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/nonexistent"))]
                 }
@@ -251,12 +227,7 @@ mod tests {
         assert_eq!(c.profile_for("off").memory_bytes, 1 << 30);
         assert_eq!(c.profile_for("other").memory_bytes, 512 << 20);
         let bad: ConfigFile = toml::from_str("[profiles.x]\nnetwork = \"wifi\"\n").unwrap();
-        assert!(
-            Config::from_file(bad)
-                .unwrap_err()
-                .to_string()
-                .contains("profiles.x.network")
-        );
+        assert!(Config::from_file(bad).unwrap_err().to_string().contains("profiles.x.network"));
         assert!(toml::from_str::<ConfigFile>("bogus = 1\n").is_err());
     }
 }

@@ -163,7 +163,12 @@ mod tests {
 
     #[test]
     fn exit_code_conventions() {
-        let r = |outcome| ExecResult { stdout: Captured::default(), stderr: Captured::default(), outcome, duration: Duration::ZERO };
+        let r = |outcome| ExecResult {
+            stdout: Captured::default(),
+            stderr: Captured::default(),
+            outcome,
+            duration: Duration::ZERO,
+        };
         assert_eq!(r(Outcome::Exited(ExitStatus::Code(3))).exit_code(), 3);
         assert_eq!(r(Outcome::Exited(ExitStatus::Signal(9))).exit_code(), 137);
         assert_eq!(r(Outcome::TimedOut).exit_code(), -1);

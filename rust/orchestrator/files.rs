@@ -1,11 +1,12 @@
-//! Files in sandboxes: write one or many (as a tar stream extracted inside the
-//! sandbox, so nothing is ever written on the host), and read one back.
+//! Files in sandboxes: write one or many (as a tar stream the sandbox's agent
+//! extracts, so nothing is ever written on the host), and read one back.
 //! Relative paths resolve against `/workspace`.
 use std::time::Duration;
 
 use super::{
     error::OrchestratorError,
     exec::{Captured, ExecResult},
+    helper_client::HelperError,
     sandbox::{Command, Sandbox, SandboxManager, WORKSPACE},
 };
 
@@ -46,7 +47,9 @@ impl SandboxManager {
             header.set_mode(0o644);
             header.set_uid(0);
             header.set_gid(0);
-            header.set_mtime(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0));
+            header.set_mtime(
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            );
             header.set_entry_type(tar::EntryType::Regular);
             builder
                 .append_data(&mut header, full.trim_start_matches('/'), data.as_slice())
@@ -55,12 +58,14 @@ impl SandboxManager {
         let archive = builder
             .into_inner()
             .map_err(|e| OrchestratorError::InvalidArgument(format!("cannot build archive: {e}")))?;
-        let mut cmd = Command::argv(["tar", "-x", "-f", "-", "-C", "/", "--no-overwrite-dir"], FILE_TIMEOUT);
-        cmd.stdin = archive;
-        let result = self.run_in(sandbox, cmd).await?;
-        if result.exit_code() != 0 {
-            return Err(failure(&result));
-        }
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tx.send(archive).await.map_err(|_| OrchestratorError::InvalidArgument("archive channel closed".into()))?;
+        drop(tx);
+        self.helper.copy_in(&sandbox.name, "/", rx).await.map_err(|e| match e {
+            // The agent's reason (e.g. "Is a directory") names the path.
+            HelperError::InvalidArgument(m) | HelperError::Internal(m) => OrchestratorError::InvalidArgument(m),
+            other => other.into(),
+        })?;
         Ok(())
     }
 

@@ -41,6 +41,9 @@ pub enum HelperError {
     /// The VM is in the wrong state for the request.
     #[error("{0}")]
     FailedPrecondition(String),
+    /// The helper's driver or the VM's agent failed; the message says where.
+    #[error("VM helper failed: {0}")]
+    Internal(String),
     /// Anything else the helper reported.
     #[error("VM helper error: {0}")]
     Other(String),
@@ -54,10 +57,8 @@ impl From<tonic::Status> for HelperError {
             Code::AlreadyExists => Self::AlreadyExists(msg),
             Code::InvalidArgument => Self::InvalidArgument(msg),
             Code::FailedPrecondition => Self::FailedPrecondition(msg),
-            Code::Unavailable => Self::Unavailable {
-                socket: PathBuf::new(),
-                reason: msg,
-            },
+            Code::Unavailable => Self::Unavailable { socket: PathBuf::new(), reason: msg },
+            Code::Internal => Self::Internal(msg),
             code => Self::Other(format!("{code:?}: {msg}")),
         }
     }
@@ -196,17 +197,12 @@ impl ProcessInput {
 
     /// Close stdin: the process reads EOF.
     pub async fn close_stdin(&self) -> Result<(), HelperError> {
-        self.send(pb::exec_request::Msg::CloseStdin(pb::CloseStdin {}))
-            .await
+        self.send(pb::exec_request::Msg::CloseStdin(pb::CloseStdin {})).await
     }
 
     /// Signal the whole process group.
     pub async fn signal_group(&self, signal: i32) -> Result<(), HelperError> {
-        self.send(pb::exec_request::Msg::Signal(pb::Signal {
-            signal,
-            process_group: true,
-        }))
-        .await
+        self.send(pb::exec_request::Msg::Signal(pb::Signal { signal, process_group: true })).await
     }
 }
 
@@ -248,10 +244,7 @@ impl HelperClient {
         if let Ok(c) = Self::connect(socket).await {
             return Ok(c);
         }
-        let unavailable = |reason: String| HelperError::Unavailable {
-            socket: socket.to_path_buf(),
-            reason,
-        };
+        let unavailable = |reason: String| HelperError::Unavailable { socket: socket.to_path_buf(), reason };
         // One orchestrator at a time decides to spawn: two MCP servers starting
         // together must not start two helpers fighting over one socket.
         let _lock = spawn_lock(socket).map_err(|e| unavailable(format!("lock: {e}")))?;
@@ -279,45 +272,31 @@ impl HelperClient {
     /// Connect to a running helper; fails fast if none answers.
     pub async fn connect(socket: &Path) -> Result<Self, HelperError> {
         let path = socket.to_path_buf();
-        let unavailable = |reason: String| HelperError::Unavailable {
-            socket: path.clone(),
-            reason,
-        };
+        let unavailable = |reason: String| HelperError::Unavailable { socket: path.clone(), reason };
         // Dial once up front so a dead socket fails here instead of on first use.
-        UnixStream::connect(socket)
-            .await
-            .map_err(|e| unavailable(e.to_string()))?;
+        UnixStream::connect(socket).await.map_err(|e| unavailable(e.to_string()))?;
         let dial = path.clone();
         // Port forwards stream through this channel: large HTTP/2 windows keep
         // flow control from capping throughput far below the socket's.
-        let channel =
-            tonic::transport::Endpoint::try_from("http://localhost")
-                .map_err(|e| unavailable(e.to_string()))?
-                .initial_stream_window_size(8 << 20)
-                .initial_connection_window_size(32 << 20)
-                .max_frame_size(1 << 20)
-                .connect_with_connector(tower::service_fn(move |_| {
-                    let dial = dial.clone();
-                    async move {
-                        Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(dial).await?))
-                    }
-                }))
-                .await
-                .map_err(|e| unavailable(e.to_string()))?;
-        let mut client = Self {
-            client: VmHelperClient::new(channel),
-        };
+        let channel = tonic::transport::Endpoint::try_from("http://localhost")
+            .map_err(|e| unavailable(e.to_string()))?
+            .initial_stream_window_size(8 << 20)
+            .initial_connection_window_size(32 << 20)
+            .max_frame_size(1 << 20)
+            .connect_with_connector(tower::service_fn(move |_| {
+                let dial = dial.clone();
+                async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(dial).await?)) }
+            }))
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        let mut client = Self { client: VmHelperClient::new(channel) };
         client.info().await?;
         Ok(client)
     }
 
     /// Helper platform/driver/version line for status output.
     pub async fn info(&mut self) -> Result<String, HelperError> {
-        let i = self
-            .client
-            .get_info(pb::GetInfoRequest {})
-            .await?
-            .into_inner();
+        let i = self.client.get_info(pb::GetInfoRequest {}).await?.into_inner();
         Ok(format!("{} {} {}", i.platform, i.driver, i.version))
     }
 
@@ -346,73 +325,35 @@ impl HelperClient {
             } as i32,
             labels: cfg.labels,
         };
-        let vm = self
-            .client
-            .clone()
-            .create_vm(pb::CreateVmRequest { spec: Some(spec) })
-            .await?
-            .into_inner()
-            .vm;
+        let vm = self.client.clone().create_vm(pb::CreateVmRequest { spec: Some(spec) }).await?.into_inner().vm;
         vm_info(vm)
     }
 
     /// Boot a VM; returns once Exec works.
     pub async fn start_vm(&self, id: &str) -> Result<VmInfo, HelperError> {
-        vm_info(
-            self.client
-                .clone()
-                .start_vm(pb::StartVmRequest { id: id.into() })
-                .await?
-                .into_inner()
-                .vm,
-        )
+        vm_info(self.client.clone().start_vm(pb::StartVmRequest { id: id.into() }).await?.into_inner().vm)
     }
 
     /// Delete a VM (stopping it first); volumes are kept.
     pub async fn delete_vm(&self, id: &str) -> Result<(), HelperError> {
-        self.client
-            .clone()
-            .delete_vm(pb::DeleteVmRequest { id: id.into() })
-            .await?;
+        self.client.clone().delete_vm(pb::DeleteVmRequest { id: id.into() }).await?;
         Ok(())
     }
 
     /// Every VM of the helper.
     pub async fn list_vms(&self) -> Result<Vec<VmInfo>, HelperError> {
-        let vms = self
-            .client
-            .clone()
-            .list_vms(pb::ListVmsRequest {})
-            .await?
-            .into_inner()
-            .vms;
+        let vms = self.client.clone().list_vms(pb::ListVmsRequest {}).await?.into_inner().vms;
         vms.into_iter().map(|v| vm_info(Some(v))).collect()
     }
 
     /// Images the helper can boot.
     pub async fn list_images(&self) -> Result<Vec<ImageSummary>, HelperError> {
-        let images = self
-            .client
-            .clone()
-            .list_images(pb::ListImagesRequest {})
-            .await?
-            .into_inner()
-            .images;
-        Ok(images
-            .into_iter()
-            .map(|i| ImageSummary {
-                name: i.name,
-                package_manager: i.package_manager,
-            })
-            .collect())
+        let images = self.client.clone().list_images(pb::ListImagesRequest {}).await?.into_inner().images;
+        Ok(images.into_iter().map(|i| ImageSummary { name: i.name, package_manager: i.package_manager }).collect())
     }
 
     /// Start a process in a VM and return its handle once the helper accepted it.
-    pub async fn spawn(
-        &self,
-        vm_id: &str,
-        p: ProcessConfig,
-    ) -> Result<(ProcessInput, ProcessEvents), HelperError> {
+    pub async fn spawn(&self, vm_id: &str, p: ProcessConfig) -> Result<(ProcessInput, ProcessEvents), HelperError> {
         let (tx, rx) = mpsc::channel(64);
         let start = pb::ProcessSpec {
             vm_id: vm_id.into(),
@@ -424,17 +365,10 @@ impl HelperClient {
             tty_cols: 0,
             tty_rows: 0,
         };
-        tx.send(pb::ExecRequest {
-            msg: Some(pb::exec_request::Msg::Start(start)),
-        })
-        .await
-        .map_err(|_| HelperError::Other("exec stream closed".into()))?;
-        let rx = self
-            .client
-            .clone()
-            .exec(ReceiverStream::new(rx))
-            .await?
-            .into_inner();
+        tx.send(pb::ExecRequest { msg: Some(pb::exec_request::Msg::Start(start)) })
+            .await
+            .map_err(|_| HelperError::Other("exec stream closed".into()))?;
+        let rx = self.client.clone().exec(ReceiverStream::new(rx)).await?.into_inner();
         Ok((ProcessInput { tx }, ProcessEvents { rx }))
     }
 }
@@ -453,11 +387,7 @@ fn vm_info(vm: Option<pb::Vm>) -> Result<VmInfo, HelperError> {
         image: spec.image,
         labels: spec.labels,
         state,
-        shell: if vm.shell.is_empty() {
-            "/bin/sh".into()
-        } else {
-            vm.shell
-        },
+        shell: if vm.shell.is_empty() { "/bin/sh".into() } else { vm.shell },
         cpus: spec.cpus,
         memory_bytes: spec.memory_bytes,
         started_at_ms: vm.started_at_ms,
@@ -467,14 +397,9 @@ fn vm_info(vm: Option<pb::Vm>) -> Result<VmInfo, HelperError> {
 fn spawn_lock(socket: &Path) -> std::io::Result<nix::fcntl::Flock<std::fs::File>> {
     let dir = socket.parent().unwrap_or(Path::new("/"));
     std::fs::create_dir_all(dir)?;
-    let f = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .open(socket.with_extension("lock"))?;
-    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| std::io::Error::from(e))
+    let f =
+        OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(socket.with_extension("lock"))?;
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| std::io::Error::from(e))
 }
 
 fn spawn_helper(socket: &Path, helper_bin: &Path) -> std::io::Result<()> {
@@ -482,26 +407,13 @@ fn spawn_helper(socket: &Path, helper_bin: &Path) -> std::io::Result<()> {
     if let Some(dir) = log_path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let log = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(&log_path)?;
+    let log = OpenOptions::new().create(true).append(true).mode(0o600).open(&log_path)?;
     let mut cmd = std::process::Command::new(helper_bin);
-    cmd.arg("serve")
-        .arg("--socket")
-        .arg(socket)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
+    cmd.arg("serve").arg("--socket").arg(socket).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log);
     // SAFETY: setsid is async-signal-safe; it detaches the helper from our
     // session so it survives the MCP client killing our process group.
     unsafe {
-        cmd.pre_exec(|| {
-            nix::unistd::setsid()
-                .map(|_| ())
-                .map_err(std::io::Error::from)
-        });
+        cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from));
     }
     let child = cmd.spawn()?;
     // Reap it in the background if it exits early; a daemon is never waited for.
@@ -559,13 +471,7 @@ fn exit_status(e: Option<pb::Exited>) -> Option<ExitStatus> {
 
 fn background_info(p: Option<pb::BackgroundProcess>) -> Result<BackgroundInfo, HelperError> {
     let p = p.ok_or_else(|| HelperError::Other("helper answered without a process".into()))?;
-    Ok(BackgroundInfo {
-        name: p.name,
-        pid: p.pid,
-        argv: p.argv,
-        running: p.running,
-        exit: exit_status(p.exit),
-    })
+    Ok(BackgroundInfo { name: p.name, pid: p.pid, argv: p.argv, running: p.running, exit: exit_status(p.exit) })
 }
 
 /// The sending half of a Dial pipe.
@@ -577,22 +483,12 @@ pub struct DialWriter {
 impl DialWriter {
     /// Bytes for the guest; false once the pipe is gone.
     pub async fn write(&self, data: Vec<u8>) -> bool {
-        self.tx
-            .send(pb::DialRequest {
-                msg: Some(pb::dial_request::Msg::Data(data)),
-            })
-            .await
-            .is_ok()
+        self.tx.send(pb::DialRequest { msg: Some(pb::dial_request::Msg::Data(data)) }).await.is_ok()
     }
 
     /// Half-close towards the guest.
     pub async fn close_write(&self) {
-        let _ = self
-            .tx
-            .send(pb::DialRequest {
-                msg: Some(pb::dial_request::Msg::CloseWrite(pb::CloseStdin {})),
-            })
-            .await;
+        let _ = self.tx.send(pb::DialRequest { msg: Some(pb::dial_request::Msg::CloseWrite(pb::CloseStdin {})) }).await;
     }
 }
 
@@ -607,9 +503,7 @@ impl DialReader {
         loop {
             match self.rx.message().await? {
                 None => return Ok(None),
-                Some(pb::DialResponse {
-                    msg: Some(pb::dial_response::Msg::Data(d)),
-                }) => return Ok(Some(d)),
+                Some(pb::DialResponse { msg: Some(pb::dial_response::Msg::Data(d)) }) => return Ok(Some(d)),
                 Some(_) => continue,
             }
         }
@@ -618,35 +512,17 @@ impl DialReader {
 
 impl HelperClient {
     /// Open a byte pipe to `port` inside the VM; returns once the guest accepted.
-    pub async fn dial(
-        &self,
-        vm_id: &str,
-        port: u16,
-    ) -> Result<(DialWriter, DialReader), HelperError> {
+    pub async fn dial(&self, vm_id: &str, port: u16) -> Result<(DialWriter, DialReader), HelperError> {
         let (tx, rx) = mpsc::channel(16);
-        let start = pb::DialStart {
-            vm_id: vm_id.into(),
-            port: port.into(),
-        };
-        tx.send(pb::DialRequest {
-            msg: Some(pb::dial_request::Msg::Start(start)),
-        })
-        .await
-        .map_err(|_| HelperError::Other("dial stream closed".into()))?;
-        let mut rx = self
-            .client
-            .clone()
-            .dial(ReceiverStream::new(rx))
-            .await?
-            .into_inner();
+        let start = pb::DialStart { vm_id: vm_id.into(), port: port.into() };
+        tx.send(pb::DialRequest { msg: Some(pb::dial_request::Msg::Start(start)) })
+            .await
+            .map_err(|_| HelperError::Other("dial stream closed".into()))?;
+        let mut rx = self.client.clone().dial(ReceiverStream::new(rx)).await?.into_inner();
         match rx.message().await? {
-            Some(pb::DialResponse {
-                msg: Some(pb::dial_response::Msg::Connected(_)),
-            }) => {}
+            Some(pb::DialResponse { msg: Some(pb::dial_response::Msg::Connected(_)) }) => {}
             _ => {
-                return Err(HelperError::Other(format!(
-                    "VM {vm_id} did not confirm the connection to port {port}"
-                )));
+                return Err(HelperError::Other(format!("VM {vm_id} did not confirm the connection to port {port}")));
             }
         }
         Ok((DialWriter { tx }, DialReader { rx }))
@@ -666,9 +542,8 @@ impl HelperClient {
                 dest_dir: dest_dir.into(),
             })),
         };
-        let data = ReceiverStream::new(chunks).map(|d| pb::CopyInRequest {
-            msg: Some(pb::copy_in_request::Msg::Data(d)),
-        });
+        let data =
+            ReceiverStream::new(chunks).map(|d| pb::CopyInRequest { msg: Some(pb::copy_in_request::Msg::Data(d)) });
         let stream = tokio_stream::once(start).chain(data);
         let r = self.client.clone().copy_in(stream).await?.into_inner();
         Ok((r.files, r.bytes))
@@ -679,10 +554,7 @@ impl HelperClient {
         let rx = self
             .client
             .clone()
-            .copy_out(pb::CopyOutRequest {
-                vm_id: vm_id.into(),
-                path: path.into(),
-            })
+            .copy_out(pb::CopyOutRequest { vm_id: vm_id.into(), path: path.into() })
             .await?
             .into_inner();
         Ok(CopyOutReader { rx })
@@ -690,14 +562,7 @@ impl HelperClient {
 
     /// Resource usage of a running VM.
     pub async fn stats(&self, vm_id: &str) -> Result<VmStats, HelperError> {
-        let s = self
-            .client
-            .clone()
-            .stats(pb::StatsRequest {
-                vm_id: vm_id.into(),
-            })
-            .await?
-            .into_inner();
+        let s = self.client.clone().stats(pb::StatsRequest { vm_id: vm_id.into() }).await?.into_inner();
         Ok(VmStats {
             cpu_usage_ns: s.cpu_usage_ns,
             memory_used: s.memory_used_bytes,
@@ -730,10 +595,7 @@ impl HelperClient {
         let r = self
             .client
             .clone()
-            .start_background(pb::StartBackgroundRequest {
-                process: Some(process),
-                name: name.into(),
-            })
+            .start_background(pb::StartBackgroundRequest { process: Some(process), name: name.into() })
             .await?
             .into_inner();
         background_info(r.process)
@@ -741,18 +603,9 @@ impl HelperClient {
 
     /// Every background process record of a VM.
     pub async fn list_background(&self, vm_id: &str) -> Result<Vec<BackgroundInfo>, HelperError> {
-        let r = self
-            .client
-            .clone()
-            .list_background(pb::ListBackgroundRequest {
-                vm_id: vm_id.into(),
-            })
-            .await?
-            .into_inner();
-        r.processes
-            .into_iter()
-            .map(|p| background_info(Some(p)))
-            .collect()
+        let r =
+            self.client.clone().list_background(pb::ListBackgroundRequest { vm_id: vm_id.into() }).await?.into_inner();
+        r.processes.into_iter().map(|p| background_info(Some(p))).collect()
     }
 
     /// A background process and the tail of its output.
@@ -765,11 +618,7 @@ impl HelperClient {
         let r = self
             .client
             .clone()
-            .read_background_log(pb::ReadBackgroundLogRequest {
-                vm_id: vm_id.into(),
-                name: name.into(),
-                tail_lines,
-            })
+            .read_background_log(pb::ReadBackgroundLogRequest { vm_id: vm_id.into(), name: name.into(), tail_lines })
             .await?
             .into_inner();
         Ok((background_info(r.process)?, r.output))

@@ -15,9 +15,7 @@ pub struct HostRoots {
 pub(super) fn expand_home(path: &str) -> PathBuf {
     match path.strip_prefix("~") {
         Some(rest) if rest.is_empty() || rest.starts_with('/') => {
-            let home = std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from("/"));
+            let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"));
             home.join(rest.trim_start_matches('/'))
         }
         _ => PathBuf::from(path),
@@ -28,9 +26,7 @@ pub(super) fn expand_home(path: &str) -> PathBuf {
 /// resolution), so the error messages show what the caller meant.
 fn absolute(path: &str) -> Result<PathBuf, OrchestratorError> {
     if path.is_empty() {
-        return Err(OrchestratorError::InvalidArgument(
-            "host path must not be empty".into(),
-        ));
+        return Err(OrchestratorError::InvalidArgument("host path must not be empty".into()));
     }
     let p = expand_home(path);
     let p = if p.is_absolute() {
@@ -59,10 +55,7 @@ impl HostRoots {
         let mut roots = Vec::new();
         for p in paths {
             let c = p.canonicalize().map_err(|e| {
-                OrchestratorError::InvalidArgument(format!(
-                    "host root {} is not usable: {e}",
-                    p.display()
-                ))
+                OrchestratorError::InvalidArgument(format!("host root {} is not usable: {e}", p.display()))
             })?;
             roots.push(c);
         }
@@ -76,26 +69,17 @@ impl HostRoots {
 
     fn outside(&self, path: &Path) -> OrchestratorError {
         let roots: Vec<String> = self.roots.iter().map(|r| r.display().to_string()).collect();
-        OrchestratorError::HostPathDenied {
-            path: path.display().to_string(),
-            roots: roots.join(", "),
-        }
+        OrchestratorError::HostPathDenied { path: path.display().to_string(), roots: roots.join(", ") }
     }
 
     fn check(&self, resolved: &Path, shown: &Path) -> Result<(), OrchestratorError> {
-        if self.roots.iter().any(|r| resolved.starts_with(r)) {
-            Ok(())
-        } else {
-            Err(self.outside(shown))
-        }
+        if self.roots.iter().any(|r| resolved.starts_with(r)) { Ok(()) } else { Err(self.outside(shown)) }
     }
 
     /// An existing host path to read from, resolved and checked.
     pub fn readable(&self, path: &str) -> Result<PathBuf, OrchestratorError> {
         let abs = absolute(path)?;
-        let resolved = abs
-            .canonicalize()
-            .map_err(|_| OrchestratorError::HostPathMissing(abs.display().to_string()))?;
+        let resolved = abs.canonicalize().map_err(|_| OrchestratorError::HostPathMissing(abs.display().to_string()))?;
         self.check(&resolved, &abs)?;
         Ok(resolved)
     }
@@ -112,20 +96,15 @@ impl HostRoots {
             rest.push(existing.file_name().map(PathBuf::from).unwrap_or_default());
             existing = existing.parent().unwrap_or(Path::new("/"));
         }
-        if rest.is_empty()
-            && std::fs::symlink_metadata(existing).is_ok_and(|m| m.file_type().is_symlink())
-        {
+        if rest.is_empty() && std::fs::symlink_metadata(existing).is_ok_and(|m| m.file_type().is_symlink()) {
             return Err(OrchestratorError::InvalidArgument(format!(
                 "{} is a symlink; refusing to write through it",
                 abs.display()
             )));
         }
-        let mut resolved = existing.canonicalize().map_err(|e| {
-            OrchestratorError::InvalidArgument(format!(
-                "cannot resolve {}: {e}",
-                existing.display()
-            ))
-        })?;
+        let mut resolved = existing
+            .canonicalize()
+            .map_err(|e| OrchestratorError::InvalidArgument(format!("cannot resolve {}: {e}", existing.display())))?;
         for part in rest.iter().rev() {
             resolved.push(part);
         }
@@ -152,25 +131,12 @@ mod tests {
         std::fs::write(d.join("outside"), "x").unwrap();
         std::os::unix::fs::symlink(d.join("outside"), d.join("root/link")).unwrap();
         let roots = HostRoots::new(&[d.join("root")]).unwrap();
-        assert!(
-            roots
-                .readable(d.join("root/sub/f").to_str().unwrap())
-                .is_ok()
-        );
-        assert!(matches!(
-            roots.readable("/etc/shadow"),
-            Err(OrchestratorError::HostPathDenied { .. })
-        ));
+        assert!(roots.readable(d.join("root/sub/f").to_str().unwrap()).is_ok());
+        assert!(matches!(roots.readable("/etc/shadow"), Err(OrchestratorError::HostPathDenied { .. })));
         let dotdot = format!("{}/root/../outside", d.display());
-        assert!(matches!(
-            roots.readable(&dotdot),
-            Err(OrchestratorError::HostPathDenied { .. })
-        ));
+        assert!(matches!(roots.readable(&dotdot), Err(OrchestratorError::HostPathDenied { .. })));
         let link = d.join("root/link");
-        assert!(matches!(
-            roots.readable(link.to_str().unwrap()),
-            Err(OrchestratorError::HostPathDenied { .. })
-        ));
+        assert!(matches!(roots.readable(link.to_str().unwrap()), Err(OrchestratorError::HostPathDenied { .. })));
         assert!(matches!(
             roots.readable(d.join("root/nope").to_str().unwrap()),
             Err(OrchestratorError::HostPathMissing(_))
@@ -184,15 +150,9 @@ mod tests {
         std::os::unix::fs::symlink(d.join("elsewhere"), d.join("root/planted")).unwrap();
         std::os::unix::fs::symlink("/etc", d.join("root/etc")).unwrap();
         let roots = HostRoots::new(&[d.join("root")]).unwrap();
-        let ok = roots
-            .writable(d.join("root/new/deeper/file").to_str().unwrap())
-            .unwrap();
+        let ok = roots.writable(d.join("root/new/deeper/file").to_str().unwrap()).unwrap();
         assert!(ok.starts_with(d.join("root").canonicalize().unwrap()));
-        assert!(
-            roots
-                .writable(d.join("root/planted").to_str().unwrap())
-                .is_err()
-        );
+        assert!(roots.writable(d.join("root/planted").to_str().unwrap()).is_err());
         assert!(matches!(
             roots.writable(d.join("root/etc/passwd").to_str().unwrap()),
             Err(OrchestratorError::HostPathDenied { .. })

@@ -20,9 +20,7 @@ pub fn validate_sandbox_name(name: &str) -> Result<(), OrchestratorError> {
 /// Check an environment variable name against `^[A-Za-z_][A-Za-z0-9_]*$`.
 pub fn validate_env_key(key: &str) -> Result<(), OrchestratorError> {
     let mut chars = key.chars();
-    let first_ok = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
     if first_ok && chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
         Ok(())
     } else {
@@ -64,10 +62,7 @@ pub fn random_hex(n: usize) -> String {
         // keeps ids distinct even if two states were seeded alike.
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
         h.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0),
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0),
         );
         out.push_str(&format!("{:016x}", h.finish()));
     }

@@ -77,7 +77,10 @@ mod tests {
 
     #[test]
     fn df_output() {
-        let d = parse_df(b"Filesystem 1024-blocks Used Available Capacity Mounted on\n/dev/vda 1000 250 750 25% /workspace\n").unwrap();
+        let d = parse_df(
+            b"Filesystem 1024-blocks Used Available Capacity Mounted on\n/dev/vda 1000 250 750 25% /workspace\n",
+        )
+        .unwrap();
         assert_eq!(d.size, 1_024_000);
         assert_eq!(d.pct(), 25);
         assert!(parse_df(b"garbage").is_none());

@@ -14,7 +14,8 @@ pub const INSTALL_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Split and validate a package list ("a b,c").
 pub fn parse_packages(packages: &str) -> Result<Vec<String>, OrchestratorError> {
-    let list: Vec<String> = packages.split([' ', ',', '\t', '\n']).filter(|s| !s.is_empty()).map(str::to_string).collect();
+    let list: Vec<String> =
+        packages.split([' ', ',', '\t', '\n']).filter(|s| !s.is_empty()).map(str::to_string).collect();
     if list.is_empty() {
         return Err(OrchestratorError::InvalidArgument("packages must name at least one package".into()));
     }
@@ -58,7 +59,8 @@ impl SandboxManager {
             .find(|i| i.name == sandbox.image)
             .map(|i| i.package_manager)
             .unwrap_or_default();
-        let script = script(&package_manager).ok_or_else(|| OrchestratorError::NoPackageManager(sandbox.image.clone()))?;
+        let script =
+            script(&package_manager).ok_or_else(|| OrchestratorError::NoPackageManager(sandbox.image.clone()))?;
         let mut argv = vec!["/bin/sh".to_string(), "-c".to_string(), script.to_string(), "install".to_string()];
         argv.extend(packages.iter().cloned());
         let mut cmd = Command::argv(argv, INSTALL_TIMEOUT);

@@ -14,8 +14,8 @@ use super::{
     error::OrchestratorError,
     exec::{self, ExecResult},
     helper_client::{HelperClient, HelperError, ProcessConfig, VmConfig, VmInfo, VmState},
-    shell,
     names::validate_sandbox_name,
+    shell,
 };
 
 /// Label on every VM the orchestrator creates, holding the sandbox name.
@@ -25,11 +25,8 @@ pub const WORKSPACE: &str = "/workspace";
 
 /// Per-sandbox package caches: (volume subdirectory, path inside). They live
 /// beside the workspace, so they survive `reset` and make reinstalls fast.
-const CACHE_VOLUMES: [(&str, &str); 3] = [
-    ("cache/apt", "/var/cache/apt/archives"),
-    ("cache/pip", "/root/.cache/pip"),
-    ("cache/npm", "/root/.npm"),
-];
+const CACHE_VOLUMES: [(&str, &str); 3] =
+    [("cache/apt", "/var/cache/apt/archives"), ("cache/pip", "/root/.cache/pip"), ("cache/npm", "/root/.npm")];
 
 /// One live sandbox.
 #[derive(Debug)]
@@ -56,8 +53,7 @@ pub struct Sandbox {
 
 impl Sandbox {
     fn from_vm(vm: &VmInfo, name: String) -> Self {
-        let started_at =
-            SystemTime::UNIX_EPOCH + Duration::from_millis(vm.started_at_ms.max(0) as u64);
+        let started_at = SystemTime::UNIX_EPOCH + Duration::from_millis(vm.started_at_ms.max(0) as u64);
         Self {
             name,
             image: vm.image.clone(),
@@ -73,10 +69,7 @@ impl Sandbox {
 
     /// Seconds since the last command.
     pub fn idle(&self) -> Duration {
-        self.last_activity
-            .lock()
-            .map(|t| t.elapsed())
-            .unwrap_or_default()
+        self.last_activity.lock().map(|t| t.elapsed()).unwrap_or_default()
     }
 
     fn touch(&self) {
@@ -99,10 +92,7 @@ impl Sandbox {
 
     /// The newest `limit` audit entries, newest first.
     pub fn history(&self, limit: usize) -> Vec<super::audit::AuditEntry> {
-        self.audit
-            .lock()
-            .map(|a| a.newest(limit))
-            .unwrap_or_default()
+        self.audit.lock().map(|a| a.newest(limit)).unwrap_or_default()
     }
 
     /// A copy of the persistent env.
@@ -248,10 +238,7 @@ impl SandboxManager {
     }
 
     fn lifecycle_lock(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self
-            .lifecycle_locks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut locks = self.lifecycle_locks.lock().unwrap_or_else(|p| p.into_inner());
         locks.entry(name.to_string()).or_default().clone()
     }
 
@@ -263,10 +250,7 @@ impl SandboxManager {
     /// An existing sandbox (never creates one).
     pub fn get(&self, name: &str) -> Result<Arc<Sandbox>, OrchestratorError> {
         validate_sandbox_name(name)?;
-        self.lock_map()
-            .get(name)
-            .cloned()
-            .ok_or_else(|| OrchestratorError::NoSuchSandbox(name.to_string()))
+        self.lock_map().get(name).cloned().ok_or_else(|| OrchestratorError::NoSuchSandbox(name.to_string()))
     }
 
     /// The named sandbox, created and booted on first use.
@@ -291,16 +275,10 @@ impl SandboxManager {
     async fn create_locked(&self, name: &str) -> Result<Arc<Sandbox>, OrchestratorError> {
         let volume = self.config.volumes_dir.join(name);
         let mut mounts = vec![(self.workspace_dir(name), WORKSPACE.to_string())];
-        mounts.extend(
-            CACHE_VOLUMES
-                .iter()
-                .map(|(sub, guest)| (volume.join(sub), guest.to_string())),
-        );
+        mounts.extend(CACHE_VOLUMES.iter().map(|(sub, guest)| (volume.join(sub), guest.to_string())));
         for (dir, _) in &mounts {
-            std::fs::create_dir_all(dir).map_err(|source| OrchestratorError::Volume {
-                path: dir.display().to_string(),
-                source,
-            })?;
+            std::fs::create_dir_all(dir)
+                .map_err(|source| OrchestratorError::Volume { path: dir.display().to_string(), source })?;
         }
         let profile = self.config.profile_for(name);
         let cfg = VmConfig {
@@ -374,11 +352,7 @@ impl SandboxManager {
 
     /// Replace a sandbox with a fresh one from its image (creating it if it did
     /// not exist). The workspace is kept unless `wipe_workspace`.
-    pub async fn reset(
-        &self,
-        name: &str,
-        wipe_workspace: bool,
-    ) -> Result<Arc<Sandbox>, OrchestratorError> {
+    pub async fn reset(&self, name: &str, wipe_workspace: bool) -> Result<Arc<Sandbox>, OrchestratorError> {
         validate_sandbox_name(name)?;
         let lock = self.lifecycle_lock(name);
         let _guard = lock.lock().await;
@@ -390,10 +364,8 @@ impl SandboxManager {
         if wipe_workspace {
             let dir = self.workspace_dir(name);
             if dir.exists() {
-                std::fs::remove_dir_all(&dir).map_err(|source| OrchestratorError::Volume {
-                    path: dir.display().to_string(),
-                    source,
-                })?;
+                std::fs::remove_dir_all(&dir)
+                    .map_err(|source| OrchestratorError::Volume { path: dir.display().to_string(), source })?;
             }
         }
         let fresh = self.create_locked(name).await?;
@@ -405,29 +377,26 @@ impl SandboxManager {
 
     /// Run a command in the named sandbox (created on first use), with the
     /// sandbox's persistent env, and record it in the audit log.
-    pub async fn run(
-        &self,
-        name: &str,
-        cmd: Command,
-    ) -> Result<(Arc<Sandbox>, ExecResult), OrchestratorError> {
+    pub async fn run(&self, name: &str, cmd: Command) -> Result<(Arc<Sandbox>, ExecResult), OrchestratorError> {
         let sandbox = self.get_or_create(name).await?;
         let result = self.run_in(&sandbox, cmd).await?;
         Ok((sandbox, result))
     }
 
     /// Run a command in a known sandbox.
-    pub async fn run_in(
-        &self,
-        sandbox: &Sandbox,
-        cmd: Command,
-    ) -> Result<ExecResult, OrchestratorError> {
+    pub async fn run_in(&self, sandbox: &Sandbox, cmd: Command) -> Result<ExecResult, OrchestratorError> {
         self.run_with_env(sandbox, cmd, sandbox.env()).await
     }
 
     /// Run an internal probe: not audited and not counted as activity, so
     /// health checks never keep an idle sandbox alive.
     pub(super) async fn probe(&self, sandbox: &Sandbox, cmd: Command) -> Result<ExecResult, OrchestratorError> {
-        let process = ProcessConfig { argv: cmd_argv(sandbox, cmd.argv), env: Default::default(), cwd: cmd.cwd, create_cwd: false };
+        let process = ProcessConfig {
+            argv: cmd_argv(sandbox, cmd.argv),
+            env: Default::default(),
+            cwd: cmd.cwd,
+            create_cwd: false,
+        };
         Ok(exec::run(&self.helper, &sandbox.name, process, &cmd.stdin, cmd.timeout).await?)
     }
 
@@ -440,9 +409,7 @@ impl SandboxManager {
         env: BTreeMap<String, String>,
     ) -> Result<ExecResult, OrchestratorError> {
         if cmd.timeout.is_zero() {
-            return Err(OrchestratorError::InvalidArgument(
-                "timeout must be greater than 0".into(),
-            ));
+            return Err(OrchestratorError::InvalidArgument("timeout must be greater than 0".into()));
         }
         let mut process = ProcessConfig {
             argv: cmd_argv(sandbox, cmd.argv.clone()),
@@ -484,9 +451,6 @@ impl SandboxManager {
     /// Which sandboxes' VMs the helper reports as running.
     pub async fn running(&self) -> Result<HashMap<String, bool>, OrchestratorError> {
         let vms = self.helper.list_vms().await?;
-        Ok(vms
-            .into_iter()
-            .map(|v| (v.id, v.state == VmState::Running))
-            .collect())
+        Ok(vms.into_iter().map(|v| (v.id, v.state == VmState::Running)).collect())
     }
 }

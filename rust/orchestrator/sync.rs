@@ -5,9 +5,7 @@
 //! paths (fixed names plus the root's .gitignore) are never sent.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    hash::{BuildHasher, Hasher},
-    io::{self, Read, Write},
-    os::unix::fs::OpenOptionsExt,
+    io,
     path::{Path, PathBuf},
     sync::{
         Arc, Mutex,
@@ -28,11 +26,7 @@ use tokio::{
 };
 
 use super::{
-    OrchestratorError, Sandbox, SandboxManager,
-    files::resolve,
-    hostpath::expand_home,
-    sandbox::Command,
-    tarstream,
+    OrchestratorError, Sandbox, SandboxManager, files::resolve, hostpath::expand_home, sandbox::Command, tarstream,
 };
 
 /// Names never synced, wherever they appear in the tree (sorted, as shown).
@@ -208,12 +202,19 @@ impl SyncManager {
         watcher.watch(&root, RecursiveMode::Recursive).map_err(watch_err)?;
         let filter = Arc::new(Filter::load(&root));
         let id = new_id(&lock(&self.jobs));
-        let spec = Arc::new(JobSpec { id: id.clone(), root, sandbox: sb.name.clone(), dir, counters: Counters::default() });
+        let spec =
+            Arc::new(JobSpec { id: id.clone(), root, sandbox: sb.name.clone(), dir, counters: Counters::default() });
         let initial = push(&self.sandboxes, &spec, &sb, &filter, vec![PathBuf::new()])
             .await
             .map_err(|reason| SyncError::InitialPush { path: spec.root.display().to_string(), reason })?;
         spec.counters.files.store(initial, Ordering::Relaxed);
-        let ctx = JobCtx { spec: spec.clone(), sandboxes: self.sandboxes.clone(), filter, current: sb, jobs: self.jobs.clone() };
+        let ctx = JobCtx {
+            spec: spec.clone(),
+            sandboxes: self.sandboxes.clone(),
+            filter,
+            current: sb,
+            jobs: self.jobs.clone(),
+        };
         // Spawned under the lock: a job that ends at once cannot remove
         // itself before it was inserted.
         let mut jobs = lock(&self.jobs);
@@ -244,7 +245,8 @@ impl SyncManager {
     pub async fn stop_for(&self, sandbox: &str) -> Vec<SyncInfo> {
         let gone: Vec<Job> = {
             let mut jobs = lock(&self.jobs);
-            let ids: Vec<String> = jobs.iter().filter(|(_, j)| j.spec.sandbox == sandbox).map(|(id, _)| id.clone()).collect();
+            let ids: Vec<String> =
+                jobs.iter().filter(|(_, j)| j.spec.sandbox == sandbox).map(|(id, _)| id.clone()).collect();
             ids.iter().filter_map(|id| jobs.remove(id)).collect()
         };
         let mut stopped = Vec::new();
@@ -269,8 +271,7 @@ async fn end(job: Job) -> SyncInfo {
 
 fn new_id(jobs: &BTreeMap<String, Job>) -> String {
     loop {
-        let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
-        let id = format!("sync-{:06x}", random & 0xff_ffff);
+        let id = format!("sync-{}", super::names::random_hex(6));
         if !jobs.contains_key(&id) {
             return id;
         }
@@ -398,7 +399,8 @@ impl JobCtx {
             self.filter = Arc::new(Filter::load(root));
             full = true;
         }
-        let (pushes, deletes) = if full { (vec![PathBuf::new()], Vec::new()) } else { classify(root, &self.filter, batch.paths) };
+        let (pushes, deletes) =
+            if full { (vec![PathBuf::new()], Vec::new()) } else { classify(root, &self.filter, batch.paths) };
         if !deletes.is_empty() {
             self.delete(&deletes).await?;
         }
@@ -422,7 +424,11 @@ impl JobCtx {
             .collect();
         for chunk in paths.chunks(RM_BATCH) {
             let argv = ["rm", "-rf", "--"].into_iter().map(String::from).chain(chunk.iter().cloned());
-            let r = self.sandboxes.run_in(&self.current, Command::argv(argv, RM_TIMEOUT)).await.map_err(|e| e.to_string())?;
+            let r = self
+                .sandboxes
+                .run_in(&self.current, Command::argv(argv, RM_TIMEOUT))
+                .await
+                .map_err(|e| e.to_string())?;
             if r.exit_code() != 0 {
                 return Err(format!("rm failed: {}", super::text::render(&r.stderr).trim_end()));
             }
@@ -472,94 +478,13 @@ async fn push(
     rels: Vec<PathBuf>,
 ) -> Result<u64, String> {
     let (root, filter) = (spec.root.clone(), filter.clone());
-    let (rx, build) = tarstream::build(move |b| append_all(b, &root, &rels, &filter));
+    let (rx, build) =
+        tarstream::build(move |b| tarstream::append_all(b, &root, &rels, &|rel, is_dir| filter.ignored(rel, is_dir)));
     let (built, copied) = tokio::join!(build, sandboxes.helper.copy_in(&sb.name, &spec.dir, rx));
     let (files, _bytes) = copied.map_err(|e| e.to_string())?;
     built.map_err(|e| e.to_string())?.map_err(|e| format!("reading {}: {e}", spec.root.display()))?;
     Ok(files)
 }
-
-/// Append `rels` under `root` to `b`. Symlinks are archived as symlinks and
-/// never followed; entries are owned by root; paths that vanish or cannot be
-/// opened are skipped (a later event brings them).
-pub fn append_all<W: Write>(b: &mut tar::Builder<W>, root: &Path, rels: &[PathBuf], filter: &Filter) -> io::Result<()> {
-    for rel in rels {
-        append_tree(b, root, rel, filter)?;
-    }
-    Ok(())
-}
-
-fn header_for(meta: &std::fs::Metadata, kind: tar::EntryType) -> tar::Header {
-    let mut h = tar::Header::new_gnu();
-    h.set_metadata_in_mode(meta, tar::HeaderMode::Complete);
-    h.set_uid(0);
-    h.set_gid(0);
-    h.set_entry_type(kind);
-    if kind != tar::EntryType::Regular {
-        h.set_size(0);
-    }
-    h
-}
-
-fn skip(path: &Path, e: &io::Error) {
-    if e.kind() != io::ErrorKind::NotFound {
-        tracing::warn!("sync: skipping {}: {e}", path.display());
-    }
-}
-
-fn append_tree<W: Write>(b: &mut tar::Builder<W>, root: &Path, rel: &Path, filter: &Filter) -> io::Result<()> {
-    let abs = root.join(rel);
-    let meta = match std::fs::symlink_metadata(&abs) {
-        Ok(m) => m,
-        Err(e) => {
-            skip(&abs, &e);
-            return Ok(());
-        }
-    };
-    let ft = meta.file_type();
-    if ft.is_dir() {
-        if !rel.as_os_str().is_empty() {
-            b.append_data(&mut header_for(&meta, tar::EntryType::Directory), rel, io::empty())?;
-        }
-        let entries = match std::fs::read_dir(&abs) {
-            Ok(e) => e,
-            Err(e) => {
-                skip(&abs, &e);
-                return Ok(());
-            }
-        };
-        for entry in entries.flatten() {
-            let child = rel.join(entry.file_name());
-            let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
-            if !filter.ignored(&child, Some(is_dir)) {
-                append_tree(b, root, &child, filter)?;
-            }
-        }
-    } else if ft.is_symlink() {
-        match std::fs::read_link(&abs) {
-            Ok(target) => b.append_link(&mut header_for(&meta, tar::EntryType::Symlink), rel, target)?,
-            Err(e) => skip(&abs, &e),
-        }
-    } else if ft.is_file() {
-        // O_NOFOLLOW: the file may have been swapped for a symlink since the lstat.
-        let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&abs);
-        let (file, meta) = match file.and_then(|f| f.metadata().map(|m| (f, m))) {
-            Ok(fm) => fm,
-            Err(e) => {
-                skip(&abs, &e);
-                return Ok(());
-            }
-        };
-        // Exactly `size` bytes whatever happens to the file meanwhile: a file
-        // growing or shrinking mid-read must not corrupt the stream (its
-        // change event pushes it again).
-        let size = meta.len();
-        let data = file.take(size).chain(io::repeat(0)).take(size);
-        b.append_data(&mut header_for(&meta, tar::EntryType::Regular), rel, data)?;
-    }
-    Ok(())
-}
-
 
 #[cfg(test)]
 mod tests {
@@ -583,7 +508,8 @@ mod tests {
     fn entries(root: &Path, rels: &[PathBuf]) -> BTreeMap<String, (tar::EntryType, Vec<u8>)> {
         let mut b = tar::Builder::new(Vec::new());
         b.follow_symlinks(false);
-        append_all(&mut b, root, rels, &Filter::load(root)).unwrap();
+        let filter = Filter::load(root);
+        tarstream::append_all(&mut b, root, rels, &|rel, is_dir| filter.ignored(rel, is_dir)).unwrap();
         let out = b.into_inner().unwrap();
         let mut archive = tar::Archive::new(out.as_slice());
         archive
@@ -635,7 +561,10 @@ mod tests {
         let d = tree("classify");
         let f = Filter::load(&d);
         let paths: BTreeSet<PathBuf> =
-            ["src", "src/deep/a.py", "gone", "gone/sub", "app.log", "node_modules/x/i.js", ""].iter().map(|p| d.join(p)).collect();
+            ["src", "src/deep/a.py", "gone", "gone/sub", "app.log", "node_modules/x/i.js", ""]
+                .iter()
+                .map(|p| d.join(p))
+                .collect();
         let (pushes, deletes) = classify(&d, &f, paths);
         assert_eq!(pushes, [PathBuf::from("src")]);
         assert_eq!(deletes, [PathBuf::from("gone")]);

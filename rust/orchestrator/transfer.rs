@@ -77,10 +77,7 @@ fn make_dirs(root: &Path, rel: &Path) -> io::Result<PathBuf> {
         match fs::symlink_metadata(&at) {
             Ok(m) if m.is_dir() => {}
             Ok(_) => {
-                return Err(io::Error::other(format!(
-                    "{} exists and is not a directory",
-                    at.display()
-                )));
+                return Err(io::Error::other(format!("{} exists and is not a directory", at.display())));
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => fs::create_dir(&at)?,
             Err(e) => return Err(e),
@@ -120,14 +117,9 @@ fn unpack_dir(reader: impl Read, dest: &Path) -> io::Result<(u64, u64)> {
                 make_dirs(dest, &rel)?;
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
-                let parent = rel
-                    .parent()
-                    .map(|p| make_dirs(dest, p))
-                    .transpose()?
-                    .unwrap_or_else(|| dest.to_path_buf());
-                let name = rel
-                    .file_name()
-                    .ok_or_else(|| io::Error::other("entry without a name"))?;
+                let parent =
+                    rel.parent().map(|p| make_dirs(dest, p)).transpose()?.unwrap_or_else(|| dest.to_path_buf());
+                let name = rel.file_name().ok_or_else(|| io::Error::other("entry without a name"))?;
                 write_file_nofollow(&parent.join(name), &mut entry, mode)?;
                 files += 1;
             }
@@ -178,51 +170,28 @@ impl SandboxManager {
         let meta = fs::metadata(&source).map_err(|e| io_err(&source.display().to_string(), e))?;
         if meta.is_dir() {
             let src = source.clone();
-            let (rx, builder) = tarstream::build(move |b| b.append_dir_all("", &src));
+            let (rx, builder) =
+                tarstream::build(move |b| tarstream::append_all(b, &src, &[PathBuf::new()], &|_, _| false));
             let (files, _) = self.helper.copy_in(&sandbox.name, &target, rx).await?;
-            let (_, archive_bytes) = builder
-                .await
-                .map_err(|e| io_err("archive", e.into()))?
-                .map_err(|e| io_err("archive", e))?;
-            return Ok(Uploaded {
-                dest: target,
-                files,
-                archive_bytes,
-                directory: true,
-                elapsed: started.elapsed(),
-            });
+            let (_, archive_bytes) =
+                builder.await.map_err(|e| io_err("archive", e.into()))?.map_err(|e| io_err("archive", e))?;
+            return Ok(Uploaded { dest: target, files, archive_bytes, directory: true, elapsed: started.elapsed() });
         }
-        let base = source
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let base = source.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let into_dir = target.ends_with('/') || self.is_dir(sandbox, &target).await?;
         let (dir, name) = if into_dir {
             (target.trim_end_matches('/').to_string(), base)
         } else {
             let p = Path::new(&target);
-            let dir = p
-                .parent()
-                .map(|d| d.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "/".into());
-            (
-                dir,
-                p.file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or(base),
-            )
+            let dir = p.parent().map(|d| d.to_string_lossy().into_owned()).unwrap_or_else(|| "/".into());
+            (dir, p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or(base))
         };
         let dest = format!("{}/{name}", dir.trim_end_matches('/'));
         let src = source.clone();
-        let (rx, builder) = tarstream::build(move |b| b.append_path_with_name(&src, &name));
-        let (files, _) = self
-            .helper
-            .copy_in(&sandbox.name, if dir.is_empty() { "/" } else { &dir }, rx)
-            .await?;
-        let (_, archive_bytes) = builder
-            .await
-            .map_err(|e| io_err("archive", e.into()))?
-            .map_err(|e| io_err("archive", e))?;
+        let (rx, builder) = tarstream::build(move |b| tarstream::append_file(b, &src, Path::new(&name)));
+        let (files, _) = self.helper.copy_in(&sandbox.name, if dir.is_empty() { "/" } else { &dir }, rx).await?;
+        let (_, archive_bytes) =
+            builder.await.map_err(|e| io_err("archive", e.into()))?.map_err(|e| io_err("archive", e))?;
         Ok(Uploaded {
             dest,
             files,
@@ -233,12 +202,7 @@ impl SandboxManager {
     }
 
     async fn is_dir(&self, sandbox: &Sandbox, path: &str) -> Result<bool, OrchestratorError> {
-        let r = self
-            .run_in(
-                sandbox,
-                Command::argv(["test", "-d", path], Duration::from_secs(10)),
-            )
-            .await?;
+        let r = self.run_in(sandbox, Command::argv(["test", "-d", path], Duration::from_secs(10))).await?;
         Ok(r.exit_code() == 0)
     }
 
@@ -254,25 +218,15 @@ impl SandboxManager {
         let directory = self.is_dir(sandbox, &source).await?;
         let mut dest = self.config().host_roots.writable(local)?;
         if !directory && dest.is_dir() {
-            let name = Path::new(&source)
-                .file_name()
-                .map(PathBuf::from)
-                .unwrap_or_default();
-            dest = self
-                .config()
-                .host_roots
-                .writable(&dest.join(name).to_string_lossy())?;
+            let name = Path::new(&source).file_name().map(PathBuf::from).unwrap_or_default();
+            dest = self.config().host_roots.writable(&dest.join(name).to_string_lossy())?;
         }
-        let mut stream =
-            self.helper
-                .copy_out(&sandbox.name, &source)
-                .await
-                .map_err(|e| match e {
-                    HelperError::NotFound(_) => OrchestratorError::InvalidArgument(format!(
-                        "{source} does not exist in sandbox"
-                    )),
-                    other => other.into(),
-                })?;
+        let mut stream = self.helper.copy_out(&sandbox.name, &source).await.map_err(|e| match e {
+            HelperError::NotFound(_) => {
+                OrchestratorError::InvalidArgument(format!("{source} does not exist in sandbox"))
+            }
+            other => other.into(),
+        })?;
         let (tx, rx) = mpsc::channel(8);
         let target = dest.clone();
         let unpack = tokio::task::spawn_blocking(move || {
@@ -295,9 +249,7 @@ impl SandboxManager {
                 }
                 Ok(None) => break,
                 Err(HelperError::NotFound(_)) => {
-                    failure = Some(OrchestratorError::InvalidArgument(format!(
-                        "{source} does not exist in sandbox"
-                    )));
+                    failure = Some(OrchestratorError::InvalidArgument(format!("{source} does not exist in sandbox")));
                     break;
                 }
                 Err(e) => {
@@ -313,13 +265,7 @@ impl SandboxManager {
         }
         let (file_bytes, skipped) = unpacked.map_err(|e| io_err("Error extracting", e))?;
         let bytes = if directory { received } else { file_bytes };
-        Ok(Downloaded {
-            dest,
-            bytes,
-            directory,
-            skipped,
-            elapsed: started.elapsed(),
-        })
+        Ok(Downloaded { dest, bytes, directory, skipped, elapsed: started.elapsed() })
     }
 
     /// `git clone` inside the sandbox. A token is handed to git through
@@ -335,19 +281,13 @@ impl SandboxManager {
         shallow: bool,
     ) -> Result<(String, ExecResult), OrchestratorError> {
         if repo.is_empty() || repo.starts_with('-') || repo.chars().any(char::is_whitespace) {
-            return Err(OrchestratorError::InvalidArgument(format!(
-                "invalid repository '{repo}'"
-            )));
+            return Err(OrchestratorError::InvalidArgument(format!("invalid repository '{repo}'")));
         }
         if branch.starts_with('-') || branch.chars().any(char::is_whitespace) {
-            return Err(OrchestratorError::InvalidArgument(format!(
-                "invalid branch '{branch}'"
-            )));
+            return Err(OrchestratorError::InvalidArgument(format!("invalid branch '{branch}'")));
         }
         let name = clone_dir_name(repo).ok_or_else(|| {
-            OrchestratorError::InvalidArgument(format!(
-                "cannot derive a directory name from '{repo}'"
-            ))
+            OrchestratorError::InvalidArgument(format!("cannot derive a directory name from '{repo}'"))
         })?;
         let dir = format!("{}/{name}", resolve(path)?.trim_end_matches('/'));
         let mut argv = vec!["git".to_string(), "clone".to_string()];
@@ -367,10 +307,7 @@ impl SandboxManager {
             let basic = base64_encode(format!("{user}:{password}").as_bytes());
             env.insert("GIT_CONFIG_COUNT".into(), "1".into());
             env.insert("GIT_CONFIG_KEY_0".into(), "http.extraHeader".into());
-            env.insert(
-                "GIT_CONFIG_VALUE_0".into(),
-                format!("Authorization: Basic {basic}"),
-            );
+            env.insert("GIT_CONFIG_VALUE_0".into(), format!("Authorization: Basic {basic}"));
         }
         let result = self.run_with_env(sandbox, cmd, env).await?;
         Ok((dir, result))
@@ -391,11 +328,7 @@ fn base64_encode(data: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {
@@ -414,27 +347,15 @@ mod tests {
 
     #[test]
     fn clone_names() {
-        assert_eq!(
-            clone_dir_name("https://github.com/a/my.github.io").as_deref(),
-            Some("my.github.io")
-        );
-        assert_eq!(
-            clone_dir_name("https://x/a/repo.git/").as_deref(),
-            Some("repo")
-        );
-        assert_eq!(
-            clone_dir_name("git@host:team/proj.git").as_deref(),
-            Some("proj")
-        );
+        assert_eq!(clone_dir_name("https://github.com/a/my.github.io").as_deref(), Some("my.github.io"));
+        assert_eq!(clone_dir_name("https://x/a/repo.git/").as_deref(), Some("repo"));
+        assert_eq!(clone_dir_name("git@host:team/proj.git").as_deref(), Some("proj"));
         assert_eq!(clone_dir_name("https://x/.."), None);
     }
 
     #[test]
     fn base64() {
-        assert_eq!(
-            base64_encode(b"x-access-token:abc"),
-            "eC1hY2Nlc3MtdG9rZW46YWJj"
-        );
+        assert_eq!(base64_encode(b"x-access-token:abc"), "eC1hY2Nlc3MtdG9rZW46YWJj");
         assert_eq!(base64_encode(b"a"), "YQ==");
         assert_eq!(base64_encode(b"ab"), "YWI=");
     }
@@ -468,16 +389,10 @@ mod tests {
         let archive = b.into_inner().unwrap();
         let err = unpack_dir(archive.as_slice(), &dir.join("dest")).unwrap_err();
         assert!(err.to_string().contains("planted"), "{err}");
-        assert_eq!(
-            fs::read_to_string(dir.join("dest/ok/file.txt")).unwrap(),
-            "hello"
-        );
+        assert_eq!(fs::read_to_string(dir.join("dest/ok/file.txt")).unwrap(), "hello");
         assert!(!dir.join("escape.txt").exists());
         assert!(!dir.join("outside").exists());
-        assert!(
-            fs::symlink_metadata(dir.join("dest/evil")).is_err(),
-            "symlinks are not created on the host"
-        );
+        assert!(fs::symlink_metadata(dir.join("dest/evil")).is_err(), "symlinks are not created on the host");
         fs::remove_dir_all(&dir).unwrap();
     }
 }

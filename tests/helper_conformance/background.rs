@@ -3,10 +3,7 @@
 use super::*;
 
 fn bg(id: &str, name: &str, script: &str) -> pb::StartBackgroundRequest {
-    pb::StartBackgroundRequest {
-        process: Some(process(id, &["sh", "-c", script])),
-        name: name.into(),
-    }
+    pb::StartBackgroundRequest { process: Some(process(id, &["sh", "-c", script])), name: name.into() }
 }
 
 async fn log(
@@ -16,11 +13,7 @@ async fn log(
     tail_lines: u32,
 ) -> Result<pb::ReadBackgroundLogResponse, tonic::Status> {
     let r = client
-        .read_background_log(pb::ReadBackgroundLogRequest {
-            vm_id: id.into(),
-            name: name.into(),
-            tail_lines,
-        })
+        .read_background_log(pb::ReadBackgroundLogRequest { vm_id: id.into(), name: name.into(), tail_lines })
         .await?;
     Ok(r.into_inner())
 }
@@ -57,11 +50,7 @@ async fn background_processes_outlive_the_connection_that_started_them() {
     let id = h.running("vm", |_| {}).await;
     let mut first = connect(&h.socket).await.unwrap();
     let started = first
-        .start_background(bg(
-            &id,
-            "web",
-            "echo one; echo two; echo three; exec sleep 1000",
-        ))
+        .start_background(bg(&id, "web", "echo one; echo two; echo three; exec sleep 1000"))
         .await
         .unwrap()
         .into_inner()
@@ -72,12 +61,8 @@ async fn background_processes_outlive_the_connection_that_started_them() {
     drop(first);
 
     let mut second = connect(&h.socket).await.unwrap();
-    let list = second
-        .list_background(pb::ListBackgroundRequest { vm_id: id.clone() })
-        .await
-        .unwrap()
-        .into_inner()
-        .processes;
+    let list =
+        second.list_background(pb::ListBackgroundRequest { vm_id: id.clone() }).await.unwrap().into_inner().processes;
     assert_eq!(list.len(), 1);
     assert_eq!((list[0].name.as_str(), list[0].running), ("web", true));
     assert_eq!(list[0].pid, started.pid);
@@ -94,10 +79,7 @@ async fn background_output_is_a_bounded_ring() {
     let mut h = Harness::new("bgring").await;
     let id = h.running("vm", |_| {}).await;
     let script = "python3 -c \"import sys; sys.stdout.write('x' * (3 << 20)); sys.stdout.flush()\"; echo; echo end >&2";
-    h.client
-        .start_background(bg(&id, "flood", script))
-        .await
-        .unwrap();
+    h.client.start_background(bg(&id, "flood", script)).await.unwrap();
     let r = wait_log(&mut h, &id, "flood", |r| {
         r.process.as_ref().is_some_and(|p| !p.running) && r.output.ends_with(b"end\n")
     })
@@ -111,14 +93,7 @@ async fn background_output_is_a_bounded_ring() {
 async fn stop_kills_the_whole_group_and_returns_the_tail() {
     let mut h = Harness::new("bgstop").await;
     let id = h.running("vm", |_| {}).await;
-    h.client
-        .start_background(bg(
-            &id,
-            "tree",
-            "trap '' TERM; sleep 1000 & echo child=$!; wait",
-        ))
-        .await
-        .unwrap();
+    h.client.start_background(bg(&id, "tree", "trap '' TERM; sleep 1000 & echo child=$!; wait")).await.unwrap();
     let r = wait_log(&mut h, &id, "tree", |r| r.output.starts_with(b"child=")).await;
     let child = String::from_utf8_lossy(&r.output[6..]).trim().to_string();
     let stopped = h
@@ -134,16 +109,9 @@ async fn stop_kills_the_whole_group_and_returns_the_tail() {
         .into_inner();
     let p = stopped.process.unwrap();
     assert!(!p.running);
-    assert_eq!(
-        p.exit.unwrap().status,
-        Some(pb::exited::Status::Signal(9)),
-        "TERM was ignored"
-    );
+    assert_eq!(p.exit.unwrap().status, Some(pb::exited::Status::Signal(9)), "TERM was ignored");
     assert_eq!(stopped.output, format!("child={child}\n").as_bytes());
-    assert!(
-        wait_gone(&mut h, &id, &child).await,
-        "child sleep {child} survived"
-    );
+    assert!(wait_gone(&mut h, &id, &child).await, "child sleep {child} survived");
     let e = log(&mut h.client, &id, "tree", 0).await.unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "the record is gone after a stop");
 }
@@ -152,43 +120,22 @@ async fn stop_kills_the_whole_group_and_returns_the_tail() {
 async fn exited_processes_keep_their_status_and_names_are_checked() {
     let mut h = Harness::new("bgexit").await;
     let id = h.running("vm", |_| {}).await;
-    h.client
-        .start_background(bg(&id, "job", "echo bye; exit 7"))
-        .await
-        .unwrap();
-    let r = wait_log(&mut h, &id, "job", |r| {
-        r.process.as_ref().is_some_and(|p| !p.running)
-    })
-    .await;
+    h.client.start_background(bg(&id, "job", "echo bye; exit 7")).await.unwrap();
+    let r = wait_log(&mut h, &id, "job", |r| r.process.as_ref().is_some_and(|p| !p.running)).await;
     assert_eq!(exit_code(r.process.as_ref().unwrap()), Some(7));
     assert_eq!(r.output, b"bye\n");
     // An exited record is replaced by a new start with its name.
-    h.client
-        .start_background(bg(&id, "job", "exec sleep 1000"))
-        .await
-        .unwrap();
-    let e = h
-        .client
-        .start_background(bg(&id, "job", "true"))
-        .await
-        .unwrap_err();
+    h.client.start_background(bg(&id, "job", "exec sleep 1000")).await.unwrap();
+    let e = h.client.start_background(bg(&id, "job", "true")).await.unwrap_err();
     assert_eq!(e.code(), Code::AlreadyExists, "{e}");
 
     let e = log(&mut h.client, &id, "nope", 0).await.unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "{e}");
-    let stop_unknown = pb::StopBackgroundRequest {
-        vm_id: id.clone(),
-        name: "nope".into(),
-        ..Default::default()
-    };
+    let stop_unknown = pb::StopBackgroundRequest { vm_id: id.clone(), name: "nope".into(), ..Default::default() };
     let e = h.client.stop_background(stop_unknown).await.unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "{e}");
     for bad in ["", "-x", "a b", "a/b"] {
-        let e = h
-            .client
-            .start_background(bg(&id, bad, "true"))
-            .await
-            .unwrap_err();
+        let e = h.client.start_background(bg(&id, bad, "true")).await.unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{bad:?}: {e}");
     }
     let mut tty = bg(&id, "tty", "true");
@@ -204,13 +151,7 @@ async fn exited_processes_keep_their_status_and_names_are_checked() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e}");
-    let e = h
-        .client
-        .list_background(pb::ListBackgroundRequest {
-            vm_id: "no-such-vm".into(),
-        })
-        .await
-        .unwrap_err();
+    let e = h.client.list_background(pb::ListBackgroundRequest { vm_id: "no-such-vm".into() }).await.unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "{e}");
 }
 
@@ -219,22 +160,11 @@ async fn exited_records_are_capped() {
     let mut h = Harness::new("bgcap").await;
     let id = h.running("vm", |_| {}).await;
     for i in 0..70 {
-        h.client
-            .start_background(bg(&id, &format!("j{i}"), "true"))
-            .await
-            .unwrap();
+        h.client.start_background(bg(&id, &format!("j{i}"), "true")).await.unwrap();
     }
-    wait_log(&mut h, &id, "j69", |r| {
-        r.process.as_ref().is_some_and(|p| !p.running)
-    })
-    .await;
-    let list = h
-        .client
-        .list_background(pb::ListBackgroundRequest { vm_id: id.clone() })
-        .await
-        .unwrap()
-        .into_inner()
-        .processes;
+    wait_log(&mut h, &id, "j69", |r| r.process.as_ref().is_some_and(|p| !p.running)).await;
+    let list =
+        h.client.list_background(pb::ListBackgroundRequest { vm_id: id.clone() }).await.unwrap().into_inner().processes;
     assert!(list.len() <= 64, "{}", list.len());
     assert_eq!(list.last().unwrap().name, "j69", "the newest is kept");
 }

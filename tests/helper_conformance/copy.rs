@@ -6,33 +6,16 @@ fn copy_req(msg: pb::copy_in_request::Msg) -> pb::CopyInRequest {
     pb::CopyInRequest { msg: Some(msg) }
 }
 
-async fn copy_in(
-    h: &mut Harness,
-    id: &str,
-    dest: &str,
-    tar: Vec<u8>,
-) -> Result<pb::CopyInResponse, tonic::Status> {
-    let mut msgs = vec![copy_req(pb::copy_in_request::Msg::Start(pb::CopyInStart {
-        vm_id: id.into(),
-        dest_dir: dest.into(),
-    }))];
-    msgs.extend(
-        tar.chunks(256 * 1024)
-            .map(|c| copy_req(pb::copy_in_request::Msg::Data(c.to_vec()))),
-    );
+async fn copy_in(h: &mut Harness, id: &str, dest: &str, tar: Vec<u8>) -> Result<pb::CopyInResponse, tonic::Status> {
+    let mut msgs =
+        vec![copy_req(pb::copy_in_request::Msg::Start(pb::CopyInStart { vm_id: id.into(), dest_dir: dest.into() }))];
+    msgs.extend(tar.chunks(256 * 1024).map(|c| copy_req(pb::copy_in_request::Msg::Data(c.to_vec()))));
     let r = h.client.copy_in(tokio_stream::iter(msgs)).await?;
     Ok(r.into_inner())
 }
 
 async fn copy_out(h: &mut Harness, id: &str, path: &str) -> Result<Vec<u8>, tonic::Status> {
-    let mut stream = h
-        .client
-        .copy_out(pb::CopyOutRequest {
-            vm_id: id.into(),
-            path: path.into(),
-        })
-        .await?
-        .into_inner();
+    let mut stream = h.client.copy_out(pb::CopyOutRequest { vm_id: id.into(), path: path.into() }).await?.into_inner();
     let mut tar = Vec::new();
     while let Some(msg) = stream.next().await {
         tar.extend(msg?.data);
@@ -81,20 +64,10 @@ fn entries(tar: &[u8]) -> Vec<(String, char, u32, u64, String)> {
                 tar::EntryType::Regular => 'f',
                 other => panic!("unexpected entry type {other:?}"),
             };
-            let link = e
-                .link_name()
-                .unwrap()
-                .map(|l| l.display().to_string())
-                .unwrap_or_default();
+            let link = e.link_name().unwrap().map(|l| l.display().to_string()).unwrap_or_default();
             let path = e.path().unwrap().display().to_string();
             let path = path.trim_end_matches('/').to_string();
-            (
-                path,
-                kind,
-                e.header().mode().unwrap() & 0o7777,
-                e.size(),
-                link,
-            )
+            (path, kind, e.header().mode().unwrap() & 0o7777, e.size(), link)
         })
         .collect();
     out.sort();
@@ -111,9 +84,7 @@ async fn copy_in_writes_trees_with_modes_and_counts() {
     file(&mut b, "run.sh", 0o755, b"#!/bin/sh\necho ran\n");
     file(&mut b, "empty", 0o600, b"");
     file(&mut b, "big.bin", 0o644, &big);
-    let r = copy_in(&mut h, &id, "/dst/new", b.into_inner().unwrap())
-        .await
-        .unwrap();
+    let r = copy_in(&mut h, &id, "/dst/new", b.into_inner().unwrap()).await.unwrap();
     assert_eq!((r.files, r.bytes), (4, 5 + 19 + 10_000_000));
     let o = h
         .sh(
@@ -122,11 +93,7 @@ async fn copy_in_writes_trees_with_modes_and_counts() {
         )
         .await;
     let local = {
-        let mut c = Command::new("cksum")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut c = Command::new("cksum").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
         std::io::Write::write_all(&mut c.stdin.take().unwrap(), &big).unwrap();
         String::from_utf8(c.wait_with_output().unwrap().stdout).unwrap()
     };
@@ -150,36 +117,19 @@ async fn copy_in_rejects_entries_escaping_the_destination() {
         raw_file(&mut b, bad, b"evil");
         file(&mut b, "after.txt", 0o644, b"late");
         let dest = format!("/dst/{tag}");
-        let e = copy_in(&mut h, &id, &dest, b.into_inner().unwrap())
-            .await
-            .unwrap_err();
+        let e = copy_in(&mut h, &id, &dest, b.into_inner().unwrap()).await.unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{bad}: {e}");
         let o = h
             .sh(
                 &id,
-                &format!(
-                    "ls {dest}; ls /dst/evil.txt /evil.txt /abs-evil.txt {dest}/abs-evil.txt 2>/dev/null; true"
-                ),
+                &format!("ls {dest}; ls /dst/evil.txt /evil.txt /abs-evil.txt {dest}/abs-evil.txt 2>/dev/null; true"),
             )
             .await;
-        assert_eq!(
-            o.out(),
-            "before.txt\n",
-            "{bad}: nothing after it, nothing outside"
-        );
+        assert_eq!(o.out(), "before.txt\n", "{bad}: nothing after it, nothing outside");
     }
-    let e = copy_in(&mut h, &id, "relative/dir", Vec::new())
-        .await
-        .unwrap_err();
+    let e = copy_in(&mut h, &id, "relative/dir", Vec::new()).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
-    let e = copy_in(
-        &mut h,
-        &id,
-        "/x",
-        b"definitely not a tar archive".repeat(40),
-    )
-    .await
-    .unwrap_err();
+    let e = copy_in(&mut h, &id, "/x", b"definitely not a tar archive".repeat(40)).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e}");
 }
 
@@ -203,18 +153,10 @@ async fn copy_out_archives_files_dirs_and_symlinks_without_following() {
     let one = entries(&copy_out(&mut h, &id, "/data/f1").await.unwrap());
     assert_eq!(one, vec![("f1".into(), 'f', 0o600, 4, String::new())]);
     let link = entries(&copy_out(&mut h, &id, "/data/d/link").await.unwrap());
-    assert_eq!(
-        link,
-        vec![("link".into(), 'l', 0o777, 0, "/etc/passwd".into())]
-    );
+    assert_eq!(link, vec![("link".into(), 'l', 0o777, 0, "/etc/passwd".into())]);
     let content = copy_out(&mut h, &id, "/data/d").await.unwrap();
     let mut ar = tar::Archive::new(content.as_slice());
-    let mut f = ar
-        .entries()
-        .unwrap()
-        .map(|e| e.unwrap())
-        .find(|e| e.path().unwrap().ends_with("sub/f"))
-        .unwrap();
+    let mut f = ar.entries().unwrap().map(|e| e.unwrap()).find(|e| e.path().unwrap().ends_with("sub/f")).unwrap();
     let mut text = String::new();
     std::io::Read::read_to_string(&mut f, &mut text).unwrap();
     assert_eq!(text, "hi\n");
@@ -236,8 +178,7 @@ async fn copy_out_then_copy_in_round_trips() {
     let tar = copy_out(&mut h, &id, "/src").await.unwrap();
     let r = copy_in(&mut h, &id, "/copy", tar).await.unwrap();
     assert_eq!(r.files, 3);
-    let listing =
-        "cd $0 && find . -printf '%p %y %m %l\\n' | sort && find . -type f | sort | xargs md5sum";
+    let listing = "cd $0 && find . -printf '%p %y %m %l\\n' | sort && find . -type f | sort | xargs md5sum";
     let a = h.sh(&id, &listing.replace("$0", "/src")).await;
     let b = h.sh(&id, &listing.replace("$0", "/copy")).await;
     assert_eq!(a.code(), Some(0), "{}", a.err());

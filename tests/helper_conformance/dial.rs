@@ -47,23 +47,12 @@ fn dial_req(msg: pb::dial_request::Msg) -> pb::DialRequest {
 
 type DialPipe = (mpsc::Sender<pb::DialRequest>, Streaming<pb::DialResponse>);
 
-async fn dial(
-    client: &mut VmHelperClient<Channel>,
-    id: &str,
-    port: u32,
-) -> Result<DialPipe, tonic::Status> {
+async fn dial(client: &mut VmHelperClient<Channel>, id: &str, port: u32) -> Result<DialPipe, tonic::Status> {
     let (tx, rx) = mpsc::channel(8);
-    tx.send(dial_req(pb::dial_request::Msg::Start(pb::DialStart {
-        vm_id: id.into(),
-        port,
-    })))
-    .await
-    .unwrap();
+    tx.send(dial_req(pb::dial_request::Msg::Start(pb::DialStart { vm_id: id.into(), port }))).await.unwrap();
     let mut resp = client.dial(ReceiverStream::new(rx)).await?.into_inner();
     match resp.next().await {
-        Some(Ok(pb::DialResponse {
-            msg: Some(pb::dial_response::Msg::Connected(_)),
-        })) => Ok((tx, resp)),
+        Some(Ok(pb::DialResponse { msg: Some(pb::dial_response::Msg::Connected(_)) })) => Ok((tx, resp)),
         Some(Err(e)) => Err(e),
         other => panic!("expected connected first, got {other:?}"),
     }
@@ -101,15 +90,9 @@ async fn read_all(out: &mut Streaming<pb::DialResponse>) -> Result<Vec<u8>, toni
 /// Sends `data` in chunks, then half-closes.
 async fn send_all(tx: mpsc::Sender<pb::DialRequest>, data: Vec<u8>, chunk: usize) {
     for c in data.chunks(chunk) {
-        tx.send(dial_req(pb::dial_request::Msg::Data(c.to_vec())))
-            .await
-            .unwrap();
+        tx.send(dial_req(pb::dial_request::Msg::Data(c.to_vec()))).await.unwrap();
     }
-    tx.send(dial_req(pb::dial_request::Msg::CloseWrite(
-        pb::CloseStdin {},
-    )))
-    .await
-    .unwrap();
+    tx.send(dial_req(pb::dial_request::Msg::CloseWrite(pb::CloseStdin {}))).await.unwrap();
 }
 
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
@@ -125,9 +108,7 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
 }
 
 fn checksum(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
 }
 
 #[tokio::test]
@@ -151,11 +132,7 @@ async fn dial_to_a_closed_port_is_unavailable() {
     let id = h.running("vm", |_| {}).await;
     let e = dial(&mut h.client, &id, 7999).await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e}");
-    assert!(
-        e.message().contains("connection refused to port 7999"),
-        "{}",
-        e.message()
-    );
+    assert!(e.message().contains("connection refused to port 7999"), "{}", e.message());
     let e = dial(&mut h.client, &id, 70000).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument, "{e}");
     let e = dial(&mut h.client, "no-such-vm", 80).await.unwrap_err();
@@ -204,10 +181,7 @@ async fn a_64_mib_transfer_arrives_intact() {
     assert_eq!(got.len(), 64 << 20);
     assert_eq!(checksum(&got), want);
     // Informational only (each byte crossed the helper twice).
-    eprintln!(
-        "dial echo: 64 MiB each way in {secs:.3}s = {:.0} MB/s per direction",
-        64.0 * 1.048_576 / secs
-    );
+    eprintln!("dial echo: 64 MiB each way in {secs:.3}s = {:.0} MB/s per direction", 64.0 * 1.048_576 / secs);
 }
 
 #[tokio::test]
@@ -220,15 +194,9 @@ async fn dial_throughput_is_reported() {
     let (tx, mut out) = dial(&mut h.client, &id, 7005).await.unwrap();
     let started = std::time::Instant::now();
     for _ in 0..1024 {
-        tx.send(dial_req(pb::dial_request::Msg::Data(block.clone())))
-            .await
-            .unwrap();
+        tx.send(dial_req(pb::dial_request::Msg::Data(block.clone()))).await.unwrap();
     }
-    tx.send(dial_req(pb::dial_request::Msg::CloseWrite(
-        pb::CloseStdin {},
-    )))
-    .await
-    .unwrap();
+    tx.send(dial_req(pb::dial_request::Msg::CloseWrite(pb::CloseStdin {}))).await.unwrap();
     assert_eq!(read_all(&mut out).await.unwrap(), b"count=268435456");
     let up = started.elapsed().as_secs_f64();
     // The client keeps its side open: the stream still ends when the

@@ -2,10 +2,7 @@
 use super::*;
 
 async fn stats(h: &mut Harness, id: &str) -> Result<pb::StatsResponse, tonic::Status> {
-    let r = h
-        .client
-        .stats(pb::StatsRequest { vm_id: id.into() })
-        .await?;
+    let r = h.client.stats(pb::StatsRequest { vm_id: id.into() }).await?;
     Ok(r.into_inner())
 }
 
@@ -21,8 +18,7 @@ async fn stats_follow_memory_pids_cpu_and_time() {
         .await;
     let first = stats(&mut h, &id).await.unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let alloc =
-        "python3 -c 'import time; x = bytearray(64 << 20); time.sleep(1000)' >/dev/null 2>&1 &
+    let alloc = "python3 -c 'import time; x = bytearray(64 << 20); time.sleep(1000)' >/dev/null 2>&1 &
                  sleep 1000 >/dev/null 2>&1 &
                  python3 -c 'sum(range(3000000))'";
     assert_eq!(h.sh(&id, alloc).await.code(), Some(0));
@@ -43,10 +39,7 @@ async fn stats_follow_memory_pids_cpu_and_time() {
     assert_eq!(now.memory_limit_bytes, 256 << 20);
     assert!(now.pids >= first.pids + 2, "{first:?} then {now:?}");
     assert_eq!(now.pids_limit, 77);
-    assert!(
-        now.cpu_usage_ns > first.cpu_usage_ns,
-        "{first:?} then {now:?}"
-    );
+    assert!(now.cpu_usage_ns > first.cpu_usage_ns, "{first:?} then {now:?}");
     assert!(!now.oom_killed);
     assert_eq!((now.net_rx_bytes, now.net_tx_bytes), (0, 0), "network NONE");
 }
@@ -59,12 +52,7 @@ async fn stats_report_oom_kills() {
         return;
     }
     let id = h.running("vm", |s| s.memory_bytes = 64 << 20).await;
-    let o = h
-        .sh(
-            &id,
-            "python3 -c \"x = b'a' * (300 << 20)\" 2>/dev/null; echo done",
-        )
-        .await;
+    let o = h.sh(&id, "python3 -c \"x = b'a' * (300 << 20)\" 2>/dev/null; echo done").await;
     assert_eq!(o.out(), "done\n");
     assert!(stats(&mut h, &id).await.unwrap().oom_killed);
 }
@@ -76,9 +64,7 @@ async fn stats_count_egress_traffic() {
         eprintln!("skipped: helper lacks network.egress");
         return;
     }
-    let id = h
-        .running("vm", |s| s.network = pb::NetworkMode::Egress as i32)
-        .await;
+    let id = h.running("vm", |s| s.network = pb::NetworkMode::Egress as i32).await;
     // TEST-NET-1 is never answered; the datagrams still leave eth0.
     let send = "python3 -c \"import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); \
                 [s.sendto(b'x' * 500, ('192.0.2.1', 9)) for _ in range(10)]\"";

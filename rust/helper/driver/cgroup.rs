@@ -48,8 +48,7 @@ impl CgroupLayout {
     /// Finds a usable layout and prepares its `sandbox-mcp` parent group;
     /// `None` (with the reason) when limits cannot be enforced here.
     pub fn detect() -> Result<Self, String> {
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-            .map_err(|e| format!("mountinfo: {e}"))?;
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("mountinfo: {e}"))?;
         let mut v1 = (None, None, None);
         let mut cpuacct = None;
         let mut v2 = None;
@@ -91,9 +90,7 @@ impl CgroupLayout {
                 pids: p.join(GROUP),
                 cpuacct: cpuacct.map(|a| a.join(GROUP)),
             },
-            (_, Some(root)) => CgroupLayout::V2 {
-                base: v2_base(&root)?,
-            },
+            (_, Some(root)) => CgroupLayout::V2 { base: v2_base(&root)? },
             _ => return Err("no cgroup hierarchy with memory, cpu and pids controllers".into()),
         };
         layout.prepare()?;
@@ -110,20 +107,14 @@ impl CgroupLayout {
 
     fn prepare(&self) -> Result<(), String> {
         match self {
-            CgroupLayout::V1 {
-                memory,
-                cpu,
-                pids,
-                cpuacct,
-            } => {
+            CgroupLayout::V1 { memory, cpu, pids, cpuacct } => {
                 for dir in [memory, cpu, pids].into_iter().chain(cpuacct) {
                     mkdir(dir)?;
                 }
             }
             CgroupLayout::V2 { base } => {
                 mkdir(base)?;
-                write(&base.join("cgroup.subtree_control"), "+memory +cpu +pids")
-                    .map_err(|e| e.to_string())?;
+                write(&base.join("cgroup.subtree_control"), "+memory +cpu +pids").map_err(|e| e.to_string())?;
             }
         }
         Ok(())
@@ -133,12 +124,7 @@ impl CgroupLayout {
     pub fn create(&self, id: &str, limits: Limits) -> Result<VmCgroup, DriverError> {
         let cg = VmCgroup {
             dirs: match self {
-                CgroupLayout::V1 {
-                    memory,
-                    cpu,
-                    pids,
-                    cpuacct,
-                } => {
+                CgroupLayout::V1 { memory, cpu, pids, cpuacct } => {
                     let mut dirs = vec![memory.join(id), cpu.join(id), pids.join(id)];
                     dirs.extend(cpuacct.iter().map(|a| a.join(id)));
                     dirs
@@ -154,22 +140,15 @@ impl CgroupLayout {
         let result = match self {
             CgroupLayout::V1 { .. } => {
                 let (m, c, p) = (&cg.dirs[0], &cg.dirs[1], &cg.dirs[2]);
-                write(
-                    &m.join("memory.limit_in_bytes"),
-                    &limits.memory_bytes.to_string(),
-                )
-                .and_then(|()| {
-                    // Without this the limit only moves pages to swap.
-                    let memsw = m.join("memory.memsw.limit_in_bytes");
-                    if memsw.exists() {
-                        write(&memsw, &limits.memory_bytes.to_string())
-                    } else {
-                        Ok(())
-                    }
-                })
-                .and_then(|()| write(&c.join("cpu.cfs_period_us"), "100000"))
-                .and_then(|()| write(&c.join("cpu.cfs_quota_us"), &quota.to_string()))
-                .and_then(|()| write(&p.join("pids.max"), &limits.pids.to_string()))
+                write(&m.join("memory.limit_in_bytes"), &limits.memory_bytes.to_string())
+                    .and_then(|()| {
+                        // Without this the limit only moves pages to swap.
+                        let memsw = m.join("memory.memsw.limit_in_bytes");
+                        if memsw.exists() { write(&memsw, &limits.memory_bytes.to_string()) } else { Ok(()) }
+                    })
+                    .and_then(|()| write(&c.join("cpu.cfs_period_us"), "100000"))
+                    .and_then(|()| write(&c.join("cpu.cfs_quota_us"), &quota.to_string()))
+                    .and_then(|()| write(&p.join("pids.max"), &limits.pids.to_string()))
             }
             CgroupLayout::V2 { .. } => {
                 let d = &cg.dirs[0];
@@ -254,12 +233,8 @@ impl VmCgroup {
 }
 
 fn v2_base(root: &Path) -> Result<PathBuf, String> {
-    let own = std::fs::read_to_string("/proc/self/cgroup")
-        .map_err(|e| format!("/proc/self/cgroup: {e}"))?;
-    let rel = own
-        .lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .ok_or("not in a cgroup v2 hierarchy")?;
+    let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("/proc/self/cgroup: {e}"))?;
+    let rel = own.lines().find_map(|l| l.strip_prefix("0::")).ok_or("not in a cgroup v2 hierarchy")?;
     let controllers = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
     for c in ["memory", "cpu", "pids"] {
         if !controllers.split_whitespace().any(|x| x == c) {
@@ -278,8 +253,7 @@ fn mkdir(dir: &Path) -> Result<(), String> {
 }
 
 fn write(path: &Path, value: &str) -> Result<(), DriverError> {
-    std::fs::write(path, value)
-        .map_err(|e| DriverError::Cgroup(format!("write {value} to {}: {e}", path.display())))
+    std::fs::write(path, value).map_err(|e| DriverError::Cgroup(format!("write {value} to {}: {e}", path.display())))
 }
 
 #[cfg(test)]
@@ -293,25 +267,13 @@ mod tests {
             return;
         };
         let id = format!("unit-test-{}", std::process::id());
-        let limits = Limits {
-            cpus: 2,
-            memory_bytes: 64 << 20,
-            pids: 33,
-        };
+        let limits = Limits { cpus: 2, memory_bytes: 64 << 20, pids: 33 };
         let cg = layout.create(&id, limits).unwrap();
-        let read = |f: &str| {
-            cg.dirs
-                .iter()
-                .find_map(|d| std::fs::read_to_string(d.join(f)).ok())
-                .unwrap_or_default()
-        };
+        let read = |f: &str| cg.dirs.iter().find_map(|d| std::fs::read_to_string(d.join(f)).ok()).unwrap_or_default();
         assert_eq!(read("pids.max").trim(), "33");
         match layout {
             CgroupLayout::V1 { .. } => {
-                assert_eq!(
-                    read("memory.limit_in_bytes").trim(),
-                    (64u64 << 20).to_string()
-                );
+                assert_eq!(read("memory.limit_in_bytes").trim(), (64u64 << 20).to_string());
                 assert_eq!(read("cpu.cfs_quota_us").trim(), "200000");
             }
             CgroupLayout::V2 { .. } => assert_eq!(read("cpu.max").trim(), "200000 100000"),

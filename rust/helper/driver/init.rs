@@ -86,24 +86,17 @@ pub fn run() -> i32 {
 }
 
 fn launcher(control: &OwnedFd, config_json: &str) -> Result<i32, DriverError> {
-    let config: InitConfig = serde_json::from_str(config_json)
-        .map_err(|e| DriverError::InitFailed(format!("bad init config: {e}")))?;
+    let config: InitConfig =
+        serde_json::from_str(config_json).map_err(|e| DriverError::InitFailed(format!("bad init config: {e}")))?;
     rootfs::stage(&config)?;
-    let sys = |what: &'static str| {
-        move |source| DriverError::Sys {
-            what: what.into(),
-            source,
-        }
-    };
+    let sys = |what: &'static str| move |source| DriverError::Sys { what: what.into(), source };
     unshare(CloneFlags::CLONE_NEWUSER).map_err(sys("unshare user namespace"))?;
     report(control, "userns");
     if recv_msg(control)?.as_slice() != b"go" {
         return Err(DriverError::InitFailed("the helper did not map ids".into()));
     }
-    nix::unistd::setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0))
-        .map_err(sys("setresgid 0"))?;
-    nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0))
-        .map_err(sys("setresuid 0"))?;
+    nix::unistd::setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0)).map_err(sys("setresgid 0"))?;
+    nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0)).map_err(sys("setresuid 0"))?;
     let _ = nix::unistd::setgroups(&[]);
     // Changing credentials made us non-dumpable, which locks our
     // /proc/PID/ns files against pasta (it enters our namespaces without
@@ -139,10 +132,7 @@ fn launcher(control: &OwnedFd, config_json: &str) -> Result<i32, DriverError> {
                     Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(128 + sig as i32),
                     Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
                     Err(e) => {
-                        return Err(DriverError::Sys {
-                            what: "wait for PID 1".into(),
-                            source: e,
-                        });
+                        return Err(DriverError::Sys { what: "wait for PID 1".into(), source: e });
                     }
                 }
             }
@@ -151,12 +141,7 @@ fn launcher(control: &OwnedFd, config_json: &str) -> Result<i32, DriverError> {
 }
 
 fn pid1(control: &OwnedFd, config: &InitConfig) -> Result<i32, DriverError> {
-    let sys = |what: &'static str| {
-        move |source| DriverError::Sys {
-            what: what.into(),
-            source,
-        }
-    };
+    let sys = |what: &'static str| move |source| DriverError::Sys { what: what.into(), source };
     // If the launcher dies, so does the sandbox.
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
@@ -168,15 +153,12 @@ fn pid1(control: &OwnedFd, config: &InitConfig) -> Result<i32, DriverError> {
     mask.add(Signal::SIGCHLD);
     mask.add(Signal::SIGTERM);
     mask.thread_block().map_err(sys("block signals"))?;
-    let mut sigfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
-        .map_err(sys("signalfd"))?;
+    let mut sigfd =
+        SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK).map_err(sys("signalfd"))?;
 
     // SAFETY: prctl with integer arguments.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(DriverError::Sys {
-            what: "no_new_privs".into(),
-            source: nix::errno::Errno::last(),
-        });
+        return Err(DriverError::Sys { what: "no_new_privs".into(), source: nix::errno::Errno::last() });
     }
     super::seccomp::install()?;
     quiet_stdio()?;
@@ -209,17 +191,12 @@ fn reap(control: &OwnedFd, sigfd: &mut SignalFd, agent: Pid) -> Result<i32, Driv
     let mut stopping = false;
     loop {
         let (ctl_ready, sig_ready) = {
-            let mut fds = [
-                PollFd::new(control.as_fd(), PollFlags::POLLIN),
-                PollFd::new(sigfd.as_fd(), PollFlags::POLLIN),
-            ];
+            let mut fds =
+                [PollFd::new(control.as_fd(), PollFlags::POLLIN), PollFd::new(sigfd.as_fd(), PollFlags::POLLIN)];
             match poll(&mut fds, PollTimeout::NONE) {
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(e) => {
-                    return Err(DriverError::Sys {
-                        what: "poll".into(),
-                        source: e,
-                    });
+                    return Err(DriverError::Sys { what: "poll".into(), source: e });
                 }
                 Ok(_) => {}
             }
@@ -291,10 +268,7 @@ fn recv_msg(control: &OwnedFd) -> Result<Vec<u8>, DriverError> {
             Ok(n) => return Ok(buf[..n].to_vec()),
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => {
-                return Err(DriverError::Sys {
-                    what: "read control socket".into(),
-                    source: e,
-                });
+                return Err(DriverError::Sys { what: "read control socket".into(), source: e });
             }
         }
     }

@@ -94,27 +94,16 @@ pub async fn launch(driver: &Driver, spec: &LaunchSpec) -> Result<(Instance, Chi
     };
     if let Some(dir) = spec.agent_socket.parent() {
         std::fs::create_dir_all(dir).map_err(io("create runtime dir"))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(io("chmod runtime dir"))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io("chmod runtime dir"))?;
     }
     let _ = std::fs::remove_file(&spec.agent_socket);
-    let listener = std::os::unix::net::UnixListener::bind(&spec.agent_socket)
-        .map_err(io("bind agent socket"))?;
+    let listener = std::os::unix::net::UnixListener::bind(&spec.agent_socket).map_err(io("bind agent socket"))?;
     std::fs::set_permissions(&spec.agent_socket, std::fs::Permissions::from_mode(0o600))
         .map_err(io("chmod agent socket"))?;
-    let (ours, theirs) = socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .map_err(|source| DriverError::Sys {
-        what: "control socketpair".into(),
-        source,
-    })?;
+    let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
+        .map_err(|source| DriverError::Sys { what: "control socketpair".into(), source })?;
 
-    let init_json =
-        serde_json::to_string(&spec.init).map_err(|e| DriverError::InitFailed(e.to_string()))?;
+    let init_json = serde_json::to_string(&spec.init).map_err(|e| DriverError::InitFailed(e.to_string()))?;
     let mut cmd = Command::new(&driver.self_exe);
     // A neutral argv[0]: /proc/1/cmdline inside the sandbox shows it.
     cmd.arg0("sandbox-vm-init")
@@ -145,60 +134,30 @@ pub async fn launch(driver: &Driver, spec: &LaunchSpec) -> Result<(Instance, Chi
         let written = stdin.write_all(init_json.as_bytes()).await;
         drop(stdin);
         if let Err(e) = written {
-            let state = Partial {
-                cgroup: None,
-                pasta: None,
-                pid1: None,
-            };
+            let state = Partial { cgroup: None, pasta: None, pid1: None };
             return Err(abort(state, child, spec, DriverError::io("send init config", e)).await);
         }
     }
 
-    let mut state = Partial {
-        cgroup: None,
-        pasta: None,
-        pid1: None,
-    };
-    let result = tokio::time::timeout(
-        START_TIMEOUT,
-        handshake(driver, spec, ours, launcher_pid, &mut state),
-    )
-    .await;
+    let mut state = Partial { cgroup: None, pasta: None, pid1: None };
+    let result = tokio::time::timeout(START_TIMEOUT, handshake(driver, spec, ours, launcher_pid, &mut state)).await;
     match result {
         Ok(Ok(control)) => match state {
-            Partial {
-                cgroup,
-                pasta,
-                pid1: Some((pid1, pid1fd)),
-            } => {
+            Partial { cgroup, pasta, pid1: Some((pid1, pid1fd)) } => {
                 let netns = match std::fs::File::open(format!("/proc/{pid1}/ns/net")) {
                     Ok(f) => Arc::new(OwnedFd::from(f)),
                     Err(e) => {
-                        let state = Partial {
-                            cgroup,
-                            pasta,
-                            pid1: Some((pid1, pid1fd)),
-                        };
+                        let state = Partial { cgroup, pasta, pid1: Some((pid1, pid1fd)) };
                         let e = DriverError::io("open the vm's network namespace", e);
                         return Err(abort(state, child, spec, e).await);
                     }
                 };
                 Ok((
-                    Instance {
-                        pid1,
-                        netns,
-                        pid1fd,
-                        control,
-                        cgroup,
-                        pasta,
-                        agent_socket: spec.agent_socket.clone(),
-                    },
+                    Instance { pid1, netns, pid1fd, control, cgroup, pasta, agent_socket: spec.agent_socket.clone() },
                     child,
                 ))
             }
-            _ => Err(DriverError::InitFailed(
-                "PID 1 never reported its pid".into(),
-            )),
+            _ => Err(DriverError::InitFailed("PID 1 never reported its pid".into())),
         },
         Ok(Err(e)) => Err(abort(state, child, spec, e).await),
         Err(_) => Err(abort(state, child, spec, DriverError::Timeout("the vm to start")).await),
@@ -234,14 +193,8 @@ async fn handshake(
     launcher_pid: i32,
     state: &mut Partial,
 ) -> Result<OwnedFd, DriverError> {
-    let set_nb = nix::fcntl::fcntl(
-        &control,
-        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
-    );
-    set_nb.map_err(|source| DriverError::Sys {
-        what: "control socket nonblocking".into(),
-        source,
-    })?;
+    let set_nb = nix::fcntl::fcntl(&control, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK));
+    set_nb.map_err(|source| DriverError::Sys { what: "control socket nonblocking".into(), source })?;
     // SAFETY: we own the fd and it stays open for as long as the AsyncFd.
     let control = unsafe { AsyncFd::register(control) }
         .map_err(|e| DriverError::io("register control socket", std::io::Error::from(e)))?;
@@ -254,27 +207,18 @@ async fn handshake(
         state.cgroup = Some(cg);
         added?;
     }
-    send(control.get_ref().as_raw_fd(), b"go", MsgFlags::MSG_DONTWAIT).map_err(|source| {
-        DriverError::Sys {
-            what: "control socket send".into(),
-            source,
-        }
-    })?;
+    send(control.get_ref().as_raw_fd(), b"go", MsgFlags::MSG_DONTWAIT)
+        .map_err(|source| DriverError::Sys { what: "control socket send".into(), source })?;
 
     let mut ready = false;
     while !ready || state.pid1.is_none() {
         let msg = recv_async(&control).await?;
         let text = String::from_utf8_lossy(&msg);
         if let Some(pid) = text.strip_prefix("pid:") {
-            let pid: i32 = pid
-                .parse()
-                .map_err(|_| DriverError::InitFailed(format!("bad pid message {text:?}")))?;
+            let pid: i32 = pid.parse().map_err(|_| DriverError::InitFailed(format!("bad pid message {text:?}")))?;
             state.pid1 = Some((pid, pidfd_open(pid)?));
             if spec.egress {
-                let pasta = driver
-                    .pasta
-                    .as_deref()
-                    .ok_or(DriverError::Network("pasta is not installed".into()))?;
+                let pasta = driver.pasta.as_deref().ok_or(DriverError::Network("pasta is not installed".into()))?;
                 let pid_file = spec.agent_socket.with_extension("pasta.pid");
                 state.pasta = Some(Pasta::start(pasta, pid, &pid_file).await?);
             }
@@ -283,9 +227,7 @@ async fn handshake(
         } else if let Some(err) = text.strip_prefix("error:") {
             return Err(DriverError::InitFailed(err.to_string()));
         } else if msg.is_empty() {
-            return Err(DriverError::InitFailed(
-                "the launcher exited during setup".into(),
-            ));
+            return Err(DriverError::InitFailed("the launcher exited during setup".into()));
         }
     }
     ping(spec).await?;
@@ -308,14 +250,10 @@ async fn expect(control: &AsyncFd<OwnedFd>, want: &[u8]) -> Result<(), DriverErr
 async fn recv_async(control: &AsyncFd<OwnedFd>) -> Result<Vec<u8>, DriverError> {
     let mut buf = vec![0u8; 4096];
     loop {
-        let mut guard = control
-            .readable()
-            .await
-            .map_err(|e| DriverError::io("wait on control socket", e))?;
-        match guard.try_io(|fd| {
-            recv(fd.get_ref().as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT)
-                .map_err(std::io::Error::from)
-        }) {
+        let mut guard = control.readable().await.map_err(|e| DriverError::io("wait on control socket", e))?;
+        match guard
+            .try_io(|fd| recv(fd.get_ref().as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT).map_err(std::io::Error::from))
+        {
             Ok(Ok(n)) => {
                 buf.truncate(n);
                 return Ok(buf);
@@ -329,15 +267,11 @@ async fn recv_async(control: &AsyncFd<OwnedFd>) -> Result<Vec<u8>, DriverError> 
 
 /// One round trip to the agent, so StartVm returns only when Exec works.
 async fn ping(spec: &LaunchSpec) -> Result<(), DriverError> {
-    let stream = UnixStream::connect(&spec.agent_socket)
-        .await
-        .map_err(|e| DriverError::io("connect agent", e))?;
+    let stream = UnixStream::connect(&spec.agent_socket).await.map_err(|e| DriverError::io("connect agent", e))?;
     let (rd, mut wr) = stream.into_split();
     write_frame(&mut wr, &Frame::Ping).await?;
     match FrameReader::new(rd).next().await? {
         Some(Frame::Pong) => Ok(()),
-        other => Err(DriverError::InitFailed(format!(
-            "agent answered {other:?} to a ping"
-        ))),
+        other => Err(DriverError::InitFailed(format!("agent answered {other:?} to a ping"))),
     }
 }

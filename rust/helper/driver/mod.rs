@@ -62,10 +62,7 @@ pub enum DriverError {
 impl DriverError {
     /// An I/O error with context.
     pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
-        DriverError::Io {
-            what: what.into(),
-            source,
-        }
+        DriverError::Io { what: what.into(), source }
     }
 }
 
@@ -82,8 +79,7 @@ pub struct Driver {
 impl Driver {
     /// Probes the host: id mapping, cgroups, pasta.
     pub fn detect() -> Result<Self, DriverError> {
-        let self_exe =
-            std::env::current_exe().map_err(|e| DriverError::io("locate own binary", e))?;
+        let self_exe = std::env::current_exe().map_err(|e| DriverError::io("locate own binary", e))?;
         let cgroups = match cgroup::CgroupLayout::detect() {
             Ok(layout) => Some(layout),
             Err(reason) => {
@@ -93,16 +89,9 @@ impl Driver {
         };
         let pasta = network::find_pasta();
         if pasta.is_none() {
-            tracing::warn!(
-                "pasta not found: EGRESS networking unavailable (install the passt package)"
-            );
+            tracing::warn!("pasta not found: EGRESS networking unavailable (install the passt package)");
         }
-        Ok(Driver {
-            self_exe,
-            ids: userns::IdMapper::detect(),
-            cgroups,
-            pasta,
-        })
+        Ok(Driver { self_exe, ids: userns::IdMapper::detect(), cgroups, pasta })
     }
 
     /// Capability names for GetInfo.

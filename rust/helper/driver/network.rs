@@ -13,10 +13,7 @@ use super::DriverError;
 
 /// Brings `lo` up in the calling process's network namespace.
 pub fn loopback_up() -> Result<(), DriverError> {
-    let sys = |what: &str| DriverError::Sys {
-        what: what.into(),
-        source: nix::errno::Errno::last(),
-    };
+    let sys = |what: &str| DriverError::Sys { what: what.into(), source: nix::errno::Errno::last() };
     // SAFETY: plain socket/ioctl calls on a zeroed ifreq we own.
     unsafe {
         let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
@@ -61,33 +58,15 @@ impl Pasta {
     /// after that).
     pub async fn start(pasta: &Path, pid: i32, pid_file: &Path) -> Result<Self, DriverError> {
         let mut cmd = Command::new(pasta);
-        cmd.args([
-            "-q",
-            "--config-net",
-            "-4",
-            "-u",
-            "none",
-            "-t",
-            "none",
-            "-T",
-            "none",
-            "-U",
-            "none",
-            "--no-map-gw",
-        ]);
+        cmd.args(["-q", "--config-net", "-4", "-u", "none", "-t", "none", "-T", "none", "-U", "none", "--no-map-gw"]);
         if nix::unistd::geteuid().is_root() {
             // Otherwise pasta switches to nobody and can no longer enter the
             // sandbox's namespaces.
             cmd.args(["--runas", "0"]);
         }
         cmd.arg("-P").arg(pid_file).arg(pid.to_string());
-        cmd.stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped());
-        let out = cmd
-            .output()
-            .await
-            .map_err(|e| DriverError::io(format!("run {}", pasta.display()), e))?;
+        cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped());
+        let out = cmd.output().await.map_err(|e| DriverError::io(format!("run {}", pasta.display()), e))?;
         if !out.status.success() {
             return Err(DriverError::Network(format!(
                 "pasta failed ({}): {}",
@@ -95,16 +74,10 @@ impl Pasta {
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
         }
-        let text = std::fs::read_to_string(pid_file)
-            .map_err(|e| DriverError::io("read pasta pid file", e))?;
-        let daemon: i32 = text
-            .trim()
-            .parse()
-            .map_err(|_| DriverError::Network(format!("pasta pid file holds {text:?}")))?;
-        Ok(Pasta {
-            pidfd: pidfd_open(daemon)?,
-            pid_file: pid_file.to_path_buf(),
-        })
+        let text = std::fs::read_to_string(pid_file).map_err(|e| DriverError::io("read pasta pid file", e))?;
+        let daemon: i32 =
+            text.trim().parse().map_err(|_| DriverError::Network(format!("pasta pid file holds {text:?}")))?;
+        Ok(Pasta { pidfd: pidfd_open(daemon)?, pid_file: pid_file.to_path_buf() })
     }
 
     /// Stops pasta (it would also quit once the namespace is gone, but we
@@ -127,20 +100,13 @@ pub fn reap_stale(dir: &Path) {
         if !path.to_string_lossy().ends_with(".pasta.pid") {
             continue;
         }
-        let pid = std::fs::read_to_string(&path)
-            .ok()
-            .and_then(|t| t.trim().parse::<i32>().ok());
+        let pid = std::fs::read_to_string(&path).ok().and_then(|t| t.trim().parse::<i32>().ok());
         if let Some(pid) = pid {
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let names_file = cmdline
-                .split(|&b| b == 0)
-                .any(|arg| arg == path.as_os_str().as_encoded_bytes());
+            let names_file = cmdline.split(|&b| b == 0).any(|arg| arg == path.as_os_str().as_encoded_bytes());
             if names_file {
                 tracing::info!(pid, "stopping pasta left by an earlier helper");
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGTERM,
-                );
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
             }
         }
         let _ = std::fs::remove_file(&path);
@@ -152,10 +118,7 @@ pub fn pidfd_open(pid: i32) -> Result<OwnedFd, DriverError> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new fd.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if fd < 0 {
-        return Err(DriverError::Sys {
-            what: format!("pidfd_open {pid}"),
-            source: nix::errno::Errno::last(),
-        });
+        return Err(DriverError::Sys { what: format!("pidfd_open {pid}"), source: nix::errno::Errno::last() });
     }
     // SAFETY: the kernel just returned this fd to us.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
@@ -165,13 +128,7 @@ pub fn pidfd_open(pid: i32) -> Result<OwnedFd, DriverError> {
 pub fn pidfd_kill(pidfd: &OwnedFd, signal: i32) {
     // SAFETY: pidfd_send_signal on a pidfd we own; the siginfo pointer is null.
     unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            signal,
-            std::ptr::null::<u8>(),
-            0,
-        );
+        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), signal, std::ptr::null::<u8>(), 0);
     }
 }
 

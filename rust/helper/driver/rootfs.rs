@@ -41,14 +41,8 @@ fn shared(i: usize) -> PathBuf {
 /// path of `config` bound under the staging tmpfs.
 pub fn stage(config: &InitConfig) -> Result<(), DriverError> {
     let none: Option<&str> = None;
-    let sys = |what: &'static str| {
-        move |source| DriverError::Sys {
-            what: what.into(),
-            source,
-        }
-    };
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
-        .map_err(sys("unshare staging mount namespace"))?;
+    let sys = |what: &'static str| move |source| DriverError::Sys { what: what.into(), source };
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(sys("unshare staging mount namespace"))?;
     mnt(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)?;
     let vm_dir = config
         .upper
@@ -59,20 +53,10 @@ pub fn stage(config: &InitConfig) -> Result<(), DriverError> {
     // keep their state under /tmp).
     let lower = open_path(&config.lower)?;
     let vm = open_path(vm_dir)?;
-    let mounts: Vec<_> = config
-        .mounts
-        .iter()
-        .map(|m| open_path(&m.host))
-        .collect::<Result<_, _>>()?;
+    let mounts: Vec<_> = config.mounts.iter().map(|m| open_path(&m.host)).collect::<Result<_, _>>()?;
     let resolv = config.resolv_conf.as_deref().map(open_path).transpose()?;
 
-    mnt(
-        Some("tmpfs"),
-        STAGE,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=0755,size=64k"),
-    )?;
+    mnt(Some("tmpfs"), STAGE, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755,size=64k"))?;
     for dir in [LOWER, VM, NEW_ROOT] {
         mkdir(Path::new(dir))?;
     }
@@ -83,8 +67,7 @@ pub fn stage(config: &InitConfig) -> Result<(), DriverError> {
         bind(&fd_path(fd), &shared(i), false)?;
     }
     if let Some(fd) = resolv {
-        std::fs::File::create(RESOLV)
-            .map_err(|e| DriverError::io("create staged resolv.conf", e))?;
+        std::fs::File::create(RESOLV).map_err(|e| DriverError::io("create staged resolv.conf", e))?;
         bind(&fd_path(&fd), Path::new(RESOLV), false)?;
     }
     Ok(())
@@ -110,13 +93,7 @@ pub fn setup(config: &InitConfig) -> Result<(), DriverError> {
     let none: Option<&str> = None;
     mnt(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)?;
     let overlay = format!("lowerdir={LOWER},upperdir={VM}/upper,workdir={VM}/work,userxattr");
-    mnt(
-        Some("overlay"),
-        NEW_ROOT,
-        Some("overlay"),
-        MsFlags::empty(),
-        Some(overlay.as_str()),
-    )?;
+    mnt(Some("overlay"), NEW_ROOT, Some("overlay"), MsFlags::empty(), Some(overlay.as_str()))?;
     let root = Path::new(NEW_ROOT);
 
     for (i, m) in config.mounts.iter().enumerate() {
@@ -131,86 +108,38 @@ pub fn setup(config: &InitConfig) -> Result<(), DriverError> {
     // sysfs needs a network namespace we own, which we have; a kernel that
     // still refuses just leaves /sys empty.
     let sys = target(root, Path::new("/sys"), Kind::Dir)?;
-    if let Err(e) = mnt(
-        Some("sysfs"),
-        &sys,
-        Some("sysfs"),
-        nosuid_nodev_noexec | MsFlags::MS_RDONLY,
-        none,
-    ) {
+    if let Err(e) = mnt(Some("sysfs"), &sys, Some("sysfs"), nosuid_nodev_noexec | MsFlags::MS_RDONLY, none) {
         tracing::debug!(error = %e, "no sysfs in the sandbox");
     }
     if config.resolv_conf.is_some() {
         let etc_resolv = root.join("etc/resolv.conf");
-        if etc_resolv
-            .symlink_metadata()
-            .map(|m| m.file_type().is_symlink())
-            .unwrap_or(false)
-        {
-            std::fs::remove_file(&etc_resolv)
-                .map_err(|e| DriverError::io("replace /etc/resolv.conf symlink", e))?;
+        if etc_resolv.symlink_metadata().map(|m| m.file_type().is_symlink()).unwrap_or(false) {
+            std::fs::remove_file(&etc_resolv).map_err(|e| DriverError::io("replace /etc/resolv.conf symlink", e))?;
         }
-        bind(
-            RESOLV,
-            &target(root, Path::new("/etc/resolv.conf"), Kind::File)?,
-            true,
-        )?;
+        bind(RESOLV, &target(root, Path::new("/etc/resolv.conf"), Kind::File)?, true)?;
     }
     pivot(root)
 }
 
 fn dev(dev: &Path) -> Result<(), DriverError> {
     let none: Option<&str> = None;
-    mnt(
-        Some("tmpfs"),
-        dev,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some("mode=0755,size=64k"),
-    )?;
+    mnt(Some("tmpfs"), dev, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("mode=0755,size=64k"))?;
     for name in DEVICES {
         let node = dev.join(name);
-        std::fs::File::create(&node)
-            .map_err(|e| DriverError::io(format!("create /dev/{name}"), e))?;
-        mnt(
-            Some(format!("/dev/{name}").as_str()),
-            &node,
-            none,
-            MsFlags::MS_BIND,
-            none,
-        )?;
+        std::fs::File::create(&node).map_err(|e| DriverError::io(format!("create /dev/{name}"), e))?;
+        mnt(Some(format!("/dev/{name}").as_str()), &node, none, MsFlags::MS_BIND, none)?;
     }
     let pts = dev.join("pts");
     mkdir(&pts)?;
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
     // gid=5 (tty) only exists when the image's groups are mapped; retry
     // without it rather than fail the whole VM.
-    if mnt(
-        Some("devpts"),
-        &pts,
-        Some("devpts"),
-        flags,
-        Some("newinstance,ptmxmode=0666,mode=0620,gid=5"),
-    )
-    .is_err()
-    {
-        mnt(
-            Some("devpts"),
-            &pts,
-            Some("devpts"),
-            flags,
-            Some("newinstance,ptmxmode=0666,mode=0620"),
-        )?;
+    if mnt(Some("devpts"), &pts, Some("devpts"), flags, Some("newinstance,ptmxmode=0666,mode=0620,gid=5")).is_err() {
+        mnt(Some("devpts"), &pts, Some("devpts"), flags, Some("newinstance,ptmxmode=0666,mode=0620"))?;
     }
     let shm = dev.join("shm");
     mkdir(&shm)?;
-    mnt(
-        Some("tmpfs"),
-        &shm,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=1777"),
-    )?;
+    mnt(Some("tmpfs"), &shm, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777"))?;
     for (link, to) in [
         ("ptmx", "pts/ptmx"),
         ("fd", "/proc/self/fd"),
@@ -226,21 +155,12 @@ fn dev(dev: &Path) -> Result<(), DriverError> {
 
 fn bind(source: &str, target: &Path, read_only: bool) -> Result<(), DriverError> {
     let none: Option<&str> = None;
-    mnt(
-        Some(source),
-        target,
-        none,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        none,
-    )?;
+    mnt(Some(source), target, none, MsFlags::MS_BIND | MsFlags::MS_REC, none)?;
     if read_only {
         // A remount inside a user namespace must keep the flags the source
         // mount was locked with, or the kernel refuses it.
         let locked = statvfs(target)
-            .map_err(|source| DriverError::Sys {
-                what: format!("statvfs {}", target.display()),
-                source,
-            })?
+            .map_err(|source| DriverError::Sys { what: format!("statvfs {}", target.display()), source })?
             .flags();
         let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
         for (st, ms) in [
@@ -261,12 +181,7 @@ fn bind(source: &str, target: &Path, read_only: bool) -> Result<(), DriverError>
 }
 
 fn pivot(root: &Path) -> Result<(), DriverError> {
-    let sys = |what: &'static str| {
-        move |source| DriverError::Sys {
-            what: what.into(),
-            source,
-        }
-    };
+    let sys = |what: &'static str| move |source| DriverError::Sys { what: what.into(), source };
     nix::unistd::chdir(root).map_err(sys("chdir new root"))?;
     nix::unistd::pivot_root(".", ".").map_err(sys("pivot_root"))?;
     umount2(".", MntFlags::MNT_DETACH).map_err(sys("detach old root"))?;
@@ -283,17 +198,11 @@ enum Kind {
 /// refused: the writable layer is under the sandbox's control, and a link
 /// there must not redirect a mount (or a mkdir) onto the host's tree.
 fn target(root: &Path, guest: &Path, kind: Kind) -> Result<PathBuf, DriverError> {
-    let comps: Vec<_> = guest
-        .components()
-        .filter(|c| !matches!(c, Component::RootDir))
-        .collect();
+    let comps: Vec<_> = guest.components().filter(|c| !matches!(c, Component::RootDir)).collect();
     let mut path = root.to_path_buf();
     for (i, c) in comps.iter().enumerate() {
         let Component::Normal(name) = c else {
-            return Err(DriverError::InitFailed(format!(
-                "guest path {} is not normalized",
-                guest.display()
-            )));
+            return Err(DriverError::InitFailed(format!("guest path {} is not normalized", guest.display())));
         };
         path.push(name);
         let last = i + 1 == comps.len();
@@ -336,11 +245,7 @@ fn mnt<P: AsRef<Path> + ?Sized>(
     data: Option<&str>,
 ) -> Result<(), DriverError> {
     mount(source, target.as_ref(), fstype, flags, data).map_err(|e| DriverError::Sys {
-        what: format!(
-            "mount {} on {}",
-            source.or(fstype).unwrap_or("(remount)"),
-            target.as_ref().display()
-        ),
+        what: format!("mount {} on {}", source.or(fstype).unwrap_or("(remount)"), target.as_ref().display()),
         source: e,
     })
 }

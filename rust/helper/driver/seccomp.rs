@@ -8,8 +8,7 @@
 use std::collections::BTreeMap;
 
 use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
 };
 
 use super::DriverError;
@@ -54,33 +53,14 @@ const DENIED: &[(&str, &[i64])] = &[
     ),
     // Large kernel attack surface with a history of privilege escalations,
     // and nothing a sandboxed dev workload needs.
-    (
-        "kernel surface",
-        &[
-            libc::SYS_bpf,
-            libc::SYS_perf_event_open,
-            libc::SYS_userfaultfd,
-            libc::SYS_open_by_handle_at,
-        ],
-    ),
+    ("kernel surface", &[libc::SYS_bpf, libc::SYS_perf_event_open, libc::SYS_userfaultfd, libc::SYS_open_by_handle_at]),
     // The kernel keyring is not namespaced: keys would leak between
     // sandboxes and the host user.
-    (
-        "keyring",
-        &[libc::SYS_keyctl, libc::SYS_add_key, libc::SYS_request_key],
-    ),
+    ("keyring", &[libc::SYS_keyctl, libc::SYS_add_key, libc::SYS_request_key]),
     // Raw port I/O.
     ("io ports", &[libc::SYS_iopl, libc::SYS_ioperm]),
     // The clock is host-global.
-    (
-        "clock",
-        &[
-            libc::SYS_settimeofday,
-            libc::SYS_clock_settime,
-            libc::SYS_clock_adjtime,
-            libc::SYS_adjtimex,
-        ],
-    ),
+    ("clock", &[libc::SYS_settimeofday, libc::SYS_clock_settime, libc::SYS_clock_adjtime, libc::SYS_adjtimex]),
 ];
 
 /// clone() flags that create namespaces (CLONE_NEWTIME is left out: in
@@ -98,8 +78,7 @@ const CLONE_NS_FLAGS: &[i32] = &[
 /// Builds and installs the filters on the calling thread; its children
 /// inherit them. no_new_privs must be set first.
 pub fn install() -> Result<(), DriverError> {
-    let arch = TargetArch::try_from(std::env::consts::ARCH)
-        .map_err(|e| DriverError::Seccomp(e.to_string()))?;
+    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| DriverError::Seccomp(e.to_string()))?;
     let err = |e: seccompiler::BackendError| DriverError::Seccomp(e.to_string());
 
     let mut eperm: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
@@ -112,23 +91,13 @@ pub fn install() -> Result<(), DriverError> {
     let mut clone_rules = Vec::new();
     for &flag in CLONE_NS_FLAGS {
         let flag = flag as u64;
-        let cond = SeccompCondition::new(
-            0,
-            SeccompCmpArgLen::Qword,
-            SeccompCmpOp::MaskedEq(flag),
-            flag,
-        )
-        .map_err(err)?;
+        let cond =
+            SeccompCondition::new(0, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(flag), flag).map_err(err)?;
         clone_rules.push(SeccompRule::new(vec![cond]).map_err(err)?);
     }
     eperm.insert(libc::SYS_clone, clone_rules);
-    let deny = SeccompFilter::new(
-        eperm,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch,
-    )
-    .map_err(err)?;
+    let deny =
+        SeccompFilter::new(eperm, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch).map_err(err)?;
 
     // clone3 passes its flags in memory that seccomp cannot inspect, so it
     // is refused as "not implemented": libc then falls back to clone(),
@@ -151,9 +120,7 @@ pub fn install() -> Result<(), DriverError> {
 #[cfg(test)]
 mod tests {
     fn errno_of(ret: i64) -> Option<i32> {
-        (ret == -1)
-            .then(|| std::io::Error::last_os_error().raw_os_error())
-            .flatten()
+        (ret == -1).then(|| std::io::Error::last_os_error().raw_os_error()).flatten()
     }
 
     #[test]
@@ -164,22 +131,10 @@ mod tests {
             unsafe {
                 assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
                 super::install().unwrap();
-                assert_eq!(
-                    errno_of(libc::unshare(libc::CLONE_NEWUSER).into()),
-                    Some(libc::EPERM)
-                );
-                assert_eq!(
-                    errno_of(libc::syscall(libc::SYS_setns, -1, 0)),
-                    Some(libc::EPERM)
-                );
-                assert_eq!(
-                    errno_of(libc::syscall(libc::SYS_bpf, 0, 0, 0)),
-                    Some(libc::EPERM)
-                );
-                assert_eq!(
-                    errno_of(libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0)),
-                    Some(libc::ENOSYS)
-                );
+                assert_eq!(errno_of(libc::unshare(libc::CLONE_NEWUSER).into()), Some(libc::EPERM));
+                assert_eq!(errno_of(libc::syscall(libc::SYS_setns, -1, 0)), Some(libc::EPERM));
+                assert_eq!(errno_of(libc::syscall(libc::SYS_bpf, 0, 0, 0)), Some(libc::EPERM));
+                assert_eq!(errno_of(libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0)), Some(libc::ENOSYS));
                 let none = std::ptr::null::<libc::c_char>();
                 assert_eq!(
                     errno_of(libc::mount(none, c"/".as_ptr(), none, 0, std::ptr::null()).into()),

@@ -52,23 +52,14 @@ impl IdMapper {
             IdMapper::Direct => {
                 for file in ["uid_map", "gid_map"] {
                     let path = format!("/proc/{pid}/{file}");
-                    std::fs::write(&path, &line)
-                        .map_err(|e| DriverError::UserNs(format!("write {path}: {e}")))?;
+                    std::fs::write(&path, &line).map_err(|e| DriverError::UserNs(format!("write {path}: {e}")))?;
                 }
                 Ok(())
             }
-            IdMapper::Setuid {
-                newuidmap,
-                newgidmap,
-            } => {
+            IdMapper::Setuid { newuidmap, newgidmap } => {
                 for tool in [newuidmap, newgidmap] {
                     let out = Command::new(tool)
-                        .args([
-                            pid.to_string(),
-                            "0".into(),
-                            base.to_string(),
-                            count.to_string(),
-                        ])
+                        .args([pid.to_string(), "0".into(), base.to_string(), count.to_string()])
                         .output()
                         .map_err(|e| DriverError::UserNs(format!("run {}: {e}", tool.display())))?;
                     if !out.status.success() {
@@ -89,14 +80,9 @@ impl IdMapper {
 
 /// First executable called `name` on PATH.
 pub fn find_in_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")
-        .unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin".into());
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| {
-            use std::os::unix::fs::PermissionsExt as _;
-            p.metadata()
-                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-                .unwrap_or(false)
-        })
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin".into());
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| {
+        use std::os::unix::fs::PermissionsExt as _;
+        p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+    })
 }

@@ -15,10 +15,7 @@ pub(super) fn start_spec(
     field: &str,
 ) -> Result<(PathBuf, StartSpec), HelperError> {
     if p.argv.is_empty() || p.argv[0].is_empty() {
-        return Err(HelperError::invalid(
-            format!("{field}.argv"),
-            "must not be empty",
-        ));
+        return Err(HelperError::invalid(format!("{field}.argv"), "must not be empty"));
     }
     for key in p.env.keys() {
         check_env_key(&format!("{field}.env"), key)?;
@@ -65,10 +62,7 @@ pub(super) fn config_from_proto(spec: pb::VmSpec) -> Result<VmConfig, HelperErro
         Ok(pb::NetworkMode::None) => Network::None,
         Ok(pb::NetworkMode::Unspecified | pb::NetworkMode::Egress) => Network::Egress,
         Err(_) => {
-            return Err(HelperError::invalid(
-                "spec.network",
-                format!("unknown network mode {}", spec.network),
-            ));
+            return Err(HelperError::invalid("spec.network", format!("unknown network mode {}", spec.network)));
         }
     };
     Ok(VmConfig {

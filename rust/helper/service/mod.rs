@@ -47,9 +47,7 @@ impl HelperService {
 pub fn status(e: HelperError) -> Status {
     let msg = e.to_string();
     match e {
-        HelperError::InvalidArgument { .. } | HelperError::ExecRejected(_) => {
-            Status::invalid_argument(msg)
-        }
+        HelperError::InvalidArgument { .. } | HelperError::ExecRejected(_) => Status::invalid_argument(msg),
         HelperError::VmNotFound(_) | HelperError::ImageNotFound(_) => Status::not_found(msg),
         HelperError::AlreadyExists(_) => Status::already_exists(msg),
         HelperError::WrongState { .. } => Status::failed_precondition(msg),
@@ -61,19 +59,15 @@ pub fn status(e: HelperError) -> Status {
             FailKind::Exhausted => Status::resource_exhausted(msg),
             FailKind::Internal => Status::internal(msg),
         },
-        HelperError::Driver(_)
-        | HelperError::Agent(_)
-        | HelperError::Image(_)
-        | HelperError::Io { .. } => Status::internal(msg),
+        HelperError::Driver(_) | HelperError::Agent(_) | HelperError::Image(_) | HelperError::Io { .. } => {
+            Status::internal(msg)
+        }
     }
 }
 
 #[tonic::async_trait]
 impl VmHelper for HelperService {
-    async fn get_info(
-        &self,
-        _: Request<pb::GetInfoRequest>,
-    ) -> Result<Response<pb::GetInfoResponse>, Status> {
+    async fn get_info(&self, _: Request<pb::GetInfoRequest>) -> Result<Response<pb::GetInfoResponse>, Status> {
         Ok(Response::new(pb::GetInfoResponse {
             platform: "linux".into(),
             driver: "namespaces".into(),
@@ -83,95 +77,47 @@ impl VmHelper for HelperService {
         }))
     }
 
-    async fn create_vm(
-        &self,
-        req: Request<pb::CreateVmRequest>,
-    ) -> Result<Response<pb::CreateVmResponse>, Status> {
-        let spec = req
-            .into_inner()
-            .spec
-            .ok_or_else(|| status(HelperError::invalid("spec", "required")))?;
+    async fn create_vm(&self, req: Request<pb::CreateVmRequest>) -> Result<Response<pb::CreateVmResponse>, Status> {
+        let spec = req.into_inner().spec.ok_or_else(|| status(HelperError::invalid("spec", "required")))?;
         let config = config_from_proto(spec).map_err(status)?;
         let vm = self.vms.create(config).map_err(status)?;
-        Ok(Response::new(pb::CreateVmResponse {
-            vm: Some(vm_to_proto(vm)),
-        }))
+        Ok(Response::new(pb::CreateVmResponse { vm: Some(vm_to_proto(vm)) }))
     }
 
-    async fn start_vm(
-        &self,
-        req: Request<pb::StartVmRequest>,
-    ) -> Result<Response<pb::StartVmResponse>, Status> {
+    async fn start_vm(&self, req: Request<pb::StartVmRequest>) -> Result<Response<pb::StartVmResponse>, Status> {
         let vm = self.vms.start(&req.into_inner().id).await.map_err(status)?;
-        Ok(Response::new(pb::StartVmResponse {
-            vm: Some(vm_to_proto(vm)),
-        }))
+        Ok(Response::new(pb::StartVmResponse { vm: Some(vm_to_proto(vm)) }))
     }
 
-    async fn stop_vm(
-        &self,
-        req: Request<pb::StopVmRequest>,
-    ) -> Result<Response<pb::StopVmResponse>, Status> {
+    async fn stop_vm(&self, req: Request<pb::StopVmRequest>) -> Result<Response<pb::StopVmResponse>, Status> {
         let req = req.into_inner();
-        let grace = if req.grace_ms == 0 {
-            DEFAULT_GRACE
-        } else {
-            Duration::from_millis(req.grace_ms.into())
-        };
+        let grace = if req.grace_ms == 0 { DEFAULT_GRACE } else { Duration::from_millis(req.grace_ms.into()) };
         let vm = self.vms.stop(&req.id, grace).await.map_err(status)?;
-        Ok(Response::new(pb::StopVmResponse {
-            vm: Some(vm_to_proto(vm)),
-        }))
+        Ok(Response::new(pb::StopVmResponse { vm: Some(vm_to_proto(vm)) }))
     }
 
-    async fn delete_vm(
-        &self,
-        req: Request<pb::DeleteVmRequest>,
-    ) -> Result<Response<pb::DeleteVmResponse>, Status> {
-        self.vms
-            .delete(&req.into_inner().id)
-            .await
-            .map_err(status)?;
+    async fn delete_vm(&self, req: Request<pb::DeleteVmRequest>) -> Result<Response<pb::DeleteVmResponse>, Status> {
+        self.vms.delete(&req.into_inner().id).await.map_err(status)?;
         Ok(Response::new(pb::DeleteVmResponse {}))
     }
 
-    async fn get_vm(
-        &self,
-        req: Request<pb::GetVmRequest>,
-    ) -> Result<Response<pb::GetVmResponse>, Status> {
+    async fn get_vm(&self, req: Request<pb::GetVmRequest>) -> Result<Response<pb::GetVmResponse>, Status> {
         let vm = self.vms.get(&req.into_inner().id).map_err(status)?;
-        Ok(Response::new(pb::GetVmResponse {
-            vm: Some(vm_to_proto(vm)),
-        }))
+        Ok(Response::new(pb::GetVmResponse { vm: Some(vm_to_proto(vm)) }))
     }
 
-    async fn list_vms(
-        &self,
-        _: Request<pb::ListVmsRequest>,
-    ) -> Result<Response<pb::ListVmsResponse>, Status> {
-        Ok(Response::new(pb::ListVmsResponse {
-            vms: self.vms.list().into_iter().map(vm_to_proto).collect(),
-        }))
+    async fn list_vms(&self, _: Request<pb::ListVmsRequest>) -> Result<Response<pb::ListVmsResponse>, Status> {
+        Ok(Response::new(pb::ListVmsResponse { vms: self.vms.list().into_iter().map(vm_to_proto).collect() }))
     }
 
     type ExecStream = RpcStream<pb::ExecResponse>;
 
-    async fn exec(
-        &self,
-        req: Request<Streaming<pb::ExecRequest>>,
-    ) -> Result<Response<Self::ExecStream>, Status> {
+    async fn exec(&self, req: Request<Streaming<pb::ExecRequest>>) -> Result<Response<Self::ExecStream>, Status> {
         streams::exec(&self.vms, req.into_inner()).await
     }
 
-    async fn list_images(
-        &self,
-        _: Request<pb::ListImagesRequest>,
-    ) -> Result<Response<pb::ListImagesResponse>, Status> {
-        let images = self
-            .vms
-            .images()
-            .list()
-            .map_err(|e| status(HelperError::Image(e.to_string())))?;
+    async fn list_images(&self, _: Request<pb::ListImagesRequest>) -> Result<Response<pb::ListImagesResponse>, Status> {
+        let images = self.vms.images().list().map_err(|e| status(HelperError::Image(e.to_string())))?;
         Ok(Response::new(pb::ListImagesResponse {
             images: images
                 .into_iter()
@@ -188,10 +134,7 @@ impl VmHelper for HelperService {
 
     type DialStream = RpcStream<pb::DialResponse>;
 
-    async fn dial(
-        &self,
-        req: Request<Streaming<pb::DialRequest>>,
-    ) -> Result<Response<Self::DialStream>, Status> {
+    async fn dial(&self, req: Request<Streaming<pb::DialRequest>>) -> Result<Response<Self::DialStream>, Status> {
         streams::dial(&self.vms, req.into_inner()).await
     }
 
@@ -204,21 +147,12 @@ impl VmHelper for HelperService {
 
     type CopyOutStream = RpcStream<pb::CopyOutResponse>;
 
-    async fn copy_out(
-        &self,
-        req: Request<pb::CopyOutRequest>,
-    ) -> Result<Response<Self::CopyOutStream>, Status> {
+    async fn copy_out(&self, req: Request<pb::CopyOutRequest>) -> Result<Response<Self::CopyOutStream>, Status> {
         streams::copy_out(&self.vms, req.into_inner()).await
     }
 
-    async fn stats(
-        &self,
-        req: Request<pb::StatsRequest>,
-    ) -> Result<Response<pb::StatsResponse>, Status> {
-        let run = self
-            .vms
-            .run_handles(&req.into_inner().vm_id, "read stats of")
-            .map_err(status)?;
+    async fn stats(&self, req: Request<pb::StatsRequest>) -> Result<Response<pb::StatsResponse>, Status> {
+        let run = self.vms.run_handles(&req.into_inner().vm_id, "read stats of").map_err(status)?;
         let u = super::stats::read(&run).map_err(status)?;
         Ok(Response::new(pb::StatsResponse {
             cpu_usage_ns: u.cpu_usage_ns,
@@ -240,23 +174,13 @@ impl VmHelper for HelperService {
         let req = req.into_inner();
         crate::agent::background::check_name(&req.name)
             .map_err(|e| status(HelperError::invalid("name", e.to_string())))?;
-        let process = req
-            .process
-            .ok_or_else(|| status(HelperError::invalid("process", "required")))?;
+        let process = req.process.ok_or_else(|| status(HelperError::invalid("process", "required")))?;
         if process.tty {
-            return Err(status(HelperError::invalid(
-                "process.tty",
-                "not supported for background processes",
-            )));
+            return Err(status(HelperError::invalid("process.tty", "not supported for background processes")));
         }
         let (socket, spec) = start_spec(&self.vms, process, "process").map_err(status)?;
-        let start = BackgroundRequest::Start {
-            name: req.name,
-            spec,
-        };
-        let (reply, _) = super::guest::background(&socket, start)
-            .await
-            .map_err(status)?;
+        let start = BackgroundRequest::Start { name: req.name, spec };
+        let (reply, _) = super::guest::background(&socket, start).await.map_err(status)?;
         Ok(Response::new(pb::StartBackgroundResponse {
             process: reply.processes.into_iter().next().map(background_to_proto),
         }))
@@ -267,15 +191,9 @@ impl VmHelper for HelperService {
         req: Request<pb::ListBackgroundRequest>,
     ) -> Result<Response<pb::ListBackgroundResponse>, Status> {
         let socket = self.agent(&req.into_inner().vm_id)?;
-        let (reply, _) = super::guest::background(&socket, BackgroundRequest::List)
-            .await
-            .map_err(status)?;
+        let (reply, _) = super::guest::background(&socket, BackgroundRequest::List).await.map_err(status)?;
         Ok(Response::new(pb::ListBackgroundResponse {
-            processes: reply
-                .processes
-                .into_iter()
-                .map(background_to_proto)
-                .collect(),
+            processes: reply.processes.into_iter().map(background_to_proto).collect(),
         }))
     }
 
@@ -285,13 +203,8 @@ impl VmHelper for HelperService {
     ) -> Result<Response<pb::ReadBackgroundLogResponse>, Status> {
         let req = req.into_inner();
         let socket = self.agent(&req.vm_id)?;
-        let log = BackgroundRequest::Log {
-            name: req.name,
-            tail_lines: req.tail_lines,
-        };
-        let (reply, output) = super::guest::background(&socket, log)
-            .await
-            .map_err(status)?;
+        let log = BackgroundRequest::Log { name: req.name, tail_lines: req.tail_lines };
+        let (reply, output) = super::guest::background(&socket, log).await.map_err(status)?;
         Ok(Response::new(pb::ReadBackgroundLogResponse {
             process: reply.processes.into_iter().next().map(background_to_proto),
             output,
@@ -305,14 +218,8 @@ impl VmHelper for HelperService {
     ) -> Result<Response<pb::StopBackgroundResponse>, Status> {
         let req = req.into_inner();
         let socket = self.agent(&req.vm_id)?;
-        let stop = BackgroundRequest::Stop {
-            name: req.name,
-            grace_ms: req.grace_ms,
-            tail_lines: req.tail_lines,
-        };
-        let (reply, output) = super::guest::background(&socket, stop)
-            .await
-            .map_err(status)?;
+        let stop = BackgroundRequest::Stop { name: req.name, grace_ms: req.grace_ms, tail_lines: req.tail_lines };
+        let (reply, output) = super::guest::background(&socket, stop).await.map_err(status)?;
         Ok(Response::new(pb::StopBackgroundResponse {
             process: reply.processes.into_iter().next().map(background_to_proto),
             output,

@@ -39,15 +39,10 @@ pub async fn exec(
     mut inbound: Streaming<pb::ExecRequest>,
 ) -> Result<Response<RpcStream<pb::ExecResponse>>, Status> {
     let first = match inbound.next().await {
-        Some(Ok(pb::ExecRequest {
-            msg: Some(pb::exec_request::Msg::Start(p)),
-        })) => p,
+        Some(Ok(pb::ExecRequest { msg: Some(pb::exec_request::Msg::Start(p)) })) => p,
         Some(Err(e)) => return Err(e),
         _ => {
-            return Err(status(HelperError::invalid(
-                "start",
-                "the first message must be start",
-            )));
+            return Err(status(HelperError::invalid("start", "the first message must be start")));
         }
     };
     let (socket, spec) = start_spec(vms, first, "start").map_err(status)?;
@@ -123,26 +118,17 @@ pub async fn dial(
     mut inbound: Streaming<pb::DialRequest>,
 ) -> Result<Response<RpcStream<pb::DialResponse>>, Status> {
     let start = match inbound.next().await {
-        Some(Ok(pb::DialRequest {
-            msg: Some(pb::dial_request::Msg::Start(s)),
-        })) => s,
+        Some(Ok(pb::DialRequest { msg: Some(pb::dial_request::Msg::Start(s)) })) => s,
         Some(Err(e)) => return Err(e),
         _ => {
-            return Err(status(HelperError::invalid(
-                "start",
-                "the first message must be start",
-            )));
+            return Err(status(HelperError::invalid("start", "the first message must be start")));
         }
     };
     let run = vms.run_handles(&start.vm_id, "dial into").map_err(status)?;
-    let stream = dial::connect(&start.vm_id, run.netns, start.port)
-        .await
-        .map_err(status)?;
+    let stream = dial::connect(&start.vm_id, run.netns, start.port).await.map_err(status)?;
     let (guest_rd, guest_wr) = stream.into_split();
     let (tx, rx) = mpsc::channel::<Result<pb::DialResponse, Status>>(8);
-    let connected = pb::DialResponse {
-        msg: Some(pb::dial_response::Msg::Connected(pb::Connected {})),
-    };
+    let connected = pb::DialResponse { msg: Some(pb::dial_response::Msg::Connected(pb::Connected {})) };
     if tx.send(Ok(connected)).await.is_err() {
         return Err(Status::cancelled("client went away"));
     }
@@ -160,15 +146,9 @@ async fn client_to_guest(
 ) {
     while let Some(msg) = inbound.next().await {
         let data = match msg {
-            Ok(pb::DialRequest {
-                msg: Some(pb::dial_request::Msg::Data(b)),
-            }) => b,
-            Ok(pb::DialRequest {
-                msg: Some(pb::dial_request::Msg::CloseWrite(_)),
-            }) => break,
-            Ok(pb::DialRequest {
-                msg: Some(pb::dial_request::Msg::Start(_)),
-            }) => {
+            Ok(pb::DialRequest { msg: Some(pb::dial_request::Msg::Data(b)) }) => b,
+            Ok(pb::DialRequest { msg: Some(pb::dial_request::Msg::CloseWrite(_)) }) => break,
+            Ok(pb::DialRequest { msg: Some(pb::dial_request::Msg::Start(_)) }) => {
                 let e = HelperError::invalid("start", "may only be the first message");
                 if let Some(tx) = tx.upgrade() {
                     let _ = tx.send(Err(status(e))).await;
@@ -188,10 +168,7 @@ async fn client_to_guest(
     let _ = guest.shutdown().await;
 }
 
-async fn guest_to_client(
-    mut guest: OwnedReadHalf,
-    tx: mpsc::Sender<Result<pb::DialResponse, Status>>,
-) {
+async fn guest_to_client(mut guest: OwnedReadHalf, tx: mpsc::Sender<Result<pb::DialResponse, Status>>) {
     loop {
         let mut buf = Vec::with_capacity(DIAL_CHUNK);
         let read = tokio::select! {
@@ -200,9 +177,7 @@ async fn guest_to_client(
         };
         let msg = match read {
             Ok(0) => return,
-            Ok(_) => Ok(pb::DialResponse {
-                msg: Some(pb::dial_response::Msg::Data(buf)),
-            }),
+            Ok(_) => Ok(pb::DialResponse { msg: Some(pb::dial_response::Msg::Data(buf)) }),
             Err(e) => Err(Status::unavailable(format!("guest connection: {e}"))),
         };
         let last = msg.is_err();
@@ -218,15 +193,10 @@ pub async fn copy_in(
     mut inbound: Streaming<pb::CopyInRequest>,
 ) -> Result<Response<pb::CopyInResponse>, Status> {
     let start = match inbound.next().await {
-        Some(Ok(pb::CopyInRequest {
-            msg: Some(pb::copy_in_request::Msg::Start(s)),
-        })) => s,
+        Some(Ok(pb::CopyInRequest { msg: Some(pb::copy_in_request::Msg::Start(s)) })) => s,
         Some(Err(e)) => return Err(e),
         _ => {
-            return Err(status(HelperError::invalid(
-                "start",
-                "the first message must be start",
-            )));
+            return Err(status(HelperError::invalid("start", "the first message must be start")));
         }
     };
     if !start.dest_dir.starts_with('/') {
@@ -236,9 +206,7 @@ pub async fn copy_in(
         )));
     }
     let target = vms.exec_target(&start.vm_id).map_err(status)?;
-    let mut copy = CopyIn::start(&target.socket, start.dest_dir)
-        .await
-        .map_err(status)?;
+    let mut copy = CopyIn::start(&target.socket, start.dest_dir).await.map_err(status)?;
     loop {
         tokio::select! {
             // The agent answers before the end only when it gave up.
@@ -264,10 +232,7 @@ pub async fn copy_in(
         }
     }
     let copied = copy.finish().await.map_err(status)?;
-    Ok(Response::new(pb::CopyInResponse {
-        files: copied.files,
-        bytes: copied.bytes,
-    }))
+    Ok(Response::new(pb::CopyInResponse { files: copied.files, bytes: copied.bytes }))
 }
 
 /// CopyOut: relay the agent's tar stream to the client.
@@ -276,15 +241,10 @@ pub async fn copy_out(
     req: pb::CopyOutRequest,
 ) -> Result<Response<RpcStream<pb::CopyOutResponse>>, Status> {
     if !req.path.starts_with('/') {
-        return Err(status(HelperError::invalid(
-            "path",
-            format!("{:?} must be an absolute path", req.path),
-        )));
+        return Err(status(HelperError::invalid("path", format!("{:?} must be an absolute path", req.path))));
     }
     let target = vms.exec_target(&req.vm_id).map_err(status)?;
-    let mut copy = CopyOut::start(&target.socket, req.path)
-        .await
-        .map_err(status)?;
+    let mut copy = CopyOut::start(&target.socket, req.path).await.map_err(status)?;
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
         loop {
