@@ -26,7 +26,7 @@ def test_health(server):
     text, err = server.tool("health")
     assert not err
     lines = text.split("\n")
-    assert lines[0] == "2 sandbox(es), 0 issue(s)"
+    assert lines[0] == "2 sandbox(es), 0 issue(s)", text
     assert re.match(r"^b:  shell=ok  disk=\d+%.*  mem=\d+%  up=\d+m\d+s  procs=\d+$", lines[1]), lines[1]
 
 
@@ -68,3 +68,28 @@ def test_reaping_stops_the_sandboxes_forwards(server_factory):
     assert refused, "the forward kept listening after its sandbox was reaped"
     text, err = srv.tool("unexpose", port=18931)
     assert err and text.startswith("Error: no forward on localhost:18931"), text
+
+
+def test_helpers_with_separate_state_do_not_share_cgroups(server):
+    """cgroup paths are host-global: a second helper (another user's or test
+    run's XDG dirs) with a sandbox of the same name must not see this one's
+    counters."""
+    import os
+    import shutil
+
+    from conftest import isolated_env, new_env_dir, stop_helper
+    from mcp_client import McpClient
+
+    server.tool("exec", command="python3 -c 'x = bytearray(900 * 1024 * 1024)'", timeout=60)
+    assert "OOM" in server.tool("health")[0]
+    base = new_env_dir()
+    env = isolated_env(base)
+    other = McpClient(os.environ["SANDBOX_MCP_BIN"], env=env, stderr_path=f"{base}/server.log")
+    try:
+        other.tool("exec", command="true")
+        text, _ = other.tool("health")
+        assert "OOM" not in text and "0 issue(s)" in text, text
+    finally:
+        other.close()
+        stop_helper(env)
+        shutil.rmtree(base, ignore_errors=True)

@@ -379,6 +379,7 @@ impl VmManager {
                 d.info.state = VmState::Stopped;
             }
         }
+        self.driver.release();
     }
 }
 

@@ -488,6 +488,8 @@ async fn push(
 
 #[cfg(test)]
 mod tests {
+    use std::io::Read;
+
     use super::*;
 
     fn tree(name: &str) -> PathBuf {

@@ -10,6 +10,16 @@ use super::DriverError;
 
 const GROUP: &str = "sandbox-mcp";
 
+/// The parent group of this helper's VMs: `sandbox-mcp-<hash of the state
+/// dir>`. cgroup paths are global to the host, so two helpers (a user's and a
+/// test run's, each with its own XDG dirs) must never share a VM's group.
+fn group_name() -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    crate::paths::state_dir().hash(&mut h);
+    format!("{GROUP}-{:08x}", h.finish() as u32)
+}
+
 /// Where the VM cgroups live on this host.
 #[derive(Debug, Clone)]
 pub enum CgroupLayout {
@@ -83,12 +93,13 @@ impl CgroupLayout {
                 _ => {}
             }
         }
+        let group = group_name();
         let layout = match (v1, v2) {
             ((Some(m), Some(c), Some(p)), _) => CgroupLayout::V1 {
-                memory: m.join(GROUP),
-                cpu: c.join(GROUP),
-                pids: p.join(GROUP),
-                cpuacct: cpuacct.map(|a| a.join(GROUP)),
+                memory: m.join(&group),
+                cpu: c.join(&group),
+                pids: p.join(&group),
+                cpuacct: cpuacct.map(|a| a.join(&group)),
             },
             (_, Some(root)) => CgroupLayout::V2 { base: v2_base(&root)? },
             _ => return Err("no cgroup hierarchy with memory, cpu and pids controllers".into()),
@@ -120,6 +131,19 @@ impl CgroupLayout {
         Ok(())
     }
 
+    /// Removes this helper's parent group once its VMs are gone (at
+    /// shutdown), so helpers with short-lived state dirs (test runs) leave
+    /// nothing behind. A group still holding VMs stays.
+    pub fn remove_parent(&self) {
+        let dirs: Vec<&PathBuf> = match self {
+            CgroupLayout::V1 { memory, cpu, pids, cpuacct } => [memory, cpu, pids].into_iter().chain(cpuacct).collect(),
+            CgroupLayout::V2 { base } => vec![base],
+        };
+        for d in dirs {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+
     /// Creates the VM's cgroup with its limits.
     pub fn create(&self, id: &str, limits: Limits) -> Result<VmCgroup, DriverError> {
         let cg = VmCgroup {
@@ -134,6 +158,10 @@ impl CgroupLayout {
             v2: matches!(self, CgroupLayout::V2 { .. }),
         };
         for d in &cg.dirs {
+            // A group left by a crashed helper still carries its counters (an
+            // old OOM kill would show on the new VM): start from a fresh one.
+            // Removal fails only while processes remain in it.
+            let _ = std::fs::remove_dir(d);
             mkdir(d).map_err(DriverError::Cgroup)?;
         }
         let quota = u64::from(limits.cpus) * 100_000;
@@ -241,7 +269,7 @@ fn v2_base(root: &Path) -> Result<PathBuf, String> {
             return Err(format!("cgroup v2 has no {c} controller"));
         }
     }
-    Ok(root.join(rel.trim_start_matches('/')).join(GROUP))
+    Ok(root.join(rel.trim_start_matches('/')).join(group_name()))
 }
 
 fn mkdir(dir: &Path) -> Result<(), String> {

@@ -94,6 +94,13 @@ impl Driver {
         Ok(Driver { self_exe, ids: userns::IdMapper::detect(), cgroups, pasta })
     }
 
+    /// Releases host-wide resources once no VM runs (the helper is exiting).
+    pub fn release(&self) {
+        if let Some(cgroups) = &self.cgroups {
+            cgroups.remove_parent();
+        }
+    }
+
     /// Capability names for GetInfo.
     pub fn capabilities(&self) -> Vec<String> {
         let mut caps = vec!["exec", "exec.tty", "network.none", "seccomp"];
