@@ -157,3 +157,19 @@ def server_factory(env: dict[str, str]) -> Iterator[Callable[..., McpClient]]:
 def server(server_factory: Callable[..., McpClient]) -> McpClient:
     """A running `sandbox-mcp` server in an isolated environment."""
     return server_factory()
+
+
+@pytest.fixture
+def roots() -> Iterator[Path]:
+    """A temp dir to serve as the server's only host root."""
+    d = tempfile.mkdtemp(prefix="smcp-roots-")
+    try:
+        yield Path(d)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def srv(server_factory: Callable[..., McpClient], roots: Path) -> McpClient:
+    """A server whose host roots are just `roots` (for upload, download, sync)."""
+    return server_factory(SANDBOX_MCP_HOST_ROOTS=str(roots))

@@ -9,18 +9,10 @@ import urllib.request
 
 import pytest
 
+from waiting import wait_for
+
 SERVER_PORT = 8000
 BIG = 4 * 1024 * 1024
-
-
-def wait_for(fn, timeout=15.0, every=0.05):
-    """Poll `fn` until it returns a truthy value or the deadline passes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(every)
 
 
 def free_port():

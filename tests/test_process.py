@@ -1,19 +1,7 @@
 """bg, logs and kill through a real MCP client."""
 import re
-import time
 
-
-def poll(fetch, ok, timeout=10.0, every=0.05):
-    """Call `fetch` until `ok(value)` holds (returns that value) or the
-    deadline passes (returns None)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fetch()
-        if ok(value):
-            return value
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(every)
+from waiting import poll
 
 
 def test_bg_logs_kill(server):

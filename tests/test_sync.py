@@ -2,38 +2,13 @@
 mirroring of creates, edits, renames and deletes (files and directories),
 ignored paths, the host roots policy and the error texts."""
 import os
-import pathlib
 import re
 import shutil
-import tempfile
 import time
 
-import pytest
+from waiting import wait_for
 
 DEST = "/workspace/proj"
-
-
-@pytest.fixture
-def roots():
-    """A temp dir the server may use as its only host root."""
-    d = tempfile.mkdtemp(prefix="smcp-sync-")
-    yield pathlib.Path(d)
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-def srv(server_factory, roots):
-    return server_factory(SANDBOX_MCP_HOST_ROOTS=str(roots))
-
-
-def wait_for(fn, timeout=15.0, every=0.03):
-    """Poll `fn` until it returns a truthy value or the deadline passes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(every)
 
 
 def listing(srv, dest=DEST):

@@ -1,23 +1,5 @@
 """upload, download and git_clone through a real MCP client, with the host roots policy."""
 import os
-import pathlib
-import tempfile
-
-import pytest
-
-
-@pytest.fixture
-def roots():
-    """A temp dir the server may use as its only host root."""
-    d = tempfile.mkdtemp(prefix="smcp-roots-")
-    yield pathlib.Path(d)
-    import shutil
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-def srv(server_factory, roots):
-    return server_factory(SANDBOX_MCP_HOST_ROOTS=str(roots))
 
 
 def test_upload_file_and_dir(srv, roots):

@@ -61,7 +61,7 @@ pub fn exec_result(r: &ExecResult, timeout_secs: f64) -> String {
 /// Memory as `512M` / `2G`.
 pub fn memory(bytes: u64) -> String {
     let mib = bytes >> 20;
-    if mib >= 1024 && mib % 1024 == 0 { format!("{}G", mib / 1024) } else { format!("{mib}M") }
+    if mib >= 1024 && mib.is_multiple_of(1024) { format!("{}G", mib / 1024) } else { format!("{mib}M") }
 }
 
 /// One `status` line for a sandbox.

@@ -169,7 +169,7 @@ impl Config {
         let roots: Vec<PathBuf> = match env("SANDBOX_MCP_HOST_ROOTS") {
             Some(v) => v.split(':').filter(|s| !s.is_empty()).map(PathBuf::from).collect(),
             None => match file.host_roots {
-                Some(list) => list.iter().map(|s| PathBuf::from(super::hostpath::expand_home(s))).collect(),
+                Some(list) => list.iter().map(|s| super::hostpath::expand_home(s)).collect(),
                 None => {
                     vec![std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/nonexistent"))]
                 }

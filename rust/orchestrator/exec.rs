@@ -83,19 +83,21 @@ pub async fn run(
 ) -> Result<ExecResult, HelperError> {
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
-    let (input, mut events) = helper.spawn(vm_id, process).await?;
-    // Stdin is fed concurrently with reading output: a process that writes a
-    // lot before reading its input would otherwise deadlock against us.
-    let feeder = {
+    let inline = stdin.len() <= STDIN_CHUNK;
+    let (input, mut events) = helper.spawn(vm_id, process, inline.then_some(stdin)).await?;
+    // Larger stdin is fed concurrently with reading output: a process that
+    // writes a lot before reading its input would otherwise deadlock against us.
+    // Aborted on drop, so every way out of this function stops feeding.
+    let _feeder = (!inline).then(|| {
         let input = input.clone();
         let stdin = stdin.to_vec();
-        tokio::spawn(async move {
+        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
             for chunk in stdin.chunks(STDIN_CHUNK) {
                 input.write_stdin(chunk.to_vec()).await?;
             }
             input.close_stdin().await
-        })
-    };
+        }))
+    });
     let (mut stdout, mut stderr) = (Captured::default(), Captured::default());
     let mut status = None;
     let mut timed_out = false;
@@ -109,11 +111,9 @@ pub async fn run(
                 break;
             }
             Ok(Ok(None)) => {
-                feeder.abort();
                 return Err(HelperError::Other("the helper ended the exec stream without an exit status".into()));
             }
             Ok(Err(e)) => {
-                feeder.abort();
                 return Err(e);
             }
             Err(_) => {
@@ -122,7 +122,6 @@ pub async fn run(
             }
         }
     }
-    feeder.abort();
     if timed_out {
         input.signal_group(libc::SIGKILL).await.ok();
         // Collect what was still in flight so the caller sees all output up

@@ -352,24 +352,44 @@ impl HelperClient {
         Ok(images.into_iter().map(|i| ImageSummary { name: i.name, package_manager: i.package_manager }).collect())
     }
 
-    /// Start a process in a VM and return its handle once the helper accepted it.
-    pub async fn spawn(&self, vm_id: &str, p: ProcessConfig) -> Result<(ProcessInput, ProcessEvents), HelperError> {
+    /// Start a process in a VM and return its handle once the helper accepted
+    /// it. `stdin`, when given, is sent with the start request and followed
+    /// by end-of-input: the common small-input case costs no extra messages.
+    pub async fn spawn(
+        &self,
+        vm_id: &str,
+        p: ProcessConfig,
+        stdin: Option<&[u8]>,
+    ) -> Result<(ProcessInput, ProcessEvents), HelperError> {
+        use pb::exec_request::Msg;
         let (tx, rx) = mpsc::channel(64);
-        let start = pb::ProcessSpec {
-            vm_id: vm_id.into(),
-            argv: p.argv,
-            env: p.env,
-            cwd: p.cwd,
-            create_cwd: p.create_cwd,
-            tty: false,
-            tty_cols: 0,
-            tty_rows: 0,
-        };
-        tx.send(pb::ExecRequest { msg: Some(pb::exec_request::Msg::Start(start)) })
-            .await
-            .map_err(|_| HelperError::Other("exec stream closed".into()))?;
+        let mut first = vec![Msg::Start(process_spec(vm_id, p))];
+        if let Some(data) = stdin {
+            if !data.is_empty() {
+                first.push(Msg::Stdin(data.to_vec()));
+            }
+            first.push(Msg::CloseStdin(pb::CloseStdin {}));
+        }
+        for msg in first {
+            tx.send(pb::ExecRequest { msg: Some(msg) })
+                .await
+                .map_err(|_| HelperError::Other("exec stream closed".into()))?;
+        }
         let rx = self.client.clone().exec(ReceiverStream::new(rx)).await?.into_inner();
         Ok((ProcessInput { tx }, ProcessEvents { rx }))
+    }
+}
+
+fn process_spec(vm_id: &str, p: ProcessConfig) -> pb::ProcessSpec {
+    pb::ProcessSpec {
+        vm_id: vm_id.into(),
+        argv: p.argv,
+        env: p.env,
+        cwd: p.cwd,
+        create_cwd: p.create_cwd,
+        tty: false,
+        tty_cols: 0,
+        tty_rows: 0,
     }
 }
 
@@ -582,16 +602,7 @@ impl HelperClient {
         name: &str,
         p: ProcessConfig,
     ) -> Result<BackgroundInfo, HelperError> {
-        let process = pb::ProcessSpec {
-            vm_id: vm_id.into(),
-            argv: p.argv,
-            env: p.env,
-            cwd: p.cwd,
-            create_cwd: p.create_cwd,
-            tty: false,
-            tty_cols: 0,
-            tty_rows: 0,
-        };
+        let process = process_spec(vm_id, p);
         let r = self
             .client
             .clone()

@@ -28,31 +28,6 @@ pub fn validate_env_key(key: &str) -> Result<(), OrchestratorError> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sandbox_names() {
-        for ok in ["default", "a", "my-box_1.2", "A9"] {
-            assert!(validate_sandbox_name(ok).is_ok(), "{ok}");
-        }
-        for bad in ["", "-x", ".x", "a b", "a'b", "a/b", "ü", &"x".repeat(49)] {
-            assert!(validate_sandbox_name(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn env_keys() {
-        for ok in ["FOO", "_x", "a1"] {
-            assert!(validate_env_key(ok).is_ok(), "{ok}");
-        }
-        for bad in ["", "1A", "A-B", "A B", "A=B"] {
-            assert!(validate_env_key(bad).is_err(), "{bad}");
-        }
-    }
-}
-
 /// `n` random lowercase hex digits for generated ids (`bg-…`, `sync-…`).
 pub fn random_hex(n: usize) -> String {
     use std::hash::{BuildHasher, Hasher};
@@ -77,4 +52,29 @@ pub fn validate_process_name(name: &str) -> Result<(), OrchestratorError> {
             "invalid process name '{name}' (must match ^[A-Za-z0-9][A-Za-z0-9._-]*$, at most 48 characters)"
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sandbox_names() {
+        for ok in ["default", "a", "my-box_1.2", "A9"] {
+            assert!(validate_sandbox_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "-x", ".x", "a b", "a'b", "a/b", "ü", &"x".repeat(49)] {
+            assert!(validate_sandbox_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn env_keys() {
+        for ok in ["FOO", "_x", "a1"] {
+            assert!(validate_env_key(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "1A", "A-B", "A B", "A=B"] {
+            assert!(validate_env_key(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -45,9 +45,12 @@ impl Write for ChunkWriter {
     }
 }
 
+/// The running build of an archive: `fill`'s result and the archive size.
+pub type Building<T> = tokio::task::JoinHandle<io::Result<(T, u64)>>;
+
 /// Build a tar archive on a blocking thread with `fill`; returns the chunk
 /// receiver and a handle yielding `fill`'s result and the archive size.
-pub fn build<T, F>(fill: F) -> (mpsc::Receiver<Vec<u8>>, tokio::task::JoinHandle<io::Result<(T, u64)>>)
+pub fn build<T, F>(fill: F) -> (mpsc::Receiver<Vec<u8>>, Building<T>)
 where
     T: Send + 'static,
     F: FnOnce(&mut tar::Builder<&mut ChunkWriter>) -> io::Result<T> + Send + 'static,
