@@ -75,6 +75,10 @@ def test_install_with_apt(server):
     assert "jq" in text
     out, _ = server.tool("exec", command="echo '{\"a\": 5}' | jq .a")
     assert out.startswith("5\n")
+    # The apt cache is a per-sandbox volume: the downloaded package survives reset.
+    server.tool("reset")
+    out, _ = server.tool("exec", command="ls /var/cache/apt/archives/ | grep -c '^jq_' ; command -v jq || echo gone")
+    assert out.startswith("1\ngone\n"), out
 
 
 def test_install_rejects_options_and_shell(server):
