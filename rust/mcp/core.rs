@@ -1,10 +1,21 @@
 //! Tools that run things: exec, python, install, env.
 use std::time::Duration;
 
-use rmcp::{handler::server::wrapper::Parameters, model::CallToolResult, schemars, tool, tool_router};
+use rmcp::{
+    RoleServer,
+    handler::server::wrapper::Parameters,
+    model::{CallToolResult, ContentBlock},
+    schemars,
+    service::RequestContext,
+    tool, tool_router,
+};
 use serde::Deserialize;
 
-use super::{SandboxServer, default_sandbox, fail, format, ok, reply};
+use super::{
+    SandboxServer, default_sandbox, fail, format, ok,
+    progress::{CANCELLED, supervise},
+    reply,
+};
 use crate::orchestrator::{Command, OrchestratorError, packages::parse_packages, text::render};
 
 /// Longest timeout a call may ask for.
@@ -89,13 +100,43 @@ pub struct EnvParams {
     pub sandbox: String,
 }
 
+impl SandboxServer {
+    /// Run a command for exec/python: progress and cancellation, the
+    /// reference's text, and the structured result beside it.
+    async fn run_command(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        label: &str,
+        sandbox: &str,
+        cmd: Command,
+        timeout_secs: f64,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
+        let Some(result) = supervise(ctx, label, self.manager.run(sandbox, cmd)).await else {
+            return fail(CANCELLED);
+        };
+        match result {
+            Ok((_, r)) => {
+                let mut out = CallToolResult::success(vec![ContentBlock::text(format::exec_result(&r, timeout_secs))]);
+                out.structured_content = serde_json::to_value(format::ExecOutput::from(&r)).ok();
+                Ok(out)
+            }
+            Err(e) => fail(e),
+        }
+    }
+}
+
 #[tool_router(router = core_router, vis = "pub(super)")]
 impl SandboxServer {
     #[tool(
-        description = "Run a shell command in a sandbox (created on first use). Each call is a fresh process: `#` comments, heredocs, `exit`, commands reading stdin and binary output behave as in a normal shell. Output: stdout, `[stderr] ...`, `[exit code N]` when non-zero, `(duration)`.",
-        annotations(destructive_hint = true, idempotent_hint = false, open_world_hint = true)
+        description = "Run a shell command in a sandbox (created on first use). Each call is a fresh process: `#` comments, heredocs, `exit`, commands reading stdin and binary output behave as in a normal shell. Output: stdout, `[stderr] ...`, `[exit code N]` when non-zero, `(duration)`; structured: stdout, stderr, exit_code, duration_ms, truncated, timed_out. Reports progress every second and stops the command if the call is cancelled.",
+        annotations(destructive_hint = true, idempotent_hint = false, open_world_hint = true),
+        output_schema = rmcp::handler::server::tool::schema_for_output::<format::ExecOutput>()
     )]
-    async fn exec(&self, Parameters(p): Parameters<ExecParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+    async fn exec(
+        &self,
+        Parameters(p): Parameters<ExecParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
         let limit = match timeout(p.timeout) {
             Ok(t) => t,
             Err(e) => return fail(e),
@@ -103,14 +144,19 @@ impl SandboxServer {
         let mut cmd = Command::shell(&p.command, limit);
         cmd.cwd = p.workdir;
         cmd.stdin = p.stdin.into_bytes();
-        reply(self.manager.run(&p.sandbox, cmd).await.map(|(_, r)| format::exec_result(&r, p.timeout)))
+        self.run_command(&ctx, "exec", &p.sandbox, cmd, p.timeout).await
     }
 
     #[tool(
-        description = "Run Python 3 code in a sandbox (in /workspace, code passed on stdin, no temp file). Same output format as exec.",
-        annotations(destructive_hint = true, idempotent_hint = false, open_world_hint = true)
+        description = "Run Python 3 code in a sandbox (in /workspace, code passed on stdin, no temp file). Same output (text and structured) as exec.",
+        annotations(destructive_hint = true, idempotent_hint = false, open_world_hint = true),
+        output_schema = rmcp::handler::server::tool::schema_for_output::<format::ExecOutput>()
     )]
-    async fn python(&self, Parameters(p): Parameters<PythonParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+    async fn python(
+        &self,
+        Parameters(p): Parameters<PythonParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
         let limit = match timeout(p.timeout) {
             Ok(t) => t,
             Err(e) => return fail(e),
@@ -118,14 +164,18 @@ impl SandboxServer {
         let mut cmd = Command::argv(["python3", "-"], limit);
         cmd.stdin = p.code.as_bytes().to_vec();
         cmd.audit_as = Some(format!("python: {}", p.code));
-        reply(self.manager.run(&p.sandbox, cmd).await.map(|(_, r)| format::exec_result(&r, p.timeout)))
+        self.run_command(&ctx, "python", &p.sandbox, cmd, p.timeout).await
     }
 
     #[tool(
         description = "Install packages with the image's package manager (apt-get on Debian images). Names are validated and passed as arguments, never through a shell.",
         annotations(destructive_hint = false, idempotent_hint = true, open_world_hint = true)
     )]
-    async fn install(&self, Parameters(p): Parameters<InstallParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+    async fn install(
+        &self,
+        Parameters(p): Parameters<InstallParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
         let packages = match parse_packages(&p.packages) {
             Ok(list) => list,
             Err(e) => return fail(e),
@@ -134,7 +184,10 @@ impl SandboxServer {
             Ok(s) => s,
             Err(e) => return fail(e),
         };
-        match self.manager.install(&sandbox, &packages).await {
+        let Some(result) = supervise(&ctx, "install", self.manager.install(&sandbox, &packages)).await else {
+            return fail(CANCELLED);
+        };
+        match result {
             Ok(r) if r.exit_code() == 0 => {
                 ok(format!("{}\n({})", format::install_summary(&render(&r.stdout), &packages), format::ms(r.duration)))
             }

@@ -3,6 +3,8 @@
 //! status and history tables).
 use std::time::{Duration, SystemTime};
 
+use rmcp::schemars;
+
 use crate::orchestrator::{
     Config, Sandbox,
     audit::AuditEntry,
@@ -56,6 +58,36 @@ pub fn exec_result(r: &ExecResult, timeout_secs: f64) -> String {
     }
     lines.push(format!("({})", ms(r.duration)));
     lines.join("\n")
+}
+
+/// The structured result of exec and python, beside the text.
+#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
+pub struct ExecOutput {
+    /// Standard output (first 50,000 bytes; invalid UTF-8 bytes as `\xNN`).
+    pub stdout: String,
+    /// Standard error, same rules.
+    pub stderr: String,
+    /// Exit code; 128+N when killed by signal N; -1 on timeout.
+    pub exit_code: i32,
+    /// Wall-clock duration in milliseconds.
+    pub duration_ms: f64,
+    /// Whether stdout or stderr was cut at 50,000 bytes.
+    pub truncated: bool,
+    /// Whether the timeout killed the command.
+    pub timed_out: bool,
+}
+
+impl From<&ExecResult> for ExecOutput {
+    fn from(r: &ExecResult) -> Self {
+        Self {
+            stdout: escape_bytes(&r.stdout.bytes),
+            stderr: escape_bytes(&r.stderr.bytes),
+            exit_code: r.exit_code(),
+            duration_ms: (r.duration.as_secs_f64() * 10_000.0).round() / 10.0,
+            truncated: r.stdout.truncated() || r.stderr.truncated(),
+            timed_out: r.outcome == Outcome::TimedOut,
+        }
+    }
 }
 
 /// Memory as `512M` / `2G`.

@@ -9,6 +9,7 @@ pub mod lifecycle;
 pub mod network;
 pub mod observe;
 pub mod process;
+pub mod progress;
 pub mod sync;
 pub mod transfer;
 

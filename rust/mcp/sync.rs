@@ -1,10 +1,13 @@
 //! Sync tools: sync_start, sync_stop. Jobs live in the orchestrator's
 //! [`SyncManager`](crate::orchestrator::sync::SyncManager); this file only
 //! maps parameters in and results to the reference's text.
-use rmcp::{handler::server::wrapper::Parameters, model::CallToolResult, schemars, tool, tool_router};
+use rmcp::{
+    RoleServer, handler::server::wrapper::Parameters, model::CallToolResult, schemars, service::RequestContext, tool,
+    tool_router,
+};
 use serde::Deserialize;
 
-use super::{SandboxServer, default_sandbox, fail, ok};
+use super::{SandboxServer, default_sandbox, fail, ok, progress::supervise};
 use crate::orchestrator::sync::{IGNORED_NAMES, SyncInfo};
 
 fn default_sandbox_dir() -> String {
@@ -59,8 +62,18 @@ impl SandboxServer {
         description = "Mirror a host directory into a sandbox, one way (host -> sandbox): a full push now, then every change (create, edit, rename, delete) within milliseconds. Skips .git, node_modules, __pycache__, .venv, venv, .DS_Store and what the directory's .gitignore ignores. Returns a job id for sync_stop.",
         annotations(destructive_hint = true, idempotent_hint = false, open_world_hint = false)
     )]
-    async fn sync_start(&self, Parameters(p): Parameters<SyncStartParams>) -> Result<CallToolResult, rmcp::ErrorData> {
-        match self.syncs.start(&p.local_dir, &p.sandbox_dir, &p.sandbox).await {
+    async fn sync_start(
+        &self,
+        Parameters(p): Parameters<SyncStartParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
+        // The initial push can be large: it reports progress and a cancelled
+        // call starts no job.
+        let start = self.syncs.start(&p.local_dir, &p.sandbox_dir, &p.sandbox);
+        let Some(result) = supervise(&ctx, "initial sync", start).await else {
+            return fail("cancelled by the client; no sync job was started");
+        };
+        match result {
             Ok((job, initial)) => ok(started_text(&job, initial)),
             Err(e) => fail(e),
         }

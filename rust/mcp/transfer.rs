@@ -1,9 +1,15 @@
 //! Host ↔ sandbox file tools: upload, download, git_clone. Host paths must be
 //! under the configured host roots.
-use rmcp::{handler::server::wrapper::Parameters, model::CallToolResult, schemars, tool, tool_router};
+use rmcp::{
+    RoleServer, handler::server::wrapper::Parameters, model::CallToolResult, schemars, service::RequestContext, tool,
+    tool_router,
+};
 use serde::Deserialize;
 
-use super::{SandboxServer, default_sandbox, fail, format, ok};
+use super::{
+    SandboxServer, default_sandbox, fail, format, ok,
+    progress::{CANCELLED, supervise},
+};
 use crate::orchestrator::text::{human_size, render};
 
 fn default_workspace() -> String {
@@ -126,7 +132,11 @@ impl SandboxServer {
         description = "git clone a repository into the sandbox. A token is passed to git through this process's environment only: never written to a file, the remote URL or history.",
         annotations(destructive_hint = false, idempotent_hint = false, open_world_hint = true)
     )]
-    async fn git_clone(&self, Parameters(p): Parameters<GitCloneParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+    async fn git_clone(
+        &self,
+        Parameters(p): Parameters<GitCloneParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
         let m = &self.manager;
         let result = async {
             let sandbox = m.get_or_create(&p.sandbox).await?;
@@ -134,7 +144,10 @@ impl SandboxServer {
             let summary = if r.exit_code() == 0 { Some(m.clone_summary(&sandbox, &dir).await?) } else { None };
             Ok::<_, crate::orchestrator::OrchestratorError>((dir, r, summary))
         };
-        match result.await {
+        let Some(result) = supervise(&ctx, "git clone", result).await else {
+            return fail(CANCELLED);
+        };
+        match result {
             Ok((dir, r, Some(summary))) => {
                 ok(format!("Cloned {} -> {dir}\n{summary}\n({})", p.repo, format::ms(r.duration)))
             }

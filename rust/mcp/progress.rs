@@ -1,0 +1,45 @@
+//! Long tool calls: MCP progress notifications while they run (when the
+//! client sent a progress token) and cancellation. A cancelled call's future
+//! is dropped, which closes its exec stream; the helper then kills the
+//! process group, so cancelling really stops the work in the sandbox.
+use std::{future::Future, time::Duration};
+
+use rmcp::{
+    RoleServer,
+    model::{ProgressNotificationParam, ProgressToken},
+    service::RequestContext,
+};
+use tokio::time::Instant;
+
+/// How often a running call reports progress.
+const INTERVAL: Duration = Duration::from_secs(1);
+
+/// Run `work`, reporting `<label>: <N>s` every second to a client that asked
+/// for progress. Returns `None` if the client cancelled the call.
+pub async fn supervise<F: Future>(ctx: &RequestContext<RoleServer>, label: &str, work: F) -> Option<F::Output> {
+    let token: Option<ProgressToken> = ctx.meta.get_progress_token();
+    let started = Instant::now();
+    let mut tick = tokio::time::interval_at(started + INTERVAL, INTERVAL);
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            out = &mut work => return Some(out),
+            _ = ctx.ct.cancelled() => {
+                tracing::info!(%label, "call cancelled by the client");
+                return None;
+            }
+            _ = tick.tick(), if token.is_some() => {
+                if let Some(token) = &token {
+                    let secs = started.elapsed().as_secs();
+                    let param = ProgressNotificationParam::new(token.clone(), secs as f64)
+                        .with_message(format!("{label}: {secs}s"));
+                    // A client that went away cannot be told; the work goes on.
+                    let _ = ctx.peer.notify_progress(param).await;
+                }
+            }
+        }
+    }
+}
+
+/// The tool text for a cancelled call.
+pub const CANCELLED: &str = "cancelled by the client; the command's process group was killed";
