@@ -10,9 +10,11 @@
 //! - [`agent`]: the in-sandbox agent that runs one process per Exec.
 //! - [`orchestrator`]: sandboxes by name, exec semantics, env, audit; talks to a helper.
 //! - [`mcp`]: the MCP tool surface, a thin layer over the orchestrator.
+//! - [`doctor`]: host checks behind `sandbox-mcp doctor`.
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod doctor;
 pub mod helper;
 pub mod image;
 pub mod mcp;

@@ -9,8 +9,10 @@ without it fails loudly rather than skipping.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -20,10 +22,15 @@ from typing import Callable, Iterator
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mcp_client import McpClient  # noqa: E402
+from mcp_client import START_TIMEOUT, McpClient, McpError  # noqa: E402
+from mcp.client.stdio import get_default_environment  # noqa: E402
 
 # How long a helper gets between SIGTERM and SIGKILL at teardown.
 HELPER_STOP_TIMEOUT = 5.0
+# How long an HTTP server gets between SIGTERM and SIGKILL.
+HTTP_STOP_TIMEOUT = 10.0
+# The line `serve --http` prints once it listens (port 0 gets a free port).
+SERVING_LINE = re.compile(r"serving MCP at (http://(\S+)/mcp)")
 
 
 def required_env(name: str) -> str:
@@ -127,22 +134,107 @@ def env() -> Iterator[dict[str, str]]:
         shutil.rmtree(base, ignore_errors=True)
 
 
+class HttpServer:
+    """A `sandbox-mcp serve --http ADDR` process; `url` is its MCP endpoint
+    (the real port when ADDR asks for port 0) and `base` the URL without it."""
+
+    def __init__(self, env: dict[str, str], log_path: str, addr: str = "127.0.0.1:0", args: tuple[str, ...] = ()):
+        self.log_path = log_path
+        self._log = open(log_path, "a", buffering=1)
+        self.proc = subprocess.Popen(
+            [required_env("SANDBOX_MCP_BIN"), "serve", "--http", addr, *args],
+            env={**get_default_environment(), **env},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+        )
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            match = SERVING_LINE.search(Path(log_path).read_text(errors="replace"))
+            if match:
+                # Tests reach a wildcard-bound server through loopback only.
+                authority = match.group(2).replace("0.0.0.0:", "127.0.0.1:")
+                self.base = f"http://{authority}"
+                self.url = f"{self.base}/mcp"
+                return
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise McpError(f"HTTP server did not start:\n{Path(log_path).read_text(errors='replace')[-3000:]}")
+            time.sleep(0.02)
+
+    @property
+    def port(self) -> int:
+        return int(self.base.rsplit(":", 1)[1])
+
+    def client(self, headers: dict[str, str] | None = None) -> McpClient:
+        """A new MCP session with this server."""
+        return McpClient(url=self.url, headers=headers, stderr_path=self.log_path)
+
+    def stop(self, timeout: float = HTTP_STOP_TIMEOUT) -> None:
+        """SIGTERM, then SIGKILL after `timeout`. Safe to call twice."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+class HttpServerClient(McpClient):
+    """A session over HTTP that owns its server: closing it stops the server,
+    as closing a stdio client does, so restart tests read the same on both."""
+
+    def __init__(self, server: HttpServer):
+        self.server = server
+        try:
+            super().__init__(url=server.url, stderr_path=server.log_path)
+        except BaseException:
+            server.stop()
+            raise
+
+    def close(self, timeout: float = 15.0) -> None:
+        super().close(timeout)
+        self.server.stop()
+
+
 @pytest.fixture
-def server_factory(env: dict[str, str]) -> Iterator[Callable[..., McpClient]]:
-    """Starts `$SANDBOX_MCP_BIN` (stdio) in `env`; call it again for a second
+def http_server(env: dict[str, str]) -> Iterator[Callable[..., HttpServer]]:
+    """Starts `sandbox-mcp serve --http` in `env` (default 127.0.0.1:0, extra
+    CLI `args`, extra environment as keyword arguments); every server is
+    stopped at teardown, before the `env` fixture stops the helper."""
+    servers: list[HttpServer] = []
+
+    def start(addr: str = "127.0.0.1:0", args: tuple[str, ...] = (), **extra_env: str) -> HttpServer:
+        log = f"{env['SANDBOX_MCP_TEST_TMP']}/http-{len(servers)}.log"
+        servers.append(HttpServer({**env, **extra_env}, log, addr, args))
+        return servers[-1]
+
+    try:
+        yield start
+    finally:
+        for s in servers:
+            s.stop()
+
+
+@pytest.fixture(params=["stdio", "http"])
+def server_factory(request: pytest.FixtureRequest, env: dict[str, str]) -> Iterator[Callable[..., McpClient]]:
+    """Starts `$SANDBOX_MCP_BIN` in `env`, over stdio or (second run of every
+    test) Streamable HTTP on a loopback port; call it again for a second
     server on the same state (restart tests). Extra keyword arguments are
-    added to the environment. Every client is closed at teardown, before the
-    `env` fixture stops the helper."""
+    added to the environment. Every client (and HTTP server) is closed at
+    teardown, before the `env` fixture stops the helper."""
     binary = required_env("SANDBOX_MCP_BIN")
     clients: list[McpClient] = []
 
     def start(**extra_env: str) -> McpClient:
         n = len(clients)
-        client = McpClient(
-            binary,
-            env={**env, **extra_env},
-            stderr_path=f"{env['SANDBOX_MCP_TEST_TMP']}/server-{n}.log",
-        )
+        log = f"{env['SANDBOX_MCP_TEST_TMP']}/server-{n}.log"
+        if request.param == "http":
+            client: McpClient = HttpServerClient(HttpServer({**env, **extra_env}, log))
+        else:
+            client = McpClient(binary, env={**env, **extra_env}, stderr_path=log)
         clients.append(client)
         return client
 

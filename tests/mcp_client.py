@@ -1,4 +1,5 @@
-"""A synchronous MCP client for tests and benchmarks, over the official `mcp` 2.x SDK.
+"""A synchronous MCP client for tests and benchmarks, over the official `mcp` 2.x SDK,
+speaking stdio (it spawns the server) or Streamable HTTP (to a running server).
 
 The SDK is asyncio-only and its transport and session are context managers that
 must be entered and exited in the same task. So one background thread runs an
@@ -14,13 +15,19 @@ import sys
 import threading
 from typing import Any, Awaitable, Callable
 
+import httpx2
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 # Starting includes spawning the server; a cold debug build can be slow.
 START_TIMEOUT = 60.0
 # Default per-call limit; tests pass a larger one for long tool calls.
 CALL_TIMEOUT = 60.0
+# The SDK's default per-event limit (1 MiB) is below the largest tool result
+# (`logs` returns up to 1 MiB of text, JSON-escaped in one SSE event).
+MAX_SSE_EVENT = 16 << 20
 # stdio_client gives the server 2 s after stdin closes, then kills its tree.
 CLOSE_TIMEOUT = 15.0
 
@@ -38,23 +45,36 @@ def result_text(result: Any) -> str:
 
 
 class McpClient:
-    """One MCP server process over stdio, driven synchronously."""
+    """One MCP session, driven synchronously: over stdio with a server process
+    of its own, or over Streamable HTTP to a server someone else runs."""
 
     def __init__(
         self,
-        command: str,
+        command: str | None = None,
         args: list[str] | None = None,
         env: dict[str, str] | None = None,
         stderr_path: str | None = None,
         cwd: str | None = None,
         start_timeout: float = START_TIMEOUT,
+        url: str | None = None,
+        headers: dict[str, str] | None = None,
     ):
-        """Spawns `command args` with exactly `env` (plus the SDK's PATH/HOME
-        defaults), initializes the session and returns once it is ready.
-        The server's stderr goes to `stderr_path` (or ours)."""
+        """Stdio: spawns `command args` with exactly `env` (plus the SDK's
+        PATH/HOME defaults); the server's stderr goes to `stderr_path` (or
+        ours). HTTP (`url`): connects with `headers` on every request;
+        `stderr_path` then names the server's log, for failure messages.
+        Either way, initializes the session and returns once it is ready."""
+        if (command is None) == (url is None):
+            raise ValueError("give exactly one of command (stdio) and url (HTTP)")
         self.stderr_path = stderr_path
-        self._errlog = open(stderr_path, "a", buffering=1) if stderr_path else None
-        self._params = StdioServerParameters(command=command, args=list(args or []), env=env, cwd=cwd)
+        self.url = url
+        self._headers = dict(headers or {})
+        # The Mcp-Session-Id the HTTP server assigned (None over stdio).
+        self.session_id: str | None = None
+        self._errlog = open(stderr_path, "a", buffering=1) if stderr_path and url is None else None
+        self._params = (
+            StdioServerParameters(command=command, args=list(args or []), env=env, cwd=cwd) if command else None
+        )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="mcp-client", daemon=True)
         self._thread.start()
@@ -67,25 +87,41 @@ class McpClient:
             self._ready.result(timeout=start_timeout)
         except BaseException as e:
             self._shutdown_loop()
-            raise McpError(f"MCP server {command} did not start: {e!r}{self._stderr_tail()}") from e
+            raise McpError(f"MCP server {command or url} did not start: {e!r}{self._stderr_tail()}") from e
 
     async def _own(self) -> None:
         self._closing = asyncio.Event()
         try:
-            errlog = self._errlog or sys.stderr
-            async with stdio_client(self._params, errlog=errlog) as (read, write):
-                async with ClientSession(read, write) as session:
-                    init = await session.initialize()
-                    self._session = session
-                    self.server_info = init
-                    self._ready.set_result(True)
-                    await self._closing.wait()
+            if self.url is None:
+                errlog = self._errlog or sys.stderr
+                async with stdio_client(self._params, errlog=errlog) as (read, write):
+                    await self._hold(read, write)
+            else:
+                async with create_mcp_http_client(headers=self._headers) as http:
+                    http.event_hooks["response"].append(self._note_session)
+                    stream = streamable_http_client(self.url, http_client=http, max_sse_event_size=MAX_SSE_EVENT)
+                    async with stream as (read, write):
+                        await self._hold(read, write)
         except BaseException as e:
             if not self._ready.done():
                 self._ready.set_exception(e)
             raise
         finally:
             self._session = None
+
+    async def _hold(self, read: Any, write: Any) -> None:
+        """Runs the session on one transport until `close()`."""
+        async with ClientSession(read, write) as session:
+            init = await session.initialize()
+            self._session = session
+            self.server_info = init
+            self._ready.set_result(True)
+            await self._closing.wait()
+
+    async def _note_session(self, response: httpx2.Response) -> None:
+        sid = response.headers.get("mcp-session-id")
+        if sid and self.session_id is None:
+            self.session_id = sid
 
     def _run(self, make: Callable[[ClientSession], Awaitable[Any]], timeout: float, what: str) -> Any:
         session = self._session
@@ -129,9 +165,9 @@ class McpClient:
         return self._run(lambda s: s.list_tools(), timeout, "list_tools").tools
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
-        """Closes the session and the server's stdin, lets the SDK stop the
-        server (it kills it after a grace period), and stops the loop.
-        Safe to call twice."""
+        """Closes the session (over stdio: and the server's stdin, and the
+        SDK stops the server, killing it after a grace period), and stops the
+        loop. Safe to call twice."""
         if not self._loop.is_closed() and self._closing is not None:
             self._loop.call_soon_threadsafe(self._closing.set)
             try:

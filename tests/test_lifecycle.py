@@ -1,4 +1,5 @@
 """status, list_all, destroy, reset, history and install through a real MCP client."""
+from waiting import poll
 
 
 def test_status_and_list_all_empty(server):
@@ -93,3 +94,14 @@ def test_install_unknown_package(server):
     text, err = server.tool("install", packages="no-such-package-smcp", _timeout=600)
     assert err
     assert "Unable to locate package no-such-package-smcp" in text
+
+
+def test_a_dead_sandbox_is_reported_not_replaced(server):
+    server.tool("exec", command="echo keep > /workspace/k")
+    server.tool("exec", command="kill -9 2")  # the sandbox's agent: the VM goes down with it
+    text, err = server.tool("exec", command="echo hi")
+    assert err and "stopped" in text and "reset(sandbox='default')" in text, text
+    assert poll(lambda: server.tool("status")[0], lambda t: "shell:dead" in t), "status never showed it dead"
+    server.tool("reset")
+    out, _ = server.tool("exec", command="cat /workspace/k")
+    assert out.startswith("keep\n")

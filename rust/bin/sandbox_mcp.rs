@@ -1,10 +1,16 @@
 //! `sandbox-mcp`: the MCP server (stdio by default) and its admin commands.
-use std::{path::PathBuf, process::ExitCode, sync::Arc};
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use sandbox_mcp::{
+    doctor,
     image::{self, BuildRequest, ImageStore},
-    mcp::SandboxServer,
+    mcp::{
+        SandboxServer,
+        http::{self, HttpOptions},
+        http_token,
+        registration::{self, HttpTarget},
+    },
     orchestrator::{Config, Orchestrator, SandboxManager, helper_client::HelperClient},
     paths,
 };
@@ -18,11 +24,47 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Serve MCP on stdin/stdout (the default).
-    Serve,
+    /// Serve MCP on stdin/stdout (the default), or over Streamable HTTP.
+    Serve(ServeArgs),
+    /// Print the registration for an MCP client.
+    Config {
+        /// The client to register with.
+        client: ClientArg,
+        /// Register a running HTTP server at this URL (e.g. http://127.0.0.1:8765/mcp) instead of this binary.
+        #[arg(long, value_name = "URL")]
+        http: Option<String>,
+        /// Bearer token of that HTTP server (default: the stored one, for non-loopback URLs).
+        #[arg(long, env = "SANDBOX_MCP_TOKEN", hide_env_values = true, requires = "http")]
+        token: Option<String>,
+    },
+    /// Check this host and print one line per check with its fix.
+    Doctor,
     /// Manage local images.
     #[command(subcommand)]
     Image(ImageCmd),
+}
+
+#[derive(clap::Args, Default)]
+struct ServeArgs {
+    /// Serve MCP Streamable HTTP at /mcp on ADDR instead of stdio.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = http::DEFAULT_ADDR)]
+    http: Option<SocketAddr>,
+    /// Bearer token clients must send (required and generated if absent when ADDR is not loopback).
+    #[arg(long, env = "SANDBOX_MCP_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Also accept this name in Host and Origin headers (repeatable), e.g. the name clients use to reach ADDR.
+    #[arg(long = "allowed-host", value_name = "HOST[:PORT]", requires = "http")]
+    allowed_hosts: Vec<String>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ClientArg {
+    /// Claude Code.
+    Claude,
+    /// Cursor.
+    Cursor,
+    /// Claude Desktop.
+    Desktop,
 }
 
 #[derive(Subcommand)]
@@ -65,12 +107,69 @@ fn helper_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("sandbox-vm-helper"))
 }
 
-async fn serve() -> Result<(), String> {
+async fn serve(args: ServeArgs) -> Result<(), String> {
     let helper =
         HelperClient::connect_or_spawn(&paths::helper_socket(), &helper_bin()).await.map_err(|e| e.to_string())?;
     let config = Config::load().map_err(|e| e.to_string())?;
     let manager = Arc::new(SandboxManager::start(helper, config).await.map_err(|e| e.to_string())?);
-    SandboxServer::new(&Orchestrator::new(manager)).serve_stdio().await.map_err(|e| e.to_string())
+    let orchestrator = Orchestrator::new(manager);
+    let Some(addr) = args.http else {
+        return SandboxServer::new(&orchestrator).serve_stdio().await.map_err(|e| e.to_string());
+    };
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let on_signal = shutdown.clone();
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            },
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+        on_signal.cancel();
+    });
+    let options = HttpOptions { addr, token: args.token, allowed_hosts: args.allowed_hosts };
+    http::serve_http(Arc::new(orchestrator), options, shutdown).await.map_err(|e| e.to_string())
+}
+
+/// `config <client>`: the registration on stdout, where it goes on stderr.
+fn config_cmd(client: ClientArg, url: Option<String>, token: Option<String>) -> Result<(), String> {
+    let binary = std::env::current_exe()
+        .and_then(|p| p.canonicalize())
+        .map_err(|e| format!("cannot locate this binary: {e}"))?;
+    let client = match client {
+        ClientArg::Claude => registration::Client::Claude,
+        ClientArg::Cursor => registration::Client::Cursor,
+        ClientArg::Desktop => registration::Client::Desktop,
+    };
+    let target = url.map(|url| {
+        let token = token.or_else(|| stored_token_for(&url));
+        HttpTarget { url, token }
+    });
+    let reg = registration::render(client, &binary, target.as_ref());
+    println!("{}", reg.text);
+    eprintln!("{}", reg.hint);
+    Ok(())
+}
+
+/// The stored token when `url` is not loopback (a server there requires it).
+fn stored_token_for(url: &str) -> Option<String> {
+    let host = url.parse::<axum::http::Uri>().ok()?.host()?.trim_matches(['[', ']']).to_string();
+    let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if loopback {
+        return None;
+    }
+    let path = http_token::token_path();
+    match std::fs::read_to_string(&path) {
+        Ok(t) => Some(t.trim().to_string()),
+        Err(_) => {
+            eprintln!("no token stored in {}: pass --token (the server prints it on first start)", path.display());
+            None
+        }
+    }
 }
 
 fn image_cmd(cmd: ImageCmd) -> Result<(), String> {
@@ -98,10 +197,26 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .init();
     let cli = Cli::parse();
-    let result = match cli.command.unwrap_or(Cmd::Serve) {
+    let result = match cli.command.unwrap_or(Cmd::Serve(ServeArgs::default())) {
         // Multi-threaded: a single thread measured the same exec latency but
         // cost a sixth of port-forward throughput.
-        Cmd::Serve => tokio::runtime::Runtime::new().map_err(|e| e.to_string()).and_then(|rt| rt.block_on(serve())),
+        Cmd::Serve(args) => {
+            tokio::runtime::Runtime::new().map_err(|e| e.to_string()).and_then(|rt| rt.block_on(serve(args)))
+        }
+        Cmd::Config { client, http, token } => config_cmd(client, http, token),
+        Cmd::Doctor => {
+            let report = tokio::runtime::Runtime::new()
+                .map_err(|e| e.to_string())
+                .map(|rt| rt.block_on(doctor::run(&helper_bin())));
+            return match report {
+                Ok(r) if r.passed() => ExitCode::SUCCESS,
+                Ok(_) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("sandbox-mcp: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Cmd::Image(cmd) => image_cmd(cmd),
     };
     match result {

@@ -5,11 +5,15 @@
 pub mod core;
 pub mod files;
 pub mod format;
+pub mod http;
+pub mod http_token;
+pub mod lease;
 pub mod lifecycle;
 pub mod network;
 pub mod observe;
 pub mod process;
 pub mod progress;
+pub mod registration;
 pub mod sync;
 pub mod transfer;
 
@@ -54,7 +58,8 @@ impl SandboxServer {
             + Self::transfer_router()
             + Self::observe_router()
             + Self::network_router()
-            + Self::sync_router();
+            + Self::sync_router()
+            + Self::lease_router();
         Self {
             manager: orchestrator.sandboxes.clone(),
             forwards: orchestrator.forwards.clone(),

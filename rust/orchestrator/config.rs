@@ -1,10 +1,14 @@
 //! Orchestrator configuration: defaults for new sandboxes, per-name profiles,
-//! the idle TTL and the host roots. Read from a TOML file
+//! the idle TTL, leases and capacity limits, the host roots and the project
+//! directory (see [`super::project`]). Read from a TOML file
 //! (`$XDG_CONFIG_HOME/sandbox-mcp/config.toml`, or `SANDBOX_MCP_CONFIG`), then
 //! overridden by environment variables. Precedence: env > file > built-in.
 //!
 //! ```toml
 //! idle_ttl = 1800                      # seconds; 0 disables reaping
+//! lease_ttl = 60                       # minutes every new sandbox lives; 0: no lease
+//! max_lease_ttl = 120                  # minutes: bound of lease_ttl and of extend_ttl
+//! max_sandboxes = 16
 //! host_roots = ["~/src", "/data/in"]   # default: the server's start directory
 //! [defaults]
 //! image = "mcp-dev"
@@ -19,7 +23,7 @@ use std::{collections::HashMap, path::PathBuf, time::Duration};
 
 use serde::Deserialize;
 
-use super::{error::OrchestratorError, helper_client::Network, hostpath::HostRoots};
+use super::{error::OrchestratorError, helper_client::Network, hostpath::HostRoots, lease::Limits};
 
 /// What a sandbox is created with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +51,9 @@ struct ProfileFile {
 #[serde(deny_unknown_fields)]
 struct ConfigFile {
     idle_ttl: Option<u64>,
+    lease_ttl: Option<u64>,
+    max_lease_ttl: Option<u64>,
+    max_sandboxes: Option<usize>,
     host_roots: Option<Vec<String>>,
     #[serde(default)]
     defaults: ProfileFile,
@@ -65,6 +72,11 @@ pub struct Config {
     pub host_roots: HostRoots,
     /// Root of per-sandbox volumes.
     pub volumes_dir: PathBuf,
+    /// Leases and capacity limits.
+    pub limits: Limits,
+    /// Where `.sandbox-mcp.toml` is looked for: `SANDBOX_MCP_PROJECT_DIR`,
+    /// else the first host root (the server's start directory by default).
+    pub project_dir: PathBuf,
 }
 
 fn invalid(key: &str, msg: impl std::fmt::Display) -> OrchestratorError {
@@ -175,12 +187,19 @@ impl Config {
                 }
             },
         };
+        let host_roots = HostRoots::new(&roots)?;
+        let project_dir = env("SANDBOX_MCP_PROJECT_DIR")
+            .map(PathBuf::from)
+            .or_else(|| host_roots.roots().first().cloned())
+            .unwrap_or_else(|| PathBuf::from("."));
         Ok(Self {
             defaults,
             profiles,
             idle_ttl: (idle_secs > 0).then(|| Duration::from_secs(idle_secs)),
-            host_roots: HostRoots::new(&roots)?,
+            host_roots,
             volumes_dir: crate::paths::volumes_dir(),
+            limits: Limits::load(file.lease_ttl, file.max_lease_ttl, file.max_sandboxes)?,
+            project_dir,
         })
     }
 

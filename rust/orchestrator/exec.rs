@@ -84,7 +84,14 @@ pub async fn run(
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + timeout;
     let inline = stdin.len() <= STDIN_CHUNK;
-    let (input, mut events) = helper.spawn(vm_id, process, inline.then_some(stdin)).await?;
+    let (input, mut events) = helper.spawn(vm_id, process, inline.then_some(stdin)).await.map_err(|e| match e {
+        // The VM stopped under us (its agent or init died, e.g. killed from
+        // inside): say how to get going again rather than retrying silently.
+        HelperError::FailedPrecondition(m) => HelperError::FailedPrecondition(format!(
+            "{m}; reset(sandbox='{vm_id}') starts a fresh sandbox (its /workspace is kept)"
+        )),
+        other => other,
+    })?;
     // Larger stdin is fed concurrently with reading output: a process that
     // writes a lot before reading its input would otherwise deadlock against us.
     // Aborted on drop, so every way out of this function stops feeding.

@@ -12,6 +12,7 @@
 //! - [`hostpath`]: the host-roots policy for host paths.
 //! - [`text`]: output bytes to client text.
 
+pub mod artifacts;
 pub mod audit;
 pub mod background;
 pub mod config;
@@ -22,9 +23,11 @@ pub mod files;
 pub mod forward;
 pub mod helper_client;
 pub mod hostpath;
+pub mod lease;
 pub mod names;
 pub mod observe;
 pub mod packages;
+pub mod project;
 pub mod sandbox;
 pub mod shell;
 pub mod sync;

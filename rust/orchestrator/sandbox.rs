@@ -4,7 +4,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     path::PathBuf,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, atomic::AtomicUsize},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -49,6 +49,8 @@ pub struct Sandbox {
     /// Recent commands.
     pub(super) audit: Mutex<AuditLog>,
     last_activity: Mutex<Instant>,
+    /// When the lease ends (see [`super::lease`]).
+    pub(super) lease: Mutex<Option<SystemTime>>,
 }
 
 impl Sandbox {
@@ -64,6 +66,7 @@ impl Sandbox {
             env: Mutex::default(),
             audit: Mutex::default(),
             last_activity: Mutex::new(Instant::now()),
+            lease: Mutex::default(),
         }
     }
 
@@ -174,6 +177,8 @@ pub struct SandboxManager {
     sandboxes: Mutex<BTreeMap<String, Arc<Sandbox>>>,
     /// One lock per name so concurrent first uses create a sandbox once.
     lifecycle_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Creations in progress, counted against `max_sandboxes`.
+    pub(super) creating: AtomicUsize,
 }
 
 impl SandboxManager {
@@ -186,6 +191,7 @@ impl SandboxManager {
             config,
             sandboxes: Mutex::default(),
             lifecycle_locks: Mutex::default(),
+            creating: AtomicUsize::new(0),
         };
         for vm in manager.helper.list_vms().await? {
             let Some(name) = vm.labels.get(NAME_LABEL).cloned() else {
@@ -199,6 +205,7 @@ impl SandboxManager {
                 continue;
             }
             let sandbox = Arc::new(Sandbox::from_vm(&vm, name.clone()));
+            sandbox.set_lease(manager.config.limits.lease_ttl.map(|t| SystemTime::now() + t));
             match manager.load_env(&sandbox).await {
                 Ok(env) => *sandbox.env.lock().expect("fresh lock") = env,
                 Err(e) => tracing::warn!(sandbox = %name, "could not read persistent env: {e}"),
@@ -273,6 +280,8 @@ impl SandboxManager {
     }
 
     async fn create_locked(&self, name: &str) -> Result<Arc<Sandbox>, OrchestratorError> {
+        let (profile, project) = self.creation_profile(name)?;
+        let _slot = self.preflight(name, &profile)?;
         let volume = self.config.volumes_dir.join(name);
         let mut mounts = vec![(self.workspace_dir(name), WORKSPACE.to_string())];
         mounts.extend(CACHE_VOLUMES.iter().map(|(sub, guest)| (volume.join(sub), guest.to_string())));
@@ -280,7 +289,6 @@ impl SandboxManager {
             std::fs::create_dir_all(dir)
                 .map_err(|source| OrchestratorError::Volume { path: dir.display().to_string(), source })?;
         }
-        let profile = self.config.profile_for(name);
         let cfg = VmConfig {
             id: name.to_string(),
             image: profile.image.clone(),
@@ -300,6 +308,13 @@ impl SandboxManager {
             }
         };
         let sandbox = Arc::new(Sandbox::from_vm(&vm, name.to_string()));
+        if let Some(project) = project
+            && let Err(e) = self.apply_project(&sandbox, &project).await
+        {
+            self.helper.delete_vm(name).await.ok();
+            return Err(e);
+        }
+        sandbox.set_lease(self.config.limits.lease_ttl.map(|t| SystemTime::now() + t));
         self.lock_map().insert(name.to_string(), sandbox.clone());
         tracing::info!(sandbox = %name, "created sandbox");
         Ok(sandbox)
@@ -335,10 +350,10 @@ impl SandboxManager {
         reaped
     }
 
-    /// Run [`Self::reap_idle`] periodically until the manager is dropped.
+    /// Run [`Self::reap_idle`] and [`Self::reap_expired`] periodically until
+    /// the manager is dropped.
     pub fn spawn_reaper(self: &Arc<Self>) {
-        let Some(ttl) = self.config.idle_ttl else { return };
-        let every = (ttl / 4).clamp(Duration::from_millis(500), Duration::from_secs(30));
+        let every = self.reap_interval();
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
@@ -346,6 +361,7 @@ impl SandboxManager {
                 tick.tick().await;
                 let Some(manager) = weak.upgrade() else { break };
                 manager.reap_idle().await;
+                manager.reap_expired().await;
             }
         });
     }
@@ -356,7 +372,8 @@ impl SandboxManager {
         validate_sandbox_name(name)?;
         let lock = self.lifecycle_lock(name);
         let _guard = lock.lock().await;
-        let existed = self.lock_map().contains_key(name);
+        let old = self.lock_map().get(name).cloned();
+        let existed = old.is_some();
         if existed {
             self.helper.delete_vm(name).await?;
             self.lock_map().remove(name);
@@ -368,7 +385,21 @@ impl SandboxManager {
                     .map_err(|source| OrchestratorError::Volume { path: dir.display().to_string(), source })?;
             }
         }
-        let fresh = self.create_locked(name).await?;
+        let fresh = match self.create_locked(name).await {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                // The old VM is gone (a preflight or project config refused
+                // the new one): what hung off it must follow.
+                if existed {
+                    self.notify(|l| l.destroyed(name));
+                }
+                return Err(e);
+            }
+        };
+        // A reset replaces the VM, not the lease: it must not extend it.
+        if let Some(lease) = old.and_then(|s| s.lease_expires()) {
+            fresh.set_lease(Some(lease));
+        }
         if existed {
             self.notify(|l| l.replaced(name));
         }

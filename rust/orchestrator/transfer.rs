@@ -130,7 +130,7 @@ fn unpack_dir(reader: impl Read, dest: &Path) -> io::Result<(u64, u64)> {
 }
 
 /// From a one-file archive, write the file's content to `dest`.
-fn unpack_single(reader: impl Read, dest: &Path) -> io::Result<u64> {
+pub(super) fn unpack_single(reader: impl Read, dest: &Path) -> io::Result<u64> {
     let mut archive = tar::Archive::new(reader);
     for entry in archive.entries()? {
         let entry = entry?;

@@ -33,6 +33,10 @@ fn stream_of<T: Send + 'static>(rx: mpsc::Receiver<Result<T, Status>>) -> Respon
     Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
 }
 
+fn vm_stopped(id: String) -> Status {
+    status(HelperError::WrongState { op: "exec in", id, state: crate::helper::vm::VmState::Stopped })
+}
+
 /// Exec: start the process, then relay stdin/signals in and output out.
 pub async fn exec(
     vms: &VmManager,
@@ -45,8 +49,24 @@ pub async fn exec(
             return Err(status(HelperError::invalid("start", "the first message must be start")));
         }
     };
+    let vm_id = first.vm_id.clone();
     let (socket, spec) = start_spec(vms, first, "start").map_err(status)?;
-    let (pid, mut sink, mut source) = exec::start(&socket, spec).await.map_err(status)?;
+    let (pid, mut sink, mut source) = exec::start(&socket, spec).await.map_err(|e| {
+        // The VM died a moment ago and its exit has not been recorded yet:
+        // report what the client will see on its next call anyway.
+        let gone = |k: std::io::ErrorKind| {
+            use std::io::ErrorKind::*;
+            matches!(k, ConnectionRefused | NotFound | ConnectionReset | BrokenPipe | UnexpectedEof)
+        };
+        match e {
+            HelperError::Io { ref source, .. } if gone(source.kind()) => vm_stopped(vm_id),
+            HelperError::Agent(crate::agent::protocol::ProtocolError::Io(ref source)) if gone(source.kind()) => {
+                vm_stopped(vm_id)
+            }
+            HelperError::Agent(crate::agent::protocol::ProtocolError::Truncated) => vm_stopped(vm_id),
+            other => status(other),
+        }
+    })?;
 
     let (tx, rx) = mpsc::channel::<Result<pb::ExecResponse, Status>>(16);
     let started = response(pb::exec_response::Msg::Started(pb::Started { pid }));

@@ -1,0 +1,269 @@
+//! MCP over Streamable HTTP (`sandbox-mcp serve --http`): the axum router at
+//! `/mcp`, one MCP session per client over one shared [`Orchestrator`], and the
+//! guards in front of it: bearer token, `Host` and `Origin` checks against DNS
+//! rebinding. Token storage lives in [`super::http_token`].
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use axum::{
+    Router,
+    body::Body,
+    extract::{Request, State},
+    http::{HeaderMap, StatusCode, header},
+    middleware::{self, Next},
+    response::{IntoResponse, Response},
+};
+use rmcp::transport::streamable_http_server::{
+    StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
+};
+use tokio_util::sync::CancellationToken;
+
+use super::{SandboxServer, http_token};
+use crate::orchestrator::Orchestrator;
+
+/// Where the MCP endpoint is mounted.
+pub const MCP_PATH: &str = "/mcp";
+
+/// The default listen address: loopback, so no token is needed.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:8765";
+
+/// Hosts every server accepts in `Host` and `Origin` (rmcp's loopback default).
+const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
+/// Why the HTTP server could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The token file could not be read or written.
+    #[error("token file {path}: {source}")]
+    TokenFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A token given by flag or environment is unusable.
+    #[error("invalid token: {0}")]
+    InvalidToken(String),
+    /// The server failed while running.
+    #[error("HTTP server: {0}")]
+    Serve(std::io::Error),
+}
+
+/// How `serve --http` was asked to run.
+#[derive(Debug, Clone)]
+pub struct HttpOptions {
+    /// Listen address.
+    pub addr: SocketAddr,
+    /// Bearer token from `--token` / `SANDBOX_MCP_TOKEN`; when absent, a
+    /// non-loopback bind uses the stored (or a newly generated) token.
+    pub token: Option<String>,
+    /// Extra `Host`/`Origin` names to accept besides loopback and the bind
+    /// address (`--allowed-host`).
+    pub allowed_hosts: Vec<String>,
+}
+
+/// What every request to `/mcp` is checked against before rmcp sees it.
+#[derive(Debug)]
+struct Guard {
+    /// The bearer token, if one is required.
+    token: Option<String>,
+    /// Accepted hosts (`name` or `name:port`), shared with rmcp's `Host` check.
+    allowed_hosts: Vec<String>,
+}
+
+/// Hosts accepted in `Host` and `Origin`: loopback, the bind address when it
+/// is a specific non-loopback one (a wildcard bind has no name of its own to
+/// add), and whatever was configured explicitly.
+fn allowed_hosts(addr: &SocketAddr, extra: &[String]) -> Vec<String> {
+    let mut hosts: Vec<String> = LOOPBACK_HOSTS.iter().map(|h| h.to_string()).collect();
+    let ip = addr.ip();
+    if !ip.is_loopback() && !ip.is_unspecified() {
+        hosts.push(ip.to_string());
+    }
+    hosts.extend(extra.iter().map(|h| h.trim().to_ascii_lowercase()).filter(|h| !h.is_empty()));
+    hosts
+}
+
+/// The router: `/mcp` behind the guard, 404 elsewhere. Each MCP session gets
+/// its own [`SandboxServer`] over the one orchestrator, so sessions share
+/// sandboxes.
+fn router(orchestrator: Arc<Orchestrator>, guard: Guard, shutdown: CancellationToken) -> Router {
+    let config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(guard.allowed_hosts.clone())
+        .with_cancellation_token(shutdown)
+        // Idle SSE streams through proxies get cut without traffic.
+        .with_sse_keep_alive(Some(Duration::from_secs(15)));
+    let service = StreamableHttpService::new(
+        move || Ok(SandboxServer::new(&orchestrator)),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    Router::new().nest_service(MCP_PATH, service).route_layer(middleware::from_fn_with_state(Arc::new(guard), check))
+}
+
+/// Rejects a cross-origin request (403) and a request without the token (401).
+/// Origin first: a browser page on a foreign site must learn nothing, not even
+/// whether a token is required.
+async fn check(State(guard): State<Arc<Guard>>, request: Request<Body>, next: Next) -> Response {
+    if let Err(reason) = origin_allowed(request.headers(), &guard.allowed_hosts) {
+        tracing::warn!(%reason, "rejected request: Origin not allowed");
+        return (StatusCode::FORBIDDEN, format!("Forbidden: {reason}\n")).into_response();
+    }
+    if let Some(token) = &guard.token
+        && !bearer_matches(request.headers(), token)
+    {
+        return (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "Unauthorized: send `Authorization: Bearer <token>`\n",
+        )
+            .into_response();
+    }
+    next.run(request).await
+}
+
+/// An `Origin` header, when present, must name an allowed host.
+fn origin_allowed(headers: &HeaderMap, allowed: &[String]) -> Result<(), String> {
+    let Some(value) = headers.get(header::ORIGIN) else {
+        return Ok(());
+    };
+    let origin = value.to_str().map_err(|_| "Origin is not ASCII".to_string())?;
+    let uri: axum::http::Uri = origin.parse().map_err(|_| format!("malformed Origin '{origin}'"))?;
+    let authority = uri.authority().ok_or_else(|| format!("Origin '{origin}' has no host"))?;
+    if host_allowed(authority.host(), authority.port_u16(), allowed) {
+        Ok(())
+    } else {
+        Err(format!("Origin '{origin}' is not an allowed host (see --allowed-host)"))
+    }
+}
+
+/// Same rule as rmcp's `Host` check: the names match, and the port too when
+/// the allowed entry names one.
+fn host_allowed(host: &str, port: Option<u16>, allowed: &[String]) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
+    allowed.iter().any(|entry| {
+        let (name, entry_port) = match entry.parse::<axum::http::uri::Authority>() {
+            Ok(a) => (a.host().to_string(), a.port_u16()),
+            Err(_) => (entry.clone(), None),
+        };
+        let name = name.trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
+        name == host && entry_port.is_none_or(|p| Some(p) == port)
+    })
+}
+
+/// Whether `Authorization: Bearer <token>` carries `token`, compared in
+/// constant time so response timing does not reveal a matching prefix.
+fn bearer_matches(headers: &HeaderMap, token: &str) -> bool {
+    let Some(given) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+    else {
+        return false;
+    };
+    constant_time_eq(given.trim().as_bytes(), token.as_bytes())
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Serves MCP over HTTP on `options.addr` until `shutdown` is cancelled. The
+/// actual address (useful with port 0) is printed to stderr once listening.
+pub async fn serve_http(
+    orchestrator: Arc<Orchestrator>,
+    options: HttpOptions,
+    shutdown: CancellationToken,
+) -> Result<(), HttpError> {
+    let loopback = options.addr.ip().is_loopback();
+    let token = match options.token {
+        Some(t) => Some(http_token::validate(&t)?),
+        None if loopback => None,
+        None => Some(http_token::load_or_create(&http_token::token_path())?),
+    };
+    let guard = Guard { token, allowed_hosts: allowed_hosts(&options.addr, &options.allowed_hosts) };
+    let listener = tokio::net::TcpListener::bind(options.addr)
+        .await
+        .map_err(|source| HttpError::Bind { addr: options.addr, source })?;
+    let local = listener.local_addr().map_err(HttpError::Serve)?;
+    if options.addr.ip().is_unspecified() && options.allowed_hosts.is_empty() {
+        tracing::warn!(
+            "bound to a wildcard address: remote clients must reach it by a name given with --allowed-host \
+             (only loopback Host headers are accepted otherwise)"
+        );
+    }
+    eprintln!(
+        "sandbox-mcp: serving MCP at http://{local}{MCP_PATH} ({})",
+        if guard.token.is_some() { "bearer token required" } else { "no token" }
+    );
+    let app = router(orchestrator, guard, shutdown.child_token());
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+        .map_err(HttpError::Serve)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hosts(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn loopback_bind_allows_only_loopback_names() {
+        let h = allowed_hosts(&"127.0.0.1:8765".parse().unwrap(), &[]);
+        assert_eq!(h, hosts(&["localhost", "127.0.0.1", "::1"]));
+        let h = allowed_hosts(&"0.0.0.0:8765".parse().unwrap(), &[]);
+        assert_eq!(h, hosts(&["localhost", "127.0.0.1", "::1"]));
+    }
+
+    #[test]
+    fn specific_bind_and_explicit_hosts_are_added() {
+        let h = allowed_hosts(&"10.1.2.3:80".parse().unwrap(), &["Box.LAN".into()]);
+        assert!(h.contains(&"10.1.2.3".to_string()));
+        assert!(h.contains(&"box.lan".to_string()));
+    }
+
+    #[test]
+    fn origin_must_name_an_allowed_host() {
+        let allowed = hosts(&["localhost", "127.0.0.1", "::1", "box.lan:8443"]);
+        let with = |o: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::ORIGIN, o.parse().unwrap());
+            origin_allowed(&h, &allowed)
+        };
+        assert!(origin_allowed(&HeaderMap::new(), &allowed).is_ok());
+        assert!(with("http://localhost:3000").is_ok());
+        assert!(with("http://[::1]:9").is_ok());
+        assert!(with("https://box.lan:8443").is_ok());
+        assert!(with("https://box.lan:9999").is_err());
+        assert!(with("http://evil.example").is_err());
+        assert!(with("null").is_err());
+    }
+
+    #[test]
+    fn bearer_token_is_compared_exactly() {
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, v.parse().unwrap());
+            h
+        };
+        assert!(bearer_matches(&with("Bearer abc123"), "abc123"));
+        assert!(!bearer_matches(&with("Bearer abc124"), "abc123"));
+        assert!(!bearer_matches(&with("Bearer abc"), "abc123"));
+        assert!(!bearer_matches(&with("Basic abc123"), "abc123"));
+        assert!(!bearer_matches(&HeaderMap::new(), "abc123"));
+    }
+}

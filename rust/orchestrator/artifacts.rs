@@ -1,0 +1,215 @@
+//! `collect_artifacts`: copy the sandbox files matching some globs into one
+//! host directory (under the host roots) and say what was written, with
+//! sizes and sha256.
+//!
+//! Matches are flattened by basename into the destination; a name already
+//! used by an earlier match of the same call becomes `<n>-<name>` (smallest
+//! free n from 2). Existing host files of the same name are replaced, never
+//! written through when they are symlinks. Only regular files are copied:
+//! symlinks in the sandbox are reported and skipped, directories ignored.
+use std::{
+    collections::HashSet,
+    io::Read,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+use super::{
+    error::OrchestratorError,
+    helper_client::HelperError,
+    sandbox::{Command, Sandbox, SandboxManager, WORKSPACE},
+    tarstream::ChunkReader,
+    transfer::unpack_single,
+};
+
+/// Lists matches NUL-separated, each tagged `F` (regular file) or `L`
+/// (symlink). Patterns are positional arguments, expanded with IFS empty so
+/// they are globbed but never word-split; bash adds `**`.
+const FIND_SCRIPT: &str = r#"[ -n "$BASH_VERSION" ] && shopt -s globstar
+cd /workspace || exit 1
+IFS=
+for p; do
+  for f in $p; do
+    if [ -L "$f" ]; then printf 'L%s\0' "$f"
+    elif [ -f "$f" ]; then printf 'F%s\0' "$f"
+    fi
+  done
+done
+"#;
+
+/// One file written on the host.
+#[derive(Debug)]
+pub struct Artifact {
+    /// Its path in the sandbox.
+    pub source: String,
+    /// Where it was written.
+    pub path: PathBuf,
+    /// Bytes.
+    pub size: u64,
+    /// Lowercase hex sha256 of the written file.
+    pub sha256: String,
+}
+
+/// What `collect_artifacts` did.
+#[derive(Debug)]
+pub struct Collected {
+    /// The host directory.
+    pub dest: PathBuf,
+    /// Files written, in match order.
+    pub files: Vec<Artifact>,
+    /// Sandbox paths that matched but are symlinks (not copied).
+    pub skipped_symlinks: Vec<String>,
+}
+
+fn io_err(what: impl std::fmt::Display, e: std::io::Error) -> OrchestratorError {
+    OrchestratorError::InvalidArgument(format!("{what}: {e}"))
+}
+
+fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A host file name for `source` not yet used in this call.
+fn unique_name(source: &str, used: &mut HashSet<String>) -> String {
+    let base = Path::new(source).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut name = base.clone();
+    let mut n = 2;
+    while !used.insert(name.clone()) {
+        name = format!("{n}-{base}");
+        n += 1;
+    }
+    name
+}
+
+impl SandboxManager {
+    /// Copy every regular file matching `patterns` (globs relative to
+    /// /workspace unless absolute) into the host directory `dest`.
+    pub async fn collect_artifacts(
+        &self,
+        sandbox: &Sandbox,
+        patterns: &[String],
+        dest: &str,
+    ) -> Result<Collected, OrchestratorError> {
+        if patterns.is_empty() || patterns.iter().any(|p| p.trim().is_empty()) {
+            return Err(OrchestratorError::InvalidArgument("patterns must be a non-empty list of globs".into()));
+        }
+        let dest_dir = self.config().host_roots.writable(dest)?;
+        let mut argv = vec![sandbox.shell.clone(), "-c".into(), FIND_SCRIPT.into(), "sh".into()];
+        argv.extend(patterns.iter().cloned());
+        let found = self.run_in(sandbox, Command::argv(argv, Duration::from_secs(60))).await?;
+        if found.exit_code() != 0 {
+            return Err(OrchestratorError::InvalidArgument(format!(
+                "finding matches failed: {}",
+                super::text::render(&found.stderr).trim_end()
+            )));
+        }
+        let mut seen = HashSet::new();
+        let (mut files, mut skipped_symlinks) = (Vec::new(), Vec::new());
+        for entry in found.stdout.bytes.split(|b| *b == 0).filter(|e| e.len() > 1) {
+            let rel = String::from_utf8_lossy(&entry[1..]).into_owned();
+            let path = if rel.starts_with('/') { rel } else { format!("{WORKSPACE}/{rel}") };
+            if !seen.insert(path.clone()) {
+                continue;
+            }
+            match entry[0] {
+                b'L' => skipped_symlinks.push(path),
+                _ => files.push(path),
+            }
+        }
+        if files.is_empty() {
+            let symlinks = if skipped_symlinks.is_empty() {
+                String::new()
+            } else {
+                format!(" (only symlinks, which are not copied: {})", skipped_symlinks.join(", "))
+            };
+            return Err(OrchestratorError::InvalidArgument(format!(
+                "no files in sandbox '{}' match {}{symlinks}",
+                sandbox.name,
+                patterns.join(", ")
+            )));
+        }
+        std::fs::create_dir_all(&dest_dir).map_err(|e| io_err(dest_dir.display(), e))?;
+        let mut used = HashSet::new();
+        let mut written = Vec::with_capacity(files.len());
+        for source in files {
+            let name = unique_name(&source, &mut used);
+            let target = self.config().host_roots.writable(&dest_dir.join(&name).to_string_lossy())?;
+            let size = self.copy_file_out(sandbox, &source, &target).await?;
+            let sha256 = sha256_file(&target).map_err(|e| io_err(target.display(), e))?;
+            written.push(Artifact { source, path: target, size, sha256 });
+        }
+        Ok(Collected { dest: dest_dir, files: written, skipped_symlinks })
+    }
+
+    /// Stream one sandbox file into a host file; returns its size.
+    async fn copy_file_out(&self, sandbox: &Sandbox, source: &str, target: &Path) -> Result<u64, OrchestratorError> {
+        let gone = || OrchestratorError::InvalidArgument(format!("{source} vanished from the sandbox while copying"));
+        let mut stream = self.helper.copy_out(&sandbox.name, source).await.map_err(|e| match e {
+            HelperError::NotFound(_) => gone(),
+            other => other.into(),
+        })?;
+        let (tx, rx) = mpsc::channel(8);
+        let to = target.to_path_buf();
+        let unpack = tokio::task::spawn_blocking(move || unpack_single(ChunkReader::new(rx), &to));
+        let mut failure = None;
+        loop {
+            match stream.next().await {
+                Ok(Some(chunk)) => {
+                    if tx.send(chunk).await.is_err() {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(HelperError::NotFound(_)) => {
+                    failure = Some(gone());
+                    break;
+                }
+                Err(e) => {
+                    failure = Some(e.into());
+                    break;
+                }
+            }
+        }
+        drop(tx);
+        let unpacked = unpack.await.map_err(|e| io_err("extract", e.into()))?;
+        if let Some(f) = failure {
+            return Err(f);
+        }
+        unpacked.map_err(|e| io_err(target.display(), e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_flatten_with_numbered_collisions() {
+        let mut used = HashSet::new();
+        assert_eq!(unique_name("/workspace/a/out.txt", &mut used), "out.txt");
+        assert_eq!(unique_name("/workspace/b/out.txt", &mut used), "2-out.txt");
+        assert_eq!(unique_name("/tmp/out.txt", &mut used), "3-out.txt");
+        assert_eq!(unique_name("/x/other", &mut used), "other");
+    }
+
+    #[test]
+    fn sha256_of_a_file() {
+        let p = std::env::temp_dir().join(format!("smcp-sha-{}", std::process::id()));
+        std::fs::write(&p, b"abc").unwrap();
+        assert_eq!(sha256_file(&p).unwrap(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        std::fs::remove_file(p).unwrap();
+    }
+}

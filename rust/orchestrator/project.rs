@@ -1,0 +1,293 @@
+//! The per-project config file, `.sandbox-mcp.toml` in the project directory
+//! ([`super::Config::project_dir`]): what sandboxes of this workspace run
+//! and start with. Read at every sandbox creation (and reset), so an edited
+//! file applies without a restart.
+//!
+//! ```toml
+//! image = "mcp-dev"
+//! cpus = 2
+//! memory = "1G"
+//! network = "none"
+//! services = ["python3 -m http.server 8000"]   # started with `bg` as svc-1, svc-2, …
+//! [env]
+//! APP_ENV = "test"
+//! [sync]
+//! exclude = ["target/", "*.log"]               # gitignore syntax, for sync
+//! ```
+//!
+//! Precedence: the project file overrides the user config for every sandbox
+//! (its `[defaults]`, env overrides and named `[profiles]` alike), which
+//! overrides the built-in defaults. No tool takes per-request image or
+//! resource settings yet; such a request would come first.
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
+
+use toml::{Table, Value};
+
+use super::{
+    config::{Profile, parse_memory},
+    error::OrchestratorError,
+    helper_client::Network,
+    names::validate_env_key,
+    sandbox::{Sandbox, SandboxManager, WORKSPACE},
+};
+
+/// The file's name in the project directory.
+pub const PROJECT_FILE: &str = ".sandbox-mcp.toml";
+
+const TOP_KEYS: [&str; 7] = ["image", "cpus", "memory", "network", "env", "sync", "services"];
+const SYNC_KEYS: [&str; 1] = ["exclude"];
+
+/// A valid project file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProjectConfig {
+    /// Image name.
+    pub image: Option<String>,
+    /// Whole CPUs.
+    pub cpus: Option<u32>,
+    /// Memory limit in bytes.
+    pub memory_bytes: Option<u64>,
+    /// Network mode.
+    pub network: Option<Network>,
+    /// Persistent env set in every new sandbox.
+    pub env: BTreeMap<String, String>,
+    /// Extra gitignore-style patterns sync never sends.
+    pub sync_exclude: Vec<String>,
+    /// Shell commands started in the background in every new sandbox.
+    pub services: Vec<String>,
+}
+
+impl ProjectConfig {
+    /// `base` with this file's settings on top.
+    pub fn apply(&self, base: &Profile) -> Profile {
+        Profile {
+            image: self.image.clone().unwrap_or_else(|| base.image.clone()),
+            cpus: self.cpus.unwrap_or(base.cpus),
+            memory_bytes: self.memory_bytes.unwrap_or(base.memory_bytes),
+            network: self.network.unwrap_or(base.network),
+        }
+    }
+
+    /// Parse a project file, collecting every problem as `key: what is wrong`.
+    pub fn parse(text: &str) -> Result<Self, Vec<String>> {
+        let table: Table = toml::from_str(text).map_err(|e| vec![format!("not valid TOML: {}", e.message())])?;
+        let mut p = Self::default();
+        let mut problems = Vec::new();
+        for (key, value) in &table {
+            let mut bad = |msg: String| problems.push(format!("{key}: {msg}"));
+            match key.as_str() {
+                "image" => match value.as_str() {
+                    Some(s) => match crate::image::validate_name(s) {
+                        Ok(()) => p.image = Some(s.to_string()),
+                        Err(e) => bad(e.to_string()),
+                    },
+                    None => bad("expected a string".into()),
+                },
+                "cpus" => match value.as_integer().map(u32::try_from) {
+                    Some(Ok(n)) if n >= 1 => p.cpus = Some(n),
+                    _ => bad("expected a whole number of CPUs, at least 1".into()),
+                },
+                "memory" => match value.as_str() {
+                    Some(s) => match parse_memory(s) {
+                        Ok(b) => p.memory_bytes = Some(b),
+                        Err(e) => bad(e),
+                    },
+                    None => bad("expected a size string such as \"512M\" or \"2G\"".into()),
+                },
+                "network" => match value.as_str() {
+                    Some("egress") => p.network = Some(Network::Egress),
+                    Some("none") => p.network = Some(Network::None),
+                    _ => bad(format!("must be \"egress\" or \"none\", not {value}")),
+                },
+                "env" => match value.as_table() {
+                    Some(t) => {
+                        for (k, v) in t {
+                            match (validate_env_key(k), v.as_str()) {
+                                (Err(e), _) => problems.push(format!("env.{k}: {e}")),
+                                (Ok(()), None) => problems.push(format!("env.{k}: expected a string")),
+                                (Ok(()), Some(v)) => {
+                                    p.env.insert(k.clone(), v.to_string());
+                                }
+                            }
+                        }
+                    }
+                    None => bad("expected a table of KEY = \"value\"".into()),
+                },
+                "sync" => match value.as_table() {
+                    Some(t) => {
+                        for (k, v) in t {
+                            match k.as_str() {
+                                "exclude" => match string_list(v) {
+                                    Some(list) => p.sync_exclude = list,
+                                    None => problems.push("sync.exclude: expected a list of strings".into()),
+                                },
+                                other => problems
+                                    .push(format!("sync.{other} is not supported (allowed: {})", SYNC_KEYS.join(", "))),
+                            }
+                        }
+                    }
+                    None => bad("expected a table".into()),
+                },
+                "services" => match string_list(value) {
+                    Some(list) if list.iter().all(|c| !c.trim().is_empty()) => p.services = list,
+                    _ => bad("expected a list of non-empty command strings".into()),
+                },
+                other => problems.push(format!("{other} is not supported (allowed: {})", TOP_KEYS.join(", "))),
+            }
+        }
+        if problems.is_empty() { Ok(p) } else { Err(problems) }
+    }
+
+    /// The project file in `dir`, if there is one.
+    pub fn load(dir: &Path) -> Result<Option<(PathBuf, Self)>, OrchestratorError> {
+        let path = dir.join(PROJECT_FILE);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => {
+                return Err(OrchestratorError::InvalidArgument(format!("cannot read {}: {e}", path.display())));
+            }
+        };
+        match Self::parse(&text) {
+            Ok(p) => Ok(Some((path, p))),
+            Err(problems) => Err(OrchestratorError::InvalidArgument(format!(
+                "project config {} is invalid (see validate_config): {}",
+                path.display(),
+                problems.join("; ")
+            ))),
+        }
+    }
+}
+
+fn string_list(v: &Value) -> Option<Vec<String>> {
+    v.as_array()?.iter().map(|i| i.as_str().map(str::to_string)).collect()
+}
+
+/// The background process name of the `n`th service (from 1).
+pub fn service_name(n: usize) -> String {
+    format!("svc-{n}")
+}
+
+/// What `validate_config` found.
+#[derive(Debug)]
+pub enum Validation {
+    /// The file is valid; the profile a sandbox without a request override gets.
+    Valid {
+        /// The file.
+        path: PathBuf,
+        /// Its contents.
+        project: ProjectConfig,
+        /// The resolved settings for the `default` sandbox.
+        resolved: Profile,
+    },
+    /// There is no project file at the default location.
+    Absent {
+        /// Where it was looked for.
+        path: PathBuf,
+        /// What sandboxes get from the user config.
+        resolved: Profile,
+    },
+    /// Every problem, each naming its key.
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// `key: what is wrong` lines.
+        problems: Vec<String>,
+    },
+}
+
+impl SandboxManager {
+    /// The profile `name` is created with and the project file, if any.
+    pub(super) fn creation_profile(&self, name: &str) -> Result<(Profile, Option<ProjectConfig>), OrchestratorError> {
+        let user = self.config().profile_for(name);
+        Ok(match ProjectConfig::load(&self.config().project_dir)? {
+            Some((_, project)) => (project.apply(user), Some(project)),
+            None => (user.clone(), None),
+        })
+    }
+
+    /// Set the project's env in a new sandbox and start its services.
+    pub(super) async fn apply_project(
+        &self,
+        sandbox: &Sandbox,
+        project: &ProjectConfig,
+    ) -> Result<(), OrchestratorError> {
+        for (k, v) in &project.env {
+            self.set_env(sandbox, k, v).await?;
+        }
+        for (i, command) in project.services.iter().enumerate() {
+            self.start_background(sandbox, &service_name(i + 1), command, WORKSPACE).await?;
+        }
+        Ok(())
+    }
+
+    /// Check a project file: `path` empty means the project directory's; else
+    /// a host file or a directory holding one (under the host roots).
+    pub fn validate_project(&self, path: &str) -> Result<Validation, OrchestratorError> {
+        let user = self.config().profile_for("default");
+        let file = if path.is_empty() {
+            let file = self.config().project_dir.join(PROJECT_FILE);
+            if !file.exists() {
+                return Ok(Validation::Absent { path: file, resolved: user.clone() });
+            }
+            file
+        } else {
+            let p = self.config().host_roots.readable(path)?;
+            if p.is_dir() { p.join(PROJECT_FILE) } else { p }
+        };
+        let text = std::fs::read_to_string(&file)
+            .map_err(|e| OrchestratorError::InvalidArgument(format!("cannot read {}: {e}", file.display())))?;
+        Ok(match ProjectConfig::parse(&text) {
+            Ok(project) => Validation::Valid { resolved: project.apply(user), path: file, project },
+            Err(problems) => Validation::Invalid { path: file, problems },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_key() {
+        let p = ProjectConfig::parse(
+            "image = \"mcp-dev\"\ncpus = 1\nmemory = \"1G\"\nnetwork = \"none\"\nservices = [\"sleep 1\"]\n\
+             [env]\nA = \"1\"\n[sync]\nexclude = [\"*.log\"]\n",
+        )
+        .unwrap();
+        assert_eq!(p.image.as_deref(), Some("mcp-dev"));
+        assert_eq!((p.cpus, p.memory_bytes, p.network), (Some(1), Some(1 << 30), Some(Network::None)));
+        assert_eq!(p.env.get("A").map(String::as_str), Some("1"));
+        assert_eq!((p.sync_exclude.len(), p.services.len()), (1, 1));
+        let base = Profile { image: "x".into(), cpus: 4, memory_bytes: 512 << 20, network: Network::Egress };
+        let cpus_only = ProjectConfig { cpus: Some(2), ..Default::default() };
+        assert_eq!(cpus_only.apply(&base), Profile { cpus: 2, ..base.clone() });
+    }
+
+    #[test]
+    fn reports_every_problem() {
+        let problems = ProjectConfig::parse(
+            "foo = 1\ncpus = 0\nmemory = \"lots\"\nnetwork = \"wifi\"\nservices = \"x\"\n\
+             [env]\n\"1BAD\" = \"x\"\nN = 3\n[sync]\nexclude = \"x\"\nbar = 1\n",
+        )
+        .unwrap_err();
+        let all = problems.join("\n");
+        for want in [
+            "foo is not supported (allowed: image, cpus",
+            "cpus: expected a whole number",
+            "memory: invalid memory size 'lots'",
+            "network: must be \"egress\" or \"none\"",
+            "services: expected a list",
+            "env.1BAD: invalid env key",
+            "env.N: expected a string",
+            "sync.exclude: expected a list of strings",
+            "sync.bar is not supported (allowed: exclude)",
+        ] {
+            assert!(all.contains(want), "missing {want:?} in:\n{all}");
+        }
+        assert_eq!(problems.len(), 9);
+        assert!(ProjectConfig::parse("cpus = [").unwrap_err()[0].starts_with("not valid TOML"));
+    }
+}

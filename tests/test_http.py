@@ -1,0 +1,142 @@
+"""`sandbox-mcp serve --http`: sessions, bearer token, Host/Origin checks,
+through the official MCP client and raw HTTP requests. Every request goes to
+127.0.0.1, even when the server is bound to 0.0.0.0."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import required_env
+from mcp_client import McpError
+
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw-test", "version": "0"},
+    },
+}
+TOKEN = "test-token-0123456789abcdef"
+
+
+def post(url: str, headers: dict[str, str] | None = None, body: dict | None = None) -> tuple[int, dict[str, str]]:
+    """POSTs a JSON-RPC message; returns (status, response headers)."""
+    data = json.dumps(body or INIT).encode()
+    req = urllib.request.Request(url, data=data, method="POST")
+    req.add_header("Content-Type", "application/json")
+    req.add_header("Accept", "application/json, text/event-stream")
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, {k.lower(): v for k, v in r.headers.items()}
+    except urllib.error.HTTPError as e:
+        return e.code, {k.lower(): v for k, v in e.headers.items()}
+
+
+def token_file(env: dict[str, str]) -> Path:
+    return Path(env["XDG_CONFIG_HOME"]) / "sandbox-mcp" / "http-token"
+
+
+def test_two_sessions_share_sandboxes_with_their_own_ids(http_server):
+    server = http_server()
+    one, two = server.client(), server.client()
+    try:
+        assert one.session_id and two.session_id and one.session_id != two.session_id
+        text, err = one.tool("write_file", path="from-one.txt", content="written by session one\n")
+        assert not err, text
+        text, err = two.tool("read_file", path="/workspace/from-one.txt")
+        assert not err and text == "written by session one\n", text
+        # Both sessions busy at once on the same server.
+        with ThreadPoolExecutor(2) as pool:
+            runs = [
+                pool.submit(c.tool, "exec", command=f"sleep 0.3; echo {n}", sandbox="shared")
+                for n, c in (("a", one), ("b", two))
+            ]
+            outs = [r.result()[0] for r in runs]
+        assert outs[0].startswith("a") and outs[1].startswith("b"), outs
+    finally:
+        one.close()
+        two.close()
+
+
+def test_wildcard_bind_requires_the_generated_token(http_server, env):
+    server = http_server("0.0.0.0:0")
+    path = token_file(env)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    token = path.read_text().strip()
+    assert len(token) == 64
+    assert token in Path(server.log_path).read_text(), "the new token is printed to stderr"
+    url = f"http://127.0.0.1:{server.port}/mcp"
+    status, headers = post(url)
+    assert status == 401 and headers.get("www-authenticate") == "Bearer"
+    assert post(url, {"Authorization": "Bearer " + "0" * 64})[0] == 401
+    assert post(url, {"Authorization": f"Bearer {token}"})[0] == 200
+    with pytest.raises(McpError):
+        server.client().close()
+    client = server.client({"Authorization": f"Bearer {token}"})
+    try:
+        assert any(t.name == "exec" for t in client.list_tools())
+    finally:
+        client.close()
+    # A second start reuses the stored token and does not print it again.
+    server.stop()
+    again = http_server("0.0.0.0:0")
+    assert path.read_text().strip() == token
+    assert token not in Path(again.log_path).read_text()
+    assert post(f"http://127.0.0.1:{again.port}/mcp", {"Authorization": f"Bearer {token}"})[0] == 200
+
+
+def test_explicit_token_is_required_on_loopback_too(http_server):
+    server = http_server(SANDBOX_MCP_TOKEN=TOKEN)
+    assert post(server.url)[0] == 401
+    client = server.client({"Authorization": f"Bearer {TOKEN}"})
+    try:
+        assert client.session_id
+    finally:
+        client.close()
+
+
+def test_short_token_is_refused_at_start(env):
+    out = subprocess.run(
+        [required_env("SANDBOX_MCP_BIN"), "serve", "--http", "127.0.0.1:0", "--token", "short"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0
+    assert "invalid token" in out.stderr, out.stderr
+
+
+def test_foreign_origin_and_host_are_forbidden(http_server):
+    server = http_server()
+    assert post(server.url, {"Origin": "http://evil.example"})[0] == 403
+    assert post(server.url, {"Origin": "null"})[0] == 403
+    assert post(server.url, {"Host": "evil.example"})[0] == 403
+    assert post(server.url, {"Origin": "http://localhost:5173"})[0] == 200
+    assert post(server.url, {"Host": f"localhost:{server.port}"})[0] == 200
+
+
+def test_allowed_host_widens_host_and_origin(http_server):
+    server = http_server(args=("--allowed-host", "sandbox.test"))
+    assert post(server.url, {"Host": "sandbox.test", "Origin": "https://sandbox.test"})[0] == 200
+    assert post(server.url, {"Origin": "https://other.test"})[0] == 403
+
+
+def test_only_mcp_is_served(http_server):
+    server = http_server()
+    for path in ("/", "/other"):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(server.base + path, timeout=30)
+        assert e.value.code == 404
