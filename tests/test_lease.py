@@ -41,6 +41,7 @@ def test_extend_ttl_adds_to_the_current_end(server):
     second, _ = server.tool("extend_ttl", minutes=10)
     assert second.endswith("(in 15m)"), second
     assert (lease_end(second) - lease_end(first)).total_seconds() == 600
+    assert re.search(r"  lease:1[45]m\d+s", server.tool("status")[0])
     # The sandbox is not reaped early because of it.
     out, err = server.tool("exec", command="echo alive")
     assert not err and out.startswith("alive")

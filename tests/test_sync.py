@@ -165,3 +165,18 @@ def test_job_stops_when_its_sandbox_is_destroyed(srv, roots):
     assert wait_for(lambda: srv.tool("sync_stop", job_id="sync-zzzzzz")[0].endswith("Active: none"), timeout=20)
     text, err = srv.tool("sync_stop", job_id=job)
     assert err and text == f"Error: no sync job '{job}'. Active: none"
+
+
+def test_project_file_sync_exclude(srv, roots):
+    (roots / ".sandbox-mcp.toml").write_text('[sync]\nexclude = ["secrets/", "*.tmp"]\n')
+    project = tree(roots)
+    (project / "secrets").mkdir()
+    (project / "secrets/key").write_text("k\n")
+    (project / "a.tmp").write_text("t\n")
+    job, files = start(srv, project)
+    assert files == 3
+    (project / "later.tmp").write_text("t\n")
+    (project / "barrier.txt").write_text("b\n")
+    base = [".gitignore", "README", "link", "src", "src/pkg", "src/pkg/mod.py"]
+    assert mirrored(srv, base + ["barrier.txt"]) == sorted(base + ["barrier.txt"])
+    srv.tool("sync_stop", job_id=job)

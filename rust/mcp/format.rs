@@ -108,6 +108,9 @@ pub fn status_line(s: &Sandbox, alive: bool) -> String {
     if cmds > 0 {
         fields.push(format!("cmds:{cmds}"));
     }
+    if let Some(left) = s.lease_remaining() {
+        fields.push(format!("lease:{}m{}s", left.as_secs() / 60, left.as_secs() % 60));
+    }
     fields.join("  ")
 }
 

@@ -26,7 +26,8 @@ use tokio::{
 };
 
 use super::{
-    OrchestratorError, Sandbox, SandboxManager, files::resolve, hostpath::expand_home, sandbox::Command, tarstream,
+    OrchestratorError, Sandbox, SandboxManager, files::resolve, hostpath::expand_home, project::ProjectConfig,
+    sandbox::Command, tarstream,
 };
 
 /// Names never synced, wherever they appear in the tree (sorted, as shown).
@@ -107,6 +108,9 @@ struct JobSpec {
     root: PathBuf,
     sandbox: String,
     dir: String,
+    /// The project file's `sync.exclude`, kept to rebuild the filter when
+    /// .gitignore changes.
+    exclude: Vec<String>,
     counters: Counters,
 }
 
@@ -147,9 +151,15 @@ pub struct Filter {
 }
 
 impl Filter {
-    /// The filter for `root`, reading `root/.gitignore` if present.
-    pub fn load(root: &Path) -> Self {
+    /// The filter for `root`: `root/.gitignore` if present, plus `extra`
+    /// lines in gitignore syntax (the project file's `sync.exclude`).
+    pub fn load(root: &Path, extra: &[String]) -> Self {
         let mut builder = GitignoreBuilder::new(root);
+        for line in extra {
+            if let Err(e) = builder.add_line(None, line) {
+                tracing::warn!("sync.exclude {line:?}: {e}");
+            }
+        }
         let file = root.join(".gitignore");
         if file.is_file()
             && let Some(e) = builder.add(&file)
@@ -200,10 +210,20 @@ impl SyncManager {
         let config = notify::Config::default().with_follow_symlinks(false);
         let mut watcher = notify::RecommendedWatcher::new(event_handler(tx), config).map_err(watch_err)?;
         watcher.watch(&root, RecursiveMode::Recursive).map_err(watch_err)?;
-        let filter = Arc::new(Filter::load(&root));
+        let exclude = match ProjectConfig::load(&self.sandboxes.config().project_dir)? {
+            Some((_, project)) => project.sync_exclude,
+            None => Vec::new(),
+        };
+        let filter = Arc::new(Filter::load(&root, &exclude));
         let id = new_id(&lock(&self.jobs));
-        let spec =
-            Arc::new(JobSpec { id: id.clone(), root, sandbox: sb.name.clone(), dir, counters: Counters::default() });
+        let spec = Arc::new(JobSpec {
+            id: id.clone(),
+            root,
+            sandbox: sb.name.clone(),
+            dir,
+            exclude,
+            counters: Counters::default(),
+        });
         let initial = push(&self.sandboxes, &spec, &sb, &filter, vec![PathBuf::new()])
             .await
             .map_err(|reason| SyncError::InitialPush { path: spec.root.display().to_string(), reason })?;
@@ -396,7 +416,7 @@ impl JobCtx {
         let root = &self.spec.root;
         let mut full = batch.rescan;
         if batch.paths.contains(&root.join(".gitignore")) {
-            self.filter = Arc::new(Filter::load(root));
+            self.filter = Arc::new(Filter::load(root, &self.spec.exclude));
             full = true;
         }
         let (pushes, deletes) =
@@ -510,7 +530,7 @@ mod tests {
     fn entries(root: &Path, rels: &[PathBuf]) -> BTreeMap<String, (tar::EntryType, Vec<u8>)> {
         let mut b = tar::Builder::new(Vec::new());
         b.follow_symlinks(false);
-        let filter = Filter::load(root);
+        let filter = Filter::load(root, &[]);
         tarstream::append_all(&mut b, root, rels, &|rel, is_dir| filter.ignored(rel, is_dir)).unwrap();
         let out = b.into_inner().unwrap();
         let mut archive = tar::Archive::new(out.as_slice());
@@ -547,7 +567,7 @@ mod tests {
     #[test]
     fn filter_matches_names_gitignore_and_vanished_dirs() {
         let d = tree("filter");
-        let f = Filter::load(&d);
+        let f = Filter::load(&d, &[]);
         assert!(f.ignored(Path::new("a/.git/config"), Some(false)));
         assert!(f.ignored(Path::new("pkg/__pycache__"), Some(true)));
         assert!(f.ignored(Path::new("x.log"), Some(false)));
@@ -561,7 +581,7 @@ mod tests {
     #[test]
     fn classify_splits_and_drops_covered_paths() {
         let d = tree("classify");
-        let f = Filter::load(&d);
+        let f = Filter::load(&d, &[]);
         let paths: BTreeSet<PathBuf> =
             ["src", "src/deep/a.py", "gone", "gone/sub", "app.log", "node_modules/x/i.js", ""]
                 .iter()
