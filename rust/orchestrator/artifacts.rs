@@ -157,37 +157,19 @@ impl SandboxManager {
     /// Stream one sandbox file into a host file; returns its size.
     async fn copy_file_out(&self, sandbox: &Sandbox, source: &str, target: &Path) -> Result<u64, OrchestratorError> {
         let gone = || OrchestratorError::InvalidArgument(format!("{source} vanished from the sandbox while copying"));
-        let mut stream = self.helper.copy_out(&sandbox.name, source).await.map_err(|e| match e {
+        let stream = self.helper.copy_out(&sandbox.name, source).await.map_err(|e| match e {
             HelperError::NotFound(_) => gone(),
             other => other.into(),
         })?;
         let (tx, rx) = mpsc::channel(8);
         let to = target.to_path_buf();
         let unpack = tokio::task::spawn_blocking(move || unpack_single(ChunkReader::new(rx), &to));
-        let mut failure = None;
-        loop {
-            match stream.next().await {
-                Ok(Some(chunk)) => {
-                    if tx.send(chunk).await.is_err() {
-                        break;
-                    }
-                }
-                Ok(None) => break,
-                Err(HelperError::NotFound(_)) => {
-                    failure = Some(gone());
-                    break;
-                }
-                Err(e) => {
-                    failure = Some(e.into());
-                    break;
-                }
-            }
-        }
-        drop(tx);
+        let pumped = stream.pump(tx).await;
         let unpacked = unpack.await.map_err(|e| io_err("extract", e.into()))?;
-        if let Some(f) = failure {
-            return Err(f);
-        }
+        pumped.map_err(|e| match e {
+            HelperError::NotFound(_) => gone(),
+            other => other.into(),
+        })?;
         unpacked.map_err(|e| io_err(target.display(), e))
     }
 }

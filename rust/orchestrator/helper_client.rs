@@ -667,4 +667,17 @@ impl CopyOutReader {
     pub async fn next(&mut self) -> Result<Option<Vec<u8>>, HelperError> {
         Ok(self.rx.message().await?.map(|m| m.data))
     }
+
+    /// Forward every chunk to `tx` (closing it at the end, or early if the
+    /// receiver stops reading); returns the bytes received.
+    pub async fn pump(mut self, tx: mpsc::Sender<Vec<u8>>) -> Result<u64, HelperError> {
+        let mut received = 0u64;
+        while let Some(chunk) = self.next().await? {
+            received += chunk.len() as u64;
+            if tx.send(chunk).await.is_err() {
+                break;
+            }
+        }
+        Ok(received)
+    }
 }

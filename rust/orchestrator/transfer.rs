@@ -221,7 +221,7 @@ impl SandboxManager {
             let name = Path::new(&source).file_name().map(PathBuf::from).unwrap_or_default();
             dest = self.config().host_roots.writable(&dest.join(name).to_string_lossy())?;
         }
-        let mut stream = self.helper.copy_out(&sandbox.name, &source).await.map_err(|e| match e {
+        let stream = self.helper.copy_out(&sandbox.name, &source).await.map_err(|e| match e {
             HelperError::NotFound(_) => {
                 OrchestratorError::InvalidArgument(format!("{source} does not exist in sandbox"))
             }
@@ -237,32 +237,14 @@ impl SandboxManager {
                 unpack_single(reader, &target).map(|n| (n, 0))
             }
         });
-        let mut received = 0u64;
-        let mut failure = None;
-        loop {
-            match stream.next().await {
-                Ok(Some(chunk)) => {
-                    received += chunk.len() as u64;
-                    if tx.send(chunk).await.is_err() {
-                        break;
-                    }
-                }
-                Ok(None) => break,
-                Err(HelperError::NotFound(_)) => {
-                    failure = Some(OrchestratorError::InvalidArgument(format!("{source} does not exist in sandbox")));
-                    break;
-                }
-                Err(e) => {
-                    failure = Some(e.into());
-                    break;
-                }
-            }
-        }
-        drop(tx);
+        let pumped = stream.pump(tx).await;
         let unpacked = unpack.await.map_err(|e| io_err("extract", e.into()))?;
-        if let Some(f) = failure {
-            return Err(f);
-        }
+        let received = pumped.map_err(|e| match e {
+            HelperError::NotFound(_) => {
+                OrchestratorError::InvalidArgument(format!("{source} does not exist in sandbox"))
+            }
+            other => other.into(),
+        })?;
         let (file_bytes, skipped) = unpacked.map_err(|e| io_err("Error extracting", e))?;
         let bytes = if directory { received } else { file_bytes };
         Ok(Downloaded { dest, bytes, directory, skipped, elapsed: started.elapsed() })
