@@ -4,11 +4,7 @@
 //! process group, so cancelling really stops the work in the sandbox.
 use std::{future::Future, time::Duration};
 
-use rmcp::{
-    RoleServer,
-    model::{ProgressNotificationParam, ProgressToken},
-    service::RequestContext,
-};
+use rmcp::{RoleServer, model::ProgressNotificationParam, service::RequestContext};
 use tokio::time::Instant;
 
 /// How often a running call reports progress.
@@ -17,7 +13,16 @@ const INTERVAL: Duration = Duration::from_secs(1);
 /// Run `work`, reporting `<label>: <N>s` every second to a client that asked
 /// for progress. Returns `None` if the client cancelled the call.
 pub async fn supervise<F: Future>(ctx: &RequestContext<RoleServer>, label: &str, work: F) -> Option<F::Output> {
-    let token: Option<ProgressToken> = ctx.meta.get_progress_token();
+    let Some(token) = ctx.meta.get_progress_token() else {
+        // No progress wanted: only cancellation to watch, no timer on the hot path.
+        return tokio::select! {
+            out = work => Some(out),
+            _ = ctx.ct.cancelled() => {
+                tracing::info!(%label, "call cancelled by the client");
+                None
+            }
+        };
+    };
     let started = Instant::now();
     let mut tick = tokio::time::interval_at(started + INTERVAL, INTERVAL);
     tokio::pin!(work);
@@ -28,14 +33,12 @@ pub async fn supervise<F: Future>(ctx: &RequestContext<RoleServer>, label: &str,
                 tracing::info!(%label, "call cancelled by the client");
                 return None;
             }
-            _ = tick.tick(), if token.is_some() => {
-                if let Some(token) = &token {
-                    let secs = started.elapsed().as_secs();
-                    let param = ProgressNotificationParam::new(token.clone(), secs as f64)
-                        .with_message(format!("{label}: {secs}s"));
-                    // A client that went away cannot be told; the work goes on.
-                    let _ = ctx.peer.notify_progress(param).await;
-                }
+            _ = tick.tick() => {
+                let secs = started.elapsed().as_secs();
+                let param = ProgressNotificationParam::new(token.clone(), secs as f64)
+                    .with_message(format!("{label}: {secs}s"));
+                // A client that went away cannot be told; the work goes on.
+                let _ = ctx.peer.notify_progress(param).await;
             }
         }
     }
