@@ -67,3 +67,19 @@ def test_cancellation_stops_the_work(server):
         pass  # the client gave up: it sends notifications/cancelled
     gone = poll(lambda: server.tool("exec", command=SLEEPERS)[0], lambda t: t.startswith("0\n"))
     assert gone, "the cancelled command kept running"
+
+
+def test_stats_and_history_structured_output(server):
+    tools = {t.name: t for t in server.list_tools()}
+    server.tool("exec", command="echo one")
+    server.tool("exec", command="exit 2")
+    history = server.call_raw("history").structured_content
+    jsonschema.validate(history, tools["history"].output_schema)
+    assert [e["command"] for e in history["entries"]] == ["exit 2", "echo one"]
+    assert history["entries"][0]["exit_code"] == 2
+    stats = server.call_raw("stats").structured_content
+    jsonschema.validate(stats, tools["stats"].output_schema)
+    assert stats["sandbox"] == "default" and stats["memory_limit_bytes"] == 512 << 20
+    assert stats["memory_used_bytes"] > 0 and stats["history_commands"] == 2
+    empty = server.call_raw("history", sandbox="nobody").structured_content
+    assert empty == {"sandbox": "nobody", "entries": []}

@@ -255,10 +255,9 @@ fn kvm_check() -> Check {
     match kvm::probe() {
         // Honest about the probe's reach: some hosts (e.g. kvm_pvm) run a
         // real-mode guest yet stall booting a stock Linux kernel.
-        kvm::KvmProbe::Boots => Check::ok(
-            "kvm",
-            format!("a real-mode test guest ran and halted; a full Linux boot is not probed ({NOTE})"),
-        ),
+        kvm::KvmProbe::Boots => {
+            Check::ok("kvm", format!("a real-mode test guest ran and halted; a full Linux boot is not probed ({NOTE})"))
+        }
         kvm::KvmProbe::Absent => Check::warn(
             "kvm",
             format!("no /dev/kvm ({NOTE})"),

@@ -90,6 +90,103 @@ impl From<&ExecResult> for ExecOutput {
     }
 }
 
+/// The structured result of `stats`.
+#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
+pub struct StatsOutput {
+    /// Sandbox name.
+    pub sandbox: String,
+    /// CPU limit.
+    pub cpus: u32,
+    /// Memory limit in bytes.
+    pub memory_limit_bytes: u64,
+    /// Memory in use in bytes (absent when the helper could not say).
+    pub memory_used_bytes: Option<u64>,
+    /// CPU time used, in seconds.
+    pub cpu_seconds: Option<f64>,
+    /// Processes now.
+    pub pids: Option<u64>,
+    /// Network bytes received and sent.
+    pub net_rx_bytes: Option<u64>,
+    /// Network bytes sent.
+    pub net_tx_bytes: Option<u64>,
+    /// /workspace disk used and total, in bytes.
+    pub disk_used_bytes: Option<u64>,
+    /// /workspace disk size in bytes.
+    pub disk_size_bytes: Option<u64>,
+    /// Seconds since the sandbox started.
+    pub uptime_seconds: Option<u64>,
+    /// A process was killed for exceeding the memory limit.
+    pub oom_killed: bool,
+    /// Running background process ids.
+    pub background: Vec<String>,
+    /// Commands in the history.
+    pub history_commands: usize,
+}
+
+impl StatsOutput {
+    /// The figures of `stats` as data.
+    pub fn new(s: &Sandbox, obs: &Observation, bg: &[BackgroundInfo]) -> Self {
+        let st = obs.stats.as_ref();
+        Self {
+            sandbox: s.name.clone(),
+            cpus: s.cpus,
+            memory_limit_bytes: s.memory_bytes,
+            memory_used_bytes: st.map(|x| x.memory_used),
+            cpu_seconds: st.map(|x| x.cpu_usage_ns as f64 / 1e9),
+            pids: st.map(|x| x.pids),
+            net_rx_bytes: st.map(|x| x.net_rx),
+            net_tx_bytes: st.map(|x| x.net_tx),
+            disk_used_bytes: obs.disk.map(|d| d.used),
+            disk_size_bytes: obs.disk.map(|d| d.size),
+            uptime_seconds: st.map(|x| x.uptime.as_secs()),
+            oom_killed: st.is_some_and(|x| x.oom_killed),
+            background: bg.iter().filter(|b| b.running).map(|b| b.name.clone()).collect(),
+            history_commands: s.command_count(),
+        }
+    }
+}
+
+/// One command of the structured `history`.
+#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
+pub struct HistoryEntry {
+    /// The command (redacted, at most 200 characters).
+    pub command: String,
+    /// Its exit code (-1 for a timeout).
+    pub exit_code: i32,
+    /// How long it ran, in milliseconds.
+    pub duration_ms: f64,
+    /// Seconds since it finished.
+    pub seconds_ago: u64,
+}
+
+/// The structured result of `history`, newest first.
+#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
+pub struct HistoryOutput {
+    /// Sandbox name.
+    pub sandbox: String,
+    /// Entries, newest first.
+    pub entries: Vec<HistoryEntry>,
+}
+
+impl HistoryOutput {
+    /// The history entries as data.
+    pub fn new(sandbox: &str, entries: &[AuditEntry]) -> Self {
+        let now = SystemTime::now();
+        Self {
+            sandbox: sandbox.to_string(),
+            entries: entries
+                .iter()
+                .map(|e| HistoryEntry {
+                    command: e.command.clone(),
+                    exit_code: e.exit_code,
+                    duration_ms: (e.duration.as_secs_f64() * 10_000.0).round() / 10.0,
+                    seconds_ago: now.duration_since(e.at).unwrap_or_default().as_secs(),
+                })
+                .collect(),
+        }
+    }
+}
+
 /// Memory as `512M` / `2G`.
 pub fn memory(bytes: u64) -> String {
     let mib = bytes >> 20;

@@ -2,7 +2,7 @@
 use rmcp::{handler::server::wrapper::Parameters, model::CallToolResult, schemars, tool, tool_router};
 use serde::Deserialize;
 
-use super::{SandboxServer, default_sandbox, format, reply};
+use super::{SandboxServer, default_sandbox, fail, format, ok_structured, reply};
 
 /// Parameters of `destroy`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -106,22 +106,20 @@ impl SandboxServer {
 
     #[tool(
         description = "Recent commands run in a sandbox, newest first (secrets redacted).",
-        annotations(read_only_hint = true, open_world_hint = false)
+        annotations(read_only_hint = true, open_world_hint = false),
+        output_schema = rmcp::handler::server::tool::schema_for_output::<format::HistoryOutput>()
     )]
     async fn history(&self, Parameters(p): Parameters<HistoryParams>) -> Result<CallToolResult, rmcp::ErrorData> {
-        let result = self.manager.get(&p.sandbox).map(|s| {
-            let entries = s.history(p.limit as usize);
-            if entries.is_empty() {
-                format!("No command history for '{}'.", p.sandbox)
-            } else {
-                format::history(&p.sandbox, &entries)
-            }
-        });
-        reply(match result {
-            Err(crate::orchestrator::OrchestratorError::NoSuchSandbox(_)) => {
-                Ok(format!("No command history for '{}'.", p.sandbox))
-            }
-            other => other,
-        })
+        let entries = match self.manager.get(&p.sandbox) {
+            Ok(s) => s.history(p.limit as usize),
+            Err(crate::orchestrator::OrchestratorError::NoSuchSandbox(_)) => Vec::new(),
+            Err(e) => return fail(e),
+        };
+        let text = if entries.is_empty() {
+            format!("No command history for '{}'.", p.sandbox)
+        } else {
+            format::history(&p.sandbox, &entries)
+        };
+        ok_structured(text, format::HistoryOutput::new(&p.sandbox, &entries))
     }
 }

@@ -90,6 +90,14 @@ fn ok(text: impl Into<String>) -> Result<CallToolResult, rmcp::ErrorData> {
     Ok(CallToolResult::success(vec![ContentBlock::text(text.into())]))
 }
 
+/// A successful tool result with `structuredContent` beside the text (the
+/// tool declares the matching `outputSchema`).
+fn ok_structured(text: String, value: impl serde::Serialize) -> Result<CallToolResult, rmcp::ErrorData> {
+    let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
+    result.structured_content = serde_json::to_value(value).ok();
+    Ok(result)
+}
+
 /// A failed tool result: `Error: …` text (what the reference's clients match
 /// on) with `isError` set. The single place orchestrator errors meet MCP.
 fn fail(text: impl std::fmt::Display) -> Result<CallToolResult, rmcp::ErrorData> {

@@ -2,7 +2,8 @@
 use rmcp::{handler::server::wrapper::Parameters, model::CallToolResult, schemars, tool, tool_router};
 use serde::Deserialize;
 
-use super::{SandboxServer, default_sandbox, format, reply};
+use super::{SandboxServer, default_sandbox, fail, format, ok_structured, reply};
+use crate::orchestrator::OrchestratorError;
 
 /// Parameters of `stats`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -16,7 +17,8 @@ pub struct StatsParams {
 impl SandboxServer {
     #[tool(
         description = "Resource usage of a sandbox: memory used/limit, CPU time, network bytes, pids, /workspace disk, uptime, background processes, history size.",
-        annotations(read_only_hint = true, open_world_hint = false)
+        annotations(read_only_hint = true, open_world_hint = false),
+        output_schema = rmcp::handler::server::tool::schema_for_output::<format::StatsOutput>()
     )]
     async fn stats(&self, Parameters(p): Parameters<StatsParams>) -> Result<CallToolResult, rmcp::ErrorData> {
         let m = &self.manager;
@@ -24,9 +26,15 @@ impl SandboxServer {
             let sandbox = m.get_or_create(&p.sandbox).await?;
             let obs = m.observe(&sandbox).await?;
             let bg = m.list_background(&sandbox).await.unwrap_or_default();
-            Ok(format::stats(&sandbox, &obs, &bg))
+            Ok::<_, OrchestratorError>((
+                format::stats(&sandbox, &obs, &bg),
+                format::StatsOutput::new(&sandbox, &obs, &bg),
+            ))
         };
-        reply(result.await)
+        match result.await {
+            Ok((text, data)) => ok_structured(text, data),
+            Err(e) => fail(e),
+        }
     }
 
     #[tool(
