@@ -79,7 +79,8 @@ pub struct Config {
     pub project_dir: PathBuf,
 }
 
-fn invalid(key: &str, msg: impl std::fmt::Display) -> OrchestratorError {
+/// A configuration error naming its key.
+pub(super) fn invalid(key: &str, msg: impl std::fmt::Display) -> OrchestratorError {
     OrchestratorError::InvalidArgument(format!("config {key}: {msg}"))
 }
 
@@ -129,7 +130,8 @@ fn apply(base: &Profile, f: &ProfileFile, key: &str) -> Result<Profile, Orchestr
     Ok(p)
 }
 
-fn env(key: &str) -> Option<String> {
+/// An environment variable, unset when empty.
+pub(super) fn env(key: &str) -> Option<String> {
     std::env::var(key).ok().filter(|v| !v.is_empty())
 }
 

@@ -14,7 +14,7 @@ use std::{
 };
 
 use super::{
-    config::Profile,
+    config::{Profile, env, invalid},
     error::OrchestratorError,
     sandbox::{Sandbox, SandboxManager},
 };
@@ -49,13 +49,9 @@ pub struct Limits {
 }
 
 fn env_number(key: &str) -> Result<Option<u64>, OrchestratorError> {
-    match std::env::var(key).ok().filter(|v| !v.is_empty()) {
+    match env(key) {
         None => Ok(None),
-        Some(v) => v
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| OrchestratorError::InvalidArgument(format!("config {key}: '{v}' is not a whole number"))),
+        Some(v) => v.trim().parse().map(Some).map_err(|_| invalid(key, format!("'{v}' is not a whole number"))),
     }
 }
 
@@ -71,11 +67,10 @@ impl Limits {
         max_lease_ttl: Option<u64>,
         max_sandboxes: Option<usize>,
     ) -> Result<Self, OrchestratorError> {
-        let invalid = |key: &str, msg: &str| OrchestratorError::InvalidArgument(format!("config {key}: {msg}"));
         let max_minutes =
             env_number("SANDBOX_MCP_MAX_LEASE_TTL")?.or(max_lease_ttl).unwrap_or(DEFAULT_MAX_LEASE_MINUTES);
         if !(1..=MAX_LEASE_MINUTES_LIMIT).contains(&max_minutes) {
-            return Err(invalid("max_lease_ttl", &format!("must be 1 to {MAX_LEASE_MINUTES_LIMIT} minutes")));
+            return Err(invalid("max_lease_ttl", format!("must be 1 to {MAX_LEASE_MINUTES_LIMIT} minutes")));
         }
         let max_lease = Duration::from_secs(max_minutes * 60);
         let lease = match env_number("SANDBOX_MCP_LEASE_TTL_SECONDS")? {
@@ -85,7 +80,7 @@ impl Limits {
             }
         };
         if lease > max_lease {
-            return Err(invalid("lease_ttl", &format!("must not exceed max_lease_ttl ({max_minutes} minutes)")));
+            return Err(invalid("lease_ttl", format!("must not exceed max_lease_ttl ({max_minutes} minutes)")));
         }
         let max_sandboxes = match env_number("SANDBOX_MCP_MAX_SANDBOXES")? {
             Some(n) => n as usize,

@@ -442,35 +442,30 @@ impl SandboxManager {
         if cmd.timeout.is_zero() {
             return Err(OrchestratorError::InvalidArgument("timeout must be greater than 0".into()));
         }
-        let mut process = ProcessConfig {
-            argv: cmd_argv(sandbox, cmd.argv.clone()),
+        let direct = match &cmd.argv {
+            ShellOrArgv::Shell(line) => shell::direct_argv(line),
+            ShellOrArgv::Argv(_) => None,
+        };
+        let process = ProcessConfig {
+            argv: cmd_argv(sandbox, cmd.argv),
             env: env.into_iter().collect(),
             cwd: cmd.cwd,
             create_cwd: true,
         };
         sandbox.touch();
-        let direct = match &cmd.argv {
-            ShellOrArgv::Shell(line) => shell::direct_argv(line),
-            ShellOrArgv::Argv(_) => None,
-        };
-        let result = match direct {
-            Some(argv) => {
-                let attempt = ProcessConfig { argv, ..process.clone() };
-                match exec::run(&self.helper, &sandbox.name, attempt, &cmd.stdin, cmd.timeout).await {
-                    // Refused before it ran (no such program, …): let the
-                    // shell run it and word the error as a shell would.
-                    Err(HelperError::InvalidArgument(_)) => None,
-                    other => Some(other?),
-                }
+        let mut result = None;
+        if let Some(argv) = direct {
+            let attempt = ProcessConfig { argv, ..process.clone() };
+            match exec::run(&self.helper, &sandbox.name, attempt, &cmd.stdin, cmd.timeout).await {
+                // Refused before it ran (no such program, …): let the shell
+                // run it and word the error as a shell would.
+                Err(HelperError::InvalidArgument(_)) => {}
+                other => result = Some(other?),
             }
-            None => None,
-        };
+        }
         let result = match result {
             Some(r) => r,
-            None => {
-                process.argv = cmd_argv(sandbox, cmd.argv);
-                exec::run(&self.helper, &sandbox.name, process, &cmd.stdin, cmd.timeout).await?
-            }
+            None => exec::run(&self.helper, &sandbox.name, process, &cmd.stdin, cmd.timeout).await?,
         };
         sandbox.touch();
         if let Some(text) = cmd.audit_as {

@@ -192,13 +192,7 @@ impl SandboxManager {
         let (files, _) = self.helper.copy_in(&sandbox.name, if dir.is_empty() { "/" } else { &dir }, rx).await?;
         let (_, archive_bytes) =
             builder.await.map_err(|e| io_err("archive", e.into()))?.map_err(|e| io_err("archive", e))?;
-        Ok(Uploaded {
-            dest,
-            files,
-            archive_bytes: archive_bytes.min(meta.len().max(archive_bytes)),
-            directory: false,
-            elapsed: started.elapsed(),
-        })
+        Ok(Uploaded { dest, files, archive_bytes, directory: false, elapsed: started.elapsed() })
     }
 
     async fn is_dir(&self, sandbox: &Sandbox, path: &str) -> Result<bool, OrchestratorError> {
