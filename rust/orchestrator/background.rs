@@ -25,6 +25,7 @@ impl SandboxManager {
             env: sandbox.env().into_iter().collect(),
             cwd: workdir.into(),
             create_cwd: true,
+            user: String::new(),
         };
         let info = self.helper.start_background(&sandbox.name, &name, process).await.map_err(|e| match e {
             HelperError::AlreadyExists(_) => OrchestratorError::InvalidArgument(format!(

@@ -90,6 +90,8 @@ pub struct VmConfig {
     pub network: Network,
     /// Metadata to find the VM again after a restart.
     pub labels: HashMap<String, String>,
+    /// Start from a copy of this running VM's writable layer and image.
+    pub clone_from: Option<String>,
 }
 
 /// Lifecycle state reported by the helper.
@@ -127,12 +129,57 @@ pub struct VmInfo {
 }
 
 /// An image the helper can boot.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ImageSummary {
     /// Image name.
     pub name: String,
     /// Package manager inside ("apt", "apk", "dnf" or "").
     pub package_manager: String,
+    /// Size on disk in bytes.
+    pub size_bytes: u64,
+    /// Unix ms when it was built or committed.
+    pub created_at_ms: i64,
+    /// Image it was committed on top of ("" for a base image).
+    pub parent: String,
+    /// Number of read-only layers.
+    pub layer_count: u32,
+    /// Metadata given at commit.
+    pub labels: HashMap<String, String>,
+    /// Process defaults.
+    pub config: ImageConfig,
+}
+
+/// Process defaults an image carries (ENV, WORKDIR, USER).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImageConfig {
+    /// Environment of every process.
+    pub env: HashMap<String, String>,
+    /// Recorded working directory.
+    pub workdir: String,
+    /// Default user ("" = root).
+    pub user: String,
+}
+
+/// What to commit a VM as.
+#[derive(Debug, Clone, Default)]
+pub struct CommitConfig {
+    /// Name of the new image.
+    pub image: String,
+    /// Its process defaults; `None` keeps the VM image's.
+    pub config: Option<ImageConfig>,
+    /// Parent to record; empty means the VM's image.
+    pub parent: String,
+    /// Metadata.
+    pub labels: HashMap<String, String>,
+}
+
+/// One message of a base image build.
+#[derive(Debug, Clone)]
+pub enum BuildEvent {
+    /// A line of build output.
+    Log(String),
+    /// The finished image (last).
+    Done(ImageSummary),
 }
 
 /// A process to run in a VM.
@@ -146,6 +193,8 @@ pub struct ProcessConfig {
     pub cwd: String,
     /// Create `cwd` if missing.
     pub create_cwd: bool,
+    /// User to run as ("" = the image's user, else root).
+    pub user: String,
 }
 
 /// How a process ended.
@@ -324,6 +373,7 @@ impl HelperClient {
                 Network::Egress => pb::NetworkMode::Egress,
             } as i32,
             labels: cfg.labels,
+            clone_from: cfg.clone_from.unwrap_or_default(),
         };
         let vm = self.client.clone().create_vm(pb::CreateVmRequest { spec: Some(spec) }).await?.into_inner().vm;
         vm_info(vm)
@@ -349,7 +399,52 @@ impl HelperClient {
     /// Images the helper can boot.
     pub async fn list_images(&self) -> Result<Vec<ImageSummary>, HelperError> {
         let images = self.client.clone().list_images(pb::ListImagesRequest {}).await?.into_inner().images;
-        Ok(images.into_iter().map(|i| ImageSummary { name: i.name, package_manager: i.package_manager }).collect())
+        Ok(images.into_iter().map(image_summary).collect())
+    }
+
+    /// Commit a running VM's writable layer as a new image.
+    pub async fn commit_vm(&self, vm_id: &str, c: CommitConfig) -> Result<ImageSummary, HelperError> {
+        let req = pb::CommitVmRequest {
+            vm_id: vm_id.into(),
+            image: c.image,
+            config: c.config.map(image_config_to_proto),
+            parent: c.parent,
+            labels: c.labels,
+        };
+        let image = self.client.clone().commit_vm(req).await?.into_inner().image;
+        image.map(image_summary).ok_or_else(|| HelperError::Other("helper answered without an image".into()))
+    }
+
+    /// Delete an image (refused while other images name it as parent).
+    pub async fn delete_image(&self, name: &str) -> Result<(), HelperError> {
+        self.client.clone().delete_image(pb::DeleteImageRequest { name: name.into() }).await?;
+        Ok(())
+    }
+
+    /// Build a base image; `on_event` sees each output line, then the image.
+    pub async fn build_image(
+        &self,
+        name: &str,
+        release: &str,
+        packages: Vec<String>,
+        force: bool,
+        mut on_event: impl FnMut(BuildEvent),
+    ) -> Result<ImageSummary, HelperError> {
+        use pb::build_image_response::Msg;
+        let req = pb::BuildImageRequest { name: name.into(), release: release.into(), packages, force };
+        let mut stream = self.client.clone().build_image(req).await?.into_inner();
+        while let Some(msg) = stream.message().await? {
+            match msg.msg {
+                Some(Msg::Log(line)) => on_event(BuildEvent::Log(line)),
+                Some(Msg::Image(image)) => {
+                    let image = image_summary(image);
+                    on_event(BuildEvent::Done(image.clone()));
+                    return Ok(image);
+                }
+                None => {}
+            }
+        }
+        Err(HelperError::Other("image build stream ended without an image".into()))
     }
 
     /// Start a process in a VM and return its handle once the helper accepted
@@ -390,6 +485,25 @@ fn process_spec(vm_id: &str, p: ProcessConfig) -> pb::ProcessSpec {
         tty: false,
         tty_cols: 0,
         tty_rows: 0,
+        user: p.user,
+    }
+}
+
+fn image_config_to_proto(c: ImageConfig) -> pb::ImageConfig {
+    pb::ImageConfig { env: c.env, workdir: c.workdir, user: c.user }
+}
+
+fn image_summary(i: pb::Image) -> ImageSummary {
+    let c = i.config.unwrap_or_default();
+    ImageSummary {
+        name: i.name,
+        package_manager: i.package_manager,
+        size_bytes: i.size_bytes,
+        created_at_ms: i.created_at_ms,
+        parent: i.parent,
+        layer_count: i.layer_count,
+        labels: i.labels,
+        config: ImageConfig { env: c.env, workdir: c.workdir, user: c.user },
     }
 }
 

@@ -117,6 +117,8 @@ pub struct Command {
     pub timeout: Duration,
     /// Text to record in the audit log, or `None` to leave no trace.
     pub audit_as: Option<String>,
+    /// User to run as; empty means the image's default user.
+    pub user: String,
 }
 
 /// What to run: a shell command line (run with the sandbox's shell `-c`) or
@@ -138,6 +140,7 @@ impl Command {
             stdin: Vec::new(),
             timeout,
             audit_as: Some(line.to_string()),
+            user: String::new(),
         }
     }
 
@@ -149,6 +152,7 @@ impl Command {
             stdin: Vec::new(),
             timeout,
             audit_as: None,
+            user: String::new(),
         }
     }
 }
@@ -297,6 +301,7 @@ impl SandboxManager {
             mounts,
             network: profile.network,
             labels: HashMap::from([(NAME_LABEL.to_string(), name.to_string())]),
+            clone_from: None,
         };
         self.helper.create_vm(cfg).await?;
         let vm = match self.helper.start_vm(name).await {
@@ -427,6 +432,7 @@ impl SandboxManager {
             env: Default::default(),
             cwd: cmd.cwd,
             create_cwd: false,
+            user: cmd.user,
         };
         Ok(exec::run(&self.helper, &sandbox.name, process, &cmd.stdin, cmd.timeout).await?)
     }
@@ -451,6 +457,7 @@ impl SandboxManager {
             env: env.into_iter().collect(),
             cwd: cmd.cwd,
             create_cwd: true,
+            user: cmd.user,
         };
         sandbox.touch();
         let mut result = None;

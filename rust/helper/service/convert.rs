@@ -107,6 +107,7 @@ pub(super) fn vm_to_proto(vm: VmInfo) -> pb::Vm {
                 .collect(),
             env: c.env.into_iter().collect(),
             hostname: c.hostname,
+            clone_from: String::new(),
             network: match c.network {
                 Network::None => pb::NetworkMode::None,
                 Network::Egress => pb::NetworkMode::Egress,

@@ -127,9 +127,24 @@ impl VmHelper for HelperService {
                     created_at_ms: i.created_at_ms,
                     shell: i.shell,
                     package_manager: i.package_manager,
+                    ..Default::default()
                 })
                 .collect(),
         }))
+    }
+
+    async fn commit_vm(&self, _: Request<pb::CommitVmRequest>) -> Result<Response<pb::CommitVmResponse>, Status> {
+        Err(Status::unimplemented("CommitVm is not implemented yet"))
+    }
+
+    async fn delete_image(&self, _: Request<pb::DeleteImageRequest>) -> Result<Response<pb::DeleteImageResponse>, Status> {
+        Err(Status::unimplemented("DeleteImage is not implemented yet"))
+    }
+
+    type BuildImageStream = RpcStream<pb::BuildImageResponse>;
+
+    async fn build_image(&self, _: Request<pb::BuildImageRequest>) -> Result<Response<Self::BuildImageStream>, Status> {
+        Err(Status::unimplemented("BuildImage is not implemented yet"))
     }
 
     type DialStream = RpcStream<pb::DialResponse>;
