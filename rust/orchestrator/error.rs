@@ -51,6 +51,12 @@ pub enum OrchestratorError {
         /// Ids that exist.
         running: String,
     },
+    /// A sandbox of that name exists already.
+    #[error("sandbox '{0}' already exists. Reset it first.")]
+    AlreadyExists(String),
+    /// The operation is not allowed on this sandbox (e.g. on a child).
+    #[error("{0}")]
+    NotPermitted(String),
     /// The helper failed.
     #[error(transparent)]
     Helper(#[from] HelperError),

@@ -20,6 +20,10 @@ use super::{
 
 /// Label on every VM the orchestrator creates, holding the sandbox name.
 const NAME_LABEL: &str = "sandbox-mcp.name";
+/// Label of a child sandbox's VM: its parent's name.
+const PARENT_LABEL: &str = "sandbox-mcp.parent";
+/// Label of a child sandbox's VM: its generation (1 = child, 2 = grandchild).
+const GENERATION_LABEL: &str = "sandbox-mcp.generation";
 /// Where a sandbox's workspace volume is mounted.
 pub const WORKSPACE: &str = "/workspace";
 
@@ -49,14 +53,20 @@ pub struct Sandbox {
     /// Recent commands.
     pub(super) audit: Mutex<AuditLog>,
     last_activity: Mutex<Instant>,
-    /// When the lease ends (see [`super::lease`]).
+    /// When the lease ends (see [`super::lease`]); a child's TTL is its lease.
     pub(super) lease: Mutex<Option<SystemTime>>,
+    /// The sandbox that spawned this one (children only).
+    pub parent: Option<String>,
+    /// 0 for a sandbox created by a tool, parent's + 1 for a child.
+    pub generation: u32,
 }
 
 impl Sandbox {
     fn from_vm(vm: &VmInfo, name: String) -> Self {
         let started_at = SystemTime::UNIX_EPOCH + Duration::from_millis(vm.started_at_ms.max(0) as u64);
         Self {
+            parent: vm.labels.get(PARENT_LABEL).cloned(),
+            generation: vm.labels.get(GENERATION_LABEL).and_then(|g| g.parse().ok()).unwrap_or(0),
             name,
             image: vm.image.clone(),
             shell: vm.shell.clone(),
@@ -164,13 +174,43 @@ fn cmd_argv(sandbox: &Sandbox, argv: ShellOrArgv) -> Vec<String> {
     }
 }
 
-/// Told when a sandbox goes away or is replaced, so what hangs off it (port
-/// forwards, sync jobs) follows.
+/// Where a new sandbox comes from, beyond what its name's profile says.
+#[derive(Debug, Clone, Default)]
+pub struct Origin {
+    /// Image to boot instead of the profile's (restore, spawn).
+    pub image: Option<String>,
+    /// Start from a copy of this running sandbox's root filesystem (clone).
+    pub clone_from: Option<String>,
+    /// CPU limit instead of the profile's.
+    pub cpus: Option<u32>,
+    /// Memory limit instead of the profile's.
+    pub memory_bytes: Option<u64>,
+    /// The parent of a child sandbox.
+    pub parent: Option<String>,
+    /// Lease instead of the configured default (a child's TTL).
+    pub lease: Option<Duration>,
+}
+
+/// A future returned by a [`SandboxListener`] hook.
+pub type HookFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), OrchestratorError>> + Send + 'a>>;
+
+/// Told when a sandbox is created, goes away or is replaced, so what hangs
+/// off it (port forwards, sync jobs, the sandbox-ctl socket) follows.
 pub trait SandboxListener: Send + Sync {
     /// The sandbox was destroyed or reaped.
     fn destroyed(&self, name: &str);
-    /// The sandbox was replaced by a fresh VM of the same name (reset).
+    /// The sandbox was replaced by a fresh VM of the same name (reset, restore).
     fn replaced(&self, _name: &str) {}
+    /// Host directories to mount into a sandbox about to be created:
+    /// (host dir, guest dir).
+    fn mounts(&self, _name: &str, _parent: Option<&str>) -> Vec<(PathBuf, String)> {
+        Vec::new()
+    }
+    /// The sandbox was booted; runs before anyone else can use it, and an
+    /// error undoes the creation.
+    fn created<'a>(&'a self, _sandbox: &'a Arc<Sandbox>) -> HookFuture<'a> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// The registry of sandboxes, shared by every MCP session.
@@ -183,6 +223,8 @@ pub struct SandboxManager {
     lifecycle_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Creations in progress, counted against `max_sandboxes`.
     pub(super) creating: AtomicUsize,
+    /// Poked after every change that belongs in the state file.
+    pub(super) dirty: Arc<tokio::sync::Notify>,
 }
 
 impl SandboxManager {
@@ -196,6 +238,7 @@ impl SandboxManager {
             sandboxes: Mutex::default(),
             lifecycle_locks: Mutex::default(),
             creating: AtomicUsize::new(0),
+            dirty: Arc::default(),
         };
         for vm in manager.helper.list_vms().await? {
             let Some(name) = vm.labels.get(NAME_LABEL).cloned() else {
@@ -217,7 +260,25 @@ impl SandboxManager {
             tracing::info!(sandbox = %name, "attached running sandbox");
             manager.lock_map().insert(name, sandbox);
         }
+        // A child whose parent is gone was orphaned by a crash mid-cascade:
+        // nothing may run outside its parent's budget.
+        loop {
+            let orphan = manager
+                .list()
+                .into_iter()
+                .find(|s| s.parent.as_ref().is_some_and(|p| !manager.lock_map().contains_key(p)));
+            let Some(orphan) = orphan else { break };
+            tracing::info!(sandbox = %orphan.name, "removing child sandbox whose parent is gone");
+            manager.helper.delete_vm(&orphan.name).await.ok();
+            manager.lock_map().remove(&orphan.name);
+        }
         Ok(manager)
+    }
+
+    /// Tell the state file writer that something it saves has changed; the
+    /// writer coalesces bursts into one write.
+    pub fn state_changed(&self) {
+        self.dirty.notify_one();
     }
 
     /// Register for destroy/replace events.
@@ -225,9 +286,12 @@ impl SandboxManager {
         self.listeners.lock().unwrap_or_else(|p| p.into_inner()).push(listener);
     }
 
+    fn listeners(&self) -> Vec<Arc<dyn SandboxListener>> {
+        self.listeners.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     fn notify(&self, event: impl Fn(&dyn SandboxListener)) {
-        let listeners = self.listeners.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        for l in listeners {
+        for l in self.listeners() {
             event(l.as_ref());
         }
     }
@@ -275,7 +339,79 @@ impl SandboxManager {
         if let Some(s) = self.lock_map().get(name) {
             return Ok(s.clone());
         }
-        self.create_locked(name).await
+        self.create_locked(name, &Origin::default()).await
+    }
+
+    /// Create a sandbox that must not exist yet (spawn, clone). A child is
+    /// created under its parent's lifecycle lock, so a parent being
+    /// destroyed or reset never leaves a child behind.
+    pub async fn create(&self, name: &str, origin: &Origin) -> Result<Arc<Sandbox>, OrchestratorError> {
+        validate_sandbox_name(name)?;
+        let parent_lock = origin.parent.as_deref().map(|p| self.lifecycle_lock(p));
+        let _parent_guard = match &parent_lock {
+            Some(l) => Some(l.lock().await),
+            None => None,
+        };
+        if let Some(parent) = &origin.parent {
+            self.get(parent)?;
+        }
+        let lock = self.lifecycle_lock(name);
+        let _guard = lock.lock().await;
+        if self.lock_map().contains_key(name) {
+            return Err(OrchestratorError::AlreadyExists(name.to_string()));
+        }
+        self.create_locked(name, origin).await
+    }
+
+    /// Replace a sandbox (and its subtree) with a new VM from `origin`,
+    /// keeping its workspace: restore. Creates it if it did not exist.
+    pub async fn recreate(&self, name: &str, origin: &Origin) -> Result<Arc<Sandbox>, OrchestratorError> {
+        self.replace(name, origin, false).await
+    }
+
+    /// Names of every descendant of `name`, deepest first.
+    pub fn descendants(&self, name: &str) -> Vec<String> {
+        let map = self.lock_map();
+        let mut out: Vec<String> = Vec::new();
+        let mut frontier = vec![name.to_string()];
+        while let Some(p) = frontier.pop() {
+            for s in map.values().filter(|s| s.parent.as_deref() == Some(p.as_str())) {
+                out.push(s.name.clone());
+                frontier.push(s.name.clone());
+            }
+        }
+        // Generation order puts grandchildren before their parents.
+        out.sort_by_key(|n| std::cmp::Reverse(map.get(n).map(|s| s.generation).unwrap_or(0)));
+        out
+    }
+
+    /// Direct children of `name`, sorted by name.
+    pub fn children(&self, name: &str) -> Vec<Arc<Sandbox>> {
+        self.lock_map().values().filter(|s| s.parent.as_deref() == Some(name)).cloned().collect()
+    }
+
+    /// Destroy every descendant of `name` (its lifecycle lock is held).
+    async fn destroy_subtree(&self, name: &str) {
+        for child in self.descendants(name) {
+            let lock = self.lifecycle_lock(&child);
+            let _guard = lock.lock().await;
+            if let Err(e) = self.remove_vm(&child).await {
+                tracing::warn!(sandbox = %child, "could not destroy child sandbox: {e}");
+            }
+        }
+    }
+
+    /// Delete a sandbox's VM and forget it; its lock is held.
+    async fn remove_vm(&self, name: &str) -> Result<(), OrchestratorError> {
+        match self.helper.delete_vm(name).await {
+            Ok(()) | Err(HelperError::NotFound(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if self.lock_map().remove(name).is_some() {
+            self.notify(|l| l.destroyed(name));
+            self.state_changed();
+        }
+        Ok(())
     }
 
     /// Host directory of a sandbox's workspace volume.
@@ -283,25 +419,49 @@ impl SandboxManager {
         self.config.volumes_dir.join(name).join("workspace")
     }
 
-    async fn create_locked(&self, name: &str) -> Result<Arc<Sandbox>, OrchestratorError> {
-        let (profile, project) = self.creation_profile(name)?;
+    async fn create_locked(&self, name: &str, origin: &Origin) -> Result<Arc<Sandbox>, OrchestratorError> {
+        let (mut profile, project) = self.creation_profile(name)?;
+        // A child's project is its parent's business: only top-level
+        // sandboxes get the project's env and services.
+        let project = project.filter(|_| origin.parent.is_none() && origin.clone_from.is_none());
+        if let Some(image) = &origin.image {
+            profile.image = image.clone();
+        }
+        profile.cpus = origin.cpus.unwrap_or(profile.cpus);
+        profile.memory_bytes = origin.memory_bytes.unwrap_or(profile.memory_bytes);
         let _slot = self.preflight(name, &profile)?;
         let volume = self.config.volumes_dir.join(name);
         let mut mounts = vec![(self.workspace_dir(name), WORKSPACE.to_string())];
-        mounts.extend(CACHE_VOLUMES.iter().map(|(sub, guest)| (volume.join(sub), guest.to_string())));
+        // Children are short-lived workers: caches would only cost disk.
+        if origin.parent.is_none() {
+            mounts.extend(CACHE_VOLUMES.iter().map(|(sub, guest)| (volume.join(sub), guest.to_string())));
+        }
         for (dir, _) in &mounts {
             std::fs::create_dir_all(dir)
                 .map_err(|source| OrchestratorError::Volume { path: dir.display().to_string(), source })?;
         }
+        for l in self.listeners() {
+            mounts.extend(l.mounts(name, origin.parent.as_deref()));
+        }
+        let mut labels = HashMap::from([(NAME_LABEL.to_string(), name.to_string())]);
+        let generation = match &origin.parent {
+            Some(parent) => {
+                let generation = self.get(parent)?.generation + 1;
+                labels.insert(PARENT_LABEL.to_string(), parent.clone());
+                labels.insert(GENERATION_LABEL.to_string(), generation.to_string());
+                generation
+            }
+            None => 0,
+        };
         let cfg = VmConfig {
             id: name.to_string(),
-            image: profile.image.clone(),
+            image: if origin.clone_from.is_some() { String::new() } else { profile.image.clone() },
             cpus: profile.cpus,
             memory_bytes: profile.memory_bytes,
             mounts,
             network: profile.network,
-            labels: HashMap::from([(NAME_LABEL.to_string(), name.to_string())]),
-            clone_from: None,
+            labels,
+            clone_from: origin.clone_from.clone(),
         };
         self.helper.create_vm(cfg).await?;
         let vm = match self.helper.start_vm(name).await {
@@ -313,26 +473,47 @@ impl SandboxManager {
             }
         };
         let sandbox = Arc::new(Sandbox::from_vm(&vm, name.to_string()));
-        if let Some(project) = project
-            && let Err(e) = self.apply_project(&sandbox, &project).await
-        {
+        debug_assert_eq!(sandbox.generation, generation);
+        if let Err(e) = self.prepare(&sandbox, origin, project.as_ref()).await {
             self.helper.delete_vm(name).await.ok();
             return Err(e);
         }
-        sandbox.set_lease(self.config.limits.lease_ttl.map(|t| SystemTime::now() + t));
+        let lease = origin.lease.or(self.config.limits.lease_ttl);
+        sandbox.set_lease(lease.map(|t| SystemTime::now() + t));
         self.lock_map().insert(name.to_string(), sandbox.clone());
+        self.state_changed();
         tracing::info!(sandbox = %name, "created sandbox");
         Ok(sandbox)
     }
 
-    /// Destroy a sandbox's VM. Its workspace volume is kept.
+    /// Make a booted sandbox ready: its env (carried by a snapshot or clone
+    /// in its root filesystem), the project's env and services, listeners.
+    async fn prepare(
+        &self,
+        sandbox: &Arc<Sandbox>,
+        origin: &Origin,
+        project: Option<&super::project::ProjectConfig>,
+    ) -> Result<(), OrchestratorError> {
+        if origin.image.is_some() || origin.clone_from.is_some() {
+            *sandbox.env.lock().unwrap_or_else(|p| p.into_inner()) = self.load_env(sandbox).await?;
+        }
+        if let Some(project) = project {
+            self.apply_project(sandbox, project).await?;
+        }
+        for l in self.listeners() {
+            l.created(sandbox).await?;
+        }
+        Ok(())
+    }
+
+    /// Destroy a sandbox's VM and those of all its descendants. Workspace
+    /// volumes are kept.
     pub async fn destroy(&self, name: &str) -> Result<Arc<Sandbox>, OrchestratorError> {
         let lock = self.lifecycle_lock(name);
         let _guard = lock.lock().await;
         let sandbox = self.get(name)?;
-        self.helper.delete_vm(name).await?;
-        self.lock_map().remove(name);
-        self.notify(|l| l.destroyed(name));
+        self.destroy_subtree(name).await;
+        self.remove_vm(name).await?;
         Ok(sandbox)
     }
 
@@ -374,12 +555,22 @@ impl SandboxManager {
     /// Replace a sandbox with a fresh one from its image (creating it if it did
     /// not exist). The workspace is kept unless `wipe_workspace`.
     pub async fn reset(&self, name: &str, wipe_workspace: bool) -> Result<Arc<Sandbox>, OrchestratorError> {
+        self.replace(name, &Origin::default(), wipe_workspace).await
+    }
+
+    async fn replace(&self, name: &str, origin: &Origin, wipe_workspace: bool) -> Result<Arc<Sandbox>, OrchestratorError> {
         validate_sandbox_name(name)?;
         let lock = self.lifecycle_lock(name);
         let _guard = lock.lock().await;
         let old = self.lock_map().get(name).cloned();
+        if old.as_ref().is_some_and(|s| s.parent.is_some()) {
+            return Err(OrchestratorError::NotPermitted(format!(
+                "'{name}' is a child sandbox; destroy_child('{name}') and spawn a new one instead"
+            )));
+        }
         let existed = old.is_some();
         if existed {
+            self.destroy_subtree(name).await;
             self.helper.delete_vm(name).await?;
             self.lock_map().remove(name);
         }
@@ -390,7 +581,7 @@ impl SandboxManager {
                     .map_err(|source| OrchestratorError::Volume { path: dir.display().to_string(), source })?;
             }
         }
-        let fresh = match self.create_locked(name).await {
+        let fresh = match self.create_locked(name, origin).await {
             Ok(fresh) => fresh,
             Err(e) => {
                 // The old VM is gone (a preflight or project config refused
