@@ -11,7 +11,7 @@ use sandbox_mcp::{
         http_token,
         registration::{self, HttpTarget},
     },
-    orchestrator::{Config, Orchestrator, SandboxManager, helper_client::HelperClient},
+    orchestrator::{Config, Orchestrator, SandboxManager, helper_client::HelperClient, state, watchdog::Respawn},
     paths,
 };
 
@@ -108,11 +108,12 @@ fn helper_bin() -> PathBuf {
 }
 
 async fn serve(args: ServeArgs) -> Result<(), String> {
-    let helper =
-        HelperClient::connect_or_spawn(&paths::helper_socket(), &helper_bin()).await.map_err(|e| e.to_string())?;
+    let respawn = Respawn { socket: paths::helper_socket(), binary: helper_bin() };
+    let helper = HelperClient::connect_or_spawn(&respawn.socket, &respawn.binary).await.map_err(|e| e.to_string())?;
     let config = Config::load().map_err(|e| e.to_string())?;
     let manager = Arc::new(SandboxManager::start(helper, config).await.map_err(|e| e.to_string())?);
-    let orchestrator = Orchestrator::new(manager);
+    let orchestrator = Arc::new(Orchestrator::new(manager));
+    orchestrator.resume(state::path(), respawn).await;
     let Some(addr) = args.http else {
         return SandboxServer::new(&orchestrator).serve_stdio().await.map_err(|e| e.to_string());
     };
@@ -132,7 +133,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         on_signal.cancel();
     });
     let options = HttpOptions { addr, token: args.token, allowed_hosts: args.allowed_hosts };
-    http::serve_http(Arc::new(orchestrator), options, shutdown).await.map_err(|e| e.to_string())
+    http::serve_http(orchestrator, options, shutdown).await.map_err(|e| e.to_string())
 }
 
 /// `config <client>`: the registration on stdout, where it goes on stderr.

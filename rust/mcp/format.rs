@@ -201,6 +201,9 @@ pub fn status_line(s: &Sandbox, alive: bool) -> String {
         format!("idle:{}s", s.idle().as_secs()),
         format!("{}cpu/{}", s.cpus, memory(s.memory_bytes)),
     ];
+    if let Some(parent) = &s.parent {
+        fields.push(format!("parent:{parent}"));
+    }
     let cmds = s.command_count();
     if cmds > 0 {
         fields.push(format!("cmds:{cmds}"));
@@ -233,6 +236,33 @@ pub fn status_footer(c: &Config) -> Vec<String> {
     if !profiles.is_empty() {
         profiles.sort();
         lines.push(format!("Profiles: {}", profiles.join(", ")));
+    }
+    lines
+}
+
+/// The `Port forwards:`, `Sync jobs:` and `Lost:` blocks of `status` (each
+/// only when it has entries).
+pub fn status_blocks(
+    forwards: &[crate::orchestrator::forward::ForwardInfo],
+    syncs: &[crate::orchestrator::sync::SyncInfo],
+    lost: &std::collections::BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    if !forwards.is_empty() {
+        lines.push("Port forwards:".to_string());
+        lines.extend(forwards.iter().map(|f| {
+            format!("  localhost:{} -> '{}':{} ({} conns)", f.host_port, f.sandbox, f.port, f.connections)
+        }));
+    }
+    if !syncs.is_empty() {
+        lines.push("Sync jobs:".to_string());
+        lines.extend(syncs.iter().map(|j| {
+            format!("  {}: {} -> {}:{} ({} files, running)", j.id, j.local.display(), j.sandbox, j.dir, j.files_synced)
+        }));
+    }
+    if !lost.is_empty() {
+        lines.push("Lost (reset or destroy to acknowledge):".to_string());
+        lines.extend(lost.iter().map(|(name, why)| format!("  {name}: {why}")));
     }
     lines
 }

@@ -2,7 +2,8 @@
 use rmcp::{handler::server::wrapper::Parameters, model::CallToolResult, schemars, tool, tool_router};
 use serde::Deserialize;
 
-use super::{SandboxServer, default_sandbox, fail, format, ok_structured, reply};
+use super::{SandboxServer, default_sandbox, fail, format, ok, ok_structured, reply};
+use crate::orchestrator::OrchestratorError;
 
 /// Parameters of `destroy`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -47,7 +48,8 @@ impl SandboxServer {
         let m = &self.manager;
         let result = async {
             let sandboxes = m.list();
-            if sandboxes.is_empty() {
+            let lost = m.lost();
+            if sandboxes.is_empty() && lost.is_empty() {
                 return Ok("No active sandboxes (boot on first use)".to_string());
             }
             let running = m.running().await?;
@@ -56,6 +58,7 @@ impl SandboxServer {
                 .map(|s| format::status_line(s, running.get(&s.name).copied().unwrap_or(false)))
                 .collect();
             lines.extend(format::status_footer(m.config()));
+            lines.extend(format::status_blocks(&self.forwards.list(), &self.syncs.list(), &lost));
             Ok(lines.join("\n"))
         };
         reply(result.await)
@@ -87,7 +90,13 @@ impl SandboxServer {
         annotations(destructive_hint = true, idempotent_hint = false, open_world_hint = false)
     )]
     async fn destroy(&self, Parameters(p): Parameters<DestroyParams>) -> Result<CallToolResult, rmcp::ErrorData> {
-        reply(self.manager.destroy(&p.sandbox).await.map(|s| format!("Destroyed sandbox '{}' ({})", s.name, s.name)))
+        match self.manager.destroy(&p.sandbox).await {
+            Err(OrchestratorError::Lost { .. }) if self.manager.forget_lost(&p.sandbox) => ok(format!(
+                "Forgot sandbox '{}': its VM was already gone. Its /workspace is kept.",
+                p.sandbox
+            )),
+            other => reply(other.map(|s| format!("Destroyed sandbox '{}' ({})", s.name, s.name))),
+        }
     }
 
     #[tool(
@@ -95,6 +104,9 @@ impl SandboxServer {
         annotations(destructive_hint = true, idempotent_hint = true, open_world_hint = false)
     )]
     async fn reset(&self, Parameters(p): Parameters<ResetParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+        if self.manager.get(&p.sandbox).is_ok_and(|s| s.parent.is_some()) {
+            return fail("reset not permitted on child sandboxes (use destroy_child instead)");
+        }
         let kept = if p.wipe_workspace { "workspace wiped" } else { "workspace preserved" };
         reply(
             self.manager

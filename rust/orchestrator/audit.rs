@@ -54,6 +54,18 @@ impl AuditLog {
         self.entries.is_empty()
     }
 
+    /// Every entry, oldest first.
+    pub fn entries(&self) -> Vec<AuditEntry> {
+        self.entries.iter().cloned().collect()
+    }
+
+    /// Replace the log with saved entries (oldest first), keeping the newest
+    /// [`AUDIT_LOG_SIZE`].
+    pub fn restore(&mut self, entries: Vec<AuditEntry>) {
+        let skip = entries.len().saturating_sub(AUDIT_LOG_SIZE);
+        self.entries = entries.into_iter().skip(skip).collect();
+    }
+
     /// The newest `limit` entries, newest first.
     pub fn newest(&self, limit: usize) -> Vec<AuditEntry> {
         self.entries.iter().rev().take(limit).cloned().collect()

@@ -51,6 +51,16 @@ pub enum OrchestratorError {
         /// Ids that exist.
         running: String,
     },
+    /// The sandbox's VM went away without being destroyed.
+    #[error(
+        "sandbox '{name}' was lost: {why}. Its processes and root filesystem changes are gone; its /workspace is kept. reset(sandbox='{name}') starts a fresh one, destroy('{name}') forgets it"
+    )]
+    Lost {
+        /// The sandbox.
+        name: String,
+        /// What happened.
+        why: String,
+    },
     /// A sandbox of that name exists already.
     #[error("sandbox '{0}' already exists. Reset it first.")]
     AlreadyExists(String),

@@ -158,6 +158,8 @@ impl ForwardManager {
         let forward = Forward { sandbox: sb.name.clone(), port, connections, accept_loop };
         let info = forward.info(host_port);
         forwards.insert(host_port, forward);
+        drop(forwards);
+        self.sandboxes.state_changed();
         tracing::info!(sandbox = %sb.name, port, host_port, "forward started");
         Ok(Exposed { forward: info, listening })
     }
@@ -182,6 +184,7 @@ impl ForwardManager {
             let active = if ports.is_empty() { "none".to_string() } else { ports.join(", ") };
             return Err(ForwardError::NoForward { port: host_port, active });
         };
+        self.sandboxes.state_changed();
         Ok(stop(hp, forward).await)
     }
 
@@ -195,6 +198,9 @@ impl ForwardManager {
         let mut stopped = Vec::new();
         for (hp, f) in gone {
             stopped.push(stop(hp, f).await);
+        }
+        if !stopped.is_empty() {
+            self.sandboxes.state_changed();
         }
         stopped
     }

@@ -197,6 +197,7 @@ impl SandboxManager {
         let base = sandbox.lease_expires().filter(|t| *t > now).unwrap_or(now);
         let expires = base + Duration::from_secs(minutes * 60);
         sandbox.set_lease(Some(expires));
+        self.state_changed();
         Ok((sandbox, expires))
     }
 

@@ -11,6 +11,9 @@
 //! - [`config`]: defaults, profiles, idle TTL, host roots.
 //! - [`hostpath`]: the host-roots policy for host paths.
 //! - [`text`]: output bytes to client text.
+//! - [`state`]: the state file (leases, history, forwards, sync jobs, spawn
+//!   counters, lost sandboxes) and putting it back after a restart.
+//! - [`watchdog`]: restarting the helper and reporting lost sandboxes.
 
 pub mod artifacts;
 pub mod audit;
@@ -30,10 +33,12 @@ pub mod packages;
 pub mod project;
 pub mod sandbox;
 pub mod shell;
+pub mod state;
 pub mod sync;
 pub mod tarstream;
 pub mod text;
 pub mod transfer;
+pub mod watchdog;
 
 pub use config::Config;
 use std::sync::Arc;
@@ -65,6 +70,23 @@ impl Orchestrator {
         sandboxes.subscribe(Arc::new(FollowSandboxes { forwards: forwards.clone(), syncs: syncs.clone() }));
         sandboxes.spawn_reaper();
         Self { sandboxes, forwards, syncs }
+    }
+
+    /// Pick up where the previous server left off: put the state file back
+    /// (leases, history, forwards, sync jobs, lost sandboxes), keep it
+    /// written from now on, and watch the helper.
+    pub async fn resume(self: &Arc<Self>, state_file: std::path::PathBuf, respawn: watchdog::Respawn) {
+        let saved = match state::StateFile::load(&state_file) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("{e}");
+                state::StateFile::default()
+            }
+        };
+        state::restore(self, saved).await;
+        self.sandboxes.reap_expired().await;
+        state::spawn_writer(self, state_file);
+        self.sandboxes.spawn_watchdog(respawn);
     }
 }
 

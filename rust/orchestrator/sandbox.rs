@@ -108,6 +108,17 @@ impl Sandbox {
         self.audit.lock().map(|a| a.newest(limit)).unwrap_or_default()
     }
 
+    /// The whole audit log, oldest first (for the state file).
+    pub fn audit_entries(&self) -> Vec<super::audit::AuditEntry> {
+        self.audit.lock().map(|a| a.entries()).unwrap_or_default()
+    }
+
+    pub(super) fn restore_audit(&self, entries: Vec<super::audit::AuditEntry>) {
+        if let Ok(mut audit) = self.audit.lock() {
+            audit.restore(entries);
+        }
+    }
+
     /// A copy of the persistent env.
     pub fn env(&self) -> BTreeMap<String, String> {
         self.env.lock().map(|e| e.clone()).unwrap_or_default()
@@ -225,6 +236,10 @@ pub struct SandboxManager {
     pub(super) creating: AtomicUsize,
     /// Poked after every change that belongs in the state file.
     pub(super) dirty: Arc<tokio::sync::Notify>,
+    /// Sandboxes whose VM went away without being destroyed, with why. A
+    /// lost name is never silently re-created: tools report it until
+    /// `reset` or `destroy` acknowledges the loss.
+    lost: Mutex<BTreeMap<String, String>>,
 }
 
 impl SandboxManager {
@@ -239,6 +254,7 @@ impl SandboxManager {
             lifecycle_locks: Mutex::default(),
             creating: AtomicUsize::new(0),
             dirty: Arc::default(),
+            lost: Mutex::default(),
         };
         for vm in manager.helper.list_vms().await? {
             let Some(name) = vm.labels.get(NAME_LABEL).cloned() else {
@@ -312,7 +328,7 @@ impl SandboxManager {
         self.sandboxes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn lifecycle_lock(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+    pub(super) fn lifecycle_lock(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = self.lifecycle_locks.lock().unwrap_or_else(|p| p.into_inner());
         locks.entry(name.to_string()).or_default().clone()
     }
@@ -325,7 +341,49 @@ impl SandboxManager {
     /// An existing sandbox (never creates one).
     pub fn get(&self, name: &str) -> Result<Arc<Sandbox>, OrchestratorError> {
         validate_sandbox_name(name)?;
-        self.lock_map().get(name).cloned().ok_or_else(|| OrchestratorError::NoSuchSandbox(name.to_string()))
+        if let Some(s) = self.lock_map().get(name) {
+            return Ok(s.clone());
+        }
+        self.check_lost(name)?;
+        Err(OrchestratorError::NoSuchSandbox(name.to_string()))
+    }
+
+    /// Sandboxes lost without being destroyed, with why.
+    pub fn lost(&self) -> BTreeMap<String, String> {
+        self.lost.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(super) fn set_lost(&self, lost: BTreeMap<String, String>) {
+        *self.lost.lock().unwrap_or_else(|p| p.into_inner()) = lost;
+    }
+
+    /// Record that a sandbox's VM went away on its own: forget it, stop what
+    /// hangs off it, and make later uses of the name say so.
+    pub(super) fn mark_lost(&self, name: &str, why: &str) {
+        if self.lock_map().remove(name).is_none() {
+            return;
+        }
+        tracing::warn!(sandbox = %name, "sandbox lost: {why}");
+        self.lost.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), why.to_string());
+        self.notify(|l| l.destroyed(name));
+        self.state_changed();
+    }
+
+    /// Acknowledge a lost sandbox: the name is free again. False if it was
+    /// not lost.
+    pub fn forget_lost(&self, name: &str) -> bool {
+        let removed = self.lost.lock().unwrap_or_else(|p| p.into_inner()).remove(name).is_some();
+        if removed {
+            self.state_changed();
+        }
+        removed
+    }
+
+    fn check_lost(&self, name: &str) -> Result<(), OrchestratorError> {
+        match self.lost.lock().unwrap_or_else(|p| p.into_inner()).get(name) {
+            Some(why) => Err(OrchestratorError::Lost { name: name.to_string(), why: why.clone() }),
+            None => Ok(()),
+        }
     }
 
     /// The named sandbox, created and booted on first use.
@@ -334,6 +392,7 @@ impl SandboxManager {
         if let Some(s) = self.lock_map().get(name) {
             return Ok(s.clone());
         }
+        self.check_lost(name)?;
         let lock = self.lifecycle_lock(name);
         let _guard = lock.lock().await;
         if let Some(s) = self.lock_map().get(name) {
@@ -568,6 +627,7 @@ impl SandboxManager {
                 "'{name}' is a child sandbox; destroy_child('{name}') and spawn a new one instead"
             )));
         }
+        self.forget_lost(name);
         let existed = old.is_some();
         if existed {
             self.destroy_subtree(name).await;
@@ -668,6 +728,7 @@ impl SandboxManager {
         sandbox.touch();
         if let Some(text) = cmd.audit_as {
             sandbox.record(&text, result.exit_code(), result.duration);
+            self.state_changed();
         }
         Ok(result)
     }

@@ -197,6 +197,31 @@ impl SyncManager {
     /// (created on first use) and keep mirroring it. Returns the job and the
     /// number of files of the initial push; if that push fails, no job runs.
     pub async fn start(&self, local_dir: &str, sandbox_dir: &str, sandbox: &str) -> Result<(SyncInfo, u64), SyncError> {
+        self.start_job(local_dir, sandbox_dir, sandbox, None, 0).await
+    }
+
+    /// Bring back a job saved before an orchestrator restart, under its id:
+    /// a full push first catches whatever changed while nobody watched.
+    pub async fn resume(
+        &self,
+        id: &str,
+        local: &Path,
+        sandbox_dir: &str,
+        sandbox: &str,
+        files_synced: u64,
+    ) -> Result<SyncInfo, SyncError> {
+        let local = local.to_string_lossy();
+        Ok(self.start_job(&local, sandbox_dir, sandbox, Some(id.to_string()), files_synced).await?.0)
+    }
+
+    async fn start_job(
+        &self,
+        local_dir: &str,
+        sandbox_dir: &str,
+        sandbox: &str,
+        id: Option<String>,
+        files_before: u64,
+    ) -> Result<(SyncInfo, u64), SyncError> {
         let root = self.sandboxes.config().host_roots.readable(local_dir)?;
         if !root.is_dir() {
             return Err(SyncError::NotADirectory(expand_home(local_dir).display().to_string()));
@@ -215,7 +240,10 @@ impl SyncManager {
             None => Vec::new(),
         };
         let filter = Arc::new(Filter::load(&root, &exclude));
-        let id = new_id(&lock(&self.jobs));
+        let id = match id {
+            Some(id) if !lock(&self.jobs).contains_key(&id) => id,
+            _ => new_id(&lock(&self.jobs)),
+        };
         let spec = Arc::new(JobSpec {
             id: id.clone(),
             root,
@@ -227,7 +255,7 @@ impl SyncManager {
         let initial = push(&self.sandboxes, &spec, &sb, &filter, vec![PathBuf::new()])
             .await
             .map_err(|reason| SyncError::InitialPush { path: spec.root.display().to_string(), reason })?;
-        spec.counters.files.store(initial, Ordering::Relaxed);
+        spec.counters.files.store(files_before + initial, Ordering::Relaxed);
         let ctx = JobCtx {
             spec: spec.clone(),
             sandboxes: self.sandboxes.clone(),
@@ -241,6 +269,7 @@ impl SyncManager {
         let task = tokio::spawn(ctx.run(events, watcher));
         jobs.insert(id.clone(), Job { spec: spec.clone(), task });
         drop(jobs);
+        self.sandboxes.state_changed();
         tracing::info!(job = %id, sandbox = %spec.sandbox, local = %spec.root.display(), dir = %spec.dir, initial, "sync started");
         Ok((spec.info(), initial))
     }
@@ -258,6 +287,7 @@ impl SyncManager {
                 }
             }
         };
+        self.sandboxes.state_changed();
         Ok(end(job).await)
     }
 
@@ -272,6 +302,9 @@ impl SyncManager {
         let mut stopped = Vec::new();
         for job in gone {
             stopped.push(end(job).await);
+        }
+        if !stopped.is_empty() {
+            self.sandboxes.state_changed();
         }
         stopped
     }

@@ -1,0 +1,91 @@
+//! Watching the VM helper: when it stops answering it is started again, and
+//! sandboxes whose VMs went with it (or stopped on their own) are reported
+//! as lost — never silently replaced by empty ones under the same name.
+use std::{
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use super::{
+    helper_client::{HelperClient, VmState},
+    sandbox::SandboxManager,
+};
+
+/// How often the helper is asked for its VMs.
+const TICK: Duration = Duration::from_secs(1);
+
+/// How to start the helper again.
+#[derive(Debug, Clone)]
+pub struct Respawn {
+    /// Its socket.
+    pub socket: PathBuf,
+    /// Its binary.
+    pub binary: PathBuf,
+}
+
+fn clock() -> String {
+    let secs = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    format!("{:02}:{:02}:{:02} UTC", secs / 3600 % 24, secs / 60 % 60, secs % 60)
+}
+
+impl SandboxManager {
+    /// Compare the registry with the helper's VMs once; a sandbox whose VM
+    /// is not running any more is marked lost with `why`. Sandboxes being
+    /// created, reset or destroyed right now are left to that operation.
+    pub async fn reconcile(&self, why_missing: &str) -> Result<(), super::OrchestratorError> {
+        let vms = self.helper.list_vms().await?;
+        for sandbox in self.list() {
+            let vm = vms.iter().find(|v| v.id == sandbox.name);
+            if vm.is_some_and(|v| v.state == VmState::Running) {
+                continue;
+            }
+            let lock = self.lifecycle_lock(&sandbox.name);
+            let Ok(_guard) = lock.try_lock() else { continue };
+            if !self.list().iter().any(|s| Arc::ptr_eq(s, &sandbox)) {
+                continue;
+            }
+            let why = match vm {
+                Some(_) => {
+                    // Its processes are gone; the stopped VM only holds a
+                    // writable layer nobody can use any more.
+                    self.helper.delete_vm(&sandbox.name).await.ok();
+                    format!("its VM stopped unexpectedly (noticed at {})", clock())
+                }
+                None => why_missing.to_string(),
+            };
+            self.mark_lost(&sandbox.name, &why);
+        }
+        Ok(())
+    }
+
+    /// Check the helper every [`TICK`] until the manager is dropped; start
+    /// it again when it stopped answering.
+    pub fn spawn_watchdog(self: &Arc<Self>, respawn: Respawn) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(TICK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(manager) = weak.upgrade() else { break };
+                let why = format!("its VM went away with the VM helper (noticed at {})", clock());
+                if manager.reconcile(&why).await.is_ok() {
+                    continue;
+                }
+                tracing::warn!("the VM helper stopped answering; starting it again");
+                // The channel inside the manager dials the socket again by
+                // itself: starting the helper is all it takes.
+                match HelperClient::connect_or_spawn(&respawn.socket, &respawn.binary).await {
+                    Ok(_) => {
+                        let why = format!("the VM helper stopped and was restarted at {}", clock());
+                        if let Err(e) = manager.reconcile(&why).await {
+                            tracing::warn!("the restarted VM helper does not answer yet: {e}");
+                        }
+                    }
+                    Err(e) => tracing::warn!("could not restart the VM helper: {e}"),
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,204 @@
+"""The state file and restarts: kill -9 of the server mid-operation, then a
+new server on the same state finds everything again; a helper crash is
+noticed, the helper restarted, and its sandboxes reported as lost (never
+silently re-created)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from mcp_client import McpError
+from waiting import wait_for
+
+
+def until(fn, what: str, timeout: float = 20.0):
+    """`wait_for` that fails the test, naming what never happened."""
+    value = wait_for(fn, timeout=timeout)
+    assert value, f"timed out waiting for: {what}"
+    return value
+
+
+def server_pids(env: dict[str, str]) -> list[int]:
+    """Pids of `sandbox-mcp` server processes running in `env`."""
+    want = f"XDG_STATE_HOME={env['XDG_STATE_HOME']}".encode()
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+            environ = (d / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith(b"/sandbox-mcp") and want in environ:
+            pids.append(int(d.name))
+    return pids
+
+
+def kill9_server(env: dict[str, str]) -> None:
+    pids = server_pids(env)
+    assert pids, "no server process found"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    until(lambda: not server_pids(env), "server gone")
+
+
+def state(env: dict[str, str]) -> dict:
+    return json.loads((Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "state.json").read_text())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def helper_pid(env: dict[str, str]) -> int:
+    return int((Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / "helper.pid").read_text().strip())
+
+
+def test_kill9_mid_operation_then_restart_restores_everything(server_factory, env, roots):
+    first = server_factory(SANDBOX_MCP_HOST_ROOTS=str(roots))
+    text, err = first.tool("exec", command="echo one > /workspace/f; echo hello-history")
+    assert not err, text
+    first.tool("env", action="set", key="GREETING", value="hi")
+    text, err = first.tool("extend_ttl", minutes=30)
+    assert not err, text
+    port = free_port()
+    first.tool("bg", command="python3 -m http.server 8000 --bind 127.0.0.1", name="web")
+    text, err = first.tool("expose", port=8000, host_port=port)
+    assert not err, text
+    (roots / "src").mkdir()
+    (roots / "src" / "a.txt").write_text("a")
+    text, err = first.tool("sync_start", local_dir=str(roots / "src"), sandbox_dir="/workspace/src")
+    assert not err, text
+    job = text.split("[", 1)[1].split("]", 1)[0]
+    until(lambda: job in json.dumps(state(env).get("sync_jobs", [])), "sync job in the state file")
+    saved = state(env)
+    assert saved["schema_version"] == 2
+    record = saved["sandboxes"]["default"]
+    assert record["role"] == "primary" and record["container"] == "default" and record["generation"] == 0
+    assert any("hello-history" in a["command"] for a in record["audit"])
+    lease = record["expires_at"]
+    assert lease and lease > time.time() + 25 * 60
+
+    # kill -9 while a command runs: nothing is saved at exit, nothing may be lost.
+    running = threading.Thread(target=lambda: _swallow(lambda: first.tool("exec", command="sleep 20")), daemon=True)
+    running.start()
+    time.sleep(1.0)
+    kill9_server(env)
+
+    second = server_factory(SANDBOX_MCP_HOST_ROOTS=str(roots))
+    text, err = second.tool("exec", command="cat /workspace/f; printenv GREETING")
+    assert not err and text.splitlines()[:2] == ["one", "hi"], text
+    text, _ = second.tool("history", limit=50)
+    assert "hello-history" in text, text
+    text, _ = second.tool("status")
+    assert f"localhost:{port}" in text and job in text, text
+    # The lease kept its end instead of starting over.
+    assert abs(state(env)["sandboxes"]["default"]["expires_at"] - lease) < 1.0
+    body = until(lambda: _get(f"http://127.0.0.1:{port}/"), "forward restored")
+    assert "Directory listing" in body
+    # The sync job came back under its id and still mirrors.
+    (roots / "src" / "b.txt").write_text("b")
+    until(
+        lambda: second.tool("exec", command="cat /workspace/src/b.txt")[0].splitlines()[0] == "b",
+        what="resumed sync job pushes a new file",
+    )
+    text, err = second.tool("sync_stop", job_id=job)
+    assert not err, text
+
+
+def _swallow(f):
+    try:
+        f()
+    except Exception:
+        pass
+
+
+def _get(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.read().decode()
+    except OSError:
+        return None
+
+
+def test_damaged_state_file_is_moved_aside_and_sandboxes_still_attach(server_factory, env):
+    first = server_factory()
+    first.tool("exec", command="echo x > /workspace/x")
+    first.close()
+    path = Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "state.json"
+    path.write_text("{ not json")
+    second = server_factory()
+    text, err = second.tool("exec", command="cat /workspace/x")
+    assert not err and text.splitlines()[0] == "x", text
+    aside = [p for p in path.parent.iterdir() if ".damaged-" in p.name]
+    assert len(aside) == 1 and aside[0].read_text() == "{ not json"
+    until(lambda: path.exists() and state(env)["schema_version"] == 2, "state rewritten")
+
+
+def test_helper_crash_is_noticed_restarted_and_sandboxes_reported_lost(server_factory, env):
+    srv = server_factory()
+    text, err = srv.tool("exec", command="echo keep > /workspace/k")
+    assert not err, text
+    old = helper_pid(env)
+    os.kill(old, signal.SIGKILL)
+    until(lambda: _restarted(env, old), "helper restarted by the server")
+    text, err = until(lambda: _lost(srv), "sandbox reported lost")
+    assert err and "sandbox 'default' was lost" in text and "reset(sandbox='default')" in text, text
+    # Other names work on the new helper.
+    text, err = srv.tool("exec", command="echo fresh", sandbox="other")
+    assert not err and text.splitlines()[0] == "fresh", text
+    # The loss survives a server restart and is acknowledged by reset.
+    srv.close()
+    again = server_factory()
+    text, err = again.tool("exec", command="true")
+    assert err and "was lost" in text, text
+    text, err = again.tool("reset")
+    assert not err, text
+    text, err = again.tool("exec", command="cat /workspace/k")
+    assert not err and text.splitlines()[0] == "keep", text
+
+
+def test_destroy_forgets_a_lost_sandbox(server_factory, env):
+    srv = server_factory()
+    srv.tool("exec", command="true", sandbox="gone")
+    old = helper_pid(env)
+    os.kill(old, signal.SIGKILL)
+    until(lambda: _restarted(env, old), "helper restarted")
+    until(lambda: _lost(srv, "gone"), "lost")
+    text, err = srv.tool("destroy", sandbox="gone")
+    assert not err and "Forgot sandbox 'gone'" in text, text
+    text, err = srv.tool("destroy", sandbox="gone")
+    assert err and "no active sandbox 'gone'" in text, text
+    until(lambda: "gone" not in state(env).get("lost", {}), "the loss forgotten in the state file")
+
+
+def _restarted(env: dict[str, str], old: int) -> bool:
+    try:
+        return helper_pid(env) != old
+    except (OSError, ValueError):
+        return False
+
+
+def _lost(srv, name: str = "default"):
+    try:
+        text, err = srv.tool("exec", command="true", sandbox=name)
+    except McpError:
+        return None
+    return (text, err) if err and "was lost" in text else None
+
+
+def test_state_file_never_lists_destroyed_sandboxes(server_factory, env):
+    srv = server_factory()
+    srv.tool("exec", command="true", sandbox="a")
+    until(lambda: "a" in state(env)["sandboxes"], "a saved")
+    srv.tool("destroy", sandbox="a")
+    until(lambda: "a" not in state(env)["sandboxes"], "a removed from the state file")
