@@ -7,7 +7,9 @@
 //! `SANDBOX_MCP_TEST_IMAGE_STORE` (built by `make test`), and kills it at the
 //! end, even on panic.
 //!
-//! The issue-3 RPCs have a file each under `helper_conformance/`.
+//! The issue-3 RPCs have a file each under `helper_conformance/`; the image
+//! RPCs (issue 4) are in `helper_conformance/images.rs`, with a store of
+//! their own per test whose base image is a symlink to the shared one.
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
@@ -30,6 +32,8 @@ mod background;
 mod copy;
 #[path = "helper_conformance/dial.rs"]
 mod dial;
+#[path = "helper_conformance/images.rs"]
+mod images;
 #[path = "helper_conformance/stats.rs"]
 mod stats;
 
@@ -131,6 +135,23 @@ async fn connect(socket: &Path) -> Option<VmHelperClient<Channel>> {
 
 impl Harness {
     async fn new(test: &str) -> Harness {
+        Harness::launch(test, false).await
+    }
+
+    /// A harness whose helper has an image store of its own, holding only a
+    /// symlink to the shared test image (what the pytest suite does), so
+    /// tests can commit and delete images freely.
+    async fn with_own_store(test: &str) -> Harness {
+        Harness::launch(test, true).await
+    }
+
+    /// The helper's image store, when this harness made it.
+    fn own_store(&self) -> Option<PathBuf> {
+        let p = self.tmp.0.join("images");
+        p.exists().then_some(p)
+    }
+
+    async fn launch(test: &str, own_store: bool) -> Harness {
         let image = std::env::var("SANDBOX_MCP_TEST_IMAGE").unwrap_or_else(|_| "mcp-test".into());
         let tmp = TempDir::new();
         let prefix = format!("{test}-{}", std::process::id());
@@ -157,6 +178,14 @@ impl Harness {
             .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
             .and_then(|v| v.get("uid_base").and_then(|u| u.as_u64()))
             .map(|u| u as u32);
+        let store = if own_store {
+            let own = tmp.0.join("images");
+            std::fs::create_dir_all(&own).unwrap();
+            std::os::unix::fs::symlink(Path::new(&store).join(&image), own.join(&image)).unwrap();
+            own.display().to_string()
+        } else {
+            store
+        };
         let socket = tmp.0.join("h.sock");
         let child = Command::new(env!("CARGO_BIN_EXE_sandbox-vm-helper"))
             .arg("serve")

@@ -66,12 +66,13 @@ pub fn spawn_background(spec: &StartSpec) -> Result<SpawnedBackground, AgentErro
     started.map_err(|e: std::io::Error| spawn_error(spec, e))
 }
 
-/// The command for `spec`: environment and a checked working directory.
+/// The command for `spec`: environment, user and a checked working directory.
 fn command(spec: &StartSpec) -> Result<Command, AgentError> {
     let program = spec.argv.first().ok_or_else(|| AgentError::Rejected("argv: must not be empty".into()))?;
     let cwd = if spec.cwd.is_empty() { "/" } else { spec.cwd.as_str() };
+    let credentials = super::user::resolve(&spec.user)?;
     if spec.create_cwd {
-        std::fs::create_dir_all(cwd).map_err(|e| AgentError::Rejected(format!("cwd: cannot create {cwd}: {e}")))?;
+        create_cwd(cwd, credentials.as_ref().map(|c| (c.uid, c.gid)))?;
     } else if !std::path::Path::new(cwd).is_dir() {
         return Err(AgentError::Rejected(format!("cwd: {cwd} does not exist or is not a directory")));
     }
@@ -80,8 +81,45 @@ fn command(spec: &StartSpec) -> Result<Command, AgentError> {
     if spec.tty {
         cmd.env("TERM", "xterm-256color");
     }
+    if let Some(c) = credentials {
+        cmd.env("HOME", &c.home);
+        if let Some(name) = &c.name {
+            cmd.env("USER", name).env("LOGNAME", name);
+        }
+        // Our own closure rather than Command::uid/gid: std sets those after
+        // a pre_exec closure could call setgroups, and keeps no groups.
+        let (uid, gid, groups) = (c.uid, c.gid, c.groups);
+        // SAFETY: setgroups, setgid and setuid are async-signal-safe, and
+        // the closure allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                    || libc::setgid(gid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
     cmd.envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     Ok(cmd)
+}
+
+/// mkdir -p `cwd`; the directories it creates belong to `owner` (the
+/// process's user), who could not write to them otherwise.
+fn create_cwd(cwd: &str, owner: Option<(u32, u32)>) -> Result<(), AgentError> {
+    let fail = |e: std::io::Error| AgentError::Rejected(format!("cwd: cannot create {cwd}: {e}"));
+    let path = std::path::Path::new(cwd);
+    let missing: Vec<&std::path::Path> = path.ancestors().take_while(|p| p.symlink_metadata().is_err()).collect();
+    std::fs::create_dir_all(path).map_err(fail)?;
+    if let Some((uid, gid)) = owner {
+        for dir in missing {
+            std::os::unix::fs::lchown(dir, Some(uid), Some(gid)).map_err(fail)?;
+        }
+    }
+    Ok(())
 }
 
 fn spawn_error(spec: &StartSpec, e: std::io::Error) -> AgentError {

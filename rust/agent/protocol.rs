@@ -37,6 +37,10 @@ pub struct StartSpec {
     pub tty_cols: u16,
     /// Terminal rows (tty only).
     pub tty_rows: u16,
+    /// User to run as: a name from the VM's /etc/passwd or "uid[:gid]";
+    /// empty means root.
+    #[serde(default)]
+    pub user: String,
 }
 
 /// How a process ended.
@@ -421,6 +425,7 @@ mod tests {
                 tty: false,
                 tty_cols: 80,
                 tty_rows: 24,
+                user: "nobody".into(),
             }),
             Frame::Stdin((0..=255).collect()),
             Frame::CloseStdin,

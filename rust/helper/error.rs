@@ -3,6 +3,7 @@
 use super::driver::DriverError;
 use super::vm::VmState;
 use crate::agent::protocol::FailKind;
+use crate::image::ImageError;
 
 /// Everything a helper RPC can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -63,9 +64,9 @@ pub enum HelperError {
     /// Talking to the in-VM agent failed.
     #[error("agent: {0}")]
     Agent(#[from] crate::agent::protocol::ProtocolError),
-    /// The image store failed.
-    #[error("image store: {0}")]
-    Image(String),
+    /// The image store refused or failed; the variant decides the code.
+    #[error("{0}")]
+    Image(#[from] ImageError),
     /// Host file or socket I/O failed.
     #[error("{what}: {source}")]
     Io {

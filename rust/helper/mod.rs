@@ -7,6 +7,7 @@
 //! - [`spec`]: validated VM specs with defaults.
 //! - [`storage`]: the VM's host files (layers, agent socket, shared dirs).
 //! - [`exec`]: the helper's side of an Exec (agent client).
+//! - [`freeze`]: stopping a VM's processes while its layer is copied.
 //! - [`guest`]: the helper's side of copies and background processes.
 //! - [`dial`]: TCP connections made inside a VM's network namespace.
 //! - [`stats`]: a running VM's resource usage.
@@ -16,6 +17,7 @@ pub mod dial;
 pub mod driver;
 pub mod error;
 pub mod exec;
+pub mod freeze;
 pub mod guest;
 pub mod server;
 pub mod service;

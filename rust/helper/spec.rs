@@ -65,6 +65,9 @@ pub struct VmConfig {
     pub network: Network,
     /// Client metadata, returned as given.
     pub labels: BTreeMap<String, String>,
+    /// Id of a running VM whose writable layer the new VM starts from a copy
+    /// of; empty for a fresh layer.
+    pub clone_from: String,
 }
 
 impl VmConfig {
@@ -74,7 +77,7 @@ impl VmConfig {
         if !ID_RE.is_match(&self.id) {
             return Err(HelperError::invalid("spec.id", format!("{:?} must match {}", self.id, ID_RE.as_str())));
         }
-        if self.image.is_empty() {
+        if self.image.is_empty() && self.clone_from.is_empty() {
             return Err(HelperError::invalid("spec.image", "required"));
         }
         if self.cpus == 0 {
@@ -152,6 +155,7 @@ mod tests {
             hostname: String::new(),
             network: Network::Egress,
             labels: BTreeMap::new(),
+            clone_from: String::new(),
         }
     }
 

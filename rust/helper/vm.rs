@@ -4,6 +4,10 @@
 //! (a start or a stop with its grace period may take a while) and holds the
 //! running instance; `data` is a short-lived lock for the state everyone
 //! reads (GetVm, ListVms, Exec), so reads never wait behind a slow stop.
+//!
+//! A VM keeps its own copy of its image's record (layers, config), so it
+//! runs on after the image is deleted, and its layers count as used until
+//! the VM is deleted. Commit and clone live in [`images`].
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
@@ -19,6 +23,10 @@ use super::error::HelperError;
 use super::spec::{Network, VmConfig};
 use super::storage::{agent_socket, prepare_dir, share_mounts, vm_dir};
 use crate::image::{ImageError, ImageInfo, ImageStore};
+
+mod images;
+
+pub use images::CommitRequest;
 
 /// Where a VM is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,8 +86,11 @@ pub struct VmInfo {
 pub struct ExecTarget {
     /// The agent's socket.
     pub socket: PathBuf,
-    /// The VM's environment, applied before the process's own.
+    /// The image's environment, then the VM's, applied before the
+    /// process's own.
     pub env: Vec<(String, String)>,
+    /// The image's default user; empty means root.
+    pub user: String,
 }
 
 /// What Dial and Stats need from a running VM.
@@ -112,6 +123,7 @@ struct Run {
 
 struct Slot {
     id: String,
+    /// The image as it was when the VM was created (a clone's: its source's).
     image: ImageInfo,
     dir: PathBuf,
     op: tokio::sync::Mutex<Option<Run>>,
@@ -156,19 +168,32 @@ impl VmManager {
         self.list_slots().iter().find(|s| s.id == id).cloned().ok_or_else(|| HelperError::VmNotFound(id.into()))
     }
 
-    /// Registers a VM and prepares its writable layer.
-    pub fn create(&self, config: VmConfig) -> Result<VmInfo, HelperError> {
+    /// Registers a VM and prepares its writable layer (a copy of another
+    /// VM's with `clone_from`).
+    pub async fn create(&self, config: VmConfig) -> Result<VmInfo, HelperError> {
         let config = config.validate()?;
-        let image = self.images.get(&config.image).map_err(|e| match e {
-            ImageError::NotFound(name) => HelperError::ImageNotFound(name),
-            other => HelperError::Image(other.to_string()),
-        })?;
         if self.slot(&config.id).is_ok() {
             return Err(HelperError::AlreadyExists(config.id));
         }
+        if !config.clone_from.is_empty() {
+            return self.create_clone(config).await;
+        }
+        // Held until the VM is registered, so a layer collection in between
+        // cannot take the image's layers away.
+        let _store = self.images.lock();
+        let image = self.images.get(&config.image).map_err(|e| match e {
+            ImageError::NotFound(name) => HelperError::ImageNotFound(name),
+            other => HelperError::Image(other),
+        })?;
         let dir = vm_dir(&config.id);
         prepare_dir(&dir, &image)?;
         share_mounts(&config, &image);
+        self.register(config, image, dir)
+    }
+
+    /// Adds a VM whose directory is prepared; the caller holds the image
+    /// store's lock.
+    fn register(&self, config: VmConfig, image: ImageInfo, dir: PathBuf) -> Result<VmInfo, HelperError> {
         let info = VmInfo {
             shell: image.shell.clone(),
             config,
@@ -221,7 +246,7 @@ impl VmManager {
             id: id.into(),
             init: InitConfig {
                 hostname: config.hostname.clone(),
-                lower: self.images.rootfs(&slot.image.name),
+                lowers: self.images.layer_paths(&slot.image.layers()),
                 upper: slot.dir.join("upper"),
                 work: slot.dir.join("work"),
                 mounts: config
@@ -329,7 +354,10 @@ impl VmManager {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 Err(HelperError::io(format!("remove {}", slot.dir.display()), e))
             }
-            _ => Ok(()),
+            _ => {
+                self.collect_layers().await;
+                Ok(())
+            }
         }
     }
 
@@ -351,9 +379,11 @@ impl VmManager {
         if !d.info.state.can_exec() {
             return Err(HelperError::WrongState { op: "exec in", id: id.into(), state: d.info.state });
         }
+        let image_env = slot.image.config.env.iter();
         Ok(ExecTarget {
             socket: agent_socket(id),
-            env: d.info.config.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            env: image_env.chain(&d.info.config.env).map(|(k, v)| (k.clone(), v.clone())).collect(),
+            user: slot.image.config.user.clone(),
         })
     }
 

@@ -29,7 +29,7 @@ pub(super) fn package_manager(rootfs: &Path) -> String {
 /// Disk usage like `du -s --block-size=1`: allocated blocks, each hard-linked
 /// inode counted once. Unreadable directories (possible when the tree belongs
 /// to another id range) are skipped, since a size is informational.
-pub(super) fn disk_usage(root: &Path) -> u64 {
+pub fn disk_usage(root: &Path) -> u64 {
     let mut seen = HashSet::new();
     let mut total = 0u64;
     let mut stack = vec![root.to_path_buf()];

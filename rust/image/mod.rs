@@ -4,9 +4,16 @@
 //! as the lower layer of an overlay). On disk, per image:
 //!
 //! ```text
-//! <store>/<name>/rootfs/       the tree, owned by the id range in image.json
+//! <store>/<name>/rootfs/       a base image's tree, owned by the id range in image.json
 //! <store>/<name>/image.json    ImageInfo (serde)
+//! <store>/layers/<hex id>/     a committed layer (a VM's writable layer, copied)
 //! ```
+//!
+//! A committed image stacks its VM's image layers plus one new layer; its
+//! `layers` list names them relative to the store root, bottom first. A layer
+//! is removed once no image and no VM uses it (see `layers`). An image
+//! directory may be a symlink to a shared prebuilt image: it is read through
+//! the link, and deleting the image removes only the link.
 //!
 //! Ownership is shifted at build time (uid/gid + `uid_base`) so a sandbox's
 //! user namespace can map `0..id_count` onto it without touching the files
@@ -16,15 +23,23 @@
 //! - `mmdebstrap`: running mmdebstrap with the host's apt sources as mirrors.
 //! - `ownership`: the one-pass uid/gid shift of a built tree.
 //! - `inspect`: what a built tree provides (shell, package manager, size).
+//! - `layers`: committing layers, deleting images and layer garbage collection.
+//! - `copy`: copying a writable layer exactly (owners, xattrs, whiteouts).
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+mod copy;
 mod inspect;
+mod layers;
 mod mmdebstrap;
 mod ownership;
 mod store;
 
+pub use copy::copy_tree;
+pub use inspect::disk_usage;
+pub use layers::{MAX_LAYERS, StagedLayer};
 pub use store::ImageStore;
 
 /// Name of the default image, the one sandboxes boot from unless told otherwise.
@@ -56,7 +71,7 @@ pub fn default_packages() -> Vec<String> {
 const REQUIRED_PACKAGES: [&str; 2] = ["gpgv", "ca-certificates"];
 
 /// A built image, as stored in `image.json`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImageInfo {
     /// Name used to select the image (`VmSpec.image`).
     pub name: String,
@@ -74,6 +89,41 @@ pub struct ImageInfo {
     pub uid_base: u32,
     /// Size of the id range the tree's owners fall into.
     pub id_count: u32,
+    /// Image this one was committed on top of; empty for a base image.
+    #[serde(default)]
+    pub parent: String,
+    /// Layer directories relative to the store root, bottom first. Empty
+    /// means the base layout, `["<name>/rootfs"]` (see [`ImageInfo::layers`]).
+    #[serde(default)]
+    pub layers: Vec<String>,
+    /// Process defaults of VMs booted from the image.
+    #[serde(default)]
+    pub config: ImageConfig,
+    /// Free-form metadata given at commit.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl ImageInfo {
+    /// The layers the image stacks, relative to the store root, bottom first.
+    pub fn layers(&self) -> Vec<String> {
+        if self.layers.is_empty() { vec![format!("{}/rootfs", self.name)] } else { self.layers.clone() }
+    }
+}
+
+/// Process defaults an image carries (a Containerfile's ENV, WORKDIR, USER).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageConfig {
+    /// Environment every process starts with, under the VM's and the
+    /// process's own.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory recorded by the image (informational).
+    #[serde(default)]
+    pub workdir: String,
+    /// Default user of processes; empty means root.
+    #[serde(default)]
+    pub user: String,
 }
 
 /// What to build.
@@ -88,6 +138,18 @@ pub struct BuildRequest {
     /// Rebuild even if an image of that name exists (it is replaced only once
     /// the new build succeeded).
     pub force: bool,
+}
+
+impl BuildRequest {
+    /// Checks the name, suite and packages without touching the disk.
+    pub fn check(&self) -> Result<(), ImageError> {
+        validate_name(&self.name)?;
+        if self.name == layers::LAYERS_DIR {
+            return Err(ImageError::InvalidName(self.name.clone()));
+        }
+        validate_suite(if self.suite.is_empty() { DEFAULT_SUITE } else { &self.suite })?;
+        package_list(&self.packages).map(|_| ())
+    }
 }
 
 /// Everything that can go wrong with images.
@@ -105,6 +167,33 @@ pub enum ImageError {
     /// No image of that name in the store.
     #[error("image {0:?} not found")]
     NotFound(String),
+    /// An image of that name exists already.
+    #[error("image {0:?} already exists")]
+    AlreadyExists(String),
+    /// Other images record this one as their parent.
+    #[error("image '{name}' is the parent of {}: delete those first", quoted(.children))]
+    HasChildren {
+        /// The image that was to be deleted.
+        name: String,
+        /// The images committed on top of it.
+        children: Vec<String>,
+    },
+    /// A commit would stack more layers than a VM can mount.
+    #[error("image {name:?} would stack more than {max} layers; rebuild or flatten the base instead")]
+    TooManyLayers {
+        /// The image that was to be committed.
+        name: String,
+        /// The limit.
+        max: usize,
+    },
+    /// Copying a layer failed.
+    #[error("copying {what}: {detail}")]
+    CopyFailed {
+        /// What was being copied.
+        what: String,
+        /// The copier's complaint.
+        detail: String,
+    },
     /// The builder is not installed.
     #[error("mmdebstrap not found: install the `mmdebstrap` package (apt-get install mmdebstrap)")]
     MmdebstrapMissing,
@@ -151,6 +240,10 @@ impl ImageError {
     fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         ImageError::Io { context: context.into(), source }
     }
+}
+
+fn quoted(names: &[String]) -> String {
+    names.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ")
 }
 
 /// Checks an image name: `^[a-z0-9][a-z0-9._-]{0,62}$`. The name becomes a

@@ -5,27 +5,36 @@
 //! crashed build leaves nothing that `list` would report.
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::mmdebstrap::{self, Mode};
-use super::{
-    BuildRequest, DEFAULT_SUITE, ImageError, ImageInfo, inspect, ownership, package_list, validate_name, validate_suite,
-};
+use super::{BuildRequest, DEFAULT_SUITE, ImageError, ImageInfo, inspect, ownership, package_list, validate_name};
 
-const INFO_FILE: &str = "image.json";
-const ROOTFS_DIR: &str = "rootfs";
+pub(super) const INFO_FILE: &str = "image.json";
+pub(super) const ROOTFS_DIR: &str = "rootfs";
 
 /// A directory of images, `<root>/<name>/{rootfs,image.json}`.
 #[derive(Debug, Clone)]
 pub struct ImageStore {
     root: PathBuf,
+    /// Serializes what changes which layers are referenced (installing a
+    /// committed image, deleting one, registering a VM) against garbage
+    /// collection, which must never see a layer between its rename into
+    /// place and the image.json naming it.
+    lock: Arc<Mutex<()>>,
 }
 
 impl ImageStore {
     /// A store rooted at `root` (usually [`crate::paths::image_store`]). The
     /// directory is created by the first build.
     pub fn new(root: PathBuf) -> Self {
-        ImageStore { root }
+        ImageStore { root, lock: Arc::new(Mutex::new(())) }
+    }
+
+    /// Holds the store's reference lock; see [`ImageStore::gc`].
+    pub fn lock(&self) -> MutexGuard<'_, ()> {
+        self.lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The store's directory.
@@ -46,7 +55,8 @@ impl ImageStore {
         for entry in entries {
             let entry = entry.map_err(|e| ImageError::io(format!("reading {}", self.root.display()), e))?;
             let Some(name) = entry.file_name().to_str().map(String::from) else { continue };
-            if validate_name(&name).is_err() || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            // Through symlinks: a test store links its base image to a shared copy.
+            if validate_name(&name).is_err() || !fs::metadata(entry.path()).is_ok_and(|m| m.is_dir()) {
                 continue;
             }
             match self.get(&name) {
@@ -82,9 +92,8 @@ impl ImageStore {
     /// `req.force`. Each line mmdebstrap prints, and each step of ours, goes to
     /// `progress`. Blocks for the whole build (tens of seconds to minutes).
     pub fn build(&self, req: &BuildRequest, progress: &mut dyn FnMut(&str)) -> Result<ImageInfo, ImageError> {
-        validate_name(&req.name)?;
+        req.check()?;
         let suite = if req.suite.is_empty() { DEFAULT_SUITE } else { req.suite.as_str() };
-        validate_suite(suite)?;
         let packages = package_list(&req.packages)?;
         if !req.force {
             match self.get(&req.name) {
@@ -114,6 +123,7 @@ impl ImageStore {
             package_manager: inspect::package_manager(&rootfs),
             uid_base,
             id_count,
+            ..ImageInfo::default()
         };
         write_info(&work.0.join(INFO_FILE), &info)?;
         self.install(work, &req.name, req.force)?;
@@ -192,9 +202,10 @@ impl Drop for BuildDir {
     }
 }
 
-/// Best-effort recursive removal: a leftover only costs disk space, and the
-/// next build of that name removes it if its process is gone.
-fn remove_tree(path: &Path) {
+/// Best-effort recursive removal (never following symlinks): a leftover
+/// only costs disk space, and the next build of that name (or the next layer
+/// collection) removes it if its process is gone.
+pub(super) fn remove_tree(path: &Path) {
     if let Err(e) = fs::remove_dir_all(path)
         && e.kind() != std::io::ErrorKind::NotFound
     {
@@ -202,14 +213,21 @@ fn remove_tree(path: &Path) {
     }
 }
 
-fn write_info(path: &Path, info: &ImageInfo) -> Result<(), ImageError> {
+/// Writes `image.json` through a temp file and a rename, so a reader (or a
+/// crash) never sees half of it.
+pub(super) fn write_info(path: &Path, info: &ImageInfo) -> Result<(), ImageError> {
     let mut text = serde_json::to_string_pretty(info)
         .map_err(|source| ImageError::Metadata { path: path.to_path_buf(), source })?;
     text.push('\n');
-    fs::write(path, text).map_err(|e| ImageError::io(format!("writing {}", path.display()), e))
+    let tmp = path.with_extension(format!("json.tmp-{}", std::process::id()));
+    fs::write(&tmp, text).map_err(|e| ImageError::io(format!("writing {}", tmp.display()), e))?;
+    fs::rename(&tmp, path).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        ImageError::io(format!("renaming {} into place", path.display()), e)
+    })
 }
 
-fn now_ms() -> i64 {
+pub(super) fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
@@ -259,6 +277,7 @@ mod tests {
             package_manager: "apt".into(),
             uid_base: 100_000,
             id_count: 65_536,
+            ..ImageInfo::default()
         }
     }
 

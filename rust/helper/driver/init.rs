@@ -41,8 +41,8 @@ pub const CONTROL_FD: RawFd = 4;
 pub struct InitConfig {
     /// Hostname inside the VM.
     pub hostname: String,
-    /// The image rootfs (overlay lower layer).
-    pub lower: PathBuf,
+    /// The image's layers (overlay lower layers), bottom first.
+    pub lowers: Vec<PathBuf>,
     /// The VM's writable layer.
     pub upper: PathBuf,
     /// overlayfs work dir, next to `upper`.

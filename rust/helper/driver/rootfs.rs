@@ -20,7 +20,8 @@ use super::init::InitConfig;
 
 /// Root of the staging tmpfs, in the launcher's own mount namespace only.
 const STAGE: &str = "/tmp";
-/// The image rootfs (overlay lower layer).
+/// Prefix of the image layers (overlay lower layers): `/tmp/lower<i>`, 0 at
+/// the bottom.
 const LOWER: &str = "/tmp/lower";
 /// The VM's dir on the host: holds `upper` and `work`, which overlayfs
 /// wants under one mount.
@@ -37,6 +38,15 @@ fn shared(i: usize) -> PathBuf {
     PathBuf::from(format!("{STAGE}/m{i}"))
 }
 
+fn lower(i: usize) -> PathBuf {
+    PathBuf::from(format!("{LOWER}{i}"))
+}
+
+/// The overlay `lowerdir` value: overlayfs lists the top layer first.
+fn lowerdir(count: usize) -> String {
+    (0..count).rev().map(|i| lower(i).display().to_string()).collect::<Vec<_>>().join(":")
+}
+
 /// Launcher step, as host root: a private mount namespace with every host
 /// path of `config` bound under the staging tmpfs.
 pub fn stage(config: &InitConfig) -> Result<(), DriverError> {
@@ -51,16 +61,24 @@ pub fn stage(config: &InitConfig) -> Result<(), DriverError> {
         .ok_or_else(|| DriverError::InitFailed("upper and work must share a parent dir".into()))?;
     // Held open across the tmpfs mount, which may hide the paths (tests
     // keep their state under /tmp).
-    let lower = open_path(&config.lower)?;
+    if config.lowers.is_empty() {
+        return Err(DriverError::InitFailed("the image has no layers".into()));
+    }
+    let lowers: Vec<_> = config.lowers.iter().map(|l| open_path(l)).collect::<Result<_, _>>()?;
     let vm = open_path(vm_dir)?;
     let mounts: Vec<_> = config.mounts.iter().map(|m| open_path(&m.host)).collect::<Result<_, _>>()?;
     let resolv = config.resolv_conf.as_deref().map(open_path).transpose()?;
 
+    // Only empty mount points live here (an inode each), whatever the
+    // number of layers and mounts.
     mnt(Some("tmpfs"), STAGE, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755,size=64k"))?;
-    for dir in [LOWER, VM, NEW_ROOT] {
+    for dir in [VM, NEW_ROOT] {
         mkdir(Path::new(dir))?;
     }
-    bind(&fd_path(&lower), Path::new(LOWER), false)?;
+    for (i, fd) in lowers.iter().enumerate() {
+        mkdir(&lower(i))?;
+        bind(&fd_path(fd), &lower(i), false)?;
+    }
     bind(&fd_path(&vm), Path::new(VM), false)?;
     for (i, fd) in mounts.iter().enumerate() {
         mkdir(&shared(i))?;
@@ -92,7 +110,7 @@ fn fd_path(f: &std::fs::File) -> String {
 pub fn setup(config: &InitConfig) -> Result<(), DriverError> {
     let none: Option<&str> = None;
     mnt(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)?;
-    let overlay = format!("lowerdir={LOWER},upperdir={VM}/upper,workdir={VM}/work,userxattr");
+    let overlay = format!("lowerdir={},upperdir={VM}/upper,workdir={VM}/work,userxattr", lowerdir(config.lowers.len()));
     mnt(Some("overlay"), NEW_ROOT, Some("overlay"), MsFlags::empty(), Some(overlay.as_str()))?;
     let root = Path::new(NEW_ROOT);
 
@@ -248,4 +266,15 @@ fn mnt<P: AsRef<Path> + ?Sized>(
         what: format!("mount {} on {}", source.or(fstype).unwrap_or("(remount)"), target.as_ref().display()),
         source: e,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lowerdir_lists_the_top_layer_first() {
+        assert_eq!(lowerdir(1), "/tmp/lower0");
+        assert_eq!(lowerdir(3), "/tmp/lower2:/tmp/lower1:/tmp/lower0");
+    }
 }

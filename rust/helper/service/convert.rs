@@ -8,7 +8,8 @@ use crate::proto::v1 as pb;
 use std::path::PathBuf;
 
 /// Checks a process spec and turns it into what the agent runs, with the
-/// VM's environment merged in first; returns the agent's socket too.
+/// image's and the VM's environment merged in first and the image's user as
+/// the default; returns the agent's socket too.
 pub(super) fn start_spec(
     vms: &VmManager,
     p: pb::ProcessSpec,
@@ -33,6 +34,7 @@ pub(super) fn start_spec(
         tty: p.tty,
         tty_cols: u16::try_from(p.tty_cols).unwrap_or(u16::MAX),
         tty_rows: u16::try_from(p.tty_rows).unwrap_or(u16::MAX),
+        user: if p.user.is_empty() { target.user } else { p.user },
     };
     Ok((target.socket, spec))
 }
@@ -84,6 +86,7 @@ pub(super) fn config_from_proto(spec: pb::VmSpec) -> Result<VmConfig, HelperErro
         hostname: spec.hostname,
         network,
         labels: spec.labels.into_iter().collect(),
+        clone_from: spec.clone_from,
     })
 }
 
@@ -107,7 +110,7 @@ pub(super) fn vm_to_proto(vm: VmInfo) -> pb::Vm {
                 .collect(),
             env: c.env.into_iter().collect(),
             hostname: c.hostname,
-            clone_from: String::new(),
+            clone_from: c.clone_from,
             network: match c.network {
                 Network::None => pb::NetworkMode::None,
                 Network::Egress => pb::NetworkMode::Egress,

@@ -4,6 +4,7 @@
 //!
 //! - [`streams`]: the streaming RPCs (Exec, Dial, CopyIn, CopyOut).
 //! - [`convert`]: proto ⇄ domain conversions.
+//! - [`images`]: the image RPCs.
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,14 +13,21 @@ use tonic::{Request, Response, Status, Streaming};
 use super::error::HelperError;
 use super::vm::VmManager;
 use crate::agent::protocol::{BackgroundRequest, FailKind};
+use crate::image::ImageError;
 use crate::proto::v1 as pb;
 use crate::proto::v1::vm_helper_server::VmHelper;
 
 mod convert;
+mod images;
 mod streams;
 
 use convert::{background_to_proto, config_from_proto, start_spec, vm_to_proto};
 use streams::RpcStream;
+
+/// What this helper does with images and VMs on top of the driver's
+/// capabilities.
+const IMAGE_CAPABILITIES: &[&str] =
+    &["images.commit", "images.delete", "images.build", "images.layers", "vm.clone", "process.user"];
 
 /// Default StopVm grace period.
 const DEFAULT_GRACE: Duration = Duration::from_millis(2000);
@@ -59,9 +67,16 @@ pub fn status(e: HelperError) -> Status {
             FailKind::Exhausted => Status::resource_exhausted(msg),
             FailKind::Internal => Status::internal(msg),
         },
-        HelperError::Driver(_) | HelperError::Agent(_) | HelperError::Image(_) | HelperError::Io { .. } => {
-            Status::internal(msg)
-        }
+        HelperError::Image(e) => match e {
+            ImageError::InvalidName(_) | ImageError::InvalidPackage(_) | ImageError::InvalidSuite(_) => {
+                Status::invalid_argument(msg)
+            }
+            ImageError::NotFound(_) => Status::not_found(msg),
+            ImageError::AlreadyExists(_) => Status::already_exists(msg),
+            ImageError::HasChildren { .. } | ImageError::TooManyLayers { .. } => Status::failed_precondition(msg),
+            _ => Status::internal(msg),
+        },
+        HelperError::Driver(_) | HelperError::Agent(_) | HelperError::Io { .. } => Status::internal(msg),
     }
 }
 
@@ -72,7 +87,13 @@ impl VmHelper for HelperService {
             platform: "linux".into(),
             driver: "namespaces".into(),
             version: env!("CARGO_PKG_VERSION").into(),
-            capabilities: self.vms.driver().capabilities(),
+            capabilities: self
+                .vms
+                .driver()
+                .capabilities()
+                .into_iter()
+                .chain(IMAGE_CAPABILITIES.iter().map(|c| c.to_string()))
+                .collect(),
             image_store: crate::paths::image_store().display().to_string(),
         }))
     }
@@ -80,7 +101,7 @@ impl VmHelper for HelperService {
     async fn create_vm(&self, req: Request<pb::CreateVmRequest>) -> Result<Response<pb::CreateVmResponse>, Status> {
         let spec = req.into_inner().spec.ok_or_else(|| status(HelperError::invalid("spec", "required")))?;
         let config = config_from_proto(spec).map_err(status)?;
-        let vm = self.vms.create(config).map_err(status)?;
+        let vm = self.vms.create(config).await.map_err(status)?;
         Ok(Response::new(pb::CreateVmResponse { vm: Some(vm_to_proto(vm)) }))
     }
 
@@ -117,34 +138,28 @@ impl VmHelper for HelperService {
     }
 
     async fn list_images(&self, _: Request<pb::ListImagesRequest>) -> Result<Response<pb::ListImagesResponse>, Status> {
-        let images = self.vms.images().list().map_err(|e| status(HelperError::Image(e.to_string())))?;
-        Ok(Response::new(pb::ListImagesResponse {
-            images: images
-                .into_iter()
-                .map(|i| pb::Image {
-                    name: i.name,
-                    size_bytes: i.size_bytes,
-                    created_at_ms: i.created_at_ms,
-                    shell: i.shell,
-                    package_manager: i.package_manager,
-                    ..Default::default()
-                })
-                .collect(),
-        }))
+        images::list(&self.vms).map(Response::new)
     }
 
-    async fn commit_vm(&self, _: Request<pb::CommitVmRequest>) -> Result<Response<pb::CommitVmResponse>, Status> {
-        Err(Status::unimplemented("CommitVm is not implemented yet"))
+    async fn commit_vm(&self, req: Request<pb::CommitVmRequest>) -> Result<Response<pb::CommitVmResponse>, Status> {
+        images::commit(&self.vms, req.into_inner()).await.map(Response::new)
     }
 
-    async fn delete_image(&self, _: Request<pb::DeleteImageRequest>) -> Result<Response<pb::DeleteImageResponse>, Status> {
-        Err(Status::unimplemented("DeleteImage is not implemented yet"))
+    async fn delete_image(
+        &self,
+        req: Request<pb::DeleteImageRequest>,
+    ) -> Result<Response<pb::DeleteImageResponse>, Status> {
+        self.vms.delete_image(&req.into_inner().name).await.map_err(status)?;
+        Ok(Response::new(pb::DeleteImageResponse {}))
     }
 
     type BuildImageStream = RpcStream<pb::BuildImageResponse>;
 
-    async fn build_image(&self, _: Request<pb::BuildImageRequest>) -> Result<Response<Self::BuildImageStream>, Status> {
-        Err(Status::unimplemented("BuildImage is not implemented yet"))
+    async fn build_image(
+        &self,
+        req: Request<pb::BuildImageRequest>,
+    ) -> Result<Response<Self::BuildImageStream>, Status> {
+        images::build(&self.vms, req.into_inner()).await
     }
 
     type DialStream = RpcStream<pb::DialResponse>;

@@ -1,0 +1,133 @@
+//! Freezing a running VM while its writable layer is copied (CommitVm,
+//! clone_from), so the copy is one consistent moment of the VM.
+//!
+//! The VM cgroups carry no freezer controller (only memory, cpu and pids are
+//! set up, and the hybrid hosts' v2 mount holds no VM groups), so every
+//! process in the VM's pid namespace gets SIGSTOP, through a pidfd so a
+//! reused pid is never hit, and SIGCONT when the [`Frozen`] guard drops:
+//! the VM thaws on every path out, errors and panics included. Processes the
+//! VM had stopped itself are left alone, so thawing does not resume them.
+use std::collections::HashSet;
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+
+use super::driver::network::{pidfd_kill, pidfd_open};
+use super::error::HelperError;
+
+/// Bound on waiting for SIGSTOP to take effect; a process in an
+/// uninterruptible sleep stops when it returns to user space.
+const STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// A VM whose processes are stopped; dropping it resumes them.
+pub struct Frozen {
+    stopped: Vec<(i32, OwnedFd)>,
+}
+
+impl Frozen {
+    /// Number of processes stopped.
+    pub fn count(&self) -> usize {
+        self.stopped.len()
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        for (_, fd) in &self.stopped {
+            pidfd_kill(fd, libc::SIGCONT);
+        }
+    }
+}
+
+/// Stops every process in the pid namespace of `pid1` (the VM's PID 1, a
+/// host pid) and returns once they are all stopped.
+pub fn freeze(pid1: i32) -> Result<Frozen, HelperError> {
+    let ns = pid_ns(pid1).map_err(|e| HelperError::io(format!("reading the pid namespace of {pid1}"), e))?;
+    let mut frozen = Frozen { stopped: Vec::new() };
+    let mut seen = HashSet::new();
+    // A process may fork between two scans; stopped ones cannot, so a scan
+    // that finds nobody new has seen everyone.
+    loop {
+        let mut new = false;
+        for pid in all_pids()? {
+            if seen.contains(&pid) || pid_ns(pid).ok().as_deref() != Some(ns.as_str()) {
+                continue;
+            }
+            seen.insert(pid);
+            new = true;
+            if matches!(state(pid), None | Some('T' | 't' | 'Z' | 'X')) {
+                continue;
+            }
+            let Ok(fd) = pidfd_open(pid) else { continue };
+            pidfd_kill(&fd, libc::SIGSTOP);
+            frozen.stopped.push((pid, fd));
+        }
+        if !new {
+            break;
+        }
+    }
+    let deadline = Instant::now() + STOP_WAIT;
+    for (pid, _) in &frozen.stopped {
+        while matches!(state(*pid), Some(s) if !matches!(s, 'T' | 't' | 'Z' | 'X')) {
+            if Instant::now() > deadline {
+                tracing::warn!(pid, "process did not stop in time; copying anyway");
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    Ok(frozen)
+}
+
+fn pid_ns(pid: i32) -> std::io::Result<String> {
+    Ok(std::fs::read_link(format!("/proc/{pid}/ns/pid"))?.to_string_lossy().into_owned())
+}
+
+/// The one-letter state of `pid` from /proc/<pid>/stat; `None` if gone.
+fn state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+fn all_pids() -> Result<Vec<i32>, HelperError> {
+    let entries = std::fs::read_dir("/proc").map_err(|e| HelperError::io("listing /proc", e))?;
+    Ok(entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stops_the_namespace_and_resumes_on_drop() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root for a pid namespace");
+            return;
+        }
+        // A shell as PID 1 of its own pid namespace, with a child.
+        let mut child = std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child", "sh", "-c", "sleep 30 & while :; do sleep 0.01; done"])
+            .spawn()
+            .unwrap();
+        let unshare = child.id() as i32;
+        let mut pid1 = None;
+        for _ in 0..500 {
+            let children = std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children")).unwrap();
+            pid1 = children.split_whitespace().next().and_then(|p| p.parse::<i32>().ok());
+            if pid1.is_some_and(|p| pid_ns(p).ok() != pid_ns(unshare).ok()) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let pid1 = pid1.unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let frozen = freeze(pid1).unwrap();
+        assert!(frozen.count() >= 2, "sh and sleep");
+        assert_eq!(state(pid1), Some('T'));
+        assert_ne!(state(unshare), Some('T'), "outside the namespace");
+        drop(frozen);
+        std::thread::sleep(Duration::from_millis(50));
+        assert_ne!(state(pid1), Some('T'));
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}

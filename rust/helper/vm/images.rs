@@ -1,0 +1,157 @@
+//! The VM operations that touch the image store: committing a VM's writable
+//! layer as an image, creating a VM from a copy of another's layer
+//! (`clone_from`), and deleting images.
+//!
+//! Both copies freeze the source VM (see [`crate::helper::freeze`]) and hold
+//! its lifecycle lock, so it can be neither stopped nor deleted meanwhile.
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+
+use super::{HelperError, Slot, VmConfig, VmInfo, VmManager, VmState, now_ms, prepare_dir, share_mounts, vm_dir};
+use crate::helper::freeze::freeze;
+use crate::image::{ImageConfig, ImageError, ImageInfo, MAX_LAYERS, copy_tree, disk_usage, validate_name};
+
+/// What to commit.
+#[derive(Debug, Clone, Default)]
+pub struct CommitRequest {
+    /// The running VM.
+    pub vm_id: String,
+    /// Name of the new image.
+    pub image: String,
+    /// Process defaults; `None` keeps the VM image's.
+    pub config: Option<ImageConfig>,
+    /// Recorded parent; empty means the VM's image.
+    pub parent: String,
+    /// Metadata of the new image.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl VmManager {
+    /// Commits the writable layer of a running VM as a new image stacked on
+    /// the VM's image layers.
+    pub async fn commit(&self, req: CommitRequest) -> Result<ImageInfo, HelperError> {
+        validate_name(&req.image)?;
+        if !req.parent.is_empty() {
+            validate_name(&req.parent).map_err(|e| HelperError::invalid("parent", e.to_string()))?;
+        }
+        let slot = self.slot(&req.vm_id)?;
+        let _op = slot.op.lock().await;
+        let pid1 = running_pid1(&slot, "commit")?;
+        match self.images.get(&req.image) {
+            Ok(_) => return Err(ImageError::AlreadyExists(req.image).into()),
+            Err(ImageError::NotFound(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if slot.image.layers().len() >= MAX_LAYERS {
+            return Err(ImageError::TooManyLayers { name: req.image, max: MAX_LAYERS }.into());
+        }
+        let staged = self.images.stage_layer()?;
+        let (upper, copy) = (slot.dir.join("upper"), staged.path().to_path_buf());
+        let size = blocking(move || {
+            copy_frozen(pid1, &upper, &copy)?;
+            Ok(disk_usage(&copy))
+        })
+        .await?;
+        let base = &slot.image;
+        let info = ImageInfo {
+            name: req.image,
+            size_bytes: base.size_bytes + size,
+            created_at_ms: now_ms(),
+            shell: base.shell.clone(),
+            package_manager: base.package_manager.clone(),
+            uid_base: base.uid_base,
+            id_count: base.id_count,
+            parent: if req.parent.is_empty() { base.name.clone() } else { req.parent },
+            layers: base.layers(),
+            config: req.config.unwrap_or_else(|| base.config.clone()),
+            labels: req.labels,
+        };
+        let images = self.images.clone();
+        blocking(move || Ok(images.install_layer(staged, info)?)).await
+    }
+
+    /// CreateVm with `clone_from`: the new VM runs on the source's layers
+    /// with a copy of its writable layer.
+    pub(super) async fn create_clone(&self, mut config: VmConfig) -> Result<VmInfo, HelperError> {
+        let source = self.slot(&config.clone_from)?;
+        let image = source.image.clone();
+        if !config.image.is_empty() && config.image != image.name {
+            return Err(HelperError::invalid(
+                "spec.image",
+                format!("must be empty or {:?}, the image of vm {:?}", image.name, config.clone_from),
+            ));
+        }
+        config.image = image.name.clone();
+        let _op = source.op.lock().await;
+        let pid1 = running_pid1(&source, "clone")?;
+        let dir = vm_dir(&config.id);
+        prepare_dir(&dir, &image)?;
+        let (from, to) = (source.dir.join("upper"), dir.join("upper"));
+        let copied = blocking(move || {
+            // The copy brings the source's upper dir itself (owner, mode).
+            std::fs::remove_dir(&to).map_err(|e| HelperError::io(format!("remove {}", to.display()), e))?;
+            copy_frozen(pid1, &from, &to)
+        })
+        .await;
+        let registered = copied.and_then(|()| {
+            share_mounts(&config, &image);
+            let _store = self.images.lock();
+            self.register(config, image, dir.clone())
+        });
+        if registered.is_err() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        registered
+    }
+
+    /// The layers of every VM (used, whatever happens to their images).
+    fn vm_layers(&self) -> HashSet<String> {
+        self.list_slots().iter().flat_map(|s| s.image.layers()).collect()
+    }
+
+    /// Removes layers no image and no VM uses any more. A failure only
+    /// leaves disk space in use, so it is logged, not returned.
+    pub(super) async fn collect_layers(&self) {
+        let Some(me) = self.me.upgrade() else { return };
+        let collected = tokio::task::spawn_blocking(move || me.images.gc(&|| me.vm_layers())).await;
+        match collected {
+            Ok(Ok(removed)) if !removed.is_empty() => tracing::info!(?removed, "removed unused layers"),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "layer collection skipped"),
+            Err(e) => tracing::warn!(error = %e, "layer collection failed"),
+        }
+    }
+
+    /// Deletes an image (refused while others name it as parent) and
+    /// collects the layers nothing uses any more. VMs running on it go on.
+    pub async fn delete_image(&self, name: &str) -> Result<(), HelperError> {
+        let Some(me) = self.me.upgrade() else { return Err(HelperError::Unavailable("shutting down".into())) };
+        let name = name.to_string();
+        blocking(move || Ok(me.images.delete(&name, &|| me.vm_layers())?)).await
+    }
+}
+
+/// PID 1 of `slot` if it is running, for `op` (named in the error).
+fn running_pid1(slot: &Slot, op: &'static str) -> Result<i32, HelperError> {
+    let d = slot.data();
+    match &d.run {
+        Some(run) if d.info.state == VmState::Running => Ok(run.pid1),
+        _ => Err(HelperError::WrongState { op, id: slot.id.clone(), state: d.info.state }),
+    }
+}
+
+/// Copies `upper` to `to` with the VM of `pid1` frozen; it thaws whatever
+/// the copy does.
+fn copy_frozen(pid1: i32, upper: &Path, to: &Path) -> Result<(), HelperError> {
+    let frozen = freeze(pid1)?;
+    let copied = copy_tree(upper, to);
+    drop(frozen);
+    Ok(copied?)
+}
+
+/// Runs filesystem work off the runtime's worker threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, HelperError> + Send + 'static,
+) -> Result<T, HelperError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| HelperError::io("blocking task", std::io::Error::other(e)))?
+}
