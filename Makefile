@@ -24,10 +24,11 @@ build:
 	$(CARGO) build --release
 
 # Binaries go in through a temp name and a rename, so a running helper
-# (ETXTBSY on overwrite) does not block an upgrade.
+# (ETXTBSY on overwrite) does not block an upgrade. sandbox-ctl sits next to
+# sandbox-mcp, which copies it into sandboxes whose spawn policy has inject_ctl.
 install: deps build
 	@install -d "$(PREFIX)/bin"
-	@for b in sandbox-mcp sandbox-vm-helper; do \
+	@for b in sandbox-mcp sandbox-vm-helper sandbox-ctl; do \
 	    install -m 755 "$(RELEASE_BIN)/$$b" "$(PREFIX)/bin/.$$b.new" && \
 	    mv -f "$(PREFIX)/bin/.$$b.new" "$(PREFIX)/bin/$$b" && \
 	    echo "install: $(PREFIX)/bin/$$b"; \

@@ -47,6 +47,7 @@ FORWARD_MIB = 1024
 FORWARD_RUNS = 5
 FORWARD_PORT = 9000
 SYNC_SAMPLES = 20
+LIFECYCLE_SAMPLES = 10
 
 
 def percentile(samples: list[float], p: float) -> float:
@@ -91,6 +92,16 @@ def server_env(base: str) -> dict[str, str]:
     for src, dst in passthrough.items():
         if os.environ.get(src):
             env[dst] = os.environ[src]
+    # Snapshots land in the image store: give the run a store of its own that
+    # links the base images instead of writing into the shared one.
+    shared = Path(env.get("SANDBOX_MCP_IMAGE_STORE") or Path(env["XDG_DATA_HOME"]).parent / "none")
+    if shared.is_dir():
+        own = Path(base) / "images"
+        own.mkdir()
+        for image in shared.iterdir():
+            if (image / "image.json").is_file():
+                (own / image.name).symlink_to(image)
+        env["SANDBOX_MCP_IMAGE_STORE"] = str(own)
     return env
 
 
@@ -218,6 +229,32 @@ def bench_sync(client: McpClient, host_root: str) -> list[float]:
     return samples
 
 
+def bench_lifecycle(client: McpClient) -> list[str]:
+    """snapshot, restore, clone and spawn of a sandbox with a small change in
+    its root filesystem and a small workspace."""
+    checked(client, "exec", timeout=CREATE_TIMEOUT, sandbox="default",
+            command="mkdir -p /opt/app && head -c 1000000 /dev/urandom > /opt/app/blob && "
+                    "seq 1 1000 > /workspace/numbers")
+    snap, restore, clone, spawn = [], [], [], []
+    for n in range(LIFECYCLE_SAMPLES):
+        snap.append(timed(lambda: checked(client, "snapshot", snapshot_name=f"bench-{n}", sandbox="default")))
+        restore.append(timed(lambda: checked(client, "restore", snapshot_name=f"bench-{n}", sandbox="bench-dst")))
+        clone.append(timed(lambda: checked(client, "clone", source="default", target=f"bench-clone-{n}")))
+        checked(client, "destroy", sandbox=f"bench-clone-{n}")
+        spawn.append(timed(lambda: checked(client, "spawn", parent="default", name=f"bench-child-{n}")))
+        checked(client, "destroy_child", name=f"bench-child-{n}")
+    checked(client, "destroy", sandbox="bench-dst")
+    for n in reversed(range(LIFECYCLE_SAMPLES)):
+        checked(client, "delete_snapshot", snapshot_name=f"bench-{n}")
+    checked(client, "destroy", sandbox="default")
+    return [
+        spread_row("snapshot (1 MB rootfs change)", snap),
+        spread_row("restore (into another sandbox)", restore),
+        spread_row("clone (rootfs + workspace)", clone),
+        spread_row("spawn child", spawn),
+    ]
+
+
 def throughput_row(label: str, samples: list[float]) -> str:
     return f"{label:<34} {len(samples):>5} {statistics.median(samples):>9.0f} {max(samples):>9.0f}   (MB/s: median, best)"
 
@@ -249,6 +286,7 @@ def main() -> int:
             extra = [
                 throughput_row(f"forward {FORWARD_MIB} MiB (expose)", bench_forward(client)),
                 spread_row("sync host write -> in sandbox", bench_sync(client, env["SANDBOX_MCP_HOST_ROOTS"])),
+                *bench_lifecycle(client),
             ]
     finally:
         stop_helper(env)

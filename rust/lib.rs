@@ -11,9 +11,11 @@
 //! - [`orchestrator`]: sandboxes by name, exec semantics, env, audit; talks to a helper.
 //! - [`mcp`]: the MCP tool surface, a thin layer over the orchestrator.
 //! - [`doctor`]: host checks behind `sandbox-mcp doctor`.
+//! - [`ctl`]: the sandbox-ctl protocol and the in-sandbox CLI.
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod ctl;
 pub mod doctor;
 pub mod helper;
 pub mod image;

@@ -265,3 +265,61 @@ def roots() -> Iterator[Path]:
 def srv(server_factory: Callable[..., McpClient], roots: Path) -> McpClient:
     """A server whose host roots are just `roots` (for upload, download, sync)."""
     return server_factory(SANDBOX_MCP_HOST_ROOTS=str(roots))
+
+
+# ---------------------------------------------------------------- images
+# Snapshots and built images are written into the image store, so tests that
+# make them get a store of their own: a temp dir holding only a symlink to the
+# shared test image (the helper reads a symlinked image through the link and
+# never writes into it). Layers and new images land in the temp dir.
+
+
+@pytest.fixture
+def image_store(env: dict[str, str]) -> str:
+    """A per-test image store in the test's temp dir with the shared test
+    image symlinked in; removed with the temp dir."""
+    shared = Path(shared_image_store())
+    image = required_env("SANDBOX_MCP_TEST_IMAGE")
+    store = Path(env["SANDBOX_MCP_TEST_TMP"]) / "images"
+    store.mkdir()
+    (store / image).symlink_to(shared / image)
+    return str(store)
+
+
+@pytest.fixture
+def isrv(server_factory: Callable[..., McpClient], image_store: str, roots: Path) -> McpClient:
+    """A server on a per-test image store, with `roots` as its host root
+    (and so its project dir, where `.sandbox-mcp.toml` picks an image)."""
+    return server_factory(SANDBOX_MCP_IMAGE_STORE=image_store, SANDBOX_MCP_HOST_ROOTS=str(roots))
+
+
+# --- Child sandboxes and sandbox-ctl -----------------------------------------
+# The server copies sandbox-ctl into every sandbox whose spawn policy has
+# inject_ctl. The debug build carries ~150 MB of debug info, so tests hand the
+# server a stripped copy (SANDBOX_CTL_BIN); the code under test is the same.
+
+
+@pytest.fixture(scope="session")
+def ctl_bin() -> Iterator[str]:
+    """Path of a stripped copy of the sandbox-ctl built next to $SANDBOX_MCP_BIN."""
+    built = Path(required_env("SANDBOX_MCP_BIN")).parent / "sandbox-ctl"
+    if not built.is_file():
+        pytest.fail(f"{built} missing: run `make test` (cargo build builds every binary)", pytrace=False)
+    d = tempfile.mkdtemp(prefix="smcp-ctl-")
+    copy = Path(d) / "sandbox-ctl"
+    shutil.copy2(built, copy)
+    strip = shutil.which("strip")
+    if strip:
+        subprocess.run([strip, str(copy)], check=True)
+    try:
+        yield str(copy)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def write_config(env: dict[str, str], text: str) -> Path:
+    """Writes the server's config file (config.toml under XDG_CONFIG_HOME)."""
+    path = Path(env["XDG_CONFIG_HOME"]) / "sandbox-mcp" / "config.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path

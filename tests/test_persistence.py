@@ -41,12 +41,23 @@ def server_pids(env: dict[str, str]) -> list[int]:
     return pids
 
 
+def exited(pid: int) -> bool:
+    """Gone, or every thread a zombie: only then are its sockets closed (an
+    exiting process loses its cmdline before its file descriptors, and a
+    zombie leader's threads may still hold them)."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        return all((t / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X") for t in tasks)
+    except OSError:
+        return True
+
+
 def kill9_server(env: dict[str, str]) -> None:
     pids = server_pids(env)
     assert pids, "no server process found"
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
-    until(lambda: not server_pids(env), "server gone")
+    until(lambda: all(exited(p) for p in pids), "server gone")
 
 
 def state(env: dict[str, str]) -> dict:

@@ -115,7 +115,9 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let orchestrator = Arc::new(Orchestrator::new(manager));
     orchestrator.resume(state::path(), respawn).await;
     let Some(addr) = args.http else {
-        return SandboxServer::new(&orchestrator).serve_stdio().await.map_err(|e| e.to_string());
+        let served = SandboxServer::new(&orchestrator).serve_stdio().await.map_err(|e| e.to_string());
+        state::save_now(&orchestrator, &state::path());
+        return served;
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
     let on_signal = shutdown.clone();
@@ -133,7 +135,9 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         on_signal.cancel();
     });
     let options = HttpOptions { addr, token: args.token, allowed_hosts: args.allowed_hosts };
-    http::serve_http(orchestrator, options, shutdown).await.map_err(|e| e.to_string())
+    let served = http::serve_http(orchestrator.clone(), options, shutdown).await.map_err(|e| e.to_string());
+    state::save_now(&orchestrator, &state::path());
+    served
 }
 
 /// `config <client>`: the registration on stdout, where it goes on stderr.

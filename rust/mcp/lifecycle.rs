@@ -90,6 +90,9 @@ impl SandboxServer {
         annotations(destructive_hint = true, idempotent_hint = false, open_world_hint = false)
     )]
     async fn destroy(&self, Parameters(p): Parameters<DestroyParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+        if self.manager.get(&p.sandbox).is_ok_and(|s| s.parent.is_some()) {
+            return fail("use destroy_child to destroy child sandboxes");
+        }
         match self.manager.destroy(&p.sandbox).await {
             Err(OrchestratorError::Lost { .. }) if self.manager.forget_lost(&p.sandbox) => ok(format!(
                 "Forgot sandbox '{}': its VM was already gone. Its /workspace is kept.",

@@ -2,11 +2,13 @@
 //! calls and orchestrator results into the reference's text shapes. No policy
 //! or state lives here. Tools are grouped by topic, one router per file:
 //! [`core`] (exec, python, install, env), [`files`], [`lifecycle`].
+pub mod children;
 pub mod core;
 pub mod files;
 pub mod format;
 pub mod http;
 pub mod http_token;
+pub mod images;
 pub mod lease;
 pub mod lifecycle;
 pub mod network;
@@ -27,7 +29,7 @@ use rmcp::{
 };
 
 use crate::orchestrator::{
-    Orchestrator, OrchestratorError, SandboxManager, forward::ForwardManager, sync::SyncManager,
+    Orchestrator, OrchestratorError, SandboxManager, forward::ForwardManager, spawn::SpawnManager, sync::SyncManager,
 };
 
 /// What the server tells the agent about the sandbox model on connect.
@@ -45,6 +47,7 @@ pub struct SandboxServer {
     manager: Arc<SandboxManager>,
     forwards: Arc<ForwardManager>,
     syncs: Arc<SyncManager>,
+    spawns: Arc<SpawnManager>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -59,11 +62,14 @@ impl SandboxServer {
             + Self::observe_router()
             + Self::network_router()
             + Self::sync_router()
-            + Self::lease_router();
+            + Self::lease_router()
+            + Self::images_router()
+            + Self::children_router();
         Self {
             manager: orchestrator.sandboxes.clone(),
             forwards: orchestrator.forwards.clone(),
             syncs: orchestrator.syncs.clone(),
+            spawns: orchestrator.spawns.clone(),
             tool_router,
         }
     }

@@ -86,6 +86,9 @@ impl SandboxServer {
         annotations(destructive_hint = false, idempotent_hint = false, open_world_hint = false)
     )]
     async fn expose(&self, Parameters(p): Parameters<ExposeParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+        if self.manager.get(&p.sandbox).is_ok_and(|s| !self.spawns.may_forward(&s)) {
+            return fail("port forwarding not permitted on child sandboxes");
+        }
         match self.forwards.expose(&p.sandbox, p.port, p.host_port).await {
             Ok(e) => ok(exposed_text(&e)),
             Err(e) => fail(e),

@@ -18,12 +18,28 @@
 //! [profiles.offline]                   # applies to the sandbox named "offline"
 //! network = "none"
 //! memory = "1G"
+//! [spawn_policies.default]              # who may spawn children (see spawn::policy)
+//! max_concurrent = 3
+//! inject_ctl = true                     # opt in to sandbox-ctl inside "default"
 //! ```
-use std::{collections::HashMap, path::PathBuf, time::Duration};
+//!
+//! Without a `[spawn_policies]` table, `default` may spawn under the built-in
+//! policy (no sandbox-ctl); with one, exactly the listed names may.
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::PathBuf,
+    time::Duration,
+};
 
 use serde::Deserialize;
 
-use super::{error::OrchestratorError, helper_client::Network, hostpath::HostRoots, lease::Limits};
+use super::{
+    error::OrchestratorError,
+    helper_client::Network,
+    hostpath::HostRoots,
+    lease::Limits,
+    spawn::policy::{SpawnPolicy, SpawnPolicyFile},
+};
 
 /// What a sandbox is created with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,6 +75,7 @@ struct ConfigFile {
     defaults: ProfileFile,
     #[serde(default)]
     profiles: HashMap<String, ProfileFile>,
+    spawn_policies: Option<BTreeMap<String, SpawnPolicyFile>>,
 }
 
 /// The whole orchestrator configuration.
@@ -77,6 +94,8 @@ pub struct Config {
     /// Where `.sandbox-mcp.toml` is looked for: `SANDBOX_MCP_PROJECT_DIR`,
     /// else the first host root (the server's start directory by default).
     pub project_dir: PathBuf,
+    /// Who may spawn child sandboxes, by parent name.
+    pub spawn_policies: BTreeMap<String, SpawnPolicy>,
 }
 
 /// A configuration error naming its key.
@@ -174,6 +193,20 @@ impl Config {
             super::names::validate_sandbox_name(name)?;
             profiles.insert(name.clone(), apply(&defaults, f, &format!("profiles.{name}"))?);
         }
+        let spawn_policies = match &file.spawn_policies {
+            None => BTreeMap::from([("default".to_string(), SpawnPolicy::builtin(&defaults.image))]),
+            Some(table) => {
+                let mut out = BTreeMap::new();
+                for (name, f) in table {
+                    super::names::validate_sandbox_name(name)?;
+                    out.insert(
+                        name.clone(),
+                        SpawnPolicy::from_file(f, &defaults.image, &format!("spawn_policies.{name}"))?,
+                    );
+                }
+                out
+            }
+        };
         let idle_secs = match env("SANDBOX_MCP_IDLE_TTL") {
             Some(v) => v
                 .parse::<u64>()
@@ -202,6 +235,7 @@ impl Config {
             volumes_dir: crate::paths::volumes_dir(),
             limits: Limits::load(file.lease_ttl, file.max_lease_ttl, file.max_sandboxes)?,
             project_dir,
+            spawn_policies,
         })
     }
 
@@ -250,5 +284,22 @@ mod tests {
         let bad: ConfigFile = toml::from_str("[profiles.x]\nnetwork = \"wifi\"\n").unwrap();
         assert!(Config::from_file(bad).unwrap_err().to_string().contains("profiles.x.network"));
         assert!(toml::from_str::<ConfigFile>("bogus = 1\n").is_err());
+    }
+
+    #[test]
+    fn spawn_policies_builtin_or_listed() {
+        let c = Config::from_file(toml::from_str("host_roots = [\"/tmp\"]\n").unwrap()).unwrap();
+        assert_eq!(c.spawn_policies.keys().collect::<Vec<_>>(), ["default"]);
+        assert!(!c.spawn_policies["default"].inject_ctl);
+        assert_eq!(c.spawn_policies["default"].allowed_images, vec![c.defaults().image.clone()]);
+        let file = "host_roots = [\"/tmp\"]\n[spawn_policies.boss]\ninject_ctl = true\nmax_total = 2\n";
+        let c = Config::from_file(toml::from_str(file).unwrap()).unwrap();
+        assert_eq!(c.spawn_policies.keys().collect::<Vec<_>>(), ["boss"]);
+        assert_eq!((c.spawn_policies["boss"].max_total, c.spawn_policies["boss"].inject_ctl), (2, true));
+        let bad = "host_roots = [\"/tmp\"]\n[spawn_policies.boss]\nchild_network_peers = \"x\"\n";
+        let e = Config::from_file(toml::from_str(bad).unwrap()).unwrap_err().to_string();
+        assert!(e.contains("spawn_policies.boss.child_network_peers"), "{e}");
+        let e = toml::from_str::<ConfigFile>("[spawn_policies.boss]\nmax_kids = 1\n").unwrap_err().to_string();
+        assert!(e.contains("max_kids"), "{e}");
     }
 }

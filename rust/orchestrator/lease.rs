@@ -193,6 +193,11 @@ impl SandboxManager {
             )));
         }
         let sandbox = self.get(name)?;
+        if sandbox.parent.is_some() {
+            return Err(OrchestratorError::NotPermitted(format!(
+                "'{name}' is a child sandbox: its lifetime is its parent's child_ttl, not a lease to extend"
+            )));
+        }
         let now = SystemTime::now();
         let base = sandbox.lease_expires().filter(|t| *t > now).unwrap_or(now);
         let expires = base + Duration::from_secs(minutes * 60);

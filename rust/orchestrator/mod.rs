@@ -11,14 +11,21 @@
 //! - [`config`]: defaults, profiles, idle TTL, host roots.
 //! - [`hostpath`]: the host-roots policy for host paths.
 //! - [`text`]: output bytes to client text.
+//! - [`spawn`]: child sandboxes under spawn policies; [`ctl`]: the
+//!   sandbox-ctl server that lets a sandbox spawn its own children.
 //! - [`state`]: the state file (leases, history, forwards, sync jobs, spawn
 //!   counters, lost sandboxes) and putting it back after a restart.
 //! - [`watchdog`]: restarting the helper and reporting lost sandboxes.
+//! - [`images`], [`build`], [`containerfile`]: snapshots, restore, clone and
+//!   `build_image`.
 
 pub mod artifacts;
 pub mod audit;
 pub mod background;
+pub mod build;
 pub mod config;
+pub mod containerfile;
+pub mod ctl;
 pub mod env;
 pub mod error;
 pub mod exec;
@@ -26,6 +33,7 @@ pub mod files;
 pub mod forward;
 pub mod helper_client;
 pub mod hostpath;
+pub mod images;
 pub mod lease;
 pub mod names;
 pub mod observe;
@@ -33,6 +41,7 @@ pub mod packages;
 pub mod project;
 pub mod sandbox;
 pub mod shell;
+pub mod spawn;
 pub mod state;
 pub mod sync;
 pub mod tarstream;
@@ -43,8 +52,10 @@ pub mod watchdog;
 pub use config::Config;
 use std::sync::Arc;
 
+use ctl::CtlServer;
 use forward::ForwardManager;
 use sandbox::SandboxListener;
+use spawn::SpawnManager;
 use sync::SyncManager;
 
 pub use error::OrchestratorError;
@@ -58,18 +69,29 @@ pub struct Orchestrator {
     pub forwards: Arc<ForwardManager>,
     /// Host → sandbox sync jobs.
     pub syncs: Arc<SyncManager>,
+    /// Child sandboxes and their bookkeeping.
+    pub spawns: Arc<SpawnManager>,
+    /// The sandbox-ctl sockets.
+    pub ctl: Arc<CtlServer>,
 }
 
 impl Orchestrator {
     /// Wire the services together: forwards and sync jobs follow their
     /// sandbox's destruction (reset keeps both: a forward dials the new VM, a
-    /// sync job re-pushes), and idle sandboxes are reaped.
+    /// sync job re-pushes), spawn bookkeeping and sandbox-ctl sockets follow
+    /// too, and idle sandboxes are reaped. Sandboxes attached at start get
+    /// their sandbox-ctl sockets back here.
     pub fn new(sandboxes: Arc<SandboxManager>) -> Self {
         let forwards = Arc::new(ForwardManager::new(sandboxes.clone()));
         let syncs = Arc::new(SyncManager::new(sandboxes.clone()));
+        let spawns = Arc::new(SpawnManager::new(sandboxes.clone()));
+        let ctl = CtlServer::new(spawns.clone());
         sandboxes.subscribe(Arc::new(FollowSandboxes { forwards: forwards.clone(), syncs: syncs.clone() }));
+        sandboxes.subscribe(Arc::new(spawn::FollowSpawns(spawns.clone())));
+        sandboxes.subscribe(Arc::new(ctl::FollowCtl(ctl.clone())));
+        ctl.reattach();
         sandboxes.spawn_reaper();
-        Self { sandboxes, forwards, syncs }
+        Self { sandboxes, forwards, syncs, spawns, ctl }
     }
 
     /// Pick up where the previous server left off: put the state file back
@@ -84,6 +106,7 @@ impl Orchestrator {
             }
         };
         state::restore(self, saved).await;
+        build::remove_orphans(&self.sandboxes.helper).await;
         self.sandboxes.reap_expired().await;
         state::spawn_writer(self, state_file);
         self.sandboxes.spawn_watchdog(respawn);

@@ -23,7 +23,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use super::{Orchestrator, audit::AuditEntry, sandbox::Sandbox};
+use super::{Orchestrator, audit::AuditEntry, sandbox::Sandbox, spawn::SpawnState};
 
 /// The schema this build writes; files without a version are read as v1.
 const SCHEMA_VERSION: u32 = 2;
@@ -39,15 +39,10 @@ pub struct StateFile {
     /// Unix seconds.
     #[serde(default)]
     pub written_at: f64,
-    /// Lifetime spawns per parent.
-    #[serde(default)]
-    pub spawn_seqs: BTreeMap<String, u64>,
-    /// Resets/restores per parent.
-    #[serde(default)]
-    pub parent_generations: BTreeMap<String, u64>,
-    /// Policies derived for children that may spawn.
-    #[serde(default)]
-    pub derived_policies: BTreeMap<String, serde_json::Value>,
+    /// Spawn counters and derived policies (`spawn_seqs`,
+    /// `parent_generations`, `derived_policies`).
+    #[serde(flatten)]
+    pub spawn: SpawnState,
     /// Per sandbox.
     #[serde(default)]
     pub sandboxes: BTreeMap<String, SandboxRecord>,
@@ -270,7 +265,7 @@ impl StateFile {
 
 /// Gather the current state of every service.
 pub fn capture(o: &Orchestrator) -> StateFile {
-    let state = StateFile {
+    StateFile {
         sandboxes: o.sandboxes.list().iter().map(|s| (s.name.clone(), SandboxRecord::of(s))).collect(),
         forwards: o
             .forwards
@@ -285,9 +280,9 @@ pub fn capture(o: &Orchestrator) -> StateFile {
             .map(|j| SyncRecord { id: j.id, local: j.local, sandbox: j.sandbox, dir: j.dir, files_synced: j.files_synced })
             .collect(),
         lost: o.sandboxes.lost(),
+        spawn: o.spawns.export_state(),
         ..Default::default()
-    };
-    state
+    }
 }
 
 /// Put a saved state back onto freshly attached sandboxes: leases, history,
@@ -313,6 +308,7 @@ pub async fn restore(o: &Orchestrator, state: StateFile) {
     }
     lost.retain(|name, _| !attached.contains_key(name));
     o.sandboxes.set_lost(lost);
+    o.spawns.import_state(state.spawn);
     for f in state.forwards.iter().filter(|f| attached.contains_key(&f.sandbox)) {
         if let Err(e) = o.forwards.expose(&f.sandbox, f.port.into(), f.host_port.into()).await {
             tracing::warn!(sandbox = %f.sandbox, host_port = f.host_port, "could not restore port forward: {e}");
@@ -324,6 +320,14 @@ pub async fn restore(o: &Orchestrator, state: StateFile) {
         }
     }
     o.sandboxes.state_changed();
+}
+
+/// Write the current state now (at shutdown: the writer task may still be
+/// inside its coalescing window).
+pub fn save_now(o: &Orchestrator, path: &Path) {
+    if let Err(e) = capture(o).save(path) {
+        tracing::warn!("could not write the state file: {e}");
+    }
 }
 
 /// Write the file whenever something in it changed, until the orchestrator
@@ -365,7 +369,7 @@ mod tests {
         let dir = temp_dir("rt");
         let path = dir.join("state.json");
         let mut s = StateFile::default();
-        s.spawn_seqs.insert("default".into(), 3);
+        s.spawn.spawn_seqs.insert("default".into(), 3);
         s.sandboxes.insert(
             "default".into(),
             SandboxRecord { container: "default".into(), role: "primary".into(), cpus: 2, ..Default::default() },

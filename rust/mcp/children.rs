@@ -1,0 +1,120 @@
+//! Child sandbox tools: spawn, children, destroy_child. Policies and budgets
+//! live in the orchestrator's [`SpawnManager`](crate::orchestrator::spawn::SpawnManager);
+//! this file maps parameters in and results to the reference's text.
+use rmcp::{handler::server::wrapper::Parameters, model::CallToolResult, schemars, tool, tool_router};
+use serde::Deserialize;
+
+use super::{SandboxServer, default_sandbox, fail, ok, reply};
+use crate::orchestrator::{Sandbox, spawn::SpawnRequest};
+
+/// Parameters of `spawn`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct SpawnParams {
+    /// Image for the child; empty: the parent policy's first allowed image.
+    #[serde(default)]
+    pub image: String,
+    /// Parent sandbox (must exist and have a spawn policy).
+    #[serde(default = "default_sandbox")]
+    pub parent: String,
+    /// Child name; empty: `<parent>-child-<NNNN>`.
+    #[serde(default)]
+    pub name: String,
+    /// CPUs; 0: the policy's per-child maximum (larger values are clamped to it).
+    #[serde(default)]
+    pub cpus: i64,
+    /// Memory like `256M` or `1G`; empty: the policy's per-child maximum.
+    #[serde(default)]
+    pub memory: String,
+}
+
+/// Parameters of `children`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct ChildrenParams {
+    /// Parent sandbox.
+    #[serde(default = "default_sandbox")]
+    pub parent: String,
+}
+
+/// Parameters of `destroy_child`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct DestroyChildParams {
+    /// Child sandbox to destroy (with its own children).
+    pub name: String,
+}
+
+fn spawned_text(parent: &str, c: &Sandbox) -> String {
+    let mut lines = vec![
+        format!("Spawned child '{}': {}", c.name, c.name),
+        format!("  Parent: {parent}"),
+        format!("  Image: {}", c.image),
+        format!("  Resources: {} CPUs, {}MB", c.cpus, c.memory_bytes >> 20),
+    ];
+    if let Some(left) = c.lease_remaining() {
+        lines.push(format!("  TTL: {}s remaining", left.as_secs()));
+    }
+    lines.join("\n")
+}
+
+fn child_line(c: &Sandbox) -> String {
+    let ttl = c.lease_remaining().map(|l| format!(" [TTL={}s]", l.as_secs())).unwrap_or_default();
+    format!(
+        "  {}: {} ({} CPUs, {}MB, image={}){ttl} idle={}s",
+        c.name,
+        c.name,
+        c.cpus,
+        c.memory_bytes >> 20,
+        c.image,
+        c.idle().as_secs()
+    )
+}
+
+#[tool_router(router = children_router, vis = "pub(super)")]
+impl SandboxServer {
+    #[tool(
+        description = "Spawn a child sandbox of an existing parent, within the parent's spawn policy (allowed images, \
+                       per-child and total CPU/memory budgets, concurrent and lifetime limits, TTL). Children run \
+                       without package caches and are destroyed with their parent.",
+        annotations(destructive_hint = false, idempotent_hint = false, open_world_hint = false)
+    )]
+    async fn spawn(&self, Parameters(p): Parameters<SpawnParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+        let req = SpawnRequest { image: p.image, name: p.name, cpus: p.cpus, memory: p.memory };
+        match self.spawns.spawn(&p.parent, &req).await {
+            Ok(child) => ok(spawned_text(&p.parent, &child)),
+            Err(e) => fail(format!("{}: {e}", e.class())),
+        }
+    }
+
+    #[tool(
+        description = "List a parent's live child sandboxes with their resources, TTL and the lifetime spawn count.",
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn children(&self, Parameters(p): Parameters<ChildrenParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+        let children = self.manager.children(&p.parent);
+        let policy = self.spawns.effective_policy(&p.parent);
+        let used = self.spawns.spawns_used(&p.parent);
+        if children.is_empty() {
+            return ok(match policy {
+                Some(pol) => {
+                    format!("No active children for '{}' ({used}/{} lifetime spawns used)", p.parent, pol.max_total)
+                }
+                None => format!("No active children for '{}' (no spawn policy configured)", p.parent),
+            });
+        }
+        let mut lines = vec![format!("Children of '{}' ({} active):", p.parent, children.len())];
+        lines.extend(children.iter().map(|c| child_line(c)));
+        let max = policy.map(|pol| pol.max_total.to_string()).unwrap_or_else(|| "?".into());
+        lines.push(format!("Lifetime spawns: {used}/{max}"));
+        ok(lines.join("\n"))
+    }
+
+    #[tool(
+        description = "Destroy a child sandbox (and its own children). Use destroy for top-level sandboxes.",
+        annotations(destructive_hint = true, idempotent_hint = false, open_world_hint = false)
+    )]
+    async fn destroy_child(
+        &self,
+        Parameters(p): Parameters<DestroyChildParams>,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
+        reply(self.spawns.destroy_child(&p.name).await.map(|s| format!("Destroyed sandbox '{}' ({})", s.name, s.name)))
+    }
+}

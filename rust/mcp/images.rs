@@ -1,0 +1,255 @@
+//! Snapshot and image tools: snapshot, restore, list_snapshots,
+//! delete_snapshot, images, build_image, clone. `build_image` reports each
+//! step as a progress notification and stops (removing its build VMs and
+//! intermediate images) when the client cancels.
+use std::{
+    collections::BTreeMap,
+    time::{Duration, SystemTime},
+};
+
+use rmcp::{
+    RoleServer,
+    handler::server::wrapper::Parameters,
+    model::{CallToolResult, ContentBlock, ProgressNotificationParam},
+    schemars,
+    service::RequestContext,
+    tool, tool_router,
+};
+use serde::Deserialize;
+use tokio::sync::mpsc;
+
+use super::{SandboxServer, default_sandbox, fail, ok};
+use crate::orchestrator::{
+    build::BuildSpec,
+    helper_client::ImageSummary,
+    images::{ImagesError, KIND_LABEL, SOURCE_LABEL},
+    text::human_size,
+};
+
+/// Parameters of `snapshot` and `restore`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct SnapshotParams {
+    /// Snapshot name: lowercase letters, digits, '.', '_', '-' (at most 54).
+    pub snapshot_name: String,
+    /// Sandbox name.
+    #[serde(default = "default_sandbox")]
+    pub sandbox: String,
+}
+
+/// Parameters of `delete_snapshot`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct DeleteSnapshotParams {
+    /// Snapshot to delete.
+    pub snapshot_name: String,
+}
+
+/// Parameters of `build_image`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct BuildImageParams {
+    /// Name of the new image (lowercase: ^[a-z0-9][a-z0-9._-]{0,62}$).
+    pub name: String,
+    /// Containerfile text. Supported: FROM <local image>, RUN, COPY/ADD (from heredocs or `context`), ENV, ARG, WORKDIR, USER, LABEL.
+    pub containerfile: String,
+    /// Files COPY/ADD can read: relative path → content.
+    #[serde(default)]
+    pub context: BTreeMap<String, String>,
+    /// Replace an existing image of that name once the build succeeded.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// Parameters of `clone`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct CloneParams {
+    /// Sandbox to copy (root filesystem changes and /workspace).
+    pub source: String,
+    /// Name of the new sandbox.
+    pub target: String,
+}
+
+/// A failure whose text carries its own prefix (`Error building image: …`).
+fn fail_as(prefix: &str, e: impl std::fmt::Display) -> Result<CallToolResult, rmcp::ErrorData> {
+    Ok(CallToolResult::error(vec![ContentBlock::text(format!("{prefix}: {e}"))]))
+}
+
+fn age(ms: i64) -> String {
+    let at = SystemTime::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
+    let secs = SystemTime::now().duration_since(at).unwrap_or_default().as_secs();
+    match secs {
+        s if s < 60 => format!("{s}s"),
+        s if s < 3600 => format!("{}m", s / 60),
+        s if s < 86_400 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+fn kind(i: &ImageSummary) -> String {
+    let kind = i.labels.get(KIND_LABEL).map(String::as_str).unwrap_or(if i.parent.is_empty() { "base" } else { "" });
+    match (kind, i.parent.as_str()) {
+        (k, "") => k.to_string(),
+        ("", p) => format!("<- {p}"),
+        (k, p) => format!("{k} <- {p}"),
+    }
+}
+
+fn images_table(images: &[ImageSummary]) -> String {
+    let width = images.iter().map(|i| i.name.len()).max().unwrap_or(0).max(4);
+    let mut lines =
+        vec![format!("{:<width$}  {:>8}  {:>8}  {:>6}  KIND / PARENT", "NAME", "SIZE", "CREATED", "LAYERS")];
+    for i in images {
+        lines.push(format!(
+            "{:<width$}  {:>8}  {:>8}  {:>6}  {}",
+            i.name,
+            human_size(i.size_bytes),
+            format!("{} ago", age(i.created_at_ms)),
+            i.layer_count,
+            kind(i)
+        ));
+    }
+    lines.join("\n")
+}
+
+#[tool_router(router = images_router, vis = "pub(super)")]
+impl SandboxServer {
+    #[tool(
+        description = "Save a sandbox's root filesystem (installed packages, files outside /workspace, env) as a named snapshot. Incremental: only what changed since its image is stored. /workspace is never part of a snapshot.",
+        annotations(destructive_hint = false, idempotent_hint = false, open_world_hint = false)
+    )]
+    async fn snapshot(&self, Parameters(p): Parameters<SnapshotParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+        match self.manager.snapshot(&p.snapshot_name, &p.sandbox).await {
+            Ok((s, layer, took)) => ok(format!(
+                "Snapshot '{}' saved from {} (incremental, {}, {}ms)",
+                s.name,
+                p.sandbox,
+                human_size(layer),
+                took.as_millis()
+            )),
+            Err(e) => fail(e),
+        }
+    }
+
+    #[tool(
+        description = "Replace a sandbox (and its children) with a fresh one booted from a snapshot. /workspace is kept; port forwards and sync jobs follow the new sandbox.",
+        annotations(destructive_hint = true, idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn restore(&self, Parameters(p): Parameters<SnapshotParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+        match self.manager.restore(&p.snapshot_name, &p.sandbox).await {
+            Ok(s) => ok(format!("Restored '{}' as '{}': {}", p.snapshot_name, p.sandbox, s.name)),
+            Err(ImagesError::Restoring(e)) => fail_as("Error restoring", e),
+            Err(e) => fail(e),
+        }
+    }
+
+    #[tool(description = "List saved snapshots.", annotations(read_only_hint = true, open_world_hint = false))]
+    async fn list_snapshots(&self) -> Result<CallToolResult, rmcp::ErrorData> {
+        match self.manager.snapshots().await {
+            Ok(list) if list.is_empty() => ok("No snapshots saved. Use snapshot('name') to create one."),
+            Ok(list) => {
+                let mut lines = vec!["Available snapshots:".to_string()];
+                lines.extend(list.iter().map(|s| {
+                    let from = s.image.labels.get(SOURCE_LABEL).map(|f| format!(", from '{f}'")).unwrap_or_default();
+                    format!(
+                        "  - {} ({}{from}, {} ago)",
+                        s.name,
+                        human_size(s.image.size_bytes),
+                        age(s.image.created_at_ms)
+                    )
+                }));
+                ok(lines.join("\n"))
+            }
+            Err(e) => fail(e),
+        }
+    }
+
+    #[tool(
+        description = "Delete a snapshot. Refused while snapshots or images built on it exist. Sandboxes running on it keep working.",
+        annotations(destructive_hint = true, idempotent_hint = false, open_world_hint = false)
+    )]
+    async fn delete_snapshot(
+        &self,
+        Parameters(p): Parameters<DeleteSnapshotParams>,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
+        match self.manager.delete_snapshot(&p.snapshot_name).await {
+            Ok(()) => ok(format!("Deleted snapshot '{}'", p.snapshot_name)),
+            Err(e) => fail(e),
+        }
+    }
+
+    #[tool(
+        description = "Every local image: name, size, age, layers, and what it is (base, snapshot, built) with its parent.",
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn images(&self) -> Result<CallToolResult, rmcp::ErrorData> {
+        match self.manager.images().await {
+            Ok(list) if list.is_empty() => ok("No images found"),
+            Ok(list) => ok(images_table(&list)),
+            Err(e) => fail_as("Error listing images", e),
+        }
+    }
+
+    #[tool(
+        description = "Build an image from a Containerfile, one layer per step, on a local image (FROM). Supported: FROM, RUN, COPY/ADD (heredocs `COPY <<EOF /path` or files given in `context`), ENV, ARG, WORKDIR, USER, LABEL. RUN has network access. Sandboxes boot it via a profile or .sandbox-mcp.toml `image`. Progress is reported per step.",
+        annotations(destructive_hint = false, idempotent_hint = false, open_world_hint = true)
+    )]
+    async fn build_image(
+        &self,
+        Parameters(p): Parameters<BuildImageParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
+        let spec = BuildSpec { name: p.name, containerfile: p.containerfile, context: p.context, force: p.force };
+        let (tx, mut steps) = mpsc::unbounded_channel::<(usize, usize, String)>();
+        let on_step = move |k: usize, total: usize, text: &str| {
+            let _ = tx.send((k, total, text.to_string()));
+        };
+        let work = self.manager.build_image(&spec, &on_step);
+        tokio::pin!(work);
+        let token = ctx.meta.get_progress_token();
+        let result = loop {
+            tokio::select! {
+                out = &mut work => break out,
+                _ = ctx.ct.cancelled() => {
+                    tracing::info!(image = %spec.name, "build cancelled by the client");
+                    return fail("cancelled by the client; the build VM and intermediate images are removed");
+                }
+                Some((k, total, text)) = steps.recv() => {
+                    if let Some(token) = &token {
+                        let param = ProgressNotificationParam::new(token.clone(), k as f64)
+                            .with_total(total as f64)
+                            .with_message(format!("Step {k}/{total}: {text}"));
+                        // A client that went away cannot be told; the build goes on.
+                        let _ = ctx.peer.notify_progress(param).await;
+                    }
+                }
+            }
+        };
+        match result {
+            Ok(b) => ok(format!(
+                "Built image '{}' ({} steps, {}, {}ms)",
+                b.image.name,
+                b.steps,
+                human_size(b.image.size_bytes),
+                b.elapsed.as_millis()
+            )),
+            Err(e) => fail_as("Error building image", e),
+        }
+    }
+
+    #[tool(
+        name = "clone",
+        description = "Create sandbox `target` as a copy of `source`: its root filesystem changes (copied with the source briefly frozen) and its /workspace.",
+        annotations(destructive_hint = false, idempotent_hint = false, open_world_hint = false)
+    )]
+    async fn clone_sandbox(&self, Parameters(p): Parameters<CloneParams>) -> Result<CallToolResult, rmcp::ErrorData> {
+        match self.manager.clone_sandbox(&p.source, &p.target).await {
+            Ok(c) => ok(format!(
+                "Cloned '{}' -> '{}': {} ({}, {}ms)",
+                p.source,
+                p.target,
+                c.sandbox.name,
+                human_size(c.workspace_bytes),
+                c.elapsed.as_millis()
+            )),
+            Err(e) => fail(e),
+        }
+    }
+}

@@ -1,0 +1,270 @@
+"""sandbox-ctl from inside a sandbox: the CLI's commands, output and exit
+codes (internals §16), and every error code of the NDJSON protocol (§15)
+spoken raw to /run/sandbox-ctl.sock with python3."""
+import base64
+import json
+import os
+import re
+
+import pytest
+
+from conftest import write_config
+from waiting import wait_for
+
+IMAGE = os.environ.get("SANDBOX_MCP_TEST_IMAGE", "mcp-test")
+
+CTL_CONFIG = f"""
+[spawn_policies.default]
+inject_ctl = true
+max_concurrent = 2
+max_total = 8
+total_child_cpus = 4
+total_child_memory_mb = 1024
+child_max_cpus = 1
+child_max_memory = "256M"
+allowed_images = ["{IMAGE}"]
+child_ttl = 0
+"""
+
+# Sends one raw payload (base64 in argv[1], or `big` for an oversize line)
+# to the ctl socket and prints the response line.
+RAW_CLIENT = r"""
+import base64, socket, sys
+if sys.argv[1] == "big":
+    payload = b'{"id": 9, "method": "ping", "params": {"x": "' + b"a" * 70000 + b'"}}\n'
+else:
+    payload = base64.b64decode(sys.argv[1])
+s = socket.socket(socket.AF_UNIX)
+s.connect("/run/sandbox-ctl.sock")
+s.sendall(payload)
+s.shutdown(socket.SHUT_WR)
+buf = b""
+while not buf.endswith(b"\n"):
+    chunk = s.recv(65536)
+    if not chunk:
+        break
+    buf += chunk
+sys.stdout.write(buf.decode())
+"""
+
+
+def sh(srv, command: str, sandbox: str = "default", timeout: int = 120) -> tuple[str, str, int]:
+    """Runs a shell command in a sandbox: (stdout, stderr, exit code)."""
+    r = srv.call_raw("exec", command=command, sandbox=sandbox, timeout=timeout, call_timeout=timeout + 30)
+    out = r.structured_content
+    assert out is not None, r
+    return out["stdout"], out["stderr"], out["exit_code"]
+
+
+@pytest.fixture
+def ctl_srv(server_factory, env, ctl_bin):
+    write_config(env, CTL_CONFIG)
+    srv = server_factory(SANDBOX_CTL_BIN=ctl_bin)
+    out, err, code = sh(srv, "ls -l /usr/local/bin/sandbox-ctl /run/sandbox-ctl.sock")
+    assert code == 0, err
+    return srv
+
+
+def test_cli_commands(ctl_srv):
+    srv = ctl_srv
+    assert sh(srv, "sandbox-ctl ping") == ("ok (parent: default)\n", "", 0)
+    out, _, code = sh(srv, "sandbox-ctl -h")
+    assert code == 0 and out.startswith("Usage: sandbox-ctl [--json] <command>"), out
+    out, err, code = sh(srv, "sandbox-ctl frobnicate")
+    assert code == 1 and out == "" and err.startswith("sandbox-ctl: unknown command: frobnicate\nUsage:"), err
+    _, err, code = sh(srv, "sandbox-ctl --bogus ping")
+    assert code == 1 and "unknown flag: --bogus" in err, err
+
+    assert sh(srv, "sandbox-ctl spawn --name w1 --memory 128M") == ("w1\n", "", 0)
+    out, _, code = sh(srv, "sandbox-ctl list")
+    lines = out.splitlines()
+    assert code == 0 and re.fullmatch(r"NAME +IMAGE +CPUS +MEM\(MB\) +TTL", lines[0]), out
+    assert re.fullmatch(rf"w1 +{IMAGE} +1 +128 +-", lines[1]), out
+    text, _ = srv.tool("children")
+    assert text.startswith("Children of 'default' (1 active):\n  w1: w1 (1 CPUs, 128MB"), text
+
+    out, err, code = sh(srv, "sandbox-ctl exec w1 -- sh -c 'echo out; echo err1 >&2; echo err2 >&2; exit 3'")
+    assert (out, err, code) == ("out\n", "[stderr] err1\n[stderr] err2\n", 3)
+    # A remote exit code outside 0..255 (here -1, a timeout) becomes 1.
+    out, err, code = sh(srv, "sandbox-ctl exec w1 --timeout 1 -- sleep 10")
+    assert code == 1 and "[stderr] Timed out after 1s" in err, (out, err)
+    out, _, code = sh(srv, "sandbox-ctl exec w1 --workdir /tmp/new/dir -- pwd")
+    assert (out, code) == ("/tmp/new/dir\n", 0)
+    # The command ran in the child, through its audit log.
+    text, _ = srv.tool("history", sandbox="w1")
+    assert "echo out" in text, text
+
+    out, _, code = sh(srv, "sandbox-ctl --json exec w1 -- echo it\\'s")
+    result = json.loads(out)
+    assert code == 0 and result["name"] == "w1" and result["result"]["stdout"] == "it's\n", out
+
+    out, _, code = sh(srv, "sandbox-ctl run -- sh -c 'echo ran in $(hostname)'")
+    assert code == 0 and out.startswith("ran in "), out
+    out, _, _ = sh(srv, "sandbox-ctl --json list")
+    assert [c["name"] for c in json.loads(out)["children"]] == ["w1"], out
+    assert sh(srv, "sandbox-ctl destroy w1") == ("w1\n", "", 0)
+    out, _, _ = sh(srv, "sandbox-ctl list")
+    assert out.splitlines()[1:] == [], out
+    # spawn w1, run's child, and nothing else counted.
+    text, _ = srv.tool("children")
+    assert text == "No active children for 'default' (2/8 lifetime spawns used)", text
+
+    _, err, code = sh(srv, "sandbox-ctl destroy ghost")
+    assert code == 1 and err == "sandbox-ctl: NOT_FOUND: Child 'ghost' not found under 'default'\n", err
+    _, err, code = sh(srv, "SANDBOX_CTL_SOCK=/nonexistent sandbox-ctl ping")
+    assert code == 1 and err.startswith("sandbox-ctl: cannot connect to /nonexistent"), err
+
+
+def raw(srv, payload: bytes | str) -> dict:
+    arg = "big" if payload == "big" else base64.b64encode(payload).decode()
+    out, err, code = sh(srv, f"python3 /workspace/raw.py {arg}")
+    assert code == 0, err
+    assert out.endswith("\n") and out.count("\n") == 1, out
+    return json.loads(out)
+
+
+def test_protocol_error_codes(ctl_srv):
+    srv = ctl_srv
+    text, err = srv.call("write_file", path="/workspace/raw.py", content=RAW_CLIENT)
+    assert not err, text
+
+    def error(payload) -> tuple[object, str, str]:
+        r = raw(srv, payload)
+        return r["id"], r["error"]["code"], r["error"]["message"]
+
+    rid, code, msg = error(b"{not json\n")
+    assert (rid, code) == (None, "INVALID_REQUEST") and msg.startswith("Invalid JSON: "), msg
+    assert error(b"[1, 2]\n") == (None, "INVALID_REQUEST", "Request must be a JSON object")
+    assert error(b'{"id": 1}\n') == (1, "INVALID_REQUEST", "Missing method")
+    assert error(b'{"id": "a", "method": "ping", "params": [1]}\n') == ("a", "INVALID_REQUEST", "params must be an object")
+    assert error(b'{"id": 2, "method": "nope"}\n') == (2, "INVALID_REQUEST", "Unknown method: nope")
+    assert error("big") == (None, "INVALID_REQUEST", "Request too long")
+    assert error(b'{"id": 3, "method": "spawn", "params": {"image": "other"}}\n') == (
+        3, "PERMISSION_DENIED", "Image 'other' not allowed for children of 'default'")
+    assert error(b'{"id": 4, "method": "destroy", "params": {"name": "ghost"}}\n') == (
+        4, "NOT_FOUND", "Child 'ghost' not found under 'default'")
+    assert error(b'{"id": 5, "method": "destroy"}\n') == (5, "INVALID_REQUEST", "params.name required")
+    assert error(b'{"id": 6, "method": "exec", "params": {"name": "x", "command": "true", "timeout": 7200}}\n')[1] == (
+        "INVALID_REQUEST")
+
+    # Ids are echoed as given; a last line without newline (then EOF) is answered too.
+    assert raw(srv, b'{"id": "s-1", "method": "ping"}\n') == {"id": "s-1", "result": {"ok": True, "parent": "default"}}
+    assert raw(srv, b'{"id": null, "method": "ping"}')["id"] is None
+    assert raw(srv, b'{"id": 1.5, "method": "ping", "params": null}\n')["id"] == 1.5
+
+    for n in (1, 2):
+        r = raw(srv, f'{{"id": {n}, "method": "spawn", "params": {{"name": "p{n}", "cpus": "1"}}}}\n'.encode())
+        assert r["result"]["name"] == f"p{n}" and r["result"]["cpus"] == 1 and r["result"]["expires_at"] is None, r
+    assert error(b'{"id": 7, "method": "spawn"}\n') == (7, "LIMIT_REACHED", "Concurrent child limit reached")
+    r = raw(srv, b'{"id": 8, "method": "exec", "params": {"name": "p1", "command": "echo hi; exit 4"}}\n')
+    assert r["result"]["name"] == "p1" and r["result"]["result"]["stdout"] == "hi\n", r
+    assert r["result"]["result"]["exit_code"] == 4 and r["result"]["result"]["stderr"] == "", r
+
+
+def test_no_ctl_without_inject_ctl(server_factory, env, ctl_bin):
+    # The built-in policy lets `default` spawn but gives it no sandbox-ctl.
+    srv = server_factory(SANDBOX_CTL_BIN=ctl_bin)
+    _, _, code = sh(srv, "test -e /run/sandbox-ctl.sock || test -e /usr/local/bin/sandbox-ctl")
+    assert code == 1
+    assert not srv.call("spawn", name="kid", call_timeout=120)[1]
+    _, _, code = sh(srv, "test -e /run/sandbox-ctl.sock", sandbox="kid")
+    assert code == 1
+
+
+def test_ctl_children_and_policy_mounts(server_factory, env, ctl_bin):
+    # A child gets ctl only when its parent's policy lets it spawn; other
+    # sandboxes never do.
+    write_config(env, CTL_CONFIG.replace("child_ttl = 0", "child_ttl = 0\nchild_can_spawn = true"))
+    srv = server_factory(SANDBOX_CTL_BIN=ctl_bin)
+    assert sh(srv, "sandbox-ctl spawn --name kid") == ("kid\n", "", 0)
+    assert sh(srv, "sandbox-ctl ping", sandbox="kid") == ("ok (parent: kid)\n", "", 0)
+    assert sh(srv, "sandbox-ctl spawn --name grand", sandbox="kid") == ("grand\n", "", 0)
+    _, err, code = sh(srv, "sandbox-ctl spawn", sandbox="kid")
+    assert code == 1 and err == "sandbox-ctl: LIMIT_REACHED: Concurrent child limit reached\n", err
+    _, _, code = sh(srv, "test -e /run/sandbox-ctl.sock", sandbox="grand")
+    assert code == 1
+    _, _, code = sh(srv, "test -e /run/sandbox-ctl.sock", sandbox="other")
+    assert code == 1
+    # Destroying the parent removes its socket with the subtree.
+    assert not srv.call("destroy", sandbox="default")[1]
+    sock_dir = os.path.join(env["XDG_RUNTIME_DIR"], "sandbox-mcp", "ctl", "kid")
+    assert not os.path.exists(sock_dir)
+
+
+# Holds every connection slot with idle connections, then asks as a ninth.
+SLOW_LORIS = r"""
+import json, select, socket, time
+SOCK = "/run/sandbox-ctl.sock"
+idle = []
+for _ in range(8):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(SOCK)
+    idle.append(s)
+time.sleep(0.5)
+late = socket.socket(socket.AF_UNIX)
+late.connect(SOCK)
+late.sendall(b'{"id": "late", "method": "ping"}\n')
+print(late.makefile().readline().strip())
+ready, _, _ = select.select(idle, [], [], 10)
+print(json.loads(ready[0].makefile().readline())["error"]["message"])
+"""
+
+
+def test_idle_connections_cannot_block_the_api(ctl_srv):
+    srv = ctl_srv
+    text, err = srv.call("write_file", path="/workspace/loris.py", content=SLOW_LORIS)
+    assert not err, text
+    out, err, code = sh(srv, "python3 /workspace/loris.py", timeout=90)
+    assert code == 0, err
+    late, evicted = out.splitlines()
+    assert json.loads(late) == {"id": "late", "result": {"ok": True, "parent": "default"}}
+    assert evicted == "Read timeout"
+
+
+def test_ctl_and_spawn_state_survive_a_server_restart(server_factory, env, ctl_bin):
+    write_config(env, CTL_CONFIG.replace("child_ttl = 0", "child_ttl = 0\nchild_can_spawn = true"))
+    first = server_factory(SANDBOX_CTL_BIN=ctl_bin)
+    assert sh(first, "sandbox-ctl spawn --name kid") == ("kid\n", "", 0)
+    first.close()
+    second = server_factory(SANDBOX_CTL_BIN=ctl_bin)
+    # The sockets are listened on again; the mounted directory sees the new ones.
+    assert sh(second, "sandbox-ctl ping") == ("ok (parent: default)\n", "", 0)
+    assert sh(second, "sandbox-ctl ping", sandbox="kid") == ("ok (parent: kid)\n", "", 0)
+    # The child is still the parent's, with its policy to spawn a grandchild.
+    out, _, _ = sh(second, "sandbox-ctl list")
+    assert [line.split()[0] for line in out.splitlines()[1:]] == ["kid"], out
+    assert sh(second, "sandbox-ctl spawn --name grand", sandbox="kid") == ("grand\n", "", 0)
+
+
+def test_spawn_counters_survive_a_server_restart(server_factory, env, ctl_bin):
+    # The lifetime counters and derived policies travel in the state file.
+    write_config(env, CTL_CONFIG.replace("child_ttl = 0", "child_ttl = 0\nchild_can_spawn = true"))
+    first = server_factory(SANDBOX_CTL_BIN=ctl_bin)
+    assert sh(first, "sandbox-ctl spawn --name kid") == ("kid\n", "", 0)
+    assert sh(first, "sandbox-ctl spawn --name grand", sandbox="kid") == ("grand\n", "", 0)
+    state_file = os.path.join(env["XDG_STATE_HOME"], "sandbox-mcp", "state.json")
+
+    def saved() -> dict:
+        try:
+            with open(state_file) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {}
+
+    assert wait_for(lambda: saved().get("spawn_seqs") == {"default": 1, "kid": 1}), saved()
+    assert saved()["derived_policies"]["kid"]["max_total"] == 4
+    first.close()
+    second = server_factory(SANDBOX_CTL_BIN=ctl_bin)
+    text, _ = second.tool("children")
+    assert text.endswith("Lifetime spawns: 1/8"), text
+    text, _ = second.tool("children", parent="kid")
+    assert text.endswith("Lifetime spawns: 1/4"), text
+
+
+def test_run_honours_name_and_counts_as_a_spawn(ctl_srv):
+    srv = ctl_srv
+    assert not srv.call("write_file", path="/workspace/raw.py", content=RAW_CLIENT)[1]
+    r = raw(srv, b'{"id": 1, "method": "run", "params": {"name": "once", "command": "hostname"}}\n')
+    assert r["result"]["name"] == "once" and r["result"]["result"]["exit_code"] == 0, r
+    text, _ = srv.tool("children")
+    assert text == "No active children for 'default' (1/8 lifetime spawns used)", text
