@@ -275,3 +275,14 @@ def test_child_expose_follows_the_parent_policy(server_factory, env):
     # The forward goes with the child.
     assert not srv.tool("destroy_child", name="web")[1]
     assert wait_for(lambda: srv.tool("unexpose", port=18977)[1])
+
+
+def test_a_child_lease_cannot_be_extended_past_its_ttl(server_factory):
+    srv = server_factory()
+    srv.tool("exec", command="true")
+    text, err = spawn(srv, name="kid")
+    assert not err, text
+    text, err = srv.tool("extend_ttl", sandbox="kid", minutes=5)
+    assert err and "'kid' is a child sandbox" in text and "child_ttl" in text, text
+    # status names the parent of a child.
+    assert re.search(r"^  kid .*parent:default", srv.tool("status")[0], re.M)

@@ -8,7 +8,7 @@ import subprocess
 
 from conftest import required_env
 
-CHECKS = ("helper", "userns", "cgroups", "seccomp", "overlayfs", "kvm", "pasta", "image", "disk")
+CHECKS = ("helper", "userns", "cgroups", "seccomp", "overlayfs", "kvm", "pasta", "image", "sandbox-ctl", "disk")
 
 
 def run(env: dict[str, str], *args: str, **extra: str) -> subprocess.CompletedProcess:
@@ -47,6 +47,13 @@ def test_missing_default_image_fails_with_the_fix(env):
     assert out.returncode == 1
     assert image.startswith("FAIL") and "no-such-image" in image, image
     assert "make install" in image and "sandbox-mcp image build --name no-such-image" in image, image
+
+
+def test_missing_sandbox_ctl_is_a_warning_with_the_fix(env):
+    out = run(env, "doctor", SANDBOX_CTL_BIN="/nonexistent/sandbox-ctl")
+    ctl = lines_by_check(out.stdout)["sandbox-ctl"]
+    assert out.returncode == 0, out.stdout
+    assert ctl.startswith("WARN") and "start without sandbox-ctl" in ctl and "make install" in ctl, ctl
 
 
 def test_unstartable_helper_fails(env):

@@ -100,6 +100,7 @@ pub async fn run(helper_bin: &Path) -> Report {
     add(kvm_check());
     add(pasta());
     add(default_image());
+    add(sandbox_ctl());
     add(disk_space(&paths::data_dir()));
     report
 }
@@ -280,6 +281,17 @@ fn pasta() -> Check {
         }
         Ok(out) => Check::warn("pasta", format!("`pasta --version` failed ({})", out.status), fix),
         Err(e) => Check::warn("pasta", format!("not runnable: {e}"), fix),
+    }
+}
+
+fn sandbox_ctl() -> Check {
+    match crate::orchestrator::ctl::host_binary() {
+        Some(p) => Check::ok("sandbox-ctl", format!("{} (installed into sandboxes whose policy has inject_ctl)", p.display())),
+        None => Check::warn(
+            "sandbox-ctl",
+            "binary not found (SANDBOX_CTL_BIN or next to sandbox-mcp): sandboxes start without sandbox-ctl",
+            "`make install` installs it beside sandbox-mcp",
+        ),
     }
 }
 

@@ -236,6 +236,9 @@ pub struct SandboxManager {
     pub(super) creating: AtomicUsize,
     /// Poked after every change that belongs in the state file.
     pub(super) dirty: Arc<tokio::sync::Notify>,
+    /// Set after a change that may wait for the next periodic write (the
+    /// audit log: a burst of commands must not cost an fsync each).
+    pub(super) history_dirty: Arc<std::sync::atomic::AtomicBool>,
     /// Sandboxes whose VM went away without being destroyed, with why. A
     /// lost name is never silently re-created: tools report it until
     /// `reset` or `destroy` acknowledges the loss.
@@ -254,6 +257,7 @@ impl SandboxManager {
             lifecycle_locks: Mutex::default(),
             creating: AtomicUsize::new(0),
             dirty: Arc::default(),
+            history_dirty: Arc::default(),
             lost: Mutex::default(),
         };
         for vm in manager.helper.list_vms().await? {
@@ -728,7 +732,7 @@ impl SandboxManager {
         sandbox.touch();
         if let Some(text) = cmd.audit_as {
             sandbox.record(&text, result.exit_code(), result.duration);
-            self.state_changed();
+            self.history_dirty.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(result)
     }

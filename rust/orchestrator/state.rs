@@ -29,6 +29,8 @@ use super::{Orchestrator, audit::AuditEntry, sandbox::Sandbox, spawn::SpawnState
 const SCHEMA_VERSION: u32 = 2;
 /// Changes arriving within this window share one write.
 const COALESCE: Duration = Duration::from_millis(50);
+/// How long new command history may wait for a write.
+const HISTORY_DELAY: Duration = Duration::from_secs(1);
 
 /// The whole file.
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -330,15 +332,27 @@ pub fn save_now(o: &Orchestrator, path: &Path) {
     }
 }
 
-/// Write the file whenever something in it changed, until the orchestrator
-/// is dropped.
+/// Write the file whenever something in it changed (within [`COALESCE`];
+/// new command history within [`HISTORY_DELAY`]), until the orchestrator is
+/// dropped.
 pub fn spawn_writer(o: &Arc<Orchestrator>, path: PathBuf) {
     let dirty = o.sandboxes.dirty.clone();
+    let history = o.sandboxes.history_dirty.clone();
     let weak = Arc::downgrade(o);
     tokio::spawn(async move {
+        let mut tick = tokio::time::interval(HISTORY_DELAY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            dirty.notified().await;
-            tokio::time::sleep(COALESCE).await;
+            tokio::select! {
+                _ = dirty.notified() => tokio::time::sleep(COALESCE).await,
+                _ = tick.tick() => {
+                    if !history.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                        continue;
+                    }
+                }
+            }
+            // This write carries whatever history there is.
+            history.store(false, std::sync::atomic::Ordering::Relaxed);
             let Some(o) = weak.upgrade() else { break };
             let mut state = capture(&o);
             drop(o);
