@@ -286,3 +286,40 @@ def test_a_child_lease_cannot_be_extended_past_its_ttl(server_factory):
     assert err and "'kid' is a child sandbox" in text and "child_ttl" in text, text
     # status names the parent of a child.
     assert re.search(r"^  kid .*parent:default", srv.tool("status")[0], re.M)
+
+
+def _vm_init_above(tag: str) -> int | None:
+    """Host pid of the `sandbox-vm-init` process above the sandbox process
+    whose argv is `sleep <tag>`."""
+    want = f"sleep\0{tag}\0".encode()
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and open(f"/proc/{d}/cmdline", "rb").read() == want:
+                pid = d
+                while pid not in ("0", "1"):
+                    pid = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]
+                    if open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"sandbox-vm-init"):
+                        return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def test_a_parent_whose_vm_dies_takes_its_children(server_factory):
+    # The parent is reported lost; its children used to keep running outside
+    # any budget, and a reset of the name adopted them as its own.
+    srv = server_factory()
+    text, err = srv.tool("exec", command="sleep 4243 >/dev/null 2>&1 &")
+    assert not err, text
+    text, err = spawn(srv, name="kid")
+    assert not err, text
+    init = _vm_init_above("4243")
+    assert init, "the parent's VM init process was not found"
+    os.kill(init, 9)
+    gone = wait_for(lambda: "kid" not in names(srv) and "default" not in names(srv), timeout=20)
+    assert gone, srv.tool("status")[0]
+    text, err = srv.tool("exec", command="true")
+    assert err and "sandbox 'default' was lost" in text, text
+    assert not srv.tool("reset")[1]
+    text, err = srv.tool("children")
+    assert text == "No active children for 'default' (1/10 lifetime spawns used)", text

@@ -221,6 +221,9 @@ def test_build_image_errors(isrv):
         "Error building image: line 2: COPY source 'a.txt' is not in the build context (context files: none)"), text
     text, err = isrv.tool("build_image", name="Bad", containerfile=f"FROM {image}\n")
     assert err and text.startswith("Error building image: invalid image name"), text
+    text, err = isrv.tool("build_image", name="mcp-snap-x", containerfile=f"FROM {image}\n")
+    assert (text, err) == ("Error building image: image names starting with 'mcp-snap-' are reserved for snapshots",
+                           True)
     text, err = isrv.tool("build_image", name="x", containerfile=f"FROM {image}\nADD https://example.com/a /a\n")
     assert err and "line 2: ADD of a URL" in text, text
 
@@ -239,6 +242,18 @@ def test_build_image_errors(isrv):
     assert err and text == "Error building image: image 'meta' already exists (pass force=true to replace it)", text
     text, err = isrv.tool("build_image", _timeout=300, name="meta", containerfile=f"FROM {image}\nENV A=2\n", force=True)
     assert not err and text.startswith("Built image 'meta' (2 steps, "), text
+
+
+def test_build_env_path_extends_the_default_path(isrv, roots):
+    # The test image sets no PATH: `$PATH` is the default one RUN steps get,
+    # not empty (which left PATH=/opt/bin: and every later RUN without `id`).
+    image = os.environ["SANDBOX_MCP_TEST_IMAGE"]
+    containerfile = f"FROM {image}\nENV PATH=/opt/bin:$PATH\nRUN id -u > /uid\n"
+    text, err = isrv.tool("build_image", _timeout=300, name="pathy", containerfile=containerfile)
+    assert not err, text
+    (roots / ".sandbox-mcp.toml").write_text('image = "pathy"\n')
+    got = out(isrv, 'echo "$PATH"; cat /uid', sandbox="onpathy")
+    assert got.startswith("/opt/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n0\n"), got
 
 
 def host_sleepers(tag):

@@ -5,6 +5,8 @@ import base64
 import json
 import os
 import re
+import threading
+import time
 
 import pytest
 
@@ -189,6 +191,40 @@ def test_ctl_children_and_policy_mounts(server_factory, env, ctl_bin):
     assert not srv.call("destroy", sandbox="default")[1]
     sock_dir = os.path.join(env["XDG_RUNTIME_DIR"], "sandbox-mcp", "ctl", "kid")
     assert not os.path.exists(sock_dir)
+
+
+def test_socket_dir_is_read_only_in_the_sandbox(ctl_srv, env):
+    # It used to be handed to the sandbox's root: the sandbox could plant
+    # files and symlinks in a host directory the server chmods paths in.
+    _, err, code = sh(ctl_srv, "touch /run/sandbox-ctl/x; ln -s / /run/sandbox-ctl/y; rm -f /run/sandbox-ctl/ctl.sock")
+    assert code == 1 and err.count("Read-only file system") == 3, err
+    host_dir = os.path.join(env["XDG_RUNTIME_DIR"], "sandbox-mcp", "ctl", "default")
+    assert os.listdir(host_dir) == ["ctl.sock"]
+    assert sh(ctl_srv, "sandbox-ctl ping") == ("ok (parent: default)\n", "", 0)
+
+
+def test_destroy_mid_grandchild_spawn_leaves_no_orphan(server_factory, env, ctl_bin):
+    # A grandchild being spawned (under its parent's lock) while the root is
+    # destroyed goes with the tree; it used to outlive its parent, running
+    # outside every budget. The race is tried at several points of the spawn.
+    write_config(env, CTL_CONFIG.replace("child_ttl = 0", "child_ttl = 0\nchild_can_spawn = true"))
+    srv = server_factory(SANDBOX_CTL_BIN=ctl_bin)
+
+    def spawn_grandchild():
+        try:
+            sh(srv, "sandbox-ctl spawn --name grand", sandbox="kid")
+        except AssertionError:
+            pass  # kid went away under the command: fine either way
+
+    for delay in (0.0, 0.03, 0.06, 0.1):
+        assert sh(srv, "sandbox-ctl spawn --name kid") == ("kid\n", "", 0)
+        spawner = threading.Thread(target=spawn_grandchild)
+        spawner.start()
+        time.sleep(delay)
+        assert not srv.call("destroy", sandbox="default")[1]
+        spawner.join()
+        text = srv.call("list_all")[0]
+        assert text.startswith("No active sandboxes."), f"delay {delay}: {text}"
 
 
 # Holds every connection slot with idle connections, then asks as a ninth.

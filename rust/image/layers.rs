@@ -121,8 +121,12 @@ impl ImageStore {
             }
             let dir = self.root().join(name);
             let is_link = dir.symlink_metadata().is_ok_and(|m| m.file_type().is_symlink());
-            let victim = if is_link { dir } else { dir.join(INFO_FILE) };
+            let victim = if is_link { dir.clone() } else { dir.join(INFO_FILE) };
             fs::remove_file(&victim).map_err(|e| ImageError::io(format!("removing {}", victim.display()), e))?;
+            if !is_link {
+                // Only succeeds once empty: a base image's rootfs stays for `gc`.
+                let _ = fs::remove_dir(&dir);
+            }
         }
         self.gc(vm_layers)?;
         Ok(())
@@ -265,6 +269,7 @@ mod tests {
 
         store.delete("two", &none).unwrap();
         assert!(!store.root().join(&c2.layers[2]).exists(), "the top layer went with its image");
+        assert!(!store.root().join("two").exists(), "no empty directory left for a deleted image");
         assert!(store.root().join(&c1.layers[1]).exists());
         store.delete("one", &none).unwrap();
         // The base's rootfs survives as long as a VM runs on it.

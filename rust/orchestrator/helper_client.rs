@@ -84,8 +84,9 @@ pub struct VmConfig {
     pub cpus: u32,
     /// Memory limit in bytes.
     pub memory_bytes: u64,
-    /// (host dir, guest dir) pairs shared read-write.
-    pub mounts: Vec<(PathBuf, String)>,
+    /// (host dir, guest dir, read-only) mounts; read-write ones are handed
+    /// to the VM's root by the helper.
+    pub mounts: Vec<(PathBuf, String, bool)>,
     /// Network access.
     pub network: Network,
     /// Metadata to find the VM again after a restart.
@@ -360,10 +361,10 @@ impl HelperClient {
             mounts: cfg
                 .mounts
                 .into_iter()
-                .map(|(h, g)| pb::Mount {
+                .map(|(h, g, read_only)| pb::Mount {
                     host_path: h.to_string_lossy().into_owned(),
                     guest_path: g,
-                    read_only: false,
+                    read_only,
                 })
                 .collect(),
             env: HashMap::new(),

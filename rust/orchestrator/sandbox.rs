@@ -203,7 +203,8 @@ pub struct Origin {
 }
 
 /// A future returned by a [`SandboxListener`] hook.
-pub type HookFuture<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), OrchestratorError>> + Send + 'a>>;
+pub type HookFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), OrchestratorError>> + Send + 'a>>;
 
 /// Told when a sandbox is created, goes away or is replaced, so what hangs
 /// off it (port forwards, sync jobs, the sandbox-ctl socket) follows.
@@ -213,8 +214,8 @@ pub trait SandboxListener: Send + Sync {
     /// The sandbox was replaced by a fresh VM of the same name (reset, restore).
     fn replaced(&self, _name: &str) {}
     /// Host directories to mount into a sandbox about to be created:
-    /// (host dir, guest dir).
-    fn mounts(&self, _name: &str, _parent: Option<&str>) -> Vec<(PathBuf, String)> {
+    /// (host dir, guest dir, read-only).
+    fn mounts(&self, _name: &str, _parent: Option<&str>) -> Vec<(PathBuf, String, bool)> {
         Vec::new()
     }
     /// The sandbox was booted; runs before anyone else can use it, and an
@@ -432,34 +433,22 @@ impl SandboxManager {
         self.replace(name, origin, false).await
     }
 
-    /// Names of every descendant of `name`, deepest first.
-    pub fn descendants(&self, name: &str) -> Vec<String> {
-        let map = self.lock_map();
-        let mut out: Vec<String> = Vec::new();
-        let mut frontier = vec![name.to_string()];
-        while let Some(p) = frontier.pop() {
-            for s in map.values().filter(|s| s.parent.as_deref() == Some(p.as_str())) {
-                out.push(s.name.clone());
-                frontier.push(s.name.clone());
-            }
-        }
-        // Generation order puts grandchildren before their parents.
-        out.sort_by_key(|n| std::cmp::Reverse(map.get(n).map(|s| s.generation).unwrap_or(0)));
-        out
-    }
-
     /// Direct children of `name`, sorted by name.
     pub fn children(&self, name: &str) -> Vec<Arc<Sandbox>> {
         self.lock_map().values().filter(|s| s.parent.as_deref() == Some(name)).cloned().collect()
     }
 
-    /// Destroy every descendant of `name` (its lifecycle lock is held).
-    async fn destroy_subtree(&self, name: &str) {
-        for child in self.descendants(name) {
-            let lock = self.lifecycle_lock(&child);
+    /// Destroy every descendant of `name` (its lifecycle lock is held),
+    /// deepest first. A child's own children are listed under the child's
+    /// lock: a grandchild being spawned (under that lock) is waited for and
+    /// destroyed too, never left running without a parent.
+    pub(super) async fn destroy_subtree(&self, name: &str) {
+        for child in self.children(name) {
+            let lock = self.lifecycle_lock(&child.name);
             let _guard = lock.lock().await;
-            if let Err(e) = self.remove_vm(&child).await {
-                tracing::warn!(sandbox = %child, "could not destroy child sandbox: {e}");
+            Box::pin(self.destroy_subtree(&child.name)).await;
+            if let Err(e) = self.remove_vm(&child.name).await {
+                tracing::warn!(sandbox = %child.name, "could not destroy child sandbox: {e}");
             }
         }
     }
@@ -494,12 +483,12 @@ impl SandboxManager {
         profile.memory_bytes = origin.memory_bytes.unwrap_or(profile.memory_bytes);
         let _slot = self.preflight(name, &profile)?;
         let volume = self.config.volumes_dir.join(name);
-        let mut mounts = vec![(self.workspace_dir(name), WORKSPACE.to_string())];
+        let mut mounts = vec![(self.workspace_dir(name), WORKSPACE.to_string(), false)];
         // Children are short-lived workers: caches would only cost disk.
         if origin.parent.is_none() {
-            mounts.extend(CACHE_VOLUMES.iter().map(|(sub, guest)| (volume.join(sub), guest.to_string())));
+            mounts.extend(CACHE_VOLUMES.iter().map(|(sub, guest)| (volume.join(sub), guest.to_string(), false)));
         }
-        for (dir, _) in &mounts {
+        for (dir, _, _) in &mounts {
             std::fs::create_dir_all(dir)
                 .map_err(|source| OrchestratorError::Volume { path: dir.display().to_string(), source })?;
         }
@@ -621,7 +610,12 @@ impl SandboxManager {
         self.replace(name, &Origin::default(), wipe_workspace).await
     }
 
-    async fn replace(&self, name: &str, origin: &Origin, wipe_workspace: bool) -> Result<Arc<Sandbox>, OrchestratorError> {
+    async fn replace(
+        &self,
+        name: &str,
+        origin: &Origin,
+        wipe_workspace: bool,
+    ) -> Result<Arc<Sandbox>, OrchestratorError> {
         validate_sandbox_name(name)?;
         let lock = self.lifecycle_lock(name);
         let _guard = lock.lock().await;

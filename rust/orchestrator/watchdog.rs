@@ -54,6 +54,9 @@ impl SandboxManager {
                 }
                 None => why_missing.to_string(),
             };
+            // Its children must not outlive it: they would run outside any
+            // live parent's budget, and a reset of the name would adopt them.
+            self.destroy_subtree(&sandbox.name).await;
             self.mark_lost(&sandbox.name, &why);
         }
         Ok(())

@@ -18,7 +18,7 @@ use super::{
     helper_client::{
         CommitConfig, HelperClient, HelperError, ImageConfig, ImageSummary, Network, ProcessConfig, VmConfig,
     },
-    images::KIND_LABEL,
+    images::{KIND_LABEL, SNAPSHOT_PREFIX},
     names::random_hex,
     sandbox::SandboxManager,
     text::render,
@@ -128,9 +128,17 @@ struct State {
     labels: HashMap<String, String>,
 }
 
+/// The PATH a RUN step has when the image sets none: the agent's default
+/// (`BASE_ENV` in `crate::agent::process`). `ENV PATH=/opt/bin:$PATH` must
+/// extend it, not replace it with `/opt/bin:`.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 impl State {
     fn expand(&self, s: &str) -> String {
-        containerfile::expand(s, &|k| self.env.get(k).or_else(|| self.args.get(k)).cloned())
+        containerfile::expand(s, &|k| {
+            let default = (k == "PATH").then(|| DEFAULT_PATH.to_string());
+            self.env.get(k).or_else(|| self.args.get(k)).cloned().or(default)
+        })
     }
 
     fn config(&self) -> ImageConfig {
@@ -254,6 +262,12 @@ impl SandboxManager {
         let started = Instant::now();
         let steps = containerfile::parse(&spec.containerfile)?;
         crate::image::validate_name(&spec.name).map_err(|e| BuildError::Invalid(e.to_string()))?;
+        // Such an image would be listed, restored and deleted as a snapshot.
+        if spec.name.starts_with(SNAPSHOT_PREFIX) {
+            return Err(BuildError::Invalid(format!(
+                "image names starting with '{SNAPSHOT_PREFIX}' are reserved for snapshots"
+            )));
+        }
         check_context(&spec.context, &steps)?;
         let images = self.helper.list_images().await?;
         if !spec.force && images.iter().any(|i| i.name == spec.name) {
@@ -443,6 +457,14 @@ fn tail(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn path_extends_the_default_path() {
+        let mut state = State::default();
+        assert_eq!(state.expand("/opt/bin:$PATH"), format!("/opt/bin:{DEFAULT_PATH}"));
+        state.env.insert("PATH".into(), "/x".into());
+        assert_eq!(state.expand("${PATH}:/y $NOPE."), "/x:/y .");
+    }
 
     #[test]
     fn build_owner_is_alive_only_while_that_very_process_runs() {

@@ -116,15 +116,19 @@ pub fn parse(text: &str) -> Result<Vec<Instruction>, ContainerfileError> {
             let line = lines[i].trim_end();
             i += 1;
             match line.strip_suffix('\\') {
-                Some(head) if i < lines.len() => {
+                Some(head) => {
                     logical.push_str(head);
                     logical.push(' ');
-                    // Comment lines inside a continuation are dropped, as Docker does.
-                    while i < lines.len() && lines[i].trim_start().starts_with('#') {
+                    // Comment and empty lines inside a continuation are dropped, as Docker does.
+                    while i < lines.len() && (lines[i].trim().is_empty() || lines[i].trim_start().starts_with('#')) {
                         i += 1;
                     }
+                    // A continuation into the end of the file ends the instruction.
+                    if i == lines.len() {
+                        break;
+                    }
                 }
-                _ => {
+                None => {
                     logical.push_str(line);
                     break;
                 }
@@ -136,7 +140,9 @@ pub fn parse(text: &str) -> Result<Vec<Instruction>, ContainerfileError> {
         let rest = rest.trim();
         let mut heredocs = Vec::new();
         if matches!(keyword.as_str(), "RUN" | "COPY" | "ADD") {
-            for cap in HEREDOC.captures_iter(rest) {
+            let quoted = quoted_bytes(rest);
+            // `echo "<<EOF"` and `["<<EOF"]` quote the text: no heredoc, as in BuildKit.
+            for cap in HEREDOC.captures_iter(rest).filter(|c| !quoted[c.get(0).map_or(0, |m| m.start())]) {
                 let strip_tabs = !cap[1].is_empty();
                 let word = cap.get(2).or(cap.get(3)).or(cap.get(4)).map(|m| m.as_str()).unwrap_or_default();
                 let mut body = String::new();
@@ -173,6 +179,25 @@ pub fn parse(text: &str) -> Result<Vec<Instruction>, ContainerfileError> {
 }
 
 type Heredocs = Vec<(String, String, String)>;
+
+/// For each byte of `s`: whether it lies inside single or double quotes
+/// (backslash escapes honoured outside single quotes).
+fn quoted_bytes(s: &str) -> Vec<bool> {
+    let mut out = vec![false; s.len() + 1];
+    let (mut quote, mut escaped) = (None, false);
+    for (i, c) in s.char_indices() {
+        out[i] = quote.is_some();
+        match (quote, c) {
+            _ if escaped => escaped = false,
+            (Some('\''), '\'') | (Some('"'), '"') => quote = None,
+            (Some('\''), _) => {}
+            (_, '\\') => escaped = true,
+            (None, '\'' | '"') => quote = Some(c),
+            _ => {}
+        }
+    }
+    out
+}
 
 fn instruction(line: usize, keyword: &str, rest: &str, heredocs: Heredocs) -> Result<Op, ContainerfileError> {
     let needs_args = || if rest.is_empty() { Err(err(line, format!("{keyword} needs arguments"))) } else { Ok(()) };
@@ -295,7 +320,9 @@ fn copy(line: usize, add: bool, rest: &str, heredocs: Heredocs) -> Result<Op, Co
     };
     let mut sources = Vec::new();
     for w in words {
-        if let Some((_, name, body)) = heredocs.iter().find(|(marker, _, _)| *marker == w) {
+        // Word splitting took the quotes off `<<'EOF'` and `<<"EOF"`.
+        let is_marker = |marker: &str| marker == w || marker.replace(['\'', '"'], "") == w;
+        if let Some((_, name, body)) = heredocs.iter().find(|(marker, _, _)| is_marker(marker)) {
             sources.push(Source::Heredoc { name: name.clone(), body: body.clone() });
             continue;
         }
@@ -384,5 +411,42 @@ mod tests {
         assert!(e("FROM a\nCOPY a\n").contains("needs at least one source"));
         assert!(e("FROM a\nENV 1A=x\n").contains("invalid variable name '1A'"));
         assert_eq!(e(""), "line 1: empty Containerfile: it needs at least FROM <image>");
+    }
+
+    #[test]
+    fn quoted_heredoc_markers_are_text() {
+        let sh = |s: &str| Op::Run { argv: vec!["/bin/sh".into(), "-c".into(), s.into()], stdin: None };
+        assert_eq!(ops("FROM b\nRUN echo \"<<EOF\" 'a<<B'\n")[1], sh("echo \"<<EOF\" 'a<<B'"));
+        assert_eq!(
+            ops("FROM b\nRUN [\"echo\", \"<<EOF\"]\n")[1],
+            Op::Run { argv: vec!["echo".into(), "<<EOF".into()], stdin: None }
+        );
+        let parsed = parse("FROM b\nRUN echo \"it's\" && cat <<EOF > /f\nx\nEOF\n").expect("parses");
+        let argv = vec!["/bin/sh".into(), "-c".into(), "echo \"it's\" && cat  > /f".into()];
+        assert_eq!(parsed[1].op, Op::Run { argv, stdin: Some("x\n".into()) });
+    }
+
+    #[test]
+    fn copy_from_quoted_heredocs() {
+        let parsed = parse("FROM b\nCOPY <<'A' <<-\"B\" /d/\nx $V\nA\n\ty\n\tB\n").expect("parses");
+        let Op::Copy { sources, dest, .. } = &parsed[1].op else { panic!("not a COPY: {:?}", parsed[1].op) };
+        assert_eq!(dest, "/d/");
+        assert_eq!(
+            sources,
+            &vec![
+                Source::Heredoc { name: "A".into(), body: "x $V\n".into() },
+                Source::Heredoc { name: "B".into(), body: "y\n".into() },
+            ]
+        );
+    }
+
+    #[test]
+    fn continuations_skip_comments_and_empty_lines_up_to_the_end() {
+        let sh = |s: &str| Op::Run { argv: vec!["/bin/sh".into(), "-c".into(), s.into()], stdin: None };
+        assert_eq!(ops("FROM b\nRUN echo a \\\n# c\n"), vec![Op::From("b".into()), sh("echo a")]);
+        assert_eq!(ops("FROM b\nRUN echo a \\"), vec![Op::From("b".into()), sh("echo a")]);
+        let parsed = parse("FROM b\nRUN echo a \\\n\n  # c\n   && echo b\nUSER u\n").expect("parses");
+        assert_eq!(parsed[1].op, sh("echo a     && echo b"));
+        assert_eq!((parsed[2].line, &parsed[2].op), (6, &Op::User("u".into())));
     }
 }

@@ -209,12 +209,15 @@ impl SandboxListener for FollowCtl {
         self.0.stop(name);
     }
 
-    fn mounts(&self, name: &str, parent: Option<&str>) -> Vec<(PathBuf, String)> {
+    fn mounts(&self, name: &str, parent: Option<&str>) -> Vec<(PathBuf, String, bool)> {
         if self.0.binary.is_none() || !self.0.spawns.wants_ctl(name, parent) {
             return Vec::new();
         }
         match self.0.start(name) {
-            Ok(dir) => vec![(dir, GUEST_SOCKET_DIR.to_string())],
+            // Read-only: a writable mount would be handed to the sandbox's
+            // root, which could then plant files and symlinks in a host
+            // directory the server chmods paths in. Connecting needs no write.
+            Ok(dir) => vec![(dir, GUEST_SOCKET_DIR.to_string(), true)],
             Err(e) => {
                 tracing::warn!(sandbox = %name, "sandbox-ctl unavailable, could not listen: {e}");
                 Vec::new()
