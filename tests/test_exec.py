@@ -164,3 +164,11 @@ def test_plain_and_shell_commands_agree(server):
     plain, _ = server.tool("exec", command="printf %s-%s a b")
     shelled, _ = server.tool("exec", command="printf '%s-%s' a b")
     assert plain.split("\n")[0] == shelled.split("\n")[0] == "a-b"
+
+
+def test_the_servers_environment_does_not_reach_the_sandbox(server_factory):
+    srv = server_factory(MY_API_TOKEN="s3cr3t-host-token")
+    text, err = srv.tool("exec", command="cat /proc/1/environ /proc/self/environ | tr '\\0' '\\n'; env")
+    assert not err, text
+    assert "s3cr3t-host-token" not in text and "MY_API_TOKEN" not in text, text
+    assert "XDG_STATE_HOME" not in text, text

@@ -106,6 +106,15 @@ pub async fn launch(driver: &Driver, spec: &LaunchSpec) -> Result<(Instance, Chi
     let init_json = serde_json::to_string(&spec.init).map_err(|e| DriverError::InitFailed(e.to_string()))?;
     let mut cmd = Command::new(&driver.self_exe);
     // A neutral argv[0]: /proc/1/cmdline inside the sandbox shows it.
+    // The launcher becomes the sandbox's PID 1, whose environment anything
+    // inside can read (/proc/1/environ): it must not inherit the helper's,
+    // which is the orchestrator's and may hold the user's tokens.
+    cmd.env_clear();
+    for key in ["PATH", "RUST_LOG"] {
+        if let Some(v) = std::env::var_os(key) {
+            cmd.env(key, v);
+        }
+    }
     cmd.arg0("sandbox-vm-init")
         .arg("__vm-init")
         .stdin(std::process::Stdio::piped())
