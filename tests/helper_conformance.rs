@@ -440,6 +440,29 @@ async fn lifecycle_create_start_stop_restart_delete() {
 }
 
 #[tokio::test]
+async fn a_delete_completes_when_its_client_goes_away() {
+    let mut h = Harness::new("gone").await;
+    let id = h.running("vm", |_| {}).await;
+    // A process that ignores TERM keeps the delete inside its grace period
+    // long enough for the client to hang up halfway.
+    let stubborn = process(&id, &["sh", "-c", "trap '' TERM; exec sleep 1000"]);
+    let req = pb::StartBackgroundRequest { process: Some(stubborn), name: "stubborn".into() };
+    h.client.start_background(req).await.unwrap();
+    let mut client = h.client.clone();
+    let delete = client.delete_vm(pb::DeleteVmRequest { id: id.clone() });
+    assert!(tokio::time::timeout(Duration::from_millis(300), delete).await.is_err(), "delete finished at once");
+    let mut gone = false;
+    for _ in 0..200 {
+        if h.get(&id).await.is_err_and(|e| e.code() == Code::NotFound) {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(gone, "the VM of an abandoned DeleteVm is still registered");
+}
+
+#[tokio::test]
 async fn unknown_vms_and_images_are_not_found() {
     let mut h = Harness::new("nf").await;
     let id = h.id("ghost");

@@ -45,6 +45,20 @@ impl HelperService {
 }
 
 impl HelperService {
+    /// Run a state-changing operation to its end even if the client hangs
+    /// up: tonic drops the handler of a caller that went away, and a VM left
+    /// half stopped or half deleted would stay registered as running.
+    async fn completing<T, F>(&self, op: impl FnOnce(Arc<VmManager>) -> F) -> Result<T, Status>
+    where
+        F: std::future::Future<Output = Result<T, HelperError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        match tokio::spawn(op(self.vms.clone())).await {
+            Ok(result) => result.map_err(status),
+            Err(e) => Err(Status::internal(format!("VM operation failed: {e}"))),
+        }
+    }
+
     /// The agent socket of running VM `id`.
     fn agent(&self, id: &str) -> Result<std::path::PathBuf, Status> {
         self.vms.exec_target(id).map(|t| t.socket).map_err(status)
@@ -101,24 +115,26 @@ impl VmHelper for HelperService {
     async fn create_vm(&self, req: Request<pb::CreateVmRequest>) -> Result<Response<pb::CreateVmResponse>, Status> {
         let spec = req.into_inner().spec.ok_or_else(|| status(HelperError::invalid("spec", "required")))?;
         let config = config_from_proto(spec).map_err(status)?;
-        let vm = self.vms.create(config).await.map_err(status)?;
+        let vm = self.completing(move |vms| async move { vms.create(config).await }).await?;
         Ok(Response::new(pb::CreateVmResponse { vm: Some(vm_to_proto(vm)) }))
     }
 
     async fn start_vm(&self, req: Request<pb::StartVmRequest>) -> Result<Response<pb::StartVmResponse>, Status> {
-        let vm = self.vms.start(&req.into_inner().id).await.map_err(status)?;
+        let id = req.into_inner().id;
+        let vm = self.completing(move |vms| async move { vms.start(&id).await }).await?;
         Ok(Response::new(pb::StartVmResponse { vm: Some(vm_to_proto(vm)) }))
     }
 
     async fn stop_vm(&self, req: Request<pb::StopVmRequest>) -> Result<Response<pb::StopVmResponse>, Status> {
         let req = req.into_inner();
         let grace = if req.grace_ms == 0 { DEFAULT_GRACE } else { Duration::from_millis(req.grace_ms.into()) };
-        let vm = self.vms.stop(&req.id, grace).await.map_err(status)?;
+        let vm = self.completing(move |vms| async move { vms.stop(&req.id, grace).await }).await?;
         Ok(Response::new(pb::StopVmResponse { vm: Some(vm_to_proto(vm)) }))
     }
 
     async fn delete_vm(&self, req: Request<pb::DeleteVmRequest>) -> Result<Response<pb::DeleteVmResponse>, Status> {
-        self.vms.delete(&req.into_inner().id).await.map_err(status)?;
+        let id = req.into_inner().id;
+        self.completing(move |vms| async move { vms.delete(&id).await }).await?;
         Ok(Response::new(pb::DeleteVmResponse {}))
     }
 
@@ -142,14 +158,21 @@ impl VmHelper for HelperService {
     }
 
     async fn commit_vm(&self, req: Request<pb::CommitVmRequest>) -> Result<Response<pb::CommitVmResponse>, Status> {
-        images::commit(&self.vms, req.into_inner()).await.map(Response::new)
+        // Like `completing`: a commit dropped midway would leave the VM's
+        // processes stopped until the guards run, and the layer half copied.
+        let (vms, req) = (self.vms.clone(), req.into_inner());
+        match tokio::spawn(async move { images::commit(&vms, req).await }).await {
+            Ok(result) => result.map(Response::new),
+            Err(e) => Err(Status::internal(format!("commit failed: {e}"))),
+        }
     }
 
     async fn delete_image(
         &self,
         req: Request<pb::DeleteImageRequest>,
     ) -> Result<Response<pb::DeleteImageResponse>, Status> {
-        self.vms.delete_image(&req.into_inner().name).await.map_err(status)?;
+        let name = req.into_inner().name;
+        self.completing(move |vms| async move { vms.delete_image(&name).await }).await?;
         Ok(Response::new(pb::DeleteImageResponse {}))
     }
 
