@@ -213,3 +213,25 @@ def test_state_file_never_lists_destroyed_sandboxes(server_factory, env):
     until(lambda: "a" in state(env)["sandboxes"], "a saved")
     srv.tool("destroy", sandbox="a")
     until(lambda: "a" not in state(env)["sandboxes"], "a removed from the state file")
+
+
+def test_a_sandbox_whose_creation_was_cut_short_is_not_handed_out(server_factory, env):
+    first = server_factory()
+    text, err = first.tool("exec", command="echo half-done > /root/mark; echo ws > /workspace/w", sandbox="half")
+    assert not err, text
+    first.tool("exec", command="true", sandbox="whole")
+    first.close()
+    # What a server killed in the middle of creating 'half' leaves behind:
+    # the VM, the marker naming that (now dead) server, and no record of
+    # 'half' in the state file (it was never finished, so never saved).
+    volumes = Path(env["XDG_DATA_HOME"]) / "sandbox-mcp" / "volumes"
+    (volumes / "half" / ".creating").write_text("4194305:1")
+    saved = state(env)
+    del saved["sandboxes"]["half"]
+    (Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "state.json").write_text(json.dumps(saved))
+    second = server_factory()
+    text, err = second.tool("exec", command="cat /root/mark 2>&1; cat /workspace/w", sandbox="half")
+    assert not err and "half-done" not in text and "ws" in text.splitlines(), text
+    assert not (volumes / "half" / ".creating").exists()
+    text, err = second.tool("exec", command="true", sandbox="whole")
+    assert not err, text

@@ -37,6 +37,7 @@ pub mod images;
 pub mod lease;
 pub mod names;
 pub mod observe;
+pub mod owner;
 pub mod packages;
 pub mod project;
 pub mod sandbox;

@@ -185,6 +185,37 @@ fn cmd_argv(sandbox: &Sandbox, argv: ShellOrArgv) -> Vec<String> {
     }
 }
 
+/// A marker beside a sandbox's volumes while it is being created, naming
+/// the creating server process. Removed when creation ends either way; one
+/// left by a crashed server tells the next one the VM was never finished.
+struct Creating(PathBuf);
+
+impl Creating {
+    const FILE: &'static str = ".creating";
+
+    fn mark(volume: &std::path::Path) -> Result<Self, OrchestratorError> {
+        let path = volume.join(Self::FILE);
+        std::fs::write(&path, super::owner::me())
+            .map_err(|source| OrchestratorError::Volume { path: path.display().to_string(), source })?;
+        Ok(Self(path))
+    }
+
+    /// The creator named by a marker left in `volume`, if any.
+    fn owner(volume: &std::path::Path) -> Option<String> {
+        std::fs::read_to_string(volume.join(Self::FILE)).ok()
+    }
+
+    fn clear(volume: &std::path::Path) {
+        let _ = std::fs::remove_file(volume.join(Self::FILE));
+    }
+}
+
+impl Drop for Creating {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// Where a new sandbox comes from, beyond what its name's profile says.
 #[derive(Debug, Clone, Default)]
 pub struct Origin {
@@ -271,6 +302,20 @@ impl SandboxManager {
                 tracing::info!(sandbox = %name, "removing stopped sandbox VM left from an earlier run");
                 manager.helper.delete_vm(&vm.id).await.ok();
                 continue;
+            }
+            match Creating::owner(&manager.config.volumes_dir.join(&name)) {
+                // Another live server is creating it right now: its sandbox.
+                Some(creator) if super::owner::alive(&creator) => continue,
+                Some(_) => {
+                    // Its server died before it was ready (a clone without its
+                    // whole workspace, a child without its sandbox-ctl): never
+                    // hand out something half made. The workspace stays.
+                    tracing::info!(sandbox = %name, "removing a sandbox whose creation was cut short by a crash");
+                    manager.helper.delete_vm(&vm.id).await.ok();
+                    Creating::clear(&manager.config.volumes_dir.join(&name));
+                    continue;
+                }
+                None => {}
             }
             let sandbox = Arc::new(Sandbox::from_vm(&vm, name.clone()));
             sandbox.set_lease(manager.config.limits.lease_ttl.map(|t| SystemTime::now() + t));
@@ -492,6 +537,7 @@ impl SandboxManager {
             std::fs::create_dir_all(dir)
                 .map_err(|source| OrchestratorError::Volume { path: dir.display().to_string(), source })?;
         }
+        let _creating = Creating::mark(&volume)?;
         for l in self.listeners() {
             mounts.extend(l.mounts(name, origin.parent.as_deref()));
         }

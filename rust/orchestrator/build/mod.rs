@@ -20,6 +20,7 @@ use super::{
     },
     images::{KIND_LABEL, SNAPSHOT_PREFIX},
     names::random_hex,
+    owner,
     sandbox::SandboxManager,
     text::render,
 };
@@ -34,25 +35,11 @@ pub const BUILD_LABEL: &str = "sandbox-mcp.build";
 /// whose server died from one another live server is running.
 const OWNER_LABEL: &str = "sandbox-mcp.build-owner";
 
-/// `<pid>:<start time in clock ticks>` of a process, from /proc.
-fn process_identity(pid: u32) -> Option<String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Field 22 (starttime), counted after the parenthesised command name,
-    // which may itself contain spaces.
-    let start = stat.rsplit_once(')')?.1.split_whitespace().nth(19)?;
-    Some(format!("{pid}:{start}"))
-}
-
-fn owner_alive(owner: &str) -> bool {
-    let pid = owner.split(':').next().and_then(|p| p.parse().ok());
-    pid.and_then(process_identity).as_deref() == Some(owner)
-}
-
 /// Remove build VMs and intermediate images left by a server that died
 /// mid-build. Builds of servers still running are left alone.
 pub async fn remove_orphans(helper: &HelperClient) {
     let orphaned = |labels: &HashMap<String, String>| {
-        labels.contains_key(BUILD_LABEL) && labels.get(OWNER_LABEL).is_none_or(|o| !owner_alive(o))
+        labels.contains_key(BUILD_LABEL) && labels.get(OWNER_LABEL).is_none_or(|o| !owner::alive(o))
     };
     if let Ok(vms) = helper.list_vms().await {
         for vm in vms.iter().filter(|v| orphaned(&v.labels)) {
@@ -69,9 +56,6 @@ pub async fn remove_orphans(helper: &HelperClient) {
     }
 }
 
-fn owner() -> String {
-    process_identity(std::process::id()).unwrap_or_default()
-}
 /// How long one RUN may take.
 const RUN_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// Output lines quoted from a failing RUN.
@@ -203,7 +187,7 @@ impl Job {
             memory_bytes: self.profile.1,
             mounts: Vec::new(),
             network: Network::Egress,
-            labels: HashMap::from([(BUILD_LABEL.to_string(), self.name.clone()), (OWNER_LABEL.to_string(), owner())]),
+            labels: HashMap::from([(BUILD_LABEL.to_string(), self.name.clone()), (OWNER_LABEL.to_string(), owner::me())]),
             clone_from: None,
         };
         self.helper.create_vm(cfg).await?;
@@ -217,7 +201,7 @@ impl Job {
         // The final image keeps no build labels: it is nobody's leftover.
         if kind == "build-step" {
             labels.insert(BUILD_LABEL.to_string(), self.name.clone());
-            labels.insert(OWNER_LABEL.to_string(), owner());
+            labels.insert(OWNER_LABEL.to_string(), owner::me());
         }
         labels
     }
@@ -464,14 +448,5 @@ mod tests {
         assert_eq!(state.expand("/opt/bin:$PATH"), format!("/opt/bin:{DEFAULT_PATH}"));
         state.env.insert("PATH".into(), "/x".into());
         assert_eq!(state.expand("${PATH}:/y $NOPE."), "/x:/y .");
-    }
-
-    #[test]
-    fn build_owner_is_alive_only_while_that_very_process_runs() {
-        assert!(owner_alive(&owner()));
-        let pid = std::process::id();
-        assert!(!owner_alive(&format!("{pid}:0")), "same pid, other start time: a reused pid");
-        assert!(!owner_alive("4194305:1"), "beyond pid_max");
-        assert!(!owner_alive("garbage"));
     }
 }
