@@ -10,7 +10,7 @@ use std::{
 use rmcp::{
     RoleServer,
     handler::server::wrapper::Parameters,
-    model::{CallToolResult, ContentBlock, ProgressNotificationParam},
+    model::{CallToolResult, ContentBlock},
     schemars,
     service::RequestContext,
     tool, tool_router,
@@ -18,7 +18,10 @@ use rmcp::{
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
-use super::{SandboxServer, default_sandbox, fail, ok};
+use super::{
+    SandboxServer, default_sandbox, fail, ok,
+    progress::{Progress, supervise_with},
+};
 use crate::orchestrator::{
     build::BuildSpec,
     helper_client::ImageSummary,
@@ -197,30 +200,13 @@ impl SandboxServer {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, rmcp::ErrorData> {
         let spec = BuildSpec { name: p.name, containerfile: p.containerfile, context: p.context, force: p.force };
-        let (tx, mut steps) = mpsc::unbounded_channel::<(usize, usize, String)>();
+        let (tx, steps) = mpsc::unbounded_channel::<(usize, usize, String)>();
         let on_step = move |k: usize, total: usize, text: &str| {
             let _ = tx.send((k, total, text.to_string()));
         };
         let work = self.manager.build_image(&spec, &on_step);
-        tokio::pin!(work);
-        let token = ctx.meta.get_progress_token();
-        let result = loop {
-            tokio::select! {
-                out = &mut work => break out,
-                _ = ctx.ct.cancelled() => {
-                    tracing::info!(image = %spec.name, "build cancelled by the client");
-                    return fail("cancelled by the client; the build VM and intermediate images are removed");
-                }
-                Some((k, total, text)) = steps.recv() => {
-                    if let Some(token) = &token {
-                        let param = ProgressNotificationParam::new(token.clone(), k as f64)
-                            .with_total(total as f64)
-                            .with_message(format!("Step {k}/{total}: {text}"));
-                        // A client that went away cannot be told; the build goes on.
-                        let _ = ctx.peer.notify_progress(param).await;
-                    }
-                }
-            }
+        let Some(result) = supervise_with(&ctx, "build_image", work, Progress::Steps(steps)).await else {
+            return fail("cancelled by the client; the build VM and intermediate images are removed");
         };
         match result {
             Ok(b) => ok(format!(

@@ -5,14 +5,32 @@
 use std::{future::Future, time::Duration};
 
 use rmcp::{RoleServer, model::ProgressNotificationParam, service::RequestContext};
-use tokio::time::Instant;
+use tokio::{sync::mpsc, time::Instant};
 
 /// How often a running call reports progress.
 const INTERVAL: Duration = Duration::from_secs(1);
 
+/// Where a long call's progress reports come from.
+pub enum Progress {
+    /// `<label>: <N>s` every second.
+    Clock,
+    /// The work's own steps, `(k, total, text)`, reported as `Step k/total: text`.
+    Steps(mpsc::UnboundedReceiver<(usize, usize, String)>),
+}
+
 /// Run `work`, reporting `<label>: <N>s` every second to a client that asked
 /// for progress. Returns `None` if the client cancelled the call.
 pub async fn supervise<F: Future>(ctx: &RequestContext<RoleServer>, label: &str, work: F) -> Option<F::Output> {
+    supervise_with(ctx, label, work, Progress::Clock).await
+}
+
+/// [`supervise`] with the progress reports coming from `progress`.
+pub async fn supervise_with<F: Future>(
+    ctx: &RequestContext<RoleServer>,
+    label: &str,
+    work: F,
+    mut progress: Progress,
+) -> Option<F::Output> {
     let Some(token) = ctx.meta.get_progress_token() else {
         // No progress wanted: only cancellation to watch, no timer on the hot path.
         return tokio::select! {
@@ -27,16 +45,30 @@ pub async fn supervise<F: Future>(ctx: &RequestContext<RoleServer>, label: &str,
     let mut tick = tokio::time::interval_at(started + INTERVAL, INTERVAL);
     tokio::pin!(work);
     loop {
+        let next = async {
+            match &mut progress {
+                Progress::Clock => {
+                    tick.tick().await;
+                    let secs = started.elapsed().as_secs();
+                    Some(
+                        ProgressNotificationParam::new(token.clone(), secs as f64)
+                            .with_message(format!("{label}: {secs}s")),
+                    )
+                }
+                Progress::Steps(steps) => steps.recv().await.map(|(k, total, text)| {
+                    ProgressNotificationParam::new(token.clone(), k as f64)
+                        .with_total(total as f64)
+                        .with_message(format!("Step {k}/{total}: {text}"))
+                }),
+            }
+        };
         tokio::select! {
             out = &mut work => return Some(out),
             _ = ctx.ct.cancelled() => {
                 tracing::info!(%label, "call cancelled by the client");
                 return None;
             }
-            _ = tick.tick() => {
-                let secs = started.elapsed().as_secs();
-                let param = ProgressNotificationParam::new(token.clone(), secs as f64)
-                    .with_message(format!("{label}: {secs}s"));
+            Some(param) = next => {
                 // A client that went away cannot be told; the work goes on.
                 let _ = ctx.peer.notify_progress(param).await;
             }
