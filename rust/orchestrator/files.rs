@@ -39,29 +39,13 @@ impl SandboxManager {
     /// Write files (absolute or /workspace-relative path → content) into a
     /// sandbox in one round trip. Parent directories are created.
     pub async fn write_files(&self, sandbox: &Sandbox, files: &[(String, Vec<u8>)]) -> Result<(), OrchestratorError> {
-        let mut builder = tar::Builder::new(Vec::new());
-        for (path, data) in files {
-            let full = resolve(path)?;
-            let mut header = tar::Header::new_gnu();
-            header.set_size(data.len() as u64);
-            header.set_mode(0o644);
-            header.set_uid(0);
-            header.set_gid(0);
-            header.set_mtime(
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-            );
-            header.set_entry_type(tar::EntryType::Regular);
-            builder
-                .append_data(&mut header, full.trim_start_matches('/'), data.as_slice())
-                .map_err(|e| OrchestratorError::InvalidArgument(format!("cannot write {path}: {e}")))?;
-        }
-        let archive = builder
-            .into_inner()
+        let resolved: Vec<(String, &[u8])> = files
+            .iter()
+            .map(|(path, data)| Ok((resolve(path)?, data.as_slice())))
+            .collect::<Result<_, OrchestratorError>>()?;
+        let archive = super::tarstream::files_archive(resolved.iter().map(|(p, d)| (p.as_str(), *d)), 0o644)
             .map_err(|e| OrchestratorError::InvalidArgument(format!("cannot build archive: {e}")))?;
-        let (tx, rx) = tokio::sync::mpsc::channel(1);
-        tx.send(archive).await.map_err(|_| OrchestratorError::InvalidArgument("archive channel closed".into()))?;
-        drop(tx);
-        self.helper.copy_in(&sandbox.name, "/", rx).await.map_err(|e| match e {
+        self.helper.copy_in_archive(&sandbox.name, "/", archive).await.map_err(|e| match e {
             // The agent's reason (e.g. "Is a directory") names the path.
             HelperError::InvalidArgument(m) | HelperError::Internal(m) => OrchestratorError::InvalidArgument(m),
             other => other.into(),

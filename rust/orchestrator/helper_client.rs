@@ -684,6 +684,20 @@ impl HelperClient {
         Ok((r.files, r.bytes))
     }
 
+    /// [`Self::copy_in`] of an archive already in memory.
+    pub async fn copy_in_archive(
+        &self,
+        vm_id: &str,
+        dest_dir: &str,
+        archive: Vec<u8>,
+    ) -> Result<(u64, u64), HelperError> {
+        let (tx, rx) = mpsc::channel(1);
+        // The receiver is alive until copy_in consumes it: this cannot fail.
+        let _ = tx.send(archive).await;
+        drop(tx);
+        self.copy_in(vm_id, dest_dir, rx).await
+    }
+
     /// A tar archive of `path` inside the VM, as a stream of chunks.
     pub async fn copy_out(&self, vm_id: &str, path: &str) -> Result<CopyOutReader, HelperError> {
         let rx = self

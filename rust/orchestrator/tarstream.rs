@@ -45,6 +45,25 @@ impl Write for ChunkWriter {
     }
 }
 
+/// An in-memory tar of small regular files given by absolute path (stored
+/// relative to `/`), root-owned, all with `mode`: for writes that fit one
+/// CopyIn chunk (file tools, COPY steps, installing sandbox-ctl).
+pub fn files_archive<'a>(files: impl IntoIterator<Item = (&'a str, &'a [u8])>, mode: u32) -> io::Result<Vec<u8>> {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, data) in files {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(mode);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(now);
+        h.set_entry_type(tar::EntryType::Regular);
+        b.append_data(&mut h, path.trim_start_matches('/'), data)?;
+    }
+    b.into_inner()
+}
+
 /// The running build of an archive: `fill`'s result and the archive size.
 pub type Building<T> = tokio::task::JoinHandle<io::Result<(T, u64)>>;
 

@@ -88,24 +88,6 @@ pub(super) fn resolve_copy(
     Ok(files)
 }
 
-/// A tar of `files` (absolute paths, stored relative to `/`), root-owned.
-pub(super) fn tar_of(files: &[(String, String)], mode: u32) -> std::io::Result<Vec<u8>> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (path, content) in files {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(content.len() as u64);
-        h.set_mode(mode);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-        );
-        h.set_entry_type(tar::EntryType::Regular);
-        b.append_data(&mut h, path.trim_start_matches('/'), content.as_bytes())?;
-    }
-    b.into_inner()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,8 +10,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::sync::mpsc;
-
 use super::{
     containerfile::{self, ContainerfileError, Instruction, Op},
     exec::{self, Outcome},
@@ -22,11 +20,12 @@ use super::{
     names::random_hex,
     owner,
     sandbox::SandboxManager,
+    tarstream,
     text::render,
 };
 
 mod context;
-use context::{check_context, resolve_copy, tar_of};
+use context::{check_context, resolve_copy};
 
 /// Label on build VMs and intermediate images: the image being built.
 pub const BUILD_LABEL: &str = "sandbox-mcp.build";
@@ -187,7 +186,10 @@ impl Job {
             memory_bytes: self.profile.1,
             mounts: Vec::new(),
             network: Network::Egress,
-            labels: HashMap::from([(BUILD_LABEL.to_string(), self.name.clone()), (OWNER_LABEL.to_string(), owner::me())]),
+            labels: HashMap::from([
+                (BUILD_LABEL.to_string(), self.name.clone()),
+                (OWNER_LABEL.to_string(), owner::me()),
+            ]),
             clone_from: None,
         };
         self.helper.create_vm(cfg).await?;
@@ -407,12 +409,10 @@ async fn run_step(
         Op::Copy { sources, dest, chown, chmod, .. } => {
             let files = resolve_copy(state, context, sources, dest).map_err(StepError::Failed)?;
             let mode = chmod.as_deref().and_then(|m| u32::from_str_radix(m, 8).ok()).unwrap_or(0o644);
-            let archive = tar_of(&files, mode).map_err(|e| StepError::Failed(format!("cannot archive: {e}")))?;
+            let archive = tarstream::files_archive(files.iter().map(|(p, c)| (p.as_str(), c.as_bytes())), mode)
+                .map_err(|e| StepError::Failed(format!("cannot archive: {e}")))?;
             let vm = job.vm(state, k).await?;
-            let (tx, rx) = mpsc::channel(1);
-            tx.send(archive).await.ok();
-            drop(tx);
-            job.helper.copy_in(&vm, "/", rx).await?;
+            job.helper.copy_in_archive(&vm, "/", archive).await?;
             if let Some(owner) = chown {
                 let mut argv = vec!["chown".to_string(), state.expand(owner)];
                 argv.extend(files.iter().map(|(p, _)| p.clone()));

@@ -166,21 +166,9 @@ impl CtlServer {
         let Some(binary) = &self.binary else { return Ok(()) };
         let io = |e: std::io::Error| OrchestratorError::InvalidArgument(format!("cannot install sandbox-ctl: {e}"));
         let data = std::fs::read(binary).map_err(io)?;
-        let mut header = tar::Header::new_gnu();
-        header.set_size(data.len() as u64);
-        header.set_mode(0o755);
-        header.set_uid(0);
-        header.set_gid(0);
-        header.set_mtime(0);
-        header.set_entry_type(tar::EntryType::Regular);
-        let mut archive = tar::Builder::new(Vec::new());
-        archive.append_data(&mut header, GUEST_BINARY.trim_start_matches('/'), data.as_slice()).map_err(io)?;
-        let archive = archive.into_inner().map_err(io)?;
-        let (tx, rx) = tokio::sync::mpsc::channel(1);
-        tx.send(archive).await.map_err(|_| io(std::io::ErrorKind::BrokenPipe.into()))?;
-        drop(tx);
+        let archive = super::tarstream::files_archive([(GUEST_BINARY, data.as_slice())], 0o755).map_err(io)?;
         let manager = self.spawns.sandboxes();
-        manager.helper.copy_in(&sandbox.name, "/", rx).await?;
+        manager.helper.copy_in_archive(&sandbox.name, "/", archive).await?;
         let link = format!("{GUEST_SOCKET_DIR}/{SOCKET_FILE}");
         let process = ProcessConfig {
             argv: vec!["ln".into(), "-sfn".into(), link, GUEST_SOCKET.into()],
