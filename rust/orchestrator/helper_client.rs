@@ -375,6 +375,8 @@ impl HelperClient {
             } as i32,
             labels: cfg.labels,
             clone_from: cfg.clone_from.unwrap_or_default(),
+            network_policy: None,
+            disk_bytes: 0,
         };
         let vm = self.client.clone().create_vm(pb::CreateVmRequest { spec: Some(spec) }).await?.into_inner().vm;
         vm_info(vm)

@@ -116,6 +116,8 @@ pub(super) fn vm_to_proto(vm: VmInfo) -> pb::Vm {
                 Network::Egress => pb::NetworkMode::Egress,
             } as i32,
             labels: c.labels.into_iter().collect(),
+            network_policy: None,
+            disk_bytes: 0,
         }),
         state: match vm.state {
             VmState::Created => pb::VmState::Created,

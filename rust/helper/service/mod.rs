@@ -278,4 +278,12 @@ impl VmHelper for HelperService {
             output,
         }))
     }
+
+    async fn network_events(
+        &self,
+        _req: Request<pb::NetworkEventsRequest>,
+    ) -> Result<Response<pb::NetworkEventsResponse>, Status> {
+        // Replaced by the user-mode network stack (issue 9), which keeps them.
+        Err(Status::unimplemented("network events are not kept by this helper yet"))
+    }
 }
