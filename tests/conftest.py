@@ -323,3 +323,9 @@ def write_config(env: dict[str, str], text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The security suite marks tests that load the whole machine for a few
+    # seconds (fork bomb, memory hog): `pytest -m "not heavy"` leaves them out.
+    config.addinivalue_line("markers", "heavy: loads the machine for seconds (fork bomb, memory hog)")
