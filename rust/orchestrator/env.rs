@@ -29,6 +29,13 @@ impl SandboxManager {
     /// Set `key` for every later command in the sandbox.
     pub async fn set_env(&self, sandbox: &Sandbox, key: &str, value: &str) -> Result<(), OrchestratorError> {
         validate_env_key(key)?;
+        // The value goes into every later process's environment, where a NUL
+        // cannot be passed: accepting one would make each command fail to start.
+        if value.contains('\0') {
+            return Err(OrchestratorError::InvalidArgument(format!(
+                "the value of env key '{key}' contains a NUL byte, which no environment variable can hold"
+            )));
+        }
         let mut env = sandbox.env();
         env.insert(key.to_string(), value.to_string());
         self.store_env(sandbox, env).await
