@@ -23,7 +23,9 @@ impl SandboxServer {
     async fn stats(&self, Parameters(p): Parameters<StatsParams>) -> Result<CallToolResult, rmcp::ErrorData> {
         let m = &self.manager;
         let result = async {
-            let sandbox = m.get_or_create(&p.sandbox).await?;
+            // Reporting on a sandbox never creates one (the reference booted a
+            // VM just to describe it).
+            let sandbox = m.get(&p.sandbox)?;
             let obs = m.observe(&sandbox).await?;
             let bg = m.list_background(&sandbox).await.unwrap_or_default();
             Ok::<_, OrchestratorError>((
