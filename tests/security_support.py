@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import re
 import shutil
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-from conftest import isolated_env, new_env_dir, required_env, stop_helper
+from conftest import isolated_env, new_env_dir, required_env, shared_image_store, stop_helper
 from mcp_client import McpClient
 
 # A sandbox that attacks never touch: it must keep answering, with the file
@@ -28,9 +29,10 @@ BYSTANDER = "bystander"
 class SecServer:
     """A server (stdio) in its own environment, with a bystander sandbox."""
 
-    def __init__(self, client: McpClient, env: dict[str, str]):
+    def __init__(self, client: McpClient, env: dict[str, str], extra_env: dict[str, str]):
         self.client = client
         self.env = env
+        self.extra_env = extra_env
         self.tmp = Path(env["SANDBOX_MCP_TEST_TMP"])
         self.marker = uuid.uuid4().hex
 
@@ -51,6 +53,19 @@ class SecServer:
         b64 = base64.b64encode(code.encode()).decode()
         return self.sh(f"python3 -c \"import base64; exec(base64.b64decode('{b64}'))\"", sandbox, timeout)
 
+    def restart(self) -> None:
+        """Stops this server (its sandboxes live on in the helper) and starts
+        a new one on the same state."""
+        self.client.close()
+        self.client = _start(self.env, **self.extra_env)
+
+    def state(self) -> dict:
+        """The server's state file (empty if missing or mid-write)."""
+        try:
+            return json.loads((Path(self.env["XDG_STATE_HOME"]) / "sandbox-mcp" / "state.json").read_text())
+        except (OSError, ValueError):
+            return {}
+
     def names(self) -> set[str]:
         """Names of the sandboxes `status` shows."""
         text, err = self.call("status")
@@ -64,27 +79,35 @@ def _start(env: dict[str, str], **extra_env: str) -> McpClient:
 
 
 @contextlib.contextmanager
-def sec_server(config: str | None = None, **extra_env: str) -> Iterator[SecServer]:
-    """A running server in fresh XDG dirs (optional config.toml text and
-    extra environment), its bystander sandbox started; everything stopped
-    and removed afterwards."""
+def sec_server(config: str | None = None, own_images: bool = False, **extra_env: str) -> Iterator[SecServer]:
+    """A running server in fresh XDG dirs (optional config.toml text, an
+    image store of its own for snapshots when `own_images`, and extra
+    environment), its bystander sandbox started; everything stopped and
+    removed afterwards."""
     base = new_env_dir()
     env = isolated_env(base)
     env["SANDBOX_MCP_TEST_TMP"] = base
-    client = None
+    srv = None
     try:
         if config is not None:
             path = Path(env["XDG_CONFIG_HOME"]) / "sandbox-mcp" / "config.toml"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(config)
-        client = _start(env, **extra_env)
-        srv = SecServer(client, env)
+        if own_images:
+            # As conftest's image_store: the shared image symlinked in, new
+            # images written beside it.
+            image = required_env("SANDBOX_MCP_TEST_IMAGE")
+            store = Path(base) / "images"
+            store.mkdir()
+            (store / image).symlink_to(Path(shared_image_store()) / image)
+            env["SANDBOX_MCP_IMAGE_STORE"] = str(store)
+        srv = SecServer(_start(env, **extra_env), env, extra_env)
         out, err, code = srv.sh(f"echo {srv.marker} > /workspace/bystander.txt", sandbox=BYSTANDER)
         assert code == 0, err
         yield srv
     finally:
-        if client is not None:
-            client.close()
+        if srv is not None:
+            srv.client.close()
         stop_helper(env)
         shutil.rmtree(base, ignore_errors=True)
 

@@ -15,12 +15,12 @@ from security_support import BYSTANDER, assert_unaffected, sec_server
 
 IMAGE = os.environ.get("SANDBOX_MCP_TEST_IMAGE", "mcp-test")
 
-# Two CPUs and 320 MiB for at most three live children and five spawns in all.
+# Two CPUs and 320 MiB for at most three live children and eight spawns in all.
 CTL_CONFIG = f"""
 [spawn_policies.default]
 inject_ctl = true
 max_concurrent = 3
-max_total = 5
+max_total = 8
 total_child_cpus = 2
 total_child_memory_mb = 320
 child_max_cpus = 1
@@ -82,6 +82,12 @@ if case == "frames":
         out[name] = exchange(payload)
     # Two requests on one connection: only the first is read and answered.
     out["pipelined"] = exchange(b'{"id": "one", "method": "ping"}\n{"id": "two", "method": "ping"}\n')
+    # A request whose sender goes away before reading the answer.
+    s = conn()
+    s.sendall(b'{"id": 9, "method": "list"}\n')
+    s.close()
+    out["after"] = exchange(b'{"id": "after", "method": "ping"}\n')
+elif case == "oversize":
     # 10 MB without a newline: refused after 64 KiB, never buffered whole.
     s = conn()
     try:
@@ -90,11 +96,44 @@ if case == "frames":
     except OSError:
         pass  # the server stopped reading and closed: that is the point
     out["oversize"] = answer(s)
-    # A request whose sender goes away before reading the answer.
-    s = conn()
-    s.sendall(b'{"id": 9, "method": "list"}\n')
-    s.close()
+    # Just over the limit, then the newline and EOF.
+    out["just_over"] = exchange(b'{"id": 1, "method": "ping", "p": "' + b"a" * 65536 + b'"}\n')
     out["after"] = exchange(b'{"id": "after", "method": "ping"}\n')
+elif case == "fake":
+    # A stand-in server that reads the request and hangs up without an
+    # answer (or answers 2 MiB): the CLI must not send the request again.
+    import os, subprocess
+    path = "/tmp/fake-ctl.sock"
+    for mode in ("hangup", "huge"):
+        if os.path.exists(path):
+            os.unlink(path)
+        srv = socket.socket(socket.AF_UNIX)
+        srv.bind(path)
+        srv.listen(8)
+        seen, done = [], threading.Event()
+        def serve():
+            srv.settimeout(0.1)
+            while not done.is_set():
+                try:
+                    c, _ = srv.accept()
+                except socket.timeout:
+                    continue
+                c.settimeout(10)
+                seen.append(c.makefile("rb").readline())
+                if mode == "huge":
+                    try:
+                        c.sendall(b'{"id": "x", "result": "' + b"a" * (2 << 20) + b'"}\n')
+                    except OSError:
+                        pass  # the CLI stopped reading past its cap
+                c.close()
+        t = threading.Thread(target=serve)
+        t.start()
+        # The CLI has made every connection it will make once it exits.
+        r = subprocess.run(["sandbox-ctl", "spawn", "--name", "once"], env={**os.environ, "SANDBOX_CTL_SOCK": path},
+                           capture_output=True, text=True)
+        done.set()
+        t.join()
+        out[mode] = {"code": r.returncode, "stderr": r.stderr, "requests": len(seen)}
 elif case == "dribble":
     # Eight connections that each send a byte now and then but never a whole
     # line hold every slot; a ninth must still be answered.
@@ -182,17 +221,24 @@ def test_malformed_frames_get_their_error_and_the_api_stays_up(srv):
     for name in ("exec_long_timeout", "exec_negative_timeout"):
         assert error_of(got[name])[0] == invalid, got[name]
     assert json.loads(got["pipelined"]) == {"id": "one", "result": {"ok": True, "parent": "default"}}
-    assert error_of(got["oversize"]) == (invalid, "Request too long"), got["oversize"]
     assert json.loads(got["after"])["result"]["ok"] is True
     # Nothing was spawned by any of it.
     assert children(srv) == []
     text, _ = srv.call("children")
-    assert text == "No active children for 'default' (0/5 lifetime spawns used)", text
+    assert text == "No active children for 'default' (0/8 lifetime spawns used)", text
+    assert_unaffected(srv, "default")
+
+
+def test_weakness_53_an_oversize_request_is_answered_not_dropped(srv):
+    got = raw(srv, "oversize")
+    assert error_of(got["oversize"]) == ("INVALID_REQUEST", "Request too long"), got["oversize"]
+    assert error_of(got["just_over"]) == ("INVALID_REQUEST", "Request too long"), got["just_over"]
+    assert json.loads(got["after"])["result"]["ok"] is True
     assert_unaffected(srv, "default")
 
 
 @pytest.mark.heavy
-def test_dribbling_connections_cannot_hold_the_api(srv):
+def test_weakness_54_dribbling_connections_cannot_hold_the_api(srv):
     # The reference let 8 idle connections block a parent's API for 300 s;
     # a client that sends a byte at a time must not reset that clock.
     got = raw(srv, "dribble", timeout=90)
@@ -219,10 +265,51 @@ def test_racing_spawns_never_exceed_a_budget(srv):
     assert_unaffected(srv, "default", *[n for n, _, _ in live])
 
 
+def test_ctl_reaches_only_the_parents_own_children(srv):
+    # The socket speaks for its parent only: a top-level sandbox (or the
+    # parent itself) is no child, whatever the name.
+    for target in (BYSTANDER, "default", "../bystander"):
+        _, err, code = ctl(srv, f"exec {target} -- cat /workspace/bystander.txt")
+        assert code == 1 and srv.marker not in err, err
+        assert re.fullmatch(rf"sandbox-ctl: (NOT_FOUND: Child '{re.escape(target)}' not found under 'default'"
+                            r"|INVALID_REQUEST: .*)\n", err), err
+        _, err, code = ctl(srv, f"destroy {target}")
+        assert code == 1, err
+    assert_unaffected(srv, "default")
+
+
+def test_weakness_55_the_cli_never_sends_a_request_twice(srv):
+    got = raw(srv, "fake")
+    hangup, huge = got["hangup"], got["huge"]
+    assert hangup["code"] == 1 and hangup["requests"] == 1, hangup
+    assert huge["code"] == 1 and huge["requests"] == 1 and "response exceeds 1048576 bytes" in huge["stderr"], huge
+    # Nothing reached the real server either.
+    assert "once" not in [n for n, _, _ in children(srv)]
+
+
+def test_weakness_56_ctl_exec_and_run_parameters_are_checked(srv):
+    destroy_all(srv)
+    assert ctl(srv, "spawn --name w56")[2] == 0
+    # Timeouts are bounded, workdirs created, ids of any JSON type echoed.
+    _, err, code = ctl(srv, "exec w56 --timeout 7200 -- true")
+    assert code == 1 and err.startswith("sandbox-ctl: INVALID_REQUEST: timeout"), err
+    assert ctl(srv, "exec w56 --workdir /tmp/w56/new -- pwd")[:3:2] == ("/tmp/w56/new\n", 0)
+    out, err, code = srv.py("""
+import json, socket
+for rid in ("s", 7, [1], {"a": 1}, None):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect("/run/sandbox-ctl.sock")
+    s.sendall(json.dumps({"id": rid, "method": "ping"}).encode() + b"\\n")
+    print(json.dumps(json.loads(s.makefile().readline())["id"]))
+""")
+    assert (out, code) == ('"s"\n7\n[1]\n{"a": 1}\nnull\n', 0), (out, err)
+    destroy_all(srv)
+
+
 def test_spawning_past_each_budget_is_refused(srv):
     destroy_all(srv)
-    used = int(re.search(r"\((\d+)/5 lifetime", srv.call("children")[0]).group(1))
-    assert used <= 2, used
+    used = int(re.search(r"\((\d+)/8 lifetime", srv.call("children")[0]).group(1))
+    assert used <= 5, used
     # Over the per-child ceilings: clamped to them, never more.
     out, err, code = ctl(srv, "--json spawn --name big --cpus 64 --memory 64G")
     assert code == 0, err
@@ -243,18 +330,5 @@ def test_spawning_past_each_budget_is_refused(srv):
     _, err, code = ctl(srv, "spawn --name late")
     assert code == 1 and "Lifetime spawn limit reached" in err, err
     text, _ = srv.call("children")
-    assert text == "No active children for 'default' (5/5 lifetime spawns used)", text
-    assert_unaffected(srv, "default")
-
-
-def test_ctl_reaches_only_the_parents_own_children(srv):
-    # The socket speaks for its parent only: a top-level sandbox (or the
-    # parent itself) is no child, whatever the name.
-    for target in (BYSTANDER, "default", "../bystander"):
-        _, err, code = ctl(srv, f"exec {target} -- cat /workspace/bystander.txt")
-        assert code == 1 and srv.marker not in err, err
-        assert re.fullmatch(rf"sandbox-ctl: (NOT_FOUND: Child '{re.escape(target)}' not found under 'default'"
-                            r"|INVALID_REQUEST: .*)\n", err), err
-        _, err, code = ctl(srv, f"destroy {target}")
-        assert code == 1, err
+    assert text == "No active children for 'default' (8/8 lifetime spawns used)", text
     assert_unaffected(srv, "default")
