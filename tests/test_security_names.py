@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import required_env
-from security_support import BYSTANDER, assert_unaffected, sec_server
+from security_support import assert_unaffected, sec_server
 
 # A file each value tries to create (on the host and in every sandbox).
 PWN = "/tmp/smcp-pwned"
