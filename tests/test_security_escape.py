@@ -346,7 +346,7 @@ while time.monotonic() < deadline:
     try:
         pid = os.fork()
     except OSError as e:
-        os.close(os.open(f"/tmp/bomb/refused-{e.errno}", os.O_CREAT | os.O_WRONLY, 0o644))
+        os.close(os.open(f"/workspace/bomb/refused-{e.errno}", os.O_CREAT | os.O_WRONLY, 0o644))
         time.sleep(0.5)
         continue
     if pid == 0:
@@ -366,8 +366,10 @@ print("bomb over")
 
 @pytest.mark.heavy
 def test_fork_bomb_hits_the_pids_limit_and_everything_stays_up(srv):
-    srv.sh("mkdir -p /tmp/bomb; rm -f /tmp/bomb/*", sandbox="bomb")
+    srv.sh("mkdir -p /workspace/bomb; rm -f /workspace/bomb/*", sandbox="bomb")
     assert not srv.call("write_file", path="/tmp/bomb.py", content=FORK_BOMB, sandbox="bomb")[1]
+    # The bomb's refusals land in its workspace, which the test sees on the host.
+    refused = Path(srv.env["XDG_DATA_HOME"]) / "sandbox-mcp" / "volumes" / "bomb" / "workspace" / "bomb"
     result = {}
 
     def bomb():
@@ -377,18 +379,21 @@ def test_fork_bomb_hits_the_pids_limit_and_everything_stays_up(srv):
     t = threading.Thread(target=bomb)
     t.start()
     try:
-        # While it runs, the server and the other sandboxes answer.
-        assert wait_for(lambda: "PIDs" in srv.call("stats", sandbox="bomb")[0], timeout=30)
+        # At the limit: forks are refused with EAGAIN (the pids cgroup), and
+        # meanwhile the server and the other sandboxes answer.
+        assert wait_for(lambda: (refused / "refused-11").exists(), timeout=30), "no fork was ever refused"
         out, err, code = srv.sh("echo still-here", sandbox=BYSTANDER)
         assert (out, code) == ("still-here\n", 0), err
-        stats, _ = srv.call("stats", sandbox="bomb")
+        stats, stats_err = srv.call("stats", sandbox="bomb")
+        assert "no active sandbox" not in stats, stats
+        pids = [int(line.split()[1]) for line in stats.splitlines() if line.startswith("PIDs:")]
+        assert stats_err or (pids and pids[0] <= 1024), stats
     finally:
         t.join()
-    pids = [int(line.split()[1]) for line in stats.splitlines() if line.startswith("PIDs:")]
-    assert pids and pids[0] <= 1024, stats
-    # Forks were refused by the pids limit (EAGAIN), never by the host running out.
-    refused, _, _ = srv.sh("ls /tmp/bomb", sandbox="bomb")
-    assert "refused-11" in refused.split(), refused
+    # Only the sandbox's own limits refused forks: pids (EAGAIN), perhaps its
+    # memory (ENOMEM) with a thousand processes.
+    assert {"refused-11"} <= set(os.listdir(refused)) <= {"refused-11", "refused-12"}, os.listdir(refused)
+    assert not result["r"].is_error, result["r"]
     # The sandbox recovers once the bomb is over.
     assert wait_for(lambda: srv.sh("echo recovered", sandbox="bomb")[0] == "recovered\n", timeout=30)
     assert_unaffected(srv, "bomb")
