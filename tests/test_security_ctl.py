@@ -70,6 +70,7 @@ if case == "frames":
         "huge_number": b'{"id": 1e999999, "method": "ping"}\n',
         "empty": b"\n",
         "only_eof": b"",
+        "partial": b'{"id": 1, "meth',
         "spawn_bad_types": b'{"id": 2, "method": "spawn", "params": {"name": ["x"], "cpus": {"a": 1}}}\n',
         "spawn_negative": b'{"id": 3, "method": "spawn", "params": {"cpus": -5}}\n',
         "spawn_huge_memory": b'{"id": 4, "method": "spawn", "params": {"memory": "99999999999999999999999G"}}\n',
@@ -206,7 +207,7 @@ def destroy_all(srv) -> None:
 def test_malformed_frames_get_their_error_and_the_api_stays_up(srv):
     got = raw(srv, "frames")
     invalid = "INVALID_REQUEST"
-    for name in ("garbage", "invalid_utf8", "nul", "deep", "deep_object", "huge_number", "empty"):
+    for name in ("garbage", "invalid_utf8", "nul", "deep", "deep_object", "huge_number", "empty", "partial"):
         code, msg = error_of(got[name])
         assert (code, msg.split(":")[0]) == (invalid, "Invalid JSON"), (name, msg)
     assert error_of(got["nul_escaped"]) == (invalid, "Unknown method: pi\x00ng"), got["nul_escaped"]
