@@ -1,8 +1,8 @@
 """Security suite: hostile or confused tool arguments. Every name-like
 argument of every tool gets quotes, shell metacharacters, newlines, NUL,
 '=', path tricks, terminal escapes and 10 KB strings; each is refused with
-an error naming the problem, nothing is created (no sandbox, volume, file
-or process), and the server and a bystander sandbox are unaffected.
+an error naming the problem, nothing is created (no sandbox, volume or
+file, no command run), and the server and a bystander sandbox are unaffected.
 Values that are data rather than names (env values, command text) must
 arrive verbatim and never be interpreted by a shell of ours.
 """
@@ -111,6 +111,7 @@ def test_hostile_names_are_refused_by_every_tool(srv, tool, fixed, arg, refusal)
     assert not os.path.exists(PWN)
     out, _, _ = srv.sh(f"ls {PWN} 2>&1; ls /workspace")
     assert "No such file" in out, out
+    assert_unaffected(srv, "default")
 
 
 def test_children_of_a_hostile_parent_is_a_harmless_lookup(srv):
