@@ -28,7 +28,7 @@ use tokio::{
 use super::{
     OrchestratorError, Sandbox, SandboxManager,
     files::resolve,
-    hostfs::{Dir, Kind},
+    hostfs::{Dir, HostFsError, Kind},
     hostpath::{Entry, HostPath, expand_home},
     project::ProjectConfig,
     sandbox::Command,
@@ -521,8 +521,12 @@ fn classify(root: &Path, dir: &Dir, filter: &Filter, paths: BTreeSet<PathBuf>) -
         let found = dir.try_clone().and_then(|d| d.walk(parent)).and_then(|d| d.child(name));
         let (list, is_dir) = match found {
             Ok(Some(st)) => (&mut pushes, Some(st.kind == Kind::Dir)),
+            // Under a directory that is gone or was replaced (by a symlink,
+            // which the push sends as such): gone from the mirror too.
             Ok(None) => (&mut deletes, None),
-            Err(e) if e.is_missing() => (&mut deletes, None),
+            Err(HostFsError::Missing(_) | HostFsError::Symlink(_) | HostFsError::NotADirectory(_)) => {
+                (&mut deletes, None)
+            }
             Err(e) => {
                 tracing::warn!("sync: cannot look at {}: {e}", abs.display());
                 continue;
