@@ -253,3 +253,48 @@ pub fn append_file<W: Write>(b: &mut tar::Builder<W>, file: File, st: &Stat, nam
     let data = file.take(size).chain(io::repeat(0)).take(size);
     b.append_data(&mut header(st, tar::EntryType::Regular), name, data)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::BTreeMap, sync::Arc};
+
+    use super::*;
+    use crate::orchestrator::hostfs::OwnDirs;
+
+    #[test]
+    fn walks_by_fd_and_leaves_out_what_it_must() {
+        let d = std::env::temp_dir().join(format!("smcp-tarstream-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("root/a")).unwrap();
+        std::fs::create_dir_all(d.join("root/own/volumes")).unwrap();
+        std::fs::create_dir_all(d.join("outside")).unwrap();
+        std::fs::write(d.join("outside/secret"), "secret").unwrap();
+        std::fs::write(d.join("root/own/volumes/v"), "volume").unwrap();
+        std::fs::write(d.join("root/a/f"), "file").unwrap();
+        std::os::unix::fs::symlink(d.join("outside"), d.join("root/a/link")).unwrap();
+        nix::unistd::mkfifo(&d.join("root/a/fifo"), nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        let own = Arc::new(OwnDirs::of([d.join("root/own")]));
+        let root = Dir::open_absolute(&d.join("root"), own).unwrap();
+        let mut b = tar::Builder::new(Vec::new());
+        append_all(&mut b, &root, &[PathBuf::new(), PathBuf::from("a/link/secret")], &|_, _| false).unwrap();
+        let out = b.into_inner().unwrap();
+        let mut archive = tar::Archive::new(out.as_slice());
+        let entries: BTreeMap<String, tar::EntryType> = archive
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.path().unwrap().to_string_lossy().trim_end_matches('/').to_string(), e.header().entry_type())
+            })
+            .collect();
+        let want = [
+            ("a".to_string(), tar::EntryType::Directory),
+            ("a/f".to_string(), tar::EntryType::Regular),
+            ("a/link".to_string(), tar::EntryType::Symlink),
+        ];
+        assert_eq!(entries, BTreeMap::from(want));
+        let text = String::from_utf8_lossy(&out);
+        assert!(!text.contains("secret") && !text.contains("volume"), "nothing behind the symlink or in own dirs");
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
