@@ -212,7 +212,14 @@ def test_own_directories_are_out_of_reach(env):
         assert err and OWN_DATA in text, text
         text, err = srv.tool("download", sandbox_path="/workspace", local_path=str(base / "config/sandbox-mcp/ws"))
         assert err and OWN_DATA in text, text
+        # No configuration can be planted (the unit tests cover the directory not existing yet).
+        assert not (base / "config/sandbox-mcp/config.toml").exists()
+        srv.tool("exec", command="printf 'host_roots = [\"/\"]\\n' > /tmp/config.toml")
+        text, err = srv.tool("download", sandbox_path="/tmp/config.toml",
+                             local_path=str(base / "config/sandbox-mcp/config.toml"))
+        assert err and OWN_DATA in text, text
         assert not (volume / "copy.txt").exists() and not (base / "config/sandbox-mcp/ws").exists()
+        assert not (base / "config/sandbox-mcp/config.toml").exists()
         text, err = srv.tool("sync_start", local_dir=str(volume), sandbox_dir="/tmp/s")
         assert err and OWN_DATA in text, text
         text, err = srv.tool("collect_artifacts", patterns=["w.txt"], dest=str(base / "data/sandbox-mcp/images"))

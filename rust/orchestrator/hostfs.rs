@@ -227,19 +227,18 @@ impl From<FileStat> for Stat {
 pub struct OwnDirs(Vec<(u64, u64, PathBuf)>);
 
 impl OwnDirs {
-    /// The directories of [`crate::paths::own_dirs`], created if missing:
-    /// one that does not exist yet has no inode to recognise, and a host
-    /// path tool must not be the one to create it (a `download` to
+    /// `dirs` (sandbox-mcp's own: [`crate::paths::own_dirs`]), created if
+    /// missing: one that does not exist yet has no inode to recognise, and
+    /// a host-path tool must not be the one to create it (a `download` to
     /// `~/.config/sandbox-mcp/config.toml` would plant a configuration).
-    pub fn current() -> Self {
+    pub fn prepare(dirs: &[PathBuf]) -> Self {
         use std::os::unix::fs::DirBuilderExt;
-        let dirs = crate::paths::own_dirs();
-        for d in &dirs {
+        for d in dirs {
             if let Err(e) = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(d) {
                 tracing::warn!("cannot create {}: {e}", d.display());
             }
         }
-        Self::of(dirs)
+        Self::of(dirs.iter().cloned())
     }
 
     /// The given directories that exist (symlinks to them resolved: what a

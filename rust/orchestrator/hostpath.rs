@@ -31,6 +31,8 @@ pub struct HostRoots {
     /// well so that a root named through a symlink (`/tmp` on some systems)
     /// accepts paths spelled the way it was configured.
     given: Vec<PathBuf>,
+    /// sandbox-mcp's own directories, never reachable.
+    own: Arc<[PathBuf]>,
 }
 
 pub(super) fn expand_home(path: &str) -> PathBuf {
@@ -79,6 +81,7 @@ pub struct HostPath {
     rel: PathBuf,
     /// The whole path as the caller gave it (absolute, lexically clean).
     shown: PathBuf,
+    own: Arc<[PathBuf]>,
 }
 
 /// An existing host file or directory, opened.
@@ -107,7 +110,7 @@ impl HostPath {
 
     /// The root's directory, reached from `/`.
     fn root_dir(&self) -> Result<Dir, HostFsError> {
-        Ok(Dir::open_absolute(&self.root, Arc::new(OwnDirs::current()))?.named(self.shown_root.clone()))
+        Ok(Dir::open_absolute(&self.root, Arc::new(OwnDirs::prepare(&self.own)))?.named(self.shown_root.clone()))
     }
 
     /// Open the existing file or directory.
@@ -156,12 +159,18 @@ impl HostPath {
 impl HostRoots {
     /// Roots from explicit paths (each must exist; they are canonicalized).
     pub fn new(paths: &[PathBuf]) -> Result<Self, OrchestratorError> {
+        Self::with_own_dirs(paths, crate::paths::own_dirs())
+    }
+
+    /// Roots that keep away from `own` (sandbox-mcp's own directories;
+    /// tests pass their own).
+    pub fn with_own_dirs(paths: &[PathBuf], own: Vec<PathBuf>) -> Result<Self, OrchestratorError> {
         let (mut roots, mut given) = (Vec::new(), Vec::new());
         for p in paths {
             let c = p.canonicalize().map_err(|e| {
                 OrchestratorError::InvalidArgument(format!("host root {} is not usable: {e}", p.display()))
             })?;
-            if let Some(own) = crate::paths::own_dirs().into_iter().find(|d| c.starts_with(d)) {
+            if let Some(own) = own.iter().find(|d| c.starts_with(d)) {
                 tracing::warn!(
                     "host root {} is inside sandbox-mcp's own data ({}): host-path tools will refuse every path under it",
                     c.display(),
@@ -171,7 +180,7 @@ impl HostRoots {
             given.push(absolute(p).unwrap_or_else(|_| c.clone()));
             roots.push(c);
         }
-        Ok(Self { roots, given })
+        Ok(Self { roots, given, own: own.into() })
     }
 
     /// The configured roots.
@@ -201,7 +210,7 @@ impl HostRoots {
             return Err(HostFsError::Denied { path: shown.display().to_string(), roots: roots.join(", ") });
         };
         let rel = shown.strip_prefix(spelled).unwrap_or(Path::new("")).to_path_buf();
-        Ok(HostPath { root: root.clone(), shown_root: spelled.clone(), rel, shown })
+        Ok(HostPath { root: root.clone(), shown_root: spelled.clone(), rel, shown, own: self.own.clone() })
     }
 }
 
@@ -224,7 +233,7 @@ mod tests {
         std::fs::write(d.join("root/sub/f"), "x").unwrap();
         std::fs::write(d.join("outside"), "x").unwrap();
         std::os::unix::fs::symlink(d.join("outside"), d.join("root/link")).unwrap();
-        let roots = HostRoots::new(&[d.join("root")]).unwrap();
+        let roots = HostRoots::with_own_dirs(&[d.join("root")], vec![d.join("own")]).unwrap();
         let open = |p: &str| roots.locate(p).and_then(|p| p.open());
         match open(d.join("root/sub/f").to_str().unwrap()).unwrap() {
             Entry::File(mut f, st) => {
@@ -251,7 +260,7 @@ mod tests {
         let d = tmp("write");
         std::os::unix::fs::symlink(d.join("elsewhere"), d.join("root/planted")).unwrap();
         std::os::unix::fs::symlink("/etc", d.join("root/etc")).unwrap();
-        let roots = HostRoots::new(&[d.join("root")]).unwrap();
+        let roots = HostRoots::with_own_dirs(&[d.join("root")], vec![d.join("root/own")]).unwrap();
         let target = |p: &Path| roots.locate(p.to_str().unwrap()).and_then(|p| p.target());
         match target(&d.join("root/new/deeper/file")).unwrap() {
             Target::Name(dir, name) => {
@@ -264,6 +273,10 @@ mod tests {
         assert!(matches!(target(&d.join("root/etc/passwd")), Err(HostFsError::Symlink(_))));
         assert!(!d.join("elsewhere").exists());
         assert!(matches!(roots.locate("/tmp/../etc/x"), Err(HostFsError::Denied { .. })));
+        // sandbox-mcp's own directory, not there yet, cannot be planted.
+        let own = d.join("root/own/config.toml");
+        assert!(matches!(target(&own), Err(HostFsError::OwnData { path, .. }) if path == own.to_str().unwrap()));
+        assert!(!own.exists());
         std::fs::remove_dir_all(d).unwrap();
     }
 
@@ -271,7 +284,7 @@ mod tests {
     fn roots_named_through_a_symlink_accept_both_spellings() {
         let d = tmp("spelled");
         std::os::unix::fs::symlink(d.join("root"), d.join("alias")).unwrap();
-        let roots = HostRoots::new(&[d.join("alias")]).unwrap();
+        let roots = HostRoots::with_own_dirs(&[d.join("alias")], vec![d.join("own")]).unwrap();
         let p = roots.locate(d.join("alias/sub").to_str().unwrap()).unwrap();
         assert_eq!(p.open_dir().unwrap().path(), d.join("alias/sub"));
         assert!(roots.locate(d.join("root/sub").to_str().unwrap()).unwrap().open_dir().is_ok());
