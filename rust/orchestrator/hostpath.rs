@@ -1,6 +1,6 @@
-//! Host path roots: upload, download, sync and collect_artifacts may only
-//! touch host paths under configured roots (default: the directory the
-//! server was started in), and never sandbox-mcp's own directories.
+//! Host path roots: upload, download, sync, collect_artifacts and
+//! validate_config may only touch host paths under configured roots (default:
+//! the directory the server was started in), never sandbox-mcp's own directories.
 //!
 //! A path is placed under a root lexically (`..` is dropped before the
 //! check, so it cannot lead out); it is then opened with [`super::hostfs`]
