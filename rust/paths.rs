@@ -76,3 +76,11 @@ pub fn helper_log_file() -> PathBuf {
 pub fn config_dir() -> PathBuf {
     xdg("XDG_CONFIG_HOME", ".config").join("sandbox-mcp")
 }
+
+/// Every directory sandbox-mcp keeps its own files in: data (images, the
+/// sandboxes' volumes), state, configuration, runtime and the image store.
+/// Host-path tools never reach into these (see `orchestrator::hostfs`): a
+/// sandbox's own `/workspace` lives here, writable from inside it.
+pub fn own_dirs() -> Vec<PathBuf> {
+    vec![data_dir(), state_dir(), config_dir(), runtime_dir(), image_store()]
+}

@@ -180,3 +180,35 @@ def test_project_file_sync_exclude(srv, roots):
     base = [".gitignore", "README", "link", "src", "src/pkg", "src/pkg/mod.py"]
     assert mirrored(srv, base + ["barrier.txt"]) == sorted(base + ["barrier.txt"])
     srv.tool("sync_stop", job_id=job)
+
+
+def test_a_directory_swapped_for_a_symlink_is_never_followed(srv, roots, tmp_path):
+    """Every push walks from the root's fd without following symlinks: a
+    directory replaced by a symlink to a host directory outside the roots
+    reaches the sandbox as that symlink, never as the files behind it."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("SECRET-outside\n")
+    project = tree(roots)
+    job, _ = start(srv, project)
+    shutil.rmtree(project / "src")
+    os.symlink(outside, project / "src")
+    (project / "barrier").write_text("b\n")
+    # src's contents are deleted from the mirror; src itself stays a (now
+    # empty) directory, since the agent does not replace a directory with
+    # a symlink, or becomes the symlink.
+    want = [".gitignore", "README", "barrier", "link", "src"]
+    assert mirrored(srv, want) == want
+    out, _ = srv.tool("exec", command=f"grep -rl SECRET-outside {DEST} /tmp; ls -A {DEST}/src/; echo checked")
+    assert out.startswith("checked\n"), out
+    # The job's own directory swapped for a symlink: pushes fail (and are
+    # counted), nothing behind the symlink is read.
+    moved = roots / "moved"
+    project.rename(moved)
+    os.symlink(outside, project)
+    (moved / "later").write_text("x\n")
+    (outside / "new.txt").write_text("SECRET-outside\n")
+    text, err = srv.tool("sync_stop", job_id=job)
+    assert not err, text
+    out, _ = srv.tool("exec", command=f"grep -rl SECRET-outside {DEST} /tmp; ls {DEST}; echo checked")
+    assert "SECRET" not in out and "new.txt" not in out, out

@@ -24,7 +24,7 @@ def test_upload_outside_roots_is_refused(srv, roots):
         assert "outside the allowed host roots" in text or "does not exist on host" in text, text
     os.symlink("/etc/passwd", roots / "link")
     text, err = srv.tool("upload", local_path=str(roots / "link"))
-    assert err and "outside the allowed host roots" in text
+    assert err and text == f"Error: {roots}/link is a symlink; host-path tools do not follow symlinks", text
     text, err = srv.tool("upload", local_path=str(roots / "missing"))
     assert err and text == f"Error: {roots}/missing does not exist on host"
 

@@ -4,12 +4,13 @@
 //!
 //! Matches are flattened by basename into the destination; a name already
 //! used by an earlier match of the same call becomes `<n>-<name>` (smallest
-//! free n from 2). Existing host files of the same name are replaced, never
-//! written through when they are symlinks. Only regular files are copied:
+//! free n from 2). Existing host files of the same name are replaced (a new
+//! file renamed over them, so a hard link elsewhere keeps its content); a
+//! symlink of the same name is refused, never written through. Only regular files are copied:
 //! symlinks in the sandbox are reported and skipped, directories ignored.
 use std::{
     collections::HashSet,
-    io::Read,
+    ffi::OsString,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -20,6 +21,7 @@ use tokio::sync::mpsc;
 use super::{
     error::OrchestratorError,
     helper_client::HelperError,
+    hostfs::Dir,
     sandbox::{Command, Sandbox, SandboxManager, WORKSPACE},
     tarstream::ChunkReader,
     transfer::unpack_single,
@@ -68,18 +70,9 @@ fn io_err(what: impl std::fmt::Display, e: std::io::Error) -> OrchestratorError 
     OrchestratorError::InvalidArgument(format!("{what}: {e}"))
 }
 
-fn sha256_file(path: &Path) -> std::io::Result<String> {
-    let mut f = std::fs::File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+/// Lowercase hex of a digest.
+fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A host file name for `source` not yet used in this call.
@@ -106,7 +99,7 @@ impl SandboxManager {
         if patterns.is_empty() || patterns.iter().any(|p| p.trim().is_empty()) {
             return Err(OrchestratorError::InvalidArgument("patterns must be a non-empty list of globs".into()));
         }
-        let dest_dir = self.config().host_roots.writable(dest)?;
+        let dest = self.config().host_roots.locate(dest)?;
         let mut argv = vec![sandbox.shell.clone(), "-c".into(), FIND_SCRIPT.into(), "sh".into()];
         argv.extend(patterns.iter().cloned());
         let found = self.run_in(sandbox, Command::argv(argv, Duration::from_secs(60))).await?;
@@ -141,36 +134,45 @@ impl SandboxManager {
                 patterns.join(", ")
             )));
         }
-        std::fs::create_dir_all(&dest_dir).map_err(|e| io_err(dest_dir.display(), e))?;
+        let dest_dir = dest.create_dir()?;
         let mut used = HashSet::new();
         let mut written = Vec::with_capacity(files.len());
         for source in files {
             let name = unique_name(&source, &mut used);
-            let target = self.config().host_roots.writable(&dest_dir.join(&name).to_string_lossy())?;
-            let size = self.copy_file_out(sandbox, &source, &target).await?;
-            let sha256 = sha256_file(&target).map_err(|e| io_err(target.display(), e))?;
-            written.push(Artifact { source, path: target, size, sha256 });
+            let (size, sha256) = self.copy_file_out(sandbox, &source, &dest_dir, OsString::from(&name)).await?;
+            written.push(Artifact { source, path: dest.shown().join(name), size, sha256 });
         }
-        Ok(Collected { dest: dest_dir, files: written, skipped_symlinks })
+        Ok(Collected { dest: dest.shown().to_path_buf(), files: written, skipped_symlinks })
     }
 
-    /// Stream one sandbox file into a host file; returns its size.
-    async fn copy_file_out(&self, sandbox: &Sandbox, source: &str, target: &Path) -> Result<u64, OrchestratorError> {
+    /// Stream one sandbox file into the host directory `dir` as `name`;
+    /// returns its size and the sha256 of what was written.
+    async fn copy_file_out(
+        &self,
+        sandbox: &Sandbox,
+        source: &str,
+        dir: &Dir,
+        name: OsString,
+    ) -> Result<(u64, String), OrchestratorError> {
         let gone = || OrchestratorError::InvalidArgument(format!("{source} vanished from the sandbox while copying"));
         let stream = self.helper.copy_out(&sandbox.name, source).await.map_err(|e| match e {
             HelperError::NotFound(_) => gone(),
             other => other.into(),
         })?;
         let (tx, rx) = mpsc::channel(8);
-        let to = target.to_path_buf();
-        let unpack = tokio::task::spawn_blocking(move || unpack_single(ChunkReader::new(rx), &to));
+        let dir = dir.try_clone()?;
+        let unpack = tokio::task::spawn_blocking(move || {
+            let mut hasher = Sha256::new();
+            let size = unpack_single(ChunkReader::new(rx), &dir, &name, &mut |b| hasher.update(b))?;
+            Ok::<_, OrchestratorError>((size, hex(&hasher.finalize())))
+        });
         let pumped = stream.pump(tx).await;
         let unpacked = unpack.await.map_err(|e| io_err("extract", e.into()))?;
         pumped.map_err(|e| match e {
             HelperError::NotFound(_) => gone(),
             other => other.into(),
         })?;
-        unpacked.map_err(|e| io_err(target.display(), e))
+        unpacked
     }
 }
 
@@ -188,10 +190,8 @@ mod tests {
     }
 
     #[test]
-    fn sha256_of_a_file() {
-        let p = std::env::temp_dir().join(format!("smcp-sha-{}", std::process::id()));
-        std::fs::write(&p, b"abc").unwrap();
-        assert_eq!(sha256_file(&p).unwrap(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-        std::fs::remove_file(p).unwrap();
+    fn sha256_in_hex() {
+        let digest = Sha256::digest(b"abc");
+        assert_eq!(hex(&digest), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
     }
 }

@@ -28,19 +28,10 @@ pub enum OrchestratorError {
         /// The I/O error.
         source: std::io::Error,
     },
-    /// A host path is outside every configured host root.
-    #[error(
-        "host path {path} is outside the allowed host roots ({roots}); add a root with SANDBOX_MCP_HOST_ROOTS or host_roots in the config file"
-    )]
-    HostPathDenied {
-        /// The path as given (made absolute).
-        path: String,
-        /// The roots.
-        roots: String,
-    },
-    /// A host path to read does not exist.
-    #[error("{0} does not exist on host")]
-    HostPathMissing(String),
+    /// A host path is outside the host roots, missing, a symlink, inside
+    /// sandbox-mcp's own data, or otherwise unusable.
+    #[error(transparent)]
+    HostPath(#[from] super::hostfs::HostFsError),
     /// A background process id is unknown.
     #[error("no background process '{name}' in sandbox '{sandbox}'. Running: {running}")]
     NoSuchProcess {

@@ -1,15 +1,38 @@
-//! Host path roots: upload, download and sync may only touch host paths under
-//! configured roots (default: the directory the server was started in). Every
-//! path is resolved through symlinks before the check, so neither `..` nor a
-//! symlink can lead outside; writes never go through an existing symlink.
-use std::path::{Component, Path, PathBuf};
+//! Host path roots: upload, download, sync, collect_artifacts and
+//! validate_config may only touch host paths under configured roots (default:
+//! the directory the server was started in), never sandbox-mcp's own directories.
+//!
+//! A path is placed under a root lexically (`..` is dropped before the
+//! check, so it cannot lead out); it is then opened with [`super::hostfs`]
+//! from `/`, through the root, component by component: no symlink is
+//! followed on the way or at the end, and a walk that reaches one of
+//! sandbox-mcp's own directories (where every sandbox's `/workspace` lives)
+//! is refused. A root that lies inside those directories is kept, but
+//! every path under it is refused that way; a root that contains them (the
+//! home directory) serves everything else.
+use std::{
+    ffi::OsString,
+    fs::File,
+    path::{Component, Path, PathBuf},
+    sync::Arc,
+};
 
-use super::error::OrchestratorError;
+use super::{
+    error::OrchestratorError,
+    hostfs::{Dir, HostFsError, Kind, OwnDirs, Stat},
+};
 
 /// The directories host-side file tools may use.
 #[derive(Debug, Clone)]
 pub struct HostRoots {
+    /// Canonical paths, walked to.
     roots: Vec<PathBuf>,
+    /// The same roots as configured (absolute, lexically clean), matched as
+    /// well so that a root named through a symlink (`/tmp` on some systems)
+    /// accepts paths spelled the way it was configured.
+    given: Vec<PathBuf>,
+    /// sandbox-mcp's own directories, never reachable.
+    own: Arc<[PathBuf]>,
 }
 
 pub(super) fn expand_home(path: &str) -> PathBuf {
@@ -22,19 +45,15 @@ pub(super) fn expand_home(path: &str) -> PathBuf {
     }
 }
 
-/// Make `path` absolute and drop `.` and `..` lexically (before any symlink
-/// resolution), so the error messages show what the caller meant.
-fn absolute(path: &str) -> Result<PathBuf, OrchestratorError> {
-    if path.is_empty() {
-        return Err(OrchestratorError::InvalidArgument("host path must not be empty".into()));
-    }
-    let p = expand_home(path);
-    let p = if p.is_absolute() {
-        p
+/// Make `path` absolute and drop `.` and `..` lexically (no symlink is ever
+/// resolved), so the error messages show what the caller meant.
+fn absolute(path: &Path) -> Result<PathBuf, HostFsError> {
+    let p = if path.is_absolute() {
+        path.to_path_buf()
     } else {
         std::env::current_dir()
-            .map_err(|e| OrchestratorError::InvalidArgument(format!("no current directory: {e}")))?
-            .join(p)
+            .map_err(|e| HostFsError::Io { path: "the current directory".into(), source: e })?
+            .join(path)
     };
     let mut out = PathBuf::from("/");
     for c in p.components() {
@@ -49,17 +68,119 @@ fn absolute(path: &str) -> Result<PathBuf, OrchestratorError> {
     Ok(out)
 }
 
+/// A host path placed under a root, not opened yet: each use walks to it
+/// afresh from `/` (through the root), so nothing checked earlier is
+/// trusted later.
+#[derive(Debug, Clone)]
+pub struct HostPath {
+    /// The root's canonical path.
+    root: PathBuf,
+    /// The root as it appears in `shown`.
+    shown_root: PathBuf,
+    /// Below the root.
+    rel: PathBuf,
+    /// The whole path as the caller gave it (absolute, lexically clean).
+    shown: PathBuf,
+    own: Arc<[PathBuf]>,
+}
+
+/// An existing host file or directory, opened.
+#[derive(Debug)]
+pub enum Entry {
+    /// A directory.
+    Dir(Dir),
+    /// A regular file, with its `fstat`.
+    File(File, Stat),
+}
+
+/// Where a file is to be written.
+#[derive(Debug)]
+pub enum Target {
+    /// The path is an existing directory.
+    Dir(Dir),
+    /// The name `.1` (absent or a regular file) in the directory `.0`.
+    Name(Dir, OsString),
+}
+
+impl HostPath {
+    /// The path as the caller gave it (absolute).
+    pub fn shown(&self) -> &Path {
+        &self.shown
+    }
+
+    /// The root's directory, reached from `/`.
+    fn root_dir(&self) -> Result<Dir, HostFsError> {
+        Ok(Dir::open_absolute(&self.root, Arc::new(OwnDirs::prepare(&self.own)))?.named(self.shown_root.clone()))
+    }
+
+    /// Open the existing file or directory.
+    pub fn open(&self) -> Result<Entry, HostFsError> {
+        let open = || {
+            let (Some(parent), Some(name)) = (self.rel.parent(), self.rel.file_name()) else {
+                return self.root_dir().map(Entry::Dir);
+            };
+            let dir = self.root_dir()?.walk(parent)?;
+            match dir.child(name)? {
+                Some(st) if st.kind == Kind::Dir => dir.open_dir(name).map(Entry::Dir),
+                _ => dir.open_file(name).map(|(f, st)| Entry::File(f, st)),
+            }
+        };
+        open().map_err(|e| e.naming(&self.shown))
+    }
+
+    /// Open the existing directory.
+    pub fn open_dir(&self) -> Result<Dir, HostFsError> {
+        self.root_dir().and_then(|d| d.walk(&self.rel)).map_err(|e| e.naming(&self.shown))
+    }
+
+    /// Open the directory, creating it and its missing parents.
+    pub fn create_dir(&self) -> Result<Dir, HostFsError> {
+        self.root_dir().and_then(|d| d.create_dirs(&self.rel)).map_err(|e| e.naming(&self.shown))
+    }
+
+    /// Where a file given this path goes: into it if it is an existing
+    /// directory, else under its own name (missing parents created).
+    pub fn target(&self) -> Result<Target, HostFsError> {
+        let open = || {
+            let (Some(parent), Some(name)) = (self.rel.parent(), self.rel.file_name()) else {
+                return self.root_dir().map(Target::Dir);
+            };
+            let dir = self.root_dir()?.create_dirs(parent)?;
+            match dir.child(name)? {
+                Some(st) if st.kind == Kind::Dir => dir.open_dir(name).map(Target::Dir),
+                Some(st) if st.kind != Kind::File => Err(st.kind.not_a_file(&self.shown)),
+                _ => Ok(Target::Name(dir, name.to_os_string())),
+            }
+        };
+        open().map_err(|e| e.naming(&self.shown))
+    }
+}
+
 impl HostRoots {
     /// Roots from explicit paths (each must exist; they are canonicalized).
     pub fn new(paths: &[PathBuf]) -> Result<Self, OrchestratorError> {
-        let mut roots = Vec::new();
+        Self::with_own_dirs(paths, crate::paths::own_dirs())
+    }
+
+    /// Roots that keep away from `own` (sandbox-mcp's own directories;
+    /// tests pass their own).
+    pub fn with_own_dirs(paths: &[PathBuf], own: Vec<PathBuf>) -> Result<Self, OrchestratorError> {
+        let (mut roots, mut given) = (Vec::new(), Vec::new());
         for p in paths {
             let c = p.canonicalize().map_err(|e| {
                 OrchestratorError::InvalidArgument(format!("host root {} is not usable: {e}", p.display()))
             })?;
+            if let Some(own) = own.iter().find(|d| c.starts_with(d)) {
+                tracing::warn!(
+                    "host root {} is inside sandbox-mcp's own data ({}): host-path tools will refuse every path under it",
+                    c.display(),
+                    own.display()
+                );
+            }
+            given.push(absolute(p).unwrap_or_else(|_| c.clone()));
             roots.push(c);
         }
-        Ok(Self { roots })
+        Ok(Self { roots, given, own: own.into() })
     }
 
     /// The configured roots.
@@ -67,54 +188,36 @@ impl HostRoots {
         &self.roots
     }
 
-    fn outside(&self, path: &Path) -> OrchestratorError {
-        let roots: Vec<String> = self.roots.iter().map(|r| r.display().to_string()).collect();
-        OrchestratorError::HostPathDenied { path: path.display().to_string(), roots: roots.join(", ") }
-    }
-
-    fn check(&self, resolved: &Path, shown: &Path) -> Result<(), OrchestratorError> {
-        if self.roots.iter().any(|r| resolved.starts_with(r)) { Ok(()) } else { Err(self.outside(shown)) }
-    }
-
-    /// An existing host path to read from, resolved and checked.
-    pub fn readable(&self, path: &str) -> Result<PathBuf, OrchestratorError> {
-        let abs = absolute(path)?;
-        let resolved = abs.canonicalize().map_err(|_| OrchestratorError::HostPathMissing(abs.display().to_string()))?;
-        self.check(&resolved, &abs)?;
-        Ok(resolved)
-    }
-
-    /// A host path to write to (it may not exist yet). The deepest existing
-    /// ancestor is resolved and must be under a root; the path itself must not
-    /// be a symlink (which a sandbox could have planted through a sync or
-    /// an earlier download).
-    pub fn writable(&self, path: &str) -> Result<PathBuf, OrchestratorError> {
-        let abs = absolute(path)?;
-        let mut existing = abs.as_path();
-        let mut rest = Vec::new();
-        while std::fs::symlink_metadata(existing).is_err() {
-            rest.push(existing.file_name().map(PathBuf::from).unwrap_or_default());
-            existing = existing.parent().unwrap_or(Path::new("/"));
+    /// Place `path` under the root it is in (the deepest, should roots
+    /// nest), or refuse it. Nothing is opened yet.
+    pub fn locate(&self, path: &str) -> Result<HostPath, HostFsError> {
+        if path.is_empty() {
+            return Err(HostFsError::Empty);
         }
-        if rest.is_empty() && std::fs::symlink_metadata(existing).is_ok_and(|m| m.file_type().is_symlink()) {
-            return Err(OrchestratorError::InvalidArgument(format!(
-                "{} is a symlink; refusing to write through it",
-                abs.display()
-            )));
+        let shown = absolute(&expand_home(path))?;
+        let mut best: Option<(&PathBuf, &PathBuf)> = None;
+        for (root, given) in self.roots.iter().zip(&self.given) {
+            for spelled in [root, given] {
+                if shown.starts_with(spelled)
+                    && best.is_none_or(|(_, b)| spelled.as_os_str().len() > b.as_os_str().len())
+                {
+                    best = Some((root, spelled));
+                }
+            }
         }
-        let mut resolved = existing
-            .canonicalize()
-            .map_err(|e| OrchestratorError::InvalidArgument(format!("cannot resolve {}: {e}", existing.display())))?;
-        for part in rest.iter().rev() {
-            resolved.push(part);
-        }
-        self.check(&resolved, &abs)?;
-        Ok(resolved)
+        let Some((root, spelled)) = best else {
+            let roots: Vec<String> = self.roots.iter().map(|r| r.display().to_string()).collect();
+            return Err(HostFsError::Denied { path: shown.display().to_string(), roots: roots.join(", ") });
+        };
+        let rel = shown.strip_prefix(spelled).unwrap_or(Path::new("")).to_path_buf();
+        Ok(HostPath { root: root.clone(), shown_root: spelled.clone(), rel, shown, own: self.own.clone() })
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::io::Read;
+
     use super::*;
 
     fn tmp(name: &str) -> PathBuf {
@@ -130,34 +233,61 @@ mod tests {
         std::fs::write(d.join("root/sub/f"), "x").unwrap();
         std::fs::write(d.join("outside"), "x").unwrap();
         std::os::unix::fs::symlink(d.join("outside"), d.join("root/link")).unwrap();
-        let roots = HostRoots::new(&[d.join("root")]).unwrap();
-        assert!(roots.readable(d.join("root/sub/f").to_str().unwrap()).is_ok());
-        assert!(matches!(roots.readable("/etc/shadow"), Err(OrchestratorError::HostPathDenied { .. })));
+        let roots = HostRoots::with_own_dirs(&[d.join("root")], vec![d.join("own")]).unwrap();
+        let open = |p: &str| roots.locate(p).and_then(|p| p.open());
+        match open(d.join("root/sub/f").to_str().unwrap()).unwrap() {
+            Entry::File(mut f, st) => {
+                let mut s = String::new();
+                f.read_to_string(&mut s).unwrap();
+                assert_eq!((s.as_str(), st.size), ("x", 1));
+            }
+            Entry::Dir(_) => panic!("a file"),
+        }
+        assert!(matches!(open(d.join("root").to_str().unwrap()), Ok(Entry::Dir(_))));
+        assert!(matches!(open("/etc/shadow"), Err(HostFsError::Denied { .. })));
         let dotdot = format!("{}/root/../outside", d.display());
-        assert!(matches!(roots.readable(&dotdot), Err(OrchestratorError::HostPathDenied { .. })));
-        let link = d.join("root/link");
-        assert!(matches!(roots.readable(link.to_str().unwrap()), Err(OrchestratorError::HostPathDenied { .. })));
-        assert!(matches!(
-            roots.readable(d.join("root/nope").to_str().unwrap()),
-            Err(OrchestratorError::HostPathMissing(_))
-        ));
+        assert!(matches!(open(&dotdot), Err(HostFsError::Denied { .. })));
+        assert!(matches!(open(d.join("root/link").to_str().unwrap()), Err(HostFsError::Symlink(_))));
+        let missing = d.join("root/nope/deeper");
+        assert!(
+            matches!(open(missing.to_str().unwrap()), Err(HostFsError::Missing(p)) if p == missing.to_str().unwrap())
+        );
         std::fs::remove_dir_all(d).unwrap();
     }
 
     #[test]
-    fn writes_never_through_symlinks() {
+    fn write_targets_never_through_symlinks() {
         let d = tmp("write");
         std::os::unix::fs::symlink(d.join("elsewhere"), d.join("root/planted")).unwrap();
         std::os::unix::fs::symlink("/etc", d.join("root/etc")).unwrap();
-        let roots = HostRoots::new(&[d.join("root")]).unwrap();
-        let ok = roots.writable(d.join("root/new/deeper/file").to_str().unwrap()).unwrap();
-        assert!(ok.starts_with(d.join("root").canonicalize().unwrap()));
-        assert!(roots.writable(d.join("root/planted").to_str().unwrap()).is_err());
-        assert!(matches!(
-            roots.writable(d.join("root/etc/passwd").to_str().unwrap()),
-            Err(OrchestratorError::HostPathDenied { .. })
-        ));
-        assert!(roots.writable("/tmp/../etc/x").is_err());
+        let roots = HostRoots::with_own_dirs(&[d.join("root")], vec![d.join("root/own")]).unwrap();
+        let target = |p: &Path| roots.locate(p.to_str().unwrap()).and_then(|p| p.target());
+        match target(&d.join("root/new/deeper/file")).unwrap() {
+            Target::Name(dir, name) => {
+                assert_eq!((dir.path(), name.to_str().unwrap()), (d.join("root/new/deeper").as_path(), "file"))
+            }
+            Target::Dir(_) => panic!("a new name"),
+        }
+        assert!(matches!(target(&d.join("root/sub")), Ok(Target::Dir(_))));
+        assert!(matches!(target(&d.join("root/planted")), Err(HostFsError::Symlink(_))));
+        assert!(matches!(target(&d.join("root/etc/passwd")), Err(HostFsError::Symlink(_))));
+        assert!(!d.join("elsewhere").exists());
+        assert!(matches!(roots.locate("/tmp/../etc/x"), Err(HostFsError::Denied { .. })));
+        // sandbox-mcp's own directory, not there yet, cannot be planted.
+        let own = d.join("root/own/config.toml");
+        assert!(matches!(target(&own), Err(HostFsError::OwnData { path, .. }) if path == own.to_str().unwrap()));
+        assert!(!own.exists());
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn roots_named_through_a_symlink_accept_both_spellings() {
+        let d = tmp("spelled");
+        std::os::unix::fs::symlink(d.join("root"), d.join("alias")).unwrap();
+        let roots = HostRoots::with_own_dirs(&[d.join("alias")], vec![d.join("own")]).unwrap();
+        let p = roots.locate(d.join("alias/sub").to_str().unwrap()).unwrap();
+        assert_eq!(p.open_dir().unwrap().path(), d.join("alias/sub"));
+        assert!(roots.locate(d.join("root/sub").to_str().unwrap()).unwrap().open_dir().is_ok());
         std::fs::remove_dir_all(d).unwrap();
     }
 }

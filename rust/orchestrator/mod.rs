@@ -9,7 +9,8 @@
 //! - [`audit`]: command history with secret redaction.
 //! - [`names`]: validation of client-supplied names.
 //! - [`config`]: defaults, profiles, idle TTL, host roots.
-//! - [`hostpath`]: the host-roots policy for host paths.
+//! - [`hostpath`]: the host-roots policy for host paths; [`hostfs`]: the
+//!   race-free, fd-based file operations every host-path tool goes through.
 //! - [`text`]: output bytes to client text.
 //! - [`spawn`]: child sandboxes under spawn policies; [`ctl`]: the
 //!   sandbox-ctl server that lets a sandbox spawn its own children.
@@ -32,6 +33,7 @@ pub mod exec;
 pub mod files;
 pub mod forward;
 pub mod helper_client;
+pub mod hostfs;
 pub mod hostpath;
 pub mod images;
 pub mod lease;

@@ -30,6 +30,7 @@ use super::{
     config::{Profile, parse_memory},
     error::OrchestratorError,
     helper_client::Network,
+    hostpath::Entry,
     names::validate_env_key,
     sandbox::{Sandbox, SandboxManager, WORKSPACE},
 };
@@ -227,18 +228,35 @@ impl SandboxManager {
     /// a host file or a directory holding one (under the host roots).
     pub fn validate_project(&self, path: &str) -> Result<Validation, OrchestratorError> {
         let user = self.config().profile_for("default");
-        let file = if path.is_empty() {
+        let (file, text) = if path.is_empty() {
             let file = self.config().project_dir.join(PROJECT_FILE);
             if !file.exists() {
                 return Ok(Validation::Absent { path: file, resolved: user.clone() });
             }
-            file
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| OrchestratorError::InvalidArgument(format!("cannot read {}: {e}", file.display())))?;
+            (file, text)
         } else {
-            let p = self.config().host_roots.readable(path)?;
-            if p.is_dir() { p.join(PROJECT_FILE) } else { p }
+            // A host path: read through the fds hostfs opened, like every
+            // other host-path tool.
+            let p = self.config().host_roots.locate(path)?;
+            match p.open()? {
+                Entry::Dir(dir) => {
+                    let file = p.shown().join(PROJECT_FILE);
+                    let text = dir.read_to_string(std::ffi::OsStr::new(PROJECT_FILE))?.ok_or_else(|| {
+                        OrchestratorError::InvalidArgument(format!("cannot read {}: no such file", file.display()))
+                    })?;
+                    (file, text)
+                }
+                Entry::File(mut f, _) => {
+                    let mut text = String::new();
+                    std::io::Read::read_to_string(&mut f, &mut text).map_err(|e| {
+                        OrchestratorError::InvalidArgument(format!("cannot read {}: {e}", p.shown().display()))
+                    })?;
+                    (p.shown().to_path_buf(), text)
+                }
+            }
         };
-        let text = std::fs::read_to_string(&file)
-            .map_err(|e| OrchestratorError::InvalidArgument(format!("cannot read {}: {e}", file.display())))?;
         Ok(match ProjectConfig::parse(&text) {
             Ok(project) => Validation::Valid { resolved: project.apply(user), path: file, project },
             Err(problems) => Validation::Invalid { path: file, problems },

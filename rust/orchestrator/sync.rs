@@ -5,7 +5,7 @@
 //! paths (fixed names plus the root's .gitignore) are never sent.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    io,
+    ffi::OsStr,
     path::{Path, PathBuf},
     sync::{
         Arc, Mutex,
@@ -26,8 +26,13 @@ use tokio::{
 };
 
 use super::{
-    OrchestratorError, Sandbox, SandboxManager, files::resolve, hostpath::expand_home, project::ProjectConfig,
-    sandbox::Command, tarstream,
+    OrchestratorError, Sandbox, SandboxManager,
+    files::resolve,
+    hostfs::{Dir, HostFsError, Kind},
+    hostpath::{Entry, HostPath, expand_home},
+    project::ProjectConfig,
+    sandbox::Command,
+    tarstream,
 };
 
 /// Names never synced, wherever they appear in the tree (sorted, as shown).
@@ -105,7 +110,10 @@ struct Counters {
 /// What a job mirrors, shared by its task.
 struct JobSpec {
     id: String,
+    /// The directory as the caller named it.
     root: PathBuf,
+    /// Where it is under the host roots: every push walks to it afresh.
+    location: HostPath,
     sandbox: String,
     dir: String,
     /// The project file's `sync.exclude`, kept to rebuild the filter when
@@ -151,20 +159,27 @@ pub struct Filter {
 }
 
 impl Filter {
-    /// The filter for `root`: `root/.gitignore` if present, plus `extra`
-    /// lines in gitignore syntax (the project file's `sync.exclude`).
-    pub fn load(root: &Path, extra: &[String]) -> Self {
-        let mut builder = GitignoreBuilder::new(root);
+    /// The filter for the directory `root`: its .gitignore if present (read
+    /// through the fd, never followed if a symlink), plus `extra` lines in
+    /// gitignore syntax (the project file's `sync.exclude`).
+    pub fn load(root: &Dir, extra: &[String]) -> Self {
+        let mut builder = GitignoreBuilder::new(root.path());
         for line in extra {
             if let Err(e) = builder.add_line(None, line) {
                 tracing::warn!("sync.exclude {line:?}: {e}");
             }
         }
-        let file = root.join(".gitignore");
-        if file.is_file()
-            && let Some(e) = builder.add(&file)
-        {
-            tracing::warn!("{}: {e} (valid lines still apply)", file.display());
+        let file = root.path().join(".gitignore");
+        match root.read_to_string(OsStr::new(".gitignore")) {
+            Ok(Some(text)) => {
+                for line in text.lines() {
+                    if let Err(e) = builder.add_line(Some(file.clone()), line) {
+                        tracing::warn!("{}: {e} (valid lines still apply)", file.display());
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(e) => tracing::warn!("not using .gitignore: {e}"),
         }
         let gitignore = builder.build().unwrap_or_else(|e| {
             tracing::warn!("{}: {e}; ignoring it", file.display());
@@ -222,10 +237,11 @@ impl SyncManager {
         id: Option<String>,
         files_before: u64,
     ) -> Result<(SyncInfo, u64), SyncError> {
-        let root = self.sandboxes.config().host_roots.readable(local_dir)?;
-        if !root.is_dir() {
+        let location = self.sandboxes.config().host_roots.locate(local_dir).map_err(OrchestratorError::from)?;
+        let Entry::Dir(root_dir) = location.open().map_err(OrchestratorError::from)? else {
             return Err(SyncError::NotADirectory(expand_home(local_dir).display().to_string()));
-        }
+        };
+        let root = location.shown().to_path_buf();
         let dir = resolve(sandbox_dir)?;
         let dir = if dir.len() > 1 { dir.trim_end_matches('/').to_string() } else { dir };
         let sb = self.sandboxes.get_or_create(sandbox).await?;
@@ -239,7 +255,8 @@ impl SyncManager {
             Some((_, project)) => project.sync_exclude,
             None => Vec::new(),
         };
-        let filter = Arc::new(Filter::load(&root, &exclude));
+        let filter = Arc::new(Filter::load(&root_dir, &exclude));
+        drop(root_dir);
         let id = match id {
             Some(id) if !lock(&self.jobs).contains_key(&id) => id,
             _ => new_id(&lock(&self.jobs)),
@@ -247,6 +264,7 @@ impl SyncManager {
         let spec = Arc::new(JobSpec {
             id: id.clone(),
             root,
+            location,
             sandbox: sb.name.clone(),
             dir,
             exclude,
@@ -447,13 +465,15 @@ impl JobCtx {
 
     async fn flush(&mut self, batch: Batch) -> Result<(), String> {
         let root = &self.spec.root;
+        let dir = self.spec.location.open_dir().map_err(|e| e.to_string())?;
         let mut full = batch.rescan;
         if batch.paths.contains(&root.join(".gitignore")) {
-            self.filter = Arc::new(Filter::load(root, &self.spec.exclude));
+            self.filter = Arc::new(Filter::load(&dir, &self.spec.exclude));
             full = true;
         }
         let (pushes, deletes) =
-            if full { (vec![PathBuf::new()], Vec::new()) } else { classify(root, &self.filter, batch.paths) };
+            if full { (vec![PathBuf::new()], Vec::new()) } else { classify(root, &dir, &self.filter, batch.paths) };
+        drop(dir);
         if !deletes.is_empty() {
             self.delete(&deletes).await?;
         }
@@ -490,20 +510,25 @@ impl JobCtx {
     }
 }
 
-/// Split changed paths into (to push, to delete), relative to `root`,
-/// dropping ignored ones and those under another path of the same list.
-fn classify(root: &Path, filter: &Filter, paths: BTreeSet<PathBuf>) -> (Vec<PathBuf>, Vec<PathBuf>) {
+/// Split changed paths (as the watcher names them, under `root`) into (to
+/// push, to delete), relative to `root`, looked up through `dir` (the root's
+/// fd); ignored ones and those under another path of the same list dropped.
+fn classify(root: &Path, dir: &Dir, filter: &Filter, paths: BTreeSet<PathBuf>) -> (Vec<PathBuf>, Vec<PathBuf>) {
     let (mut pushes, mut deletes) = (Vec::<PathBuf>::new(), Vec::<PathBuf>::new());
     for abs in paths {
         let Ok(rel) = abs.strip_prefix(root) else { continue };
-        if rel.as_os_str().is_empty() {
-            continue;
-        }
-        let (list, is_dir) = match std::fs::symlink_metadata(&abs) {
-            Ok(m) => (&mut pushes, Some(m.is_dir())),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => (&mut deletes, None),
+        let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else { continue };
+        let found = dir.try_clone().and_then(|d| d.walk(parent)).and_then(|d| d.child(name));
+        let (list, is_dir) = match found {
+            Ok(Some(st)) => (&mut pushes, Some(st.kind == Kind::Dir)),
+            // Under a directory that is gone or was replaced (by a symlink,
+            // which the push sends as such): gone from the mirror too.
+            Ok(None) => (&mut deletes, None),
+            Err(HostFsError::Missing(_) | HostFsError::Symlink(_) | HostFsError::NotADirectory(_)) => {
+                (&mut deletes, None)
+            }
             Err(e) => {
-                tracing::warn!("sync: cannot stat {}: {e}", abs.display());
+                tracing::warn!("sync: cannot look at {}: {e}", abs.display());
                 continue;
             }
         };
@@ -530,9 +555,10 @@ async fn push(
     filter: &Arc<Filter>,
     rels: Vec<PathBuf>,
 ) -> Result<u64, String> {
-    let (root, filter) = (spec.root.clone(), filter.clone());
+    let dir = spec.location.open_dir().map_err(|e| e.to_string())?;
+    let filter = filter.clone();
     let (rx, build) =
-        tarstream::build(move |b| tarstream::append_all(b, &root, &rels, &|rel, is_dir| filter.ignored(rel, is_dir)));
+        tarstream::build(move |b| tarstream::append_all(b, &dir, &rels, &|rel, is_dir| filter.ignored(rel, is_dir)));
     let (built, copied) = tokio::join!(build, sandboxes.helper.copy_in(&sb.name, &spec.dir, rx));
     let (files, _bytes) = copied.map_err(|e| e.to_string())?;
     built.map_err(|e| e.to_string())?.map_err(|e| format!("reading {}: {e}", spec.root.display()))?;
@@ -560,11 +586,16 @@ mod tests {
         d
     }
 
+    fn open(root: &Path) -> Dir {
+        Dir::open_absolute(root, Default::default()).unwrap()
+    }
+
     fn entries(root: &Path, rels: &[PathBuf]) -> BTreeMap<String, (tar::EntryType, Vec<u8>)> {
         let mut b = tar::Builder::new(Vec::new());
         b.follow_symlinks(false);
-        let filter = Filter::load(root, &[]);
-        tarstream::append_all(&mut b, root, rels, &|rel, is_dir| filter.ignored(rel, is_dir)).unwrap();
+        let dir = open(root);
+        let filter = Filter::load(&dir, &[]);
+        tarstream::append_all(&mut b, &dir, rels, &|rel, is_dir| filter.ignored(rel, is_dir)).unwrap();
         let out = b.into_inner().unwrap();
         let mut archive = tar::Archive::new(out.as_slice());
         archive
@@ -600,7 +631,7 @@ mod tests {
     #[test]
     fn filter_matches_names_gitignore_and_vanished_dirs() {
         let d = tree("filter");
-        let f = Filter::load(&d, &[]);
+        let f = Filter::load(&open(&d), &[]);
         assert!(f.ignored(Path::new("a/.git/config"), Some(false)));
         assert!(f.ignored(Path::new("pkg/__pycache__"), Some(true)));
         assert!(f.ignored(Path::new("x.log"), Some(false)));
@@ -614,13 +645,13 @@ mod tests {
     #[test]
     fn classify_splits_and_drops_covered_paths() {
         let d = tree("classify");
-        let f = Filter::load(&d, &[]);
+        let f = Filter::load(&open(&d), &[]);
         let paths: BTreeSet<PathBuf> =
             ["src", "src/deep/a.py", "gone", "gone/sub", "app.log", "node_modules/x/i.js", ""]
                 .iter()
                 .map(|p| d.join(p))
                 .collect();
-        let (pushes, deletes) = classify(&d, &f, paths);
+        let (pushes, deletes) = classify(&d, &open(&d), &f, paths);
         assert_eq!(pushes, [PathBuf::from("src")]);
         assert_eq!(deletes, [PathBuf::from("gone")]);
         std::fs::remove_dir_all(d).unwrap();

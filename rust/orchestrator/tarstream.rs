@@ -2,12 +2,15 @@
 //! large trees never sit in memory and never stall the async runtime. Used
 //! for everything that moves files between host and sandbox.
 use std::{
+    ffi::OsStr,
+    fs::File,
     io::{self, Read, Write},
-    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
 };
 
 use tokio::sync::mpsc;
+
+use super::hostfs::{Dir, HostFsError, Kind, Stat};
 
 /// Chunk size handed to the helper.
 const CHUNK: usize = 256 * 1024;
@@ -123,98 +126,175 @@ impl Read for ChunkReader {
     }
 }
 
-/// Append `rels` under `root` to `b`. Symlinks are archived as symlinks and
-/// never followed; entries are owned by root; paths that vanish or cannot be
-/// opened are skipped (a later event brings them).
+/// Append `rels` (relative paths, the empty path meaning all of it) under
+/// the host directory `base` to `b`, walking only through fds
+/// ([`hostfs::Dir`]): symlinks are archived as symlinks and never followed,
+/// fifos, sockets and devices are left out, entries are owned by root.
+/// Paths that vanish or cannot be opened (a symlink swapped in on the way,
+/// sandbox-mcp's own directories) are skipped; a later event brings them.
 pub fn append_all<W: Write>(
     b: &mut tar::Builder<W>,
-    root: &Path,
+    base: &Dir,
     rels: &[PathBuf],
     ignored: &dyn Fn(&Path, Option<bool>) -> bool,
 ) -> io::Result<()> {
     for rel in rels {
-        append_tree(b, root, rel, ignored)?;
+        let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
+            append_contents(b, base, rel, ignored)?;
+            continue;
+        };
+        match base.try_clone().and_then(|d| d.walk(parent)) {
+            Ok(dir) => append_entry(b, &dir, name, rel, None, ignored)?,
+            Err(e) => skip(&e),
+        }
     }
     Ok(())
 }
 
-fn header_for(meta: &std::fs::Metadata, kind: tar::EntryType) -> tar::Header {
+fn header(st: &Stat, kind: tar::EntryType) -> tar::Header {
     let mut h = tar::Header::new_gnu();
-    h.set_metadata_in_mode(meta, tar::HeaderMode::Complete);
+    h.set_mode(st.mode);
+    h.set_mtime(u64::try_from(st.mtime).unwrap_or(0));
     h.set_uid(0);
     h.set_gid(0);
     h.set_entry_type(kind);
-    if kind != tar::EntryType::Regular {
-        h.set_size(0);
-    }
+    h.set_size(if kind == tar::EntryType::Regular { st.size } else { 0 });
     h
 }
 
-fn skip(path: &Path, e: &io::Error) {
-    if e.kind() != io::ErrorKind::NotFound {
-        tracing::warn!("archive: skipping {}: {e}", path.display());
+fn skip(e: &HostFsError) {
+    if !e.is_missing() {
+        tracing::warn!("archive: skipping {e}");
     }
 }
 
-fn append_tree<W: Write>(
+/// Everything in `dir` (archived under `rel`), not `dir` itself.
+fn append_contents<W: Write>(
     b: &mut tar::Builder<W>,
-    root: &Path,
+    dir: &Dir,
     rel: &Path,
     ignored: &dyn Fn(&Path, Option<bool>) -> bool,
 ) -> io::Result<()> {
-    let abs = root.join(rel);
-    let meta = match std::fs::symlink_metadata(&abs) {
-        Ok(m) => m,
+    let entries = match dir.list() {
+        Ok(e) => e,
         Err(e) => {
-            skip(&abs, &e);
+            skip(&e);
             return Ok(());
         }
     };
-    let ft = meta.file_type();
-    if ft.is_dir() {
-        if !rel.as_os_str().is_empty() {
-            b.append_data(&mut header_for(&meta, tar::EntryType::Directory), rel, io::empty())?;
-        }
-        let entries = match std::fs::read_dir(&abs) {
-            Ok(e) => e,
-            Err(e) => {
-                skip(&abs, &e);
-                return Ok(());
-            }
-        };
-        for entry in entries.flatten() {
-            let child = rel.join(entry.file_name());
-            let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
-            if !ignored(&child, Some(is_dir)) {
-                append_tree(b, root, &child, ignored)?;
-            }
-        }
-    } else if ft.is_symlink() {
-        match std::fs::read_link(&abs) {
-            Ok(target) => b.append_link(&mut header_for(&meta, tar::EntryType::Symlink), rel, target)?,
-            Err(e) => skip(&abs, &e),
-        }
-    } else if ft.is_file() {
-        append_file(b, &abs, rel)?;
+    for (name, kind) in entries {
+        let child = rel.join(&name);
+        append_entry(b, dir, &name, &child, kind, ignored)?;
     }
     Ok(())
 }
 
-/// Append the regular file `abs` under the archive name `name`, owned by
-/// root. Vanished or unreadable files are skipped with a warning.
-pub fn append_file<W: Write>(b: &mut tar::Builder<W>, abs: &Path, name: &Path) -> io::Result<()> {
-    // O_NOFOLLOW: the file may have been swapped for a symlink since the lstat.
-    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(abs);
-    let (file, meta) = match file.and_then(|f| f.metadata().map(|m| (f, m))) {
-        Ok(fm) => fm,
-        Err(e) => {
-            skip(abs, &e);
-            return Ok(());
-        }
+/// The entry `name` of `parent`, archived as `rel` (with everything under
+/// it if it is a directory). `listed` is its type from the listing, if any.
+fn append_entry<W: Write>(
+    b: &mut tar::Builder<W>,
+    parent: &Dir,
+    name: &OsStr,
+    rel: &Path,
+    listed: Option<Kind>,
+    ignored: &dyn Fn(&Path, Option<bool>) -> bool,
+) -> io::Result<()> {
+    let kind = match listed {
+        Some(k) => k,
+        None => match parent.child(name) {
+            Ok(Some(st)) => st.kind,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                skip(&e);
+                return Ok(());
+            }
+        },
     };
+    if ignored(rel, Some(kind == Kind::Dir)) {
+        return Ok(());
+    }
+    match kind {
+        Kind::Dir => {
+            let dir = match parent.open_dir(name) {
+                Ok(d) => d,
+                Err(e) => {
+                    skip(&e);
+                    return Ok(());
+                }
+            };
+            match dir.stat() {
+                Ok(st) => {
+                    b.append_data(&mut header(&st, tar::EntryType::Directory), rel, io::empty())?;
+                    append_contents(b, &dir, rel, ignored)?;
+                }
+                Err(e) => skip(&e),
+            }
+        }
+        Kind::Symlink => match parent.child(name).and_then(|st| Ok((st, parent.read_link(name)?))) {
+            Ok((Some(st), target)) => b.append_link(&mut header(&st, tar::EntryType::Symlink), rel, target)?,
+            Ok((None, _)) => {}
+            Err(e) => skip(&e),
+        },
+        Kind::File => match parent.open_file(name) {
+            Ok((file, st)) => append_file(b, file, &st, rel)?,
+            Err(e) => skip(&e),
+        },
+        _ => tracing::debug!("archive: leaving out {} ({kind:?})", parent.path().join(name).display()),
+    }
+    Ok(())
+}
+
+/// Append the open regular file `file` (its `fstat` in `st`) under the
+/// archive name `name`, owned by root.
+pub fn append_file<W: Write>(b: &mut tar::Builder<W>, file: File, st: &Stat, name: &Path) -> io::Result<()> {
     // Exactly `size` bytes whatever happens to the file meanwhile: a file
     // growing or shrinking mid-read must not corrupt the stream.
-    let size = meta.len();
+    let size = st.size;
     let data = file.take(size).chain(io::repeat(0)).take(size);
-    b.append_data(&mut header_for(&meta, tar::EntryType::Regular), name, data)
+    b.append_data(&mut header(st, tar::EntryType::Regular), name, data)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::BTreeMap, sync::Arc};
+
+    use super::*;
+    use crate::orchestrator::hostfs::OwnDirs;
+
+    #[test]
+    fn walks_by_fd_and_leaves_out_what_it_must() {
+        let d = std::env::temp_dir().join(format!("smcp-tarstream-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("root/a")).unwrap();
+        std::fs::create_dir_all(d.join("root/own/volumes")).unwrap();
+        std::fs::create_dir_all(d.join("outside")).unwrap();
+        std::fs::write(d.join("outside/secret"), "secret").unwrap();
+        std::fs::write(d.join("root/own/volumes/v"), "volume").unwrap();
+        std::fs::write(d.join("root/a/f"), "file").unwrap();
+        std::os::unix::fs::symlink(d.join("outside"), d.join("root/a/link")).unwrap();
+        nix::unistd::mkfifo(&d.join("root/a/fifo"), nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        let own = Arc::new(OwnDirs::of([d.join("root/own")]));
+        let root = Dir::open_absolute(&d.join("root"), own).unwrap();
+        let mut b = tar::Builder::new(Vec::new());
+        append_all(&mut b, &root, &[PathBuf::new(), PathBuf::from("a/link/secret")], &|_, _| false).unwrap();
+        let out = b.into_inner().unwrap();
+        let mut archive = tar::Archive::new(out.as_slice());
+        let entries: BTreeMap<String, tar::EntryType> = archive
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.path().unwrap().to_string_lossy().trim_end_matches('/').to_string(), e.header().entry_type())
+            })
+            .collect();
+        let want = [
+            ("a".to_string(), tar::EntryType::Directory),
+            ("a/f".to_string(), tar::EntryType::Regular),
+            ("a/link".to_string(), tar::EntryType::Symlink),
+        ];
+        assert_eq!(entries, BTreeMap::from(want));
+        let text = String::from_utf8_lossy(&out);
+        assert!(!text.contains("secret") && !text.contains("volume"), "nothing behind the symlink or in own dirs");
+        std::fs::remove_dir_all(d).unwrap();
+    }
 }

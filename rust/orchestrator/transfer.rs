@@ -1,11 +1,11 @@
 //! Moving files between host and sandbox: `upload`, `download`, `git_clone`.
-//! Host paths go through the host-roots policy; archives coming out of a
+//! Host paths go through the host-roots policy and are only ever used
+//! through the fds [`super::hostfs`] opened; archives coming out of a
 //! sandbox are unpacked by our own code, which writes only plain files and
 //! directories and never follows a symlink.
 use std::{
-    fs::{self, OpenOptions},
+    ffi::{OsStr, OsString},
     io::{self, Read},
-    os::unix::fs::OpenOptionsExt,
     path::{Component, Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -17,6 +17,8 @@ use super::{
     exec::ExecResult,
     files::resolve,
     helper_client::HelperError,
+    hostfs::Dir,
+    hostpath::{Entry, Target},
     sandbox::{Command, Sandbox, SandboxManager},
     tarstream::{self, ChunkReader},
 };
@@ -68,59 +70,31 @@ fn safe_relative(path: &Path) -> Option<PathBuf> {
     (!out.as_os_str().is_empty()).then_some(out)
 }
 
-/// Create `dir` (under `root`) component by component, refusing any existing
-/// component that is not a real directory.
-fn make_dirs(root: &Path, rel: &Path) -> io::Result<PathBuf> {
-    let mut at = root.to_path_buf();
-    for c in rel.components() {
-        at.push(c);
-        match fs::symlink_metadata(&at) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => {
-                return Err(io::Error::other(format!("{} exists and is not a directory", at.display())));
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => fs::create_dir(&at)?,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(at)
+fn extracting(e: io::Error) -> OrchestratorError {
+    io_err("Error extracting", e)
 }
 
-/// Write a regular file without following a symlink at its name.
-fn write_file_nofollow(path: &Path, mut data: impl Read, mode: u32) -> io::Result<u64> {
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode & 0o777)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    io::copy(&mut data, &mut f)
-}
-
-/// Unpack a sandbox's archive into `dest` (a directory, created if needed):
-/// plain files and directories only. Returns (files, skipped).
-fn unpack_dir(reader: impl Read, dest: &Path) -> io::Result<(u64, u64)> {
-    fs::create_dir_all(dest)?;
+/// Unpack a sandbox's archive into the host directory `dest`: plain files
+/// and directories only, every one created through `dest`'s fd
+/// ([`Dir::create_dirs`], [`Dir::write_file`]). Returns (files, skipped).
+fn unpack_dir(reader: impl Read, dest: &Dir) -> Result<(u64, u64), OrchestratorError> {
     let (mut files, mut skipped) = (0, 0);
     let mut archive = tar::Archive::new(reader);
-    for entry in archive.entries()? {
-        let mut entry = entry?;
-        let Some(rel) = safe_relative(&entry.path()?) else {
+    for entry in archive.entries().map_err(extracting)? {
+        let mut entry = entry.map_err(extracting)?;
+        let Some(rel) = safe_relative(&entry.path().map_err(extracting)?) else {
             skipped += 1;
             continue;
         };
         let mode = entry.header().mode().unwrap_or(0o644);
         match entry.header().entry_type() {
             tar::EntryType::Directory => {
-                make_dirs(dest, &rel)?;
+                dest.try_clone()?.create_dirs(&rel)?;
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
-                let parent =
-                    rel.parent().map(|p| make_dirs(dest, p)).transpose()?.unwrap_or_else(|| dest.to_path_buf());
-                let name = rel.file_name().ok_or_else(|| io::Error::other("entry without a name"))?;
-                write_file_nofollow(&parent.join(name), &mut entry, mode)?;
+                let parent = dest.try_clone()?.create_dirs(rel.parent().unwrap_or(Path::new("")))?;
+                let name = rel.file_name().ok_or_else(|| extracting(io::Error::other("entry without a name")))?;
+                parent.write_file(name, &mut entry, mode)?;
                 files += 1;
             }
             _ => skipped += 1,
@@ -129,20 +103,38 @@ fn unpack_dir(reader: impl Read, dest: &Path) -> io::Result<(u64, u64)> {
     Ok((files, skipped))
 }
 
-/// From a one-file archive, write the file's content to `dest`.
-pub(super) fn unpack_single(reader: impl Read, dest: &Path) -> io::Result<u64> {
+/// A `Read` that shows every byte it passes on to `seen`.
+struct Observed<'a, R> {
+    inner: R,
+    seen: &'a mut dyn FnMut(&[u8]),
+}
+
+impl<R: Read> Read for Observed<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        (self.seen)(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// From a one-file archive, write the file's content as `name` in the host
+/// directory `dir` (replacing it, never writing through it); `seen` gets
+/// every byte written. Returns the size.
+pub(super) fn unpack_single(
+    reader: impl Read,
+    dir: &Dir,
+    name: &OsStr,
+    seen: &mut dyn FnMut(&[u8]),
+) -> Result<u64, OrchestratorError> {
     let mut archive = tar::Archive::new(reader);
-    for entry in archive.entries()? {
-        let entry = entry?;
+    for entry in archive.entries().map_err(extracting)? {
+        let entry = entry.map_err(extracting)?;
         if entry.header().entry_type().is_file() {
-            if let Some(parent) = dest.parent() {
-                fs::create_dir_all(parent)?;
-            }
             let mode = entry.header().mode().unwrap_or(0o644);
-            return write_file_nofollow(dest, entry, mode);
+            return Ok(dir.write_file(name, &mut Observed { inner: entry, seen }, mode)?);
         }
     }
-    Err(io::Error::other("the sandbox sent no file"))
+    Err(extracting(io::Error::other("the sandbox sent no file")))
 }
 
 /// The directory name `git clone` would pick: the last path segment without
@@ -165,19 +157,28 @@ impl SandboxManager {
         sandbox_path: &str,
     ) -> Result<Uploaded, OrchestratorError> {
         let started = Instant::now();
-        let source = self.config().host_roots.readable(local)?;
+        let source = self.config().host_roots.locate(local)?;
         let target = resolve(sandbox_path)?;
-        let meta = fs::metadata(&source).map_err(|e| io_err(&source.display().to_string(), e))?;
-        if meta.is_dir() {
-            let src = source.clone();
-            let (rx, builder) =
-                tarstream::build(move |b| tarstream::append_all(b, &src, &[PathBuf::new()], &|_, _| false));
-            let (files, _) = self.helper.copy_in(&sandbox.name, &target, rx).await?;
-            let (_, archive_bytes) =
-                builder.await.map_err(|e| io_err("archive", e.into()))?.map_err(|e| io_err("archive", e))?;
-            return Ok(Uploaded { dest: target, files, archive_bytes, directory: true, elapsed: started.elapsed() });
-        }
-        let base = source.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        // Opened now and read only through these fds below, however long
+        // the `test -d` and the copy take.
+        let (file, st) = match source.open()? {
+            Entry::Dir(dir) => {
+                let (rx, builder) =
+                    tarstream::build(move |b| tarstream::append_all(b, &dir, &[PathBuf::new()], &|_, _| false));
+                let (files, _) = self.helper.copy_in(&sandbox.name, &target, rx).await?;
+                let (_, archive_bytes) =
+                    builder.await.map_err(|e| io_err("archive", e.into()))?.map_err(|e| io_err("archive", e))?;
+                return Ok(Uploaded {
+                    dest: target,
+                    files,
+                    archive_bytes,
+                    directory: true,
+                    elapsed: started.elapsed(),
+                });
+            }
+            Entry::File(file, st) => (file, st),
+        };
+        let base = source.shown().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let into_dir = target.ends_with('/') || self.is_dir(sandbox, &target).await?;
         let (dir, name) = if into_dir {
             (target.trim_end_matches('/').to_string(), base)
@@ -187,8 +188,7 @@ impl SandboxManager {
             (dir, p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or(base))
         };
         let dest = format!("{}/{name}", dir.trim_end_matches('/'));
-        let src = source.clone();
-        let (rx, builder) = tarstream::build(move |b| tarstream::append_file(b, &src, Path::new(&name)));
+        let (rx, builder) = tarstream::build(move |b| tarstream::append_file(b, file, &st, Path::new(&name)));
         let (files, _) = self.helper.copy_in(&sandbox.name, if dir.is_empty() { "/" } else { &dir }, rx).await?;
         let (_, archive_bytes) =
             builder.await.map_err(|e| io_err("archive", e.into()))?.map_err(|e| io_err("archive", e))?;
@@ -210,36 +210,40 @@ impl SandboxManager {
         let started = Instant::now();
         let source = resolve(sandbox_path)?;
         let directory = self.is_dir(sandbox, &source).await?;
-        let mut dest = self.config().host_roots.writable(local)?;
-        if !directory && dest.is_dir() {
-            let name = Path::new(&source).file_name().map(PathBuf::from).unwrap_or_default();
-            dest = self.config().host_roots.writable(&dest.join(name).to_string_lossy())?;
-        }
-        let stream = self.helper.copy_out(&sandbox.name, &source).await.map_err(|e| match e {
+        let local = self.config().host_roots.locate(local)?;
+        let not_found = |e| match e {
             HelperError::NotFound(_) => {
                 OrchestratorError::InvalidArgument(format!("{source} does not exist in sandbox"))
             }
             other => other.into(),
-        })?;
+        };
+        let stream = self.helper.copy_out(&sandbox.name, &source).await.map_err(not_found)?;
+        // The destination is opened (missing directories created) once the
+        // sandbox has something to send, and written only through its fd.
+        let (dir, name, dest) = if directory {
+            (local.create_dir()?, None, local.shown().to_path_buf())
+        } else {
+            match local.target()? {
+                Target::Dir(dir) => {
+                    let name = Path::new(&source).file_name().map(OsString::from).unwrap_or_default();
+                    let dest = local.shown().join(&name);
+                    (dir, Some(name), dest)
+                }
+                Target::Name(dir, name) => (dir, Some(name), local.shown().to_path_buf()),
+            }
+        };
         let (tx, rx) = mpsc::channel(8);
-        let target = dest.clone();
         let unpack = tokio::task::spawn_blocking(move || {
             let reader = ChunkReader::new(rx);
-            if directory {
-                unpack_dir(reader, &target).map(|(_, skipped)| (0, skipped))
-            } else {
-                unpack_single(reader, &target).map(|n| (n, 0))
+            match name {
+                None => unpack_dir(reader, &dir).map(|(_, skipped)| (0, skipped)),
+                Some(name) => unpack_single(reader, &dir, &name, &mut |_| {}).map(|n| (n, 0)),
             }
         });
         let pumped = stream.pump(tx).await;
         let unpacked = unpack.await.map_err(|e| io_err("extract", e.into()))?;
-        let received = pumped.map_err(|e| match e {
-            HelperError::NotFound(_) => {
-                OrchestratorError::InvalidArgument(format!("{source} does not exist in sandbox"))
-            }
-            other => other.into(),
-        })?;
-        let (file_bytes, skipped) = unpacked.map_err(|e| io_err("Error extracting", e))?;
+        let received = pumped.map_err(not_found)?;
+        let (file_bytes, skipped) = unpacked?;
         let bytes = if directory { received } else { file_bytes };
         Ok(Downloaded { dest, bytes, directory, skipped, elapsed: started.elapsed() })
     }
@@ -338,6 +342,7 @@ mod tests {
 
     #[test]
     fn unpack_refuses_symlinks_and_escapes() {
+        use std::fs;
         let dir = std::env::temp_dir().join(format!("smcp-unpack-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(dir.join("dest")).unwrap();
@@ -363,7 +368,8 @@ mod tests {
         add("../escape.txt", b"x");
         add("planted", b"through the link");
         let archive = b.into_inner().unwrap();
-        let err = unpack_dir(archive.as_slice(), &dir.join("dest")).unwrap_err();
+        let dest = Dir::open_absolute(&dir.join("dest"), Default::default()).unwrap();
+        let err = unpack_dir(archive.as_slice(), &dest).unwrap_err();
         assert!(err.to_string().contains("planted"), "{err}");
         assert_eq!(fs::read_to_string(dir.join("dest/ok/file.txt")).unwrap(), "hello");
         assert!(!dir.join("escape.txt").exists());
