@@ -1,0 +1,105 @@
+"""Sandbox hardening seen from inside a real sandbox through the MCP client:
+the seccomp filter's socket and io_uring rules, whole process trees ended by
+timeouts, cancellation and `kill`, and out-of-memory kills that leave the
+sandbox answering."""
+from __future__ import annotations
+
+import json
+from typing import Callable, Iterator
+
+import pytest
+
+from conftest import required_env
+from mcp_client import McpClient
+
+# Socket families and types as the sandbox's kernel numbers them (x86_64 and
+# aarch64 agree on these).
+SECCOMP_PROBE = r"""
+import ctypes, errno, json, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def sock(family, kind, proto=0):
+    try:
+        socket.socket(family, kind, proto).close()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+def syscall(nr):
+    ret = libc.syscall(nr, 0, 0, 0, 0, 0)
+    return "ok" if ret >= 0 else errno.errorcode[ctypes.get_errno()]
+URING = {"x86_64": (425, 426, 427), "aarch64": (425, 426, 427)}
+import platform
+setup, enter, register = URING[platform.machine()]
+print(json.dumps({
+    "packet_raw": sock(socket.AF_PACKET, socket.SOCK_RAW),
+    "packet_dgram": sock(socket.AF_PACKET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC),
+    "icmp_raw": sock(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP),
+    "icmp_raw_nonblock": sock(socket.AF_INET, socket.SOCK_RAW | socket.SOCK_NONBLOCK, socket.IPPROTO_ICMP),
+    "icmp6_raw": sock(socket.AF_INET6, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.IPPROTO_ICMPV6),
+    "vsock": sock(40, socket.SOCK_STREAM),
+    "io_uring_setup": syscall(setup),
+    "io_uring_enter": syscall(enter),
+    "io_uring_register": syscall(register),
+    "tcp": sock(socket.AF_INET, socket.SOCK_STREAM),
+    "udp": sock(socket.AF_INET, socket.SOCK_DGRAM),
+    "tcp6": sock(socket.AF_INET6, socket.SOCK_STREAM | socket.SOCK_CLOEXEC),
+    "unix": sock(socket.AF_UNIX, socket.SOCK_STREAM),
+    "netlink": sock(socket.AF_NETLINK, socket.SOCK_RAW, 0),
+}))
+"""
+
+
+@pytest.fixture
+def stdio(env: dict[str, str]) -> Iterator[Callable[..., McpClient]]:
+    """Starts `sandbox-mcp` over stdio in `env` (these tests are about the
+    sandbox, not the transport); every client is closed at teardown."""
+    clients: list[McpClient] = []
+
+    def start(**extra_env: str) -> McpClient:
+        log = f"{env['SANDBOX_MCP_TEST_TMP']}/server-{len(clients)}.log"
+        clients.append(McpClient(required_env("SANDBOX_MCP_BIN"), env={**env, **extra_env}, stderr_path=log))
+        return clients[-1]
+
+    try:
+        yield start
+    finally:
+        for c in clients:
+            c.close()
+
+
+def output(text: str) -> str:
+    """The command's output without the duration line exec appends."""
+    return text.rsplit("\n(", 1)[0]
+
+
+# ------------------------------------------------------------------ seccomp
+
+
+def test_raw_sockets_vsock_and_io_uring_are_refused_and_ordinary_sockets_work(stdio):
+    server = stdio()
+    server.tool("write_file", path="/tmp/probe.py", content=SECCOMP_PROBE)
+    text, err = server.tool("exec", command="python3 /tmp/probe.py")
+    assert not err, text
+    got = json.loads(output(text))
+    assert got == {
+        "packet_raw": "EPERM",
+        "packet_dgram": "EPERM",
+        "icmp_raw": "EPERM",
+        "icmp_raw_nonblock": "EPERM",
+        "icmp6_raw": "EPERM",
+        "vsock": "EPERM",
+        "io_uring_setup": "ENOSYS",
+        "io_uring_enter": "ENOSYS",
+        "io_uring_register": "ENOSYS",
+        "tcp": "ok",
+        "udp": "ok",
+        "tcp6": "ok",
+        "unix": "ok",
+        "netlink": "ok",
+    }, got
+
+
+def test_ip_still_reads_the_sandbox_network_over_netlink(stdio):
+    server = stdio()
+    text, err = server.tool("exec", command="python3 -c 'import socket; print(socket.if_nameindex())'")
+    assert not err, text
+    assert "'lo'" in text, text
