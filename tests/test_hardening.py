@@ -11,6 +11,7 @@ import pytest
 
 from conftest import required_env
 from mcp_client import McpClient
+from waiting import poll
 
 # Socket families and types as the sandbox's kernel numbers them (x86_64 and
 # aarch64 agree on these).
@@ -103,3 +104,83 @@ def test_ip_still_reads_the_sandbox_network_over_netlink(stdio):
     text, err = server.tool("exec", command="python3 -c 'import socket; print(socket.if_nameindex())'")
     assert not err, text
     assert "'lo'" in text, text
+
+
+# ------------------------------------------------------- whole process trees
+
+# Every way a command can leave its process group: a new session, a new
+# session from a subshell that exits (the sleeper is orphaned), and a nohup'ed
+# double fork. Each sleeper has its own duration so the count below finds
+# exactly these.
+ESCAPERS = (
+    "setsid sleep 1001 & "
+    "(setsid sh -c 'sleep 1002' &) ; "
+    "nohup sh -c '(sleep 1003 &) ; sleep 1004' >/dev/null 2>&1 & "
+)
+COUNT_ESCAPERS = (
+    "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 100[0-9] ' || true"
+)
+
+
+def escapers_running(server: McpClient) -> int:
+    text, err = server.tool("exec", command=COUNT_ESCAPERS)
+    assert not err, text
+    return int(output(text))
+
+
+def wait_for_escapers(server: McpClient, n: int) -> bool:
+    return poll(lambda: escapers_running(server), lambda k: k == n) is not None
+
+
+def test_an_exec_timeout_ends_every_process_the_command_started(stdio):
+    server = stdio()
+    text, err = server.tool("exec", command=ESCAPERS + "sleep 1005", timeout=3)
+    assert "timed out" in text.lower(), text
+    assert wait_for_escapers(server, 0), f"{escapers_running(server)} sleepers survived the timeout"
+
+
+def test_killing_a_background_process_ends_its_whole_tree(stdio):
+    server = stdio()
+    text, err = server.tool("bg", command=ESCAPERS + "echo started; sleep 1005", name="tree")
+    assert not err, text
+    assert wait_for_escapers(server, 5), escapers_running(server)
+    text, err = server.tool("kill", name="tree")
+    assert not err, text
+    assert escapers_running(server) == 0, "kill returned before the tree was gone"
+
+
+def test_killing_a_background_process_ends_descendants_that_ignore_term(stdio):
+    # The leader dies of the TERM at once; its setsid'ed child ignores TERM
+    # and is reparented away before the KILL.
+    server = stdio()
+    text, err = server.tool(
+        "bg", command="setsid sh -c 'trap \"\" TERM; sleep 1007 & wait' & sleep 1008", name="stubborn"
+    )
+    assert not err, text
+    assert wait_for_escapers(server, 2), escapers_running(server)
+    text, err = server.tool("kill", name="stubborn")
+    assert not err, text
+    assert wait_for_escapers(server, 0), f"{escapers_running(server)} sleepers survived kill"
+
+
+def test_a_cancelled_exec_ends_every_process_the_command_started(stdio):
+    server = stdio()
+    server.tool("exec", command="true")
+    try:
+        server._run(
+            lambda s: s.call_tool("exec", {"command": ESCAPERS + "sleep 1005"}, read_timeout_seconds=2),
+            30,
+            "cancelled exec",
+        )
+    except AssertionError:
+        pass  # the client gave up: it sends notifications/cancelled
+    assert wait_for_escapers(server, 0), f"{escapers_running(server)} sleepers survived the cancellation"
+
+
+def test_what_a_finished_exec_leaves_running_keeps_running(stdio):
+    # Documented: a command that exits normally may leave work behind, as in
+    # a terminal; only a timeout, a cancellation or `kill` end a tree.
+    server = stdio()
+    text, err = server.tool("exec", command="sleep 1009 >/dev/null 2>&1 & echo left")
+    assert not err and text.startswith("left\n"), text
+    assert escapers_running(server) == 1

@@ -16,6 +16,7 @@ pub mod copy;
 pub mod process;
 pub mod protocol;
 pub mod session;
+pub mod tree;
 pub mod user;
 
 /// Why the agent could not run a process or keep serving.

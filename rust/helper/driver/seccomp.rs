@@ -102,12 +102,7 @@ const SOCK_TYPE_MASK: u64 = 0xf;
 fn socket_rules() -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
     let domain = |family: i32| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, family as u64);
     let raw = || {
-        SeccompCondition::new(
-            1,
-            SeccompCmpArgLen::Dword,
-            SeccompCmpOp::MaskedEq(SOCK_TYPE_MASK),
-            libc::SOCK_RAW as u64,
-        )
+        SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(SOCK_TYPE_MASK), libc::SOCK_RAW as u64)
     };
     Ok(vec![
         SeccompRule::new(vec![domain(libc::AF_PACKET)?])?,
