@@ -184,3 +184,45 @@ def test_what_a_finished_exec_leaves_running_keeps_running(stdio):
     text, err = server.tool("exec", command="sleep 1009 >/dev/null 2>&1 & echo left")
     assert not err and text.startswith("left\n"), text
     assert escapers_running(server) == 1
+
+
+# ---------------------------------------------------------- out of memory
+
+
+def test_filling_dev_shm_and_memory_kills_the_workload_not_the_sandbox(stdio):
+    server = stdio()
+    text, err = server.tool("exec", command="df -k --output=size /dev/shm | tail -1")
+    assert not err, text
+    # A quarter of the default 512 MiB memory limit.
+    assert int(output(text)) == 128 * 1024, text
+    text, err = server.tool("exec", command="dd if=/dev/zero of=/dev/shm/fill bs=1M count=1024; echo dd=$?")
+    assert not err, text
+    assert "No space left on device" in text and "dd=1" in text, text
+    # With /dev/shm full, allocate past the limit: the allocating process
+    # is the OOM killer's choice, not PID 1 or the agent.
+    text, err = server.tool("exec", command="python3 -c 'b = bytearray(1 << 30); print(len(b))'", timeout=120)
+    assert not err, text
+    assert "[exit code 137] (killed by signal 9)" in text, text
+    text, err = server.tool("exec", command="echo still answering; ls /dev/shm")
+    assert not err and output(text) == "still answering\nfill", text
+
+
+def test_workloads_are_the_oom_killers_choice_before_pid1_and_the_agent(stdio):
+    server = stdio()
+    # PID 1 and the agent (its child) keep the lowest score the helper could
+    # give them; what the agent starts sits 500 above, and cannot lower
+    # itself below them.
+    text, err = server.tool(
+        "exec",
+        command="cat /proc/1/oom_score_adj; cat /proc/$(cut -d' ' -f1 /proc/1/task/1/children)/oom_score_adj; "
+        "cat /proc/self/oom_score_adj; echo -1000 > /proc/self/oom_score_adj; echo lower=$?",
+    )
+    assert not err, text
+    lines = [line for line in output(text).split("\n") if not line.startswith("[stderr]")]
+    pid1, agent, workload, lower = lines
+    assert pid1 == agent, text
+    assert int(workload) == max(int(agent), 0) + 500, text
+    if int(agent) > -1000:
+        # A floor above -1000 (rootless helper, or no CAP_SYS_RESOURCE):
+        # lowering below it is refused.
+        assert "lower=1" in lower, text

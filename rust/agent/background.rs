@@ -206,10 +206,11 @@ impl Registry {
                 }
             }
         }
+        let mut victims = tree::Victims::default();
         if record.running() {
-            tree::kill(record.pid);
+            victims = tree::kill(record.pid);
         }
-        seen.kill();
+        seen.kill(&mut victims);
         // Also when the leader is gone, as long as something still holds its
         // output pipe: children it left in the group (a shell's `sleep &`)
         // belong to the process being stopped. Once the pipe is closed the
@@ -218,6 +219,7 @@ impl Registry {
             let _ = killpg(group, Signal::SIGKILL);
         }
         let _ = tokio::time::timeout(REAP_TIMEOUT, exit.wait_for(Option::is_some)).await;
+        tree::wait_gone(&victims, REAP_TIMEOUT).await;
         let mut drained = record.drained.clone();
         let _ = tokio::time::timeout(FINAL_DRAIN, drained.wait_for(|d| *d)).await;
         self.records().retain(|r| !Arc::ptr_eq(r, &record));

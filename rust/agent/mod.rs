@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 pub mod background;
 pub mod copy;
+pub mod oom;
 pub mod process;
 pub mod protocol;
 pub mod session;

@@ -80,6 +80,7 @@ fn command(spec: &StartSpec) -> Result<Command, AgentError> {
         return Err(AgentError::Rejected(format!("cwd: {cwd} does not exist or is not a directory")));
     }
     let mut cmd = Command::new(program);
+    super::oom::raise(&mut cmd);
     cmd.args(&spec.argv[1..]).env_clear().envs(BASE_ENV.iter().copied()).current_dir(cwd);
     if spec.tty {
         cmd.env("TERM", "xterm-256color");

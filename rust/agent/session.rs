@@ -136,7 +136,7 @@ async fn exec_or_ping(
 async fn run<W: AsyncWrite + Unpin>(p: Spawned, reader: FrameReader<OwnedReadHalf>, mut wr: W) {
     let Spawned { mut child, pid, stdin, mut stdout, stderr } = p;
     if write_frame(&mut wr, &Frame::Started(pid)).await.is_err() {
-        tree::kill(pid);
+        let _ = tree::kill(pid);
         return;
     }
     // Cleared (on this thread, with no await in between) the moment the
@@ -188,7 +188,7 @@ async fn run<W: AsyncWrite + Unpin>(p: Spawned, reader: FrameReader<OwnedReadHal
             let _ = wr.flush().await;
         }
         // The helper hung up (a cancelled call) while the process ran.
-        None => tree::kill(pid),
+        None => drop(tree::kill(pid)),
         // It exited and then the helper hung up: what it left behind can
         // only be found by its process group now.
         Some(_) => kill_group(pid),
@@ -239,7 +239,7 @@ async fn apply_requests(
             Ok(Some(_)) => {}
             Ok(None) | Err(_) => {
                 if alive() {
-                    tree::kill(pid);
+                    let _ = tree::kill(pid);
                 } else {
                     kill_group(pid);
                 }

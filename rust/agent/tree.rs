@@ -107,7 +107,7 @@ pub fn descendants(root: i32) -> HashMap<i32, u64> {
 /// Sends `signal` to `root`, its process group and every descendant.
 pub fn signal(root: i32, signal: Signal) {
     if signal == Signal::SIGKILL {
-        kill(root);
+        let _ = kill(root);
         return;
     }
     let _ = send(Pid::from_raw(root), signal);
@@ -118,8 +118,9 @@ pub fn signal(root: i32, signal: Signal) {
 }
 
 /// Ends `root` and every process below it (see the module doc). `root` must
-/// not have been reaped yet, or its pid may name someone else.
-pub fn kill(root: i32) {
+/// not have been reaped yet, or its pid may name someone else. Returns the
+/// descendants it killed, for [`wait_gone`].
+pub fn kill(root: i32) -> Victims {
     let root_pid = Pid::from_raw(root);
     let _ = send(root_pid, Signal::SIGSTOP);
     let mut stopped = HashSet::new();
@@ -133,19 +134,39 @@ pub fn kill(root: i32) {
             stopped.insert(pid);
         }
     }
-    let mut killed = HashSet::new();
+    let mut killed = HashMap::new();
     for _ in 0..MAX_ROUNDS {
-        let new: Vec<i32> = descendants(root).into_keys().filter(|p| !killed.contains(p)).collect();
+        let new: Vec<(i32, u64)> = descendants(root).into_iter().filter(|(p, _)| !killed.contains_key(p)).collect();
         if new.is_empty() {
             break;
         }
-        for pid in new {
+        for (pid, start) in new {
             let _ = send(Pid::from_raw(pid), Signal::SIGKILL);
-            killed.insert(pid);
+            killed.insert(pid, start);
         }
     }
     let _ = killpg(root_pid, Signal::SIGKILL);
     let _ = send(root_pid, Signal::SIGKILL);
+    Victims(killed)
+}
+
+/// Processes sent SIGKILL, by identity.
+#[derive(Debug, Default)]
+pub struct Victims(HashMap<i32, u64>);
+
+impl Victims {
+    fn alive(&self) -> bool {
+        self.0.iter().any(|(&pid, &start)| stat(pid).is_some_and(|st| st.start == start && !st.zombie))
+    }
+}
+
+/// Waits (at most `limit`) until every victim has died: SIGKILL is
+/// asynchronous, and a `kill` should answer once the work is gone.
+pub async fn wait_gone(victims: &Victims, limit: std::time::Duration) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while victims.alive() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
 }
 
 /// Processes seen in a tree, remembered by identity so they can still be
@@ -160,11 +181,12 @@ impl Seen {
     }
 
     /// Ends the remembered processes that still run (same pid, same start
-    /// time) and everything below them.
-    pub fn kill(&self) {
+    /// time) and everything below them; adds what it killed to `victims`.
+    pub fn kill(&self, victims: &mut Victims) {
         for (&pid, &start) in &self.0 {
             if stat(pid).is_some_and(|st| st.start == start && !st.zombie) {
-                kill(pid);
+                victims.0.extend(kill(pid).0);
+                victims.0.insert(pid, start);
             }
         }
     }
@@ -203,8 +225,9 @@ mod tests {
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             }
             assert_eq!(below.len(), 2, "{below:?}");
-            kill(root);
+            let victims = kill(root);
             child.wait().await.unwrap();
+            wait_gone(&victims, std::time::Duration::from_secs(5)).await;
             for (pid, start) in below {
                 let gone = (0..200).any(|_| {
                     let alive = stat(pid).is_some_and(|st| st.start == start && !st.zombie);

@@ -259,6 +259,7 @@ impl VmManager {
                     })
                     .collect(),
                 resolv_conf,
+                shm_bytes: super::driver::oom::shm_bytes(config.memory_bytes),
             },
             uid_base: slot.image.uid_base,
             id_count: slot.image.id_count,

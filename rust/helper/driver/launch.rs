@@ -239,8 +239,18 @@ async fn handshake(
             return Err(DriverError::InitFailed("the launcher exited during setup".into()));
         }
     }
+    if let Some((pid1, _)) = &state.pid1 {
+        protect_from_oom(launcher_pid, *pid1);
+    }
     ping(spec).await?;
     Ok(control.into_inner())
+}
+
+/// Once the agent is up, and before it starts anything: see [`super::oom`].
+fn protect_from_oom(launcher_pid: i32, pid1: i32) {
+    if !super::oom::protect(launcher_pid, pid1) {
+        tracing::debug!(pid1, "vm init and agent keep the helper's oom_score_adj");
+    }
 }
 
 async fn expect(control: &AsyncFd<OwnedFd>, want: &[u8]) -> Result<(), DriverError> {
