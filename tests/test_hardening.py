@@ -118,7 +118,7 @@ ESCAPERS = (
     "nohup sh -c '(sleep 1003 &) ; sleep 1004' >/dev/null 2>&1 & "
 )
 COUNT_ESCAPERS = (
-    "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 100[0-9] ' || true"
+    "for p in /proc/[0-9]*; do { tr '\\0' ' ' < $p/cmdline; } 2>/dev/null; echo; done | grep -c '^sleep 100[0-9] ' || true"
 )
 
 

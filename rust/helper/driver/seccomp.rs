@@ -153,7 +153,31 @@ pub fn install() -> Result<(), DriverError> {
         let prog: BpfProgram = filter.try_into().map_err(err)?;
         seccompiler::apply_filter(&prog).map_err(|e| DriverError::Seccomp(e.to_string()))?;
     }
+    if cfg!(target_arch = "x86_64") {
+        seccompiler::apply_filter(&x32_guard()).map_err(|e| DriverError::Seccomp(e.to_string()))?;
+    }
     Ok(())
+}
+
+/// The x32 ABI shares x86_64's audit arch but numbers its syscalls from
+/// 0x40000000, so the rules above, which match x86_64 numbers, would not
+/// see `unshare` or `mount` called through it. Kernels built with
+/// CONFIG_X86_X32_ABI (and booted with it on) accept those; refuse every
+/// x32 call as not implemented, which is what other kernels answer.
+fn x32_guard() -> BpfProgram {
+    use seccompiler::sock_filter;
+    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+    const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+    const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+    let op = |code: u32, jt: u8, jf: u8, k: u32| sock_filter { code: code as u16, jt, jf, k };
+    vec![
+        // A = seccomp_data.nr (offset 0)
+        op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0),
+        // if A >= X32_SYSCALL_BIT: ERRNO(ENOSYS) else ALLOW
+        op(libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K, 0, 1, X32_SYSCALL_BIT),
+        op(libc::BPF_RET | libc::BPF_K, 0, 0, SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+        op(libc::BPF_RET | libc::BPF_K, 0, 0, SECCOMP_RET_ALLOW),
+    ]
 }
 
 #[cfg(test)]
@@ -194,6 +218,11 @@ mod tests {
                 for (domain, ty, proto) in refused {
                     assert_eq!(errno_of(libc::socket(domain, ty, proto).into()), Some(libc::EPERM), "{domain} {ty}");
                 }
+                #[cfg(target_arch = "x86_64")]
+                assert_eq!(
+                    errno_of(libc::syscall(0x4000_0000 | libc::SYS_unshare, libc::CLONE_NEWUSER)),
+                    Some(libc::ENOSYS)
+                );
                 for nr in [libc::SYS_io_uring_setup, libc::SYS_io_uring_enter, libc::SYS_io_uring_register] {
                     assert_eq!(errno_of(libc::syscall(nr, 0, 0, 0, 0, 0)), Some(libc::ENOSYS), "{nr}");
                 }
