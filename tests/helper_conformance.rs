@@ -34,6 +34,8 @@ mod copy;
 mod dial;
 #[path = "helper_conformance/images.rs"]
 mod images;
+#[path = "helper_conformance/quota.rs"]
+mod quota;
 #[path = "helper_conformance/stats.rs"]
 mod stats;
 

@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use super::AgentError;
 use super::process::{SpawnedBackground, spawn_background};
 use super::protocol::{BackgroundRecord, BackgroundReply, ExitStatus, StartSpec};
+use super::tree;
 
 /// Output kept per process; older bytes are dropped (and counted).
 pub const RING_BYTES: usize = 1 << 20;
@@ -22,6 +23,8 @@ pub const RING_BYTES: usize = 1 << 20;
 pub const MAX_RECORDS: usize = 64;
 /// After the KILL, how long a stop waits for the last output to arrive.
 const FINAL_DRAIN: Duration = Duration::from_millis(200);
+/// How often the tree is rescanned while a stop waits out its grace.
+const RESCAN: Duration = Duration::from_millis(50);
 /// Bound on waiting for a killed group's leader to be reaped.
 const REAP_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -170,7 +173,7 @@ impl Registry {
         Ok((reply, ring.tail(tail_lines)))
     }
 
-    /// TERM the group, KILL it after `grace`, then drop the record and
+    /// TERM the whole tree, KILL it after `grace`, then drop the record and
     /// return its final state with the tail of its output.
     pub async fn stop(
         &self,
@@ -181,18 +184,42 @@ impl Registry {
         let record = self.find(name)?;
         let group = Pid::from_raw(record.pid);
         let mut exit = record.exit.clone();
+        // `running()` means "not reaped yet" (the reaper task records the
+        // exit right after the wait, with no await between), so while it
+        // holds the pid is still the process's and its tree can be walked.
+        // The tree's members are remembered as they are seen: if the leader
+        // dies of the TERM first, those that ignore it reparent away and
+        // are found again by identity for the KILL.
+        let mut seen = tree::Seen::default();
         if record.running() {
-            let _ = killpg(group, Signal::SIGTERM);
-            let _ = tokio::time::timeout(grace, exit.wait_for(Option::is_some)).await;
+            seen.record(record.pid);
+            tree::signal(record.pid, Signal::SIGTERM);
+            let deadline = tokio::time::Instant::now() + grace;
+            while record.running() && tokio::time::Instant::now() < deadline {
+                let _ = tokio::time::timeout_at(
+                    deadline.min(tokio::time::Instant::now() + RESCAN),
+                    exit.wait_for(Option::is_some),
+                )
+                .await;
+                if record.running() {
+                    seen.record(record.pid);
+                }
+            }
         }
+        let mut victims = tree::Victims::default();
+        if record.running() {
+            victims = tree::kill(record.pid);
+        }
+        seen.kill(&mut victims);
         // Also when the leader is gone, as long as something still holds its
         // output pipe: children it left in the group (a shell's `sleep &`)
         // belong to the process being stopped. Once the pipe is closed the
         // group is presumed empty, and its id may belong to someone else.
-        if record.running() || !*record.drained.borrow() {
+        if !*record.drained.borrow() {
             let _ = killpg(group, Signal::SIGKILL);
         }
         let _ = tokio::time::timeout(REAP_TIMEOUT, exit.wait_for(Option::is_some)).await;
+        tree::wait_gone(&victims, REAP_TIMEOUT).await;
         let mut drained = record.drained.clone();
         let _ = tokio::time::timeout(FINAL_DRAIN, drained.wait_for(|d| *d)).await;
         self.records().retain(|r| !Arc::ptr_eq(r, &record));

@@ -13,9 +13,11 @@ use std::sync::Arc;
 
 pub mod background;
 pub mod copy;
+pub mod oom;
 pub mod process;
 pub mod protocol;
 pub mod session;
+pub mod tree;
 pub mod user;
 
 /// Why the agent could not run a process or keep serving.

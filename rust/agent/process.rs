@@ -1,6 +1,7 @@
 //! Starting one user process from a [`StartSpec`]: environment, working
 //! directory, pipes or a pseudo-terminal (Exec) or one shared output pipe
-//! (background), and its own process group.
+//! (background), its own process group, and tracking of its whole process
+//! tree ([`super::tree`]).
 use std::os::fd::OwnedFd;
 use std::process::Stdio;
 
@@ -31,7 +32,8 @@ pub struct Spawned {
 
 /// Starts the process described by `spec`.
 pub fn spawn(spec: &StartSpec) -> Result<Spawned, AgentError> {
-    let cmd = command(spec)?;
+    let mut cmd = command(spec)?;
+    super::tree::track(&mut cmd);
     let spawned = if spec.tty { spawn_tty(cmd, spec) } else { spawn_pipes(cmd) };
     spawned.map_err(|e| spawn_error(spec, e))
 }
@@ -53,6 +55,7 @@ pub fn spawn_background(spec: &StartSpec) -> Result<SpawnedBackground, AgentErro
         return Err(AgentError::Rejected("tty: not supported for background processes".into()));
     }
     let mut cmd = command(spec)?;
+    super::tree::track(&mut cmd);
     let started = (|| {
         let (output, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         cmd.process_group(0).stdin(Stdio::null()).stdout(Stdio::from(write.try_clone()?)).stderr(Stdio::from(write));
@@ -77,6 +80,7 @@ fn command(spec: &StartSpec) -> Result<Command, AgentError> {
         return Err(AgentError::Rejected(format!("cwd: {cwd} does not exist or is not a directory")));
     }
     let mut cmd = Command::new(program);
+    super::oom::raise(&mut cmd);
     cmd.args(&spec.argv[1..]).env_clear().envs(BASE_ENV.iter().copied()).current_dir(cwd);
     if spec.tty {
         cmd.env("TERM", "xterm-256color");
@@ -133,8 +137,8 @@ fn spawn_error(spec: &StartSpec, e: std::io::Error) -> AgentError {
 }
 
 fn spawn_pipes(mut cmd: Command) -> std::io::Result<Spawned> {
-    // Own process group so a group signal or a dropped connection reaches
-    // everything the command started; process_group keeps posix_spawn usable.
+    // Own process group, so a group signal reaches a pipeline the way a
+    // terminal's Ctrl-C would; ending everything is the tree's job.
     cmd.process_group(0).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn()?;
     let pid = pid_of(&child)?;

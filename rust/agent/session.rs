@@ -6,6 +6,7 @@
 //! helper's stdin/signal frames, and a writer task feeds stdin so a process
 //! that stops reading its stdin can never stall signals or output.
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill, killpg};
@@ -20,6 +21,7 @@ use super::background::Registry;
 use super::copy;
 use super::process::{self, Spawned};
 use super::protocol::{BackgroundRequest, ExitStatus, Frame, FrameReader, write_frame};
+use super::tree;
 
 /// How long output is still forwarded after the main process exited: enough
 /// to drain what it wrote, short enough that a background child holding the
@@ -134,12 +136,16 @@ async fn exec_or_ping(
 async fn run<W: AsyncWrite + Unpin>(p: Spawned, reader: FrameReader<OwnedReadHalf>, mut wr: W) {
     let Spawned { mut child, pid, stdin, mut stdout, stderr } = p;
     if write_frame(&mut wr, &Frame::Started(pid)).await.is_err() {
-        kill_group(pid);
+        let _ = tree::kill(pid);
         return;
     }
+    // Cleared (on this thread, with no await in between) the moment the
+    // process is reaped: from then on its pid may name someone else, so
+    // requests may no longer walk its tree.
+    let unreaped = Arc::new(AtomicBool::new(true));
     let (stdin_tx, stdin_rx) = mpsc::unbounded_channel();
     let writer = tokio::spawn(feed_stdin(stdin, stdin_rx));
-    let control = tokio::spawn(apply_requests(reader, stdin_tx, pid));
+    let control = tokio::spawn(apply_requests(reader, stdin_tx, pid, unreaped.clone()));
 
     let mut stderr = stderr;
     let mut out_buf = vec![0u8; CHUNK];
@@ -161,6 +167,7 @@ async fn run<W: AsyncWrite + Unpin>(p: Spawned, reader: FrameReader<OwnedReadHal
                 _ => err_open = false,
             },
             st = child.wait(), if status.is_none() => {
+                unreaped.store(false, Ordering::Relaxed);
                 status = Some(match st {
                     Ok(st) => exit_status(st),
                     Err(_) => ExitStatus::Code(-1),
@@ -180,7 +187,11 @@ async fn run<W: AsyncWrite + Unpin>(p: Spawned, reader: FrameReader<OwnedReadHal
             let _ = write_frame(&mut wr, &Frame::Exited(st)).await;
             let _ = wr.flush().await;
         }
-        _ => kill_group(pid),
+        // The helper hung up (a cancelled call) while the process ran.
+        None => drop(tree::kill(pid)),
+        // It exited and then the helper hung up: what it left behind can
+        // only be found by its process group now.
+        Some(_) => kill_group(pid),
     }
 }
 
@@ -194,8 +205,16 @@ async fn read_opt(
     }
 }
 
-/// Applies stdin and signal frames; a dropped connection kills the group.
-async fn apply_requests(mut reader: FrameReader<OwnedReadHalf>, stdin: mpsc::UnboundedSender<StdinOp>, pid: i32) {
+/// Applies stdin and signal frames; a dropped connection kills the tree.
+/// A group signal reaches the whole tree (SIGKILL ends it: an exec's
+/// timeout) while the process is unreaped, its group afterwards.
+async fn apply_requests(
+    mut reader: FrameReader<OwnedReadHalf>,
+    stdin: mpsc::UnboundedSender<StdinOp>,
+    pid: i32,
+    unreaped: Arc<AtomicBool>,
+) {
+    let alive = || unreaped.load(Ordering::Relaxed);
     loop {
         match reader.next().await {
             Ok(Some(Frame::Stdin(b))) => {
@@ -206,12 +225,24 @@ async fn apply_requests(mut reader: FrameReader<OwnedReadHalf>, stdin: mpsc::Unb
             }
             Ok(Some(Frame::Signal { signal, group })) => {
                 if let Ok(sig) = Signal::try_from(signal) {
-                    let _ = if group { killpg(Pid::from_raw(pid), sig) } else { kill(Pid::from_raw(pid), sig) };
+                    match (group, alive()) {
+                        (true, true) => tree::signal(pid, sig),
+                        (true, false) => {
+                            let _ = killpg(Pid::from_raw(pid), sig);
+                        }
+                        (false, _) => {
+                            let _ = kill(Pid::from_raw(pid), sig);
+                        }
+                    }
                 }
             }
             Ok(Some(_)) => {}
             Ok(None) | Err(_) => {
-                kill_group(pid);
+                if alive() {
+                    let _ = tree::kill(pid);
+                } else {
+                    kill_group(pid);
+                }
                 return;
             }
         }

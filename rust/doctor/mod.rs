@@ -102,6 +102,7 @@ pub async fn run(helper_bin: &Path) -> Report {
     add(default_image());
     add(sandbox_ctl());
     add(disk_space(&paths::data_dir()));
+    add(disk_quota(&paths::data_dir()));
     report
 }
 
@@ -286,7 +287,9 @@ fn pasta() -> Check {
 
 fn sandbox_ctl() -> Check {
     match crate::orchestrator::ctl::host_binary() {
-        Some(p) => Check::ok("sandbox-ctl", format!("{} (installed into sandboxes whose policy has inject_ctl)", p.display())),
+        Some(p) => {
+            Check::ok("sandbox-ctl", format!("{} (installed into sandboxes whose policy has inject_ctl)", p.display()))
+        }
         None => Check::warn(
             "sandbox-ctl",
             "binary not found (SANDBOX_CTL_BIN or next to sandbox-mcp): sandboxes start without sandbox-ctl",
@@ -330,6 +333,21 @@ fn disk_space(dir: &Path) -> Check {
         }
         Err(e) => Check::warn("disk", format!("statvfs {}: {e}", existing.display()), "check the data dir"),
     }
+}
+
+/// The mode of the sandboxes' disk quotas (see `helper::quota`): the
+/// helper measures and stops a sandbox's processes past its quota; no hard
+/// (filesystem) quota is used on any host.
+fn disk_quota(dir: &Path) -> Check {
+    let existing = dir.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
+    Check::ok(
+        "quota",
+        format!(
+            "measured: the helper sums each sandbox's writable layer and writable mounts about once a second and \
+             stops its processes past the quota (default 10 GiB); no hard quota under {}",
+            existing.display()
+        ),
+    )
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ pub mod error;
 pub mod exec;
 pub mod freeze;
 pub mod guest;
+pub mod quota;
 pub mod server;
 pub mod service;
 pub mod spec;

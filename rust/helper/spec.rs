@@ -14,6 +14,8 @@ pub const DEFAULT_CPUS: u32 = 1;
 pub const DEFAULT_MEMORY_BYTES: u64 = 512 << 20;
 /// Default process/thread limit.
 pub const DEFAULT_PIDS: u32 = 1024;
+/// Default disk quota (writable layer and writable mounts together).
+pub const DEFAULT_DISK_BYTES: u64 = 10 << 30;
 /// Below this a Debian userland cannot even start a shell reliably.
 const MIN_MEMORY_BYTES: u64 = 16 << 20;
 
@@ -68,6 +70,8 @@ pub struct VmConfig {
     /// Id of a running VM whose writable layer the new VM starts from a copy
     /// of; empty for a fresh layer.
     pub clone_from: String,
+    /// Disk quota in bytes (see `quota`).
+    pub disk_bytes: u64,
 }
 
 impl VmConfig {
@@ -90,6 +94,9 @@ impl VmConfig {
         }
         if self.pids_limit == 0 {
             self.pids_limit = DEFAULT_PIDS;
+        }
+        if self.disk_bytes == 0 {
+            self.disk_bytes = DEFAULT_DISK_BYTES;
         }
         if self.hostname.is_empty() {
             self.hostname = self.id.clone();
@@ -156,6 +163,7 @@ mod tests {
             network: Network::Egress,
             labels: BTreeMap::new(),
             clone_from: String::new(),
+            disk_bytes: 0,
         }
     }
 

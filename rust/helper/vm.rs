@@ -20,6 +20,7 @@ use super::driver::init::{BindMount, InitConfig};
 use super::driver::launch::{Instance, LaunchSpec, launch};
 use super::driver::{Driver, network};
 use super::error::HelperError;
+use super::quota;
 use super::spec::{Network, VmConfig};
 use super::storage::{agent_socket, prepare_dir, share_mounts, vm_dir};
 use crate::image::{ImageError, ImageInfo, ImageStore};
@@ -104,6 +105,8 @@ pub struct RunHandles {
     pub usage: Option<UsageFiles>,
     /// When this run started.
     pub started: Instant,
+    /// Its disk usage and quota.
+    pub quota: Arc<quota::Watch>,
 }
 
 struct Data {
@@ -117,6 +120,8 @@ struct Data {
 
 struct Run {
     instance: Instance,
+    /// Ends the disk quota watcher with the run.
+    _quota: tokio_util::task::AbortOnDropHandle<()>,
     /// Set once the launcher exited, with a description of how.
     exited: watch::Receiver<Option<String>>,
 }
@@ -259,6 +264,7 @@ impl VmManager {
                     })
                     .collect(),
                 resolv_conf,
+                shm_bytes: super::driver::oom::shm_bytes(config.memory_bytes),
             },
             uid_base: slot.image.uid_base,
             id_count: slot.image.id_count,
@@ -268,11 +274,14 @@ impl VmManager {
         };
         let (instance, mut child) = launch(&self.driver, &spec).await?;
         let (tx, rx) = watch::channel(None);
+        let (quota, quota_task) =
+            quota::watch(config.disk_bytes, disk_parts(&slot.dir, &config), instance.pid1, instance.agent);
         let handles = RunHandles {
             pid1: instance.pid1,
             netns: instance.netns.clone(),
             usage: instance.usage_files(),
             started: Instant::now(),
+            quota,
         };
         let generation = {
             let mut d = slot.data();
@@ -283,7 +292,7 @@ impl VmManager {
             d.info.stop_reason.clear();
             d.generation
         };
-        *op = Some(Run { instance, exited: rx });
+        *op = Some(Run { instance, _quota: quota_task, exited: rx });
         let (me, id_owned) = (self.me.clone(), id.to_string());
         tokio::spawn(async move {
             let how = match child.wait().await {
@@ -413,8 +422,20 @@ impl VmManager {
     }
 }
 
+/// What counts against a VM's disk quota: its writable layer (/tmp is part
+/// of it) and its writable mounts.
+fn disk_parts(dir: &std::path::Path, config: &VmConfig) -> Vec<quota::Part> {
+    let layer = quota::Part { label: "writable layer".into(), path: dir.join("upper") };
+    let mounts = config
+        .mounts
+        .iter()
+        .filter(|m| !m.read_only)
+        .map(|m| quota::Part { label: m.guest_path.display().to_string(), path: m.host_path.clone() });
+    std::iter::once(layer).chain(mounts).collect()
+}
+
 async fn stop_run(run: Run, grace: Duration) {
-    let Run { instance, mut exited } = run;
+    let Run { instance, mut exited, .. } = run;
     if grace.is_zero() {
         instance.kill();
     } else {

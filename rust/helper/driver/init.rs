@@ -51,6 +51,9 @@ pub struct InitConfig {
     pub mounts: Vec<BindMount>,
     /// A resolv.conf to bind over /etc/resolv.conf (EGRESS only).
     pub resolv_conf: Option<PathBuf>,
+    /// Size cap of /dev/shm in bytes (0: the kernel's default, half of RAM).
+    #[serde(default)]
+    pub shm_bytes: u64,
 }
 
 /// One host directory shared into the VM.

@@ -46,6 +46,8 @@ pub struct LaunchSpec {
 pub struct Instance {
     /// Host pid of the sandbox's PID 1.
     pub pid1: i32,
+    /// Host pid of its agent (0 if it could not be told).
+    pub agent: i32,
     /// The sandbox's network namespace, opened once at start so Dial never
     /// has to trust a pid that may have been reused.
     pub netns: Arc<OwnedFd>,
@@ -161,10 +163,9 @@ pub async fn launch(driver: &Driver, spec: &LaunchSpec) -> Result<(Instance, Chi
                         return Err(abort(state, child, spec, e).await);
                     }
                 };
-                Ok((
-                    Instance { pid1, netns, pid1fd, control, cgroup, pasta, agent_socket: spec.agent_socket.clone() },
-                    child,
-                ))
+                let agent = agent_pid(pid1);
+                let agent_socket = spec.agent_socket.clone();
+                Ok((Instance { pid1, agent, netns, pid1fd, control, cgroup, pasta, agent_socket }, child))
             }
             _ => Err(DriverError::InitFailed("PID 1 never reported its pid".into())),
         },
@@ -239,8 +240,25 @@ async fn handshake(
             return Err(DriverError::InitFailed("the launcher exited during setup".into()));
         }
     }
+    if let Some((pid1, _)) = &state.pid1 {
+        protect_from_oom(launcher_pid, *pid1);
+    }
     ping(spec).await?;
     Ok(control.into_inner())
+}
+
+/// The agent: PID 1's only child until the agent starts something (a VM
+/// that was just started has not).
+fn agent_pid(pid1: i32) -> i32 {
+    let children = std::fs::read_to_string(format!("/proc/{pid1}/task/{pid1}/children")).unwrap_or_default();
+    children.split_whitespace().next().and_then(|p| p.parse().ok()).unwrap_or(0)
+}
+
+/// Once the agent is up, and before it starts anything: see [`super::oom`].
+fn protect_from_oom(launcher_pid: i32, pid1: i32) {
+    if !super::oom::protect(launcher_pid, pid1) {
+        tracing::debug!(pid1, "vm init and agent keep the helper's oom_score_adj");
+    }
 }
 
 async fn expect(control: &AsyncFd<OwnedFd>, want: &[u8]) -> Result<(), DriverError> {

@@ -13,6 +13,7 @@ pub mod cgroup;
 pub mod init;
 pub mod launch;
 pub mod network;
+pub mod oom;
 pub mod rootfs;
 pub mod seccomp;
 pub mod userns;

@@ -122,7 +122,7 @@ pub fn setup(config: &InitConfig) -> Result<(), DriverError> {
     let proc = target(root, Path::new("/proc"), Kind::Dir)?;
     let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     mnt(Some("proc"), &proc, Some("proc"), nosuid_nodev_noexec, none)?;
-    dev(&target(root, Path::new("/dev"), Kind::Dir)?)?;
+    dev(&target(root, Path::new("/dev"), Kind::Dir)?, config.shm_bytes)?;
     // sysfs needs a network namespace we own, which we have; a kernel that
     // still refuses just leaves /sys empty.
     let sys = target(root, Path::new("/sys"), Kind::Dir)?;
@@ -139,7 +139,7 @@ pub fn setup(config: &InitConfig) -> Result<(), DriverError> {
     pivot(root)
 }
 
-fn dev(dev: &Path) -> Result<(), DriverError> {
+fn dev(dev: &Path, shm_bytes: u64) -> Result<(), DriverError> {
     let none: Option<&str> = None;
     mnt(Some("tmpfs"), dev, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("mode=0755,size=64k"))?;
     for name in DEVICES {
@@ -157,7 +157,13 @@ fn dev(dev: &Path) -> Result<(), DriverError> {
     }
     let shm = dev.join("shm");
     mkdir(&shm)?;
-    mnt(Some("tmpfs"), &shm, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777"))?;
+    // Capped: its pages count against the VM's memory and no kill frees them
+    // (see `oom::shm_bytes`).
+    let shm_options = match shm_bytes {
+        0 => "mode=1777".to_string(),
+        n => format!("mode=1777,size={n}"),
+    };
+    mnt(Some("tmpfs"), &shm, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some(shm_options.as_str()))?;
     for (link, to) in [
         ("ptmx", "pts/ptmx"),
         ("fd", "/proc/self/fd"),

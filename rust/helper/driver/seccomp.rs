@@ -49,6 +49,7 @@ const DENIED: &[(&str, &[i64])] = &[
             libc::SYS_delete_module,
             libc::SYS_acct,
             libc::SYS_quotactl,
+            libc::SYS_quotactl_fd,
         ],
     ),
     // Large kernel attack surface with a history of privilege escalations,
@@ -75,6 +76,42 @@ const CLONE_NS_FLAGS: &[i32] = &[
     libc::CLONE_NEWCGROUP,
 ];
 
+/// io_uring: its submitted operations (open, connect, read, write…) run in
+/// the kernel without passing through seccomp, so a ring would reopen every
+/// door this filter closes. Refused with ENOSYS, what a kernel built without
+/// io_uring answers: programs and runtimes that probe it (liburing users,
+/// tokio-uring, newer glibc/libuv/Node builds) fall back to plain syscalls on
+/// ENOSYS, while EPERM is taken as a hard failure by some of them.
+const IO_URING: &[i64] = &[libc::SYS_io_uring_setup, libc::SYS_io_uring_enter, libc::SYS_io_uring_register];
+
+/// The low bits of socket()'s type argument; SOCK_CLOEXEC and SOCK_NONBLOCK
+/// are OR'ed into the bits above.
+const SOCK_TYPE_MASK: u64 = 0xf;
+
+/// socket() calls refused with EPERM, what the kernel answers a process
+/// without CAP_NET_RAW (so ping and friends take their unprivileged path):
+/// - AF_PACKET sees and forges whole frames on any interface of the netns;
+/// - raw IPv4/IPv6 sockets forge arbitrary IP headers (ICMP redirects,
+///   spoofed sources) at whatever the sandbox's network reaches; ping's
+///   ICMP datagram sockets (SOCK_DGRAM, IPPROTO_ICMP) stay allowed;
+/// - AF_VSOCK is not network-namespaced: it reaches the hypervisor when the
+///   host is itself a VM (Docker's default profile refuses it too).
+///
+/// AF_NETLINK raw sockets stay: `ip` and glibc's getifaddrs need them, and
+/// netlink only reaches the sandbox's own network namespace.
+fn socket_rules() -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
+    let domain = |family: i32| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, family as u64);
+    let raw = || {
+        SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(SOCK_TYPE_MASK), libc::SOCK_RAW as u64)
+    };
+    Ok(vec![
+        SeccompRule::new(vec![domain(libc::AF_PACKET)?])?,
+        SeccompRule::new(vec![domain(libc::AF_VSOCK)?])?,
+        SeccompRule::new(vec![domain(libc::AF_INET)?, raw()?])?,
+        SeccompRule::new(vec![domain(libc::AF_INET6)?, raw()?])?,
+    ])
+}
+
 /// Builds and installs the filters on the calling thread; its children
 /// inherit them. no_new_privs must be set first.
 pub fn install() -> Result<(), DriverError> {
@@ -96,25 +133,51 @@ pub fn install() -> Result<(), DriverError> {
         clone_rules.push(SeccompRule::new(vec![cond]).map_err(err)?);
     }
     eperm.insert(libc::SYS_clone, clone_rules);
+    eperm.insert(libc::SYS_socket, socket_rules().map_err(err)?);
     let deny =
         SeccompFilter::new(eperm, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch).map_err(err)?;
 
     // clone3 passes its flags in memory that seccomp cannot inspect, so it
     // is refused as "not implemented": libc then falls back to clone(),
-    // which the filter above can check.
-    let clone3 = SeccompFilter::new(
-        BTreeMap::from([(libc::SYS_clone3, Vec::new())]),
+    // which the filter above can check. io_uring likewise (see IO_URING).
+    let not_implemented = std::iter::once(libc::SYS_clone3).chain(IO_URING.iter().copied());
+    let enosys = SeccompFilter::new(
+        not_implemented.map(|nr| (nr, Vec::new())).collect(),
         SeccompAction::Allow,
         SeccompAction::Errno(libc::ENOSYS as u32),
         arch,
     )
     .map_err(err)?;
 
-    for filter in [deny, clone3] {
+    for filter in [deny, enosys] {
         let prog: BpfProgram = filter.try_into().map_err(err)?;
         seccompiler::apply_filter(&prog).map_err(|e| DriverError::Seccomp(e.to_string()))?;
     }
+    if cfg!(target_arch = "x86_64") {
+        seccompiler::apply_filter(&x32_guard()).map_err(|e| DriverError::Seccomp(e.to_string()))?;
+    }
     Ok(())
+}
+
+/// The x32 ABI shares x86_64's audit arch but numbers its syscalls from
+/// 0x40000000, so the rules above, which match x86_64 numbers, would not
+/// see `unshare` or `mount` called through it. Kernels built with
+/// CONFIG_X86_X32_ABI (and booted with it on) accept those; refuse every
+/// x32 call as not implemented, which is what other kernels answer.
+fn x32_guard() -> BpfProgram {
+    use seccompiler::sock_filter;
+    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+    const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+    const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+    let op = |code: u32, jt: u8, jf: u8, k: u32| sock_filter { code: code as u16, jt, jf, k };
+    vec![
+        // A = seccomp_data.nr (offset 0)
+        op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, 0),
+        // if A >= X32_SYSCALL_BIT: ERRNO(ENOSYS) else ALLOW
+        op(libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K, 0, 1, X32_SYSCALL_BIT),
+        op(libc::BPF_RET | libc::BPF_K, 0, 0, SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+        op(libc::BPF_RET | libc::BPF_K, 0, 0, SECCOMP_RET_ALLOW),
+    ]
 }
 
 #[cfg(test)]
@@ -141,6 +204,39 @@ mod tests {
                     Some(libc::EPERM)
                 );
                 assert!(libc::getpid() > 0);
+            }
+            // SAFETY: socket/close/syscall with integer or null arguments.
+            unsafe {
+                let refused = [
+                    (libc::AF_PACKET, libc::SOCK_RAW, 0),
+                    (libc::AF_PACKET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0),
+                    (libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP),
+                    (libc::AF_INET, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, libc::IPPROTO_RAW),
+                    (libc::AF_INET6, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::IPPROTO_ICMPV6),
+                    (libc::AF_VSOCK, libc::SOCK_STREAM, 0),
+                ];
+                for (domain, ty, proto) in refused {
+                    assert_eq!(errno_of(libc::socket(domain, ty, proto).into()), Some(libc::EPERM), "{domain} {ty}");
+                }
+                #[cfg(target_arch = "x86_64")]
+                assert_eq!(
+                    errno_of(libc::syscall(0x4000_0000 | libc::SYS_unshare, libc::CLONE_NEWUSER)),
+                    Some(libc::ENOSYS)
+                );
+                for nr in [libc::SYS_io_uring_setup, libc::SYS_io_uring_enter, libc::SYS_io_uring_register] {
+                    assert_eq!(errno_of(libc::syscall(nr, 0, 0, 0, 0, 0)), Some(libc::ENOSYS), "{nr}");
+                }
+                let allowed = [
+                    (libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0),
+                    (libc::AF_INET6, libc::SOCK_DGRAM, 0),
+                    (libc::AF_UNIX, libc::SOCK_SEQPACKET, 0),
+                    (libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE),
+                ];
+                for (domain, ty, proto) in allowed {
+                    let fd = libc::socket(domain, ty, proto);
+                    assert!(fd >= 0, "{domain} {ty}: {}", std::io::Error::last_os_error());
+                    libc::close(fd);
+                }
             }
             // Plain forks and threads (clone without namespace flags) still work.
             let out = std::process::Command::new("true").status().unwrap();

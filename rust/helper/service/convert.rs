@@ -87,6 +87,7 @@ pub(super) fn config_from_proto(spec: pb::VmSpec) -> Result<VmConfig, HelperErro
         network,
         labels: spec.labels.into_iter().collect(),
         clone_from: spec.clone_from,
+        disk_bytes: spec.disk_bytes,
     })
 }
 
@@ -117,7 +118,7 @@ pub(super) fn vm_to_proto(vm: VmInfo) -> pb::Vm {
             } as i32,
             labels: c.labels.into_iter().collect(),
             network_policy: None,
-            disk_bytes: 0,
+            disk_bytes: c.disk_bytes,
         }),
         state: match vm.state {
             VmState::Created => pb::VmState::Created,

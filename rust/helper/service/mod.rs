@@ -207,7 +207,11 @@ impl VmHelper for HelperService {
     async fn stats(&self, req: Request<pb::StatsRequest>) -> Result<Response<pb::StatsResponse>, Status> {
         let run = self.vms.run_handles(&req.into_inner().vm_id, "read stats of").map_err(status)?;
         let u = super::stats::read(&run).map_err(status)?;
+        let disk = run.quota.reading();
         Ok(Response::new(pb::StatsResponse {
+            disk_used_bytes: disk.used,
+            disk_limit_bytes: run.quota.limit(),
+            disk_quota_exceeded: disk.exceeded,
             cpu_usage_ns: u.cpu_usage_ns,
             memory_used_bytes: u.memory_used_bytes,
             memory_limit_bytes: u.memory_limit_bytes,

@@ -33,6 +33,13 @@ fn stream_of<T: Send + 'static>(rx: mpsc::Receiver<Result<T, Status>>) -> Respon
     Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
 }
 
+/// The quota watcher's reason, as a stderr line, if it stopped the VM's
+/// processes since `before`.
+fn quota_notice(quota: Option<&crate::helper::quota::Watch>, before: Option<u64>) -> Option<Vec<u8>> {
+    let quota = quota?;
+    (Some(quota.stops()) != before).then(|| format!("\n{}\n", quota.reading().exceeded).into_bytes())
+}
+
 fn vm_stopped(id: String) -> Status {
     status(HelperError::WrongState { op: "exec in", id, state: crate::helper::vm::VmState::Stopped })
 }
@@ -51,6 +58,9 @@ pub async fn exec(
     };
     let vm_id = first.vm_id.clone();
     let (socket, spec) = start_spec(vms, first, "start").map_err(status)?;
+    // Whether the disk quota watcher killed processes while this one ran.
+    let quota = vms.run_handles(&vm_id, "exec in").ok().map(|r| r.quota);
+    let stops_before = quota.as_ref().map(|q| q.stops());
     let (pid, mut sink, mut source) = exec::start(&socket, spec).await.map_err(|e| {
         // The VM died a moment ago and its exit has not been recorded yet:
         // report what the client will see on its next call anyway.
@@ -117,7 +127,12 @@ pub async fn exec(
                     let (msg, last) = match out {
                         Ok(Some(ExecOutput::Stdout(b))) => (Ok(response(pb::exec_response::Msg::Stdout(b))), false),
                         Ok(Some(ExecOutput::Stderr(b))) => (Ok(response(pb::exec_response::Msg::Stderr(b))), false),
-                        Ok(Some(ExecOutput::Exited(st))) => (Ok(response(pb::exec_response::Msg::Exited(exited(st)))), true),
+                        Ok(Some(ExecOutput::Exited(st))) => {
+                            if let Some(notice) = quota_notice(quota.as_deref(), stops_before) {
+                                let _ = tx.send(Ok(response(pb::exec_response::Msg::Stderr(notice)))).await;
+                            }
+                            (Ok(response(pb::exec_response::Msg::Exited(exited(st)))), true)
+                        }
                         Ok(None) => (Err(Status::internal("the vm agent hung up before the process exited (vm stopped?)")), true),
                         Err(e) => (Err(status(e)), true),
                     };

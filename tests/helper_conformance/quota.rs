@@ -1,0 +1,79 @@
+//! Disk quota (VmSpec.disk_bytes): a writer past it is stopped or gets
+//! ENOSPC within a couple of seconds, the VM's disk use stays near the
+//! quota, the VM says why, and deleting files still works.
+use super::*;
+
+const QUOTA: u64 = 64 << 20;
+/// How far past the quota a throttled writer may get before it is stopped
+/// (a helper that measures checks several times a second near the quota).
+const OVERSHOOT: u64 = 32 << 20;
+
+async fn stats(h: &mut Harness, id: &str) -> pb::StatsResponse {
+    h.client.stats(pb::StatsRequest { vm_id: id.into() }).await.unwrap().into_inner()
+}
+
+#[tokio::test]
+async fn a_writer_past_the_disk_quota_is_stopped_and_the_vm_says_why() {
+    let mut h = Harness::new("quota").await;
+    let ws = h.tmp.0.join("workspace");
+    std::fs::create_dir(&ws).unwrap();
+    let ws_str = ws.to_str().unwrap().to_string();
+    let id = h
+        .running("vm", |s| {
+            s.disk_bytes = QUOTA;
+            s.mounts = vec![mount(&ws_str, "/workspace")];
+        })
+        .await;
+    assert_eq!(h.get(&id).await.unwrap().spec.unwrap().disk_bytes, QUOTA);
+    // 16 MiB in the writable layer (/tmp is part of it), then a writer
+    // into /workspace that would go far past the quota: 1 MiB at a time,
+    // about 50 MB/s, synced so the blocks are allocated as it goes.
+    let o = h.sh(&id, "head -c 16777216 /dev/urandom > /tmp/layer && echo ok").await;
+    assert_eq!(o.out(), "ok\n", "{}", o.err());
+    let writer = "import os, time\n\
+                  f = open('/workspace/big', 'wb')\n\
+                  for i in range(1024):\n    f.write(os.urandom(1 << 20)); f.flush(); os.fsync(f.fileno()); time.sleep(0.02)\n\
+                  print('wrote 1 GiB')";
+    let o = h.run(process(&id, &["python3", "-c", writer]), b"").await.unwrap();
+    let stopped = o.status == Some(pb::exited::Status::Signal(libc::SIGKILL));
+    let enospc = o.err().contains("No space left on device");
+    assert!(stopped || enospc, "the writer was neither stopped nor refused: {o:?}");
+    assert!(!o.out().contains("wrote 1 GiB"), "{o:?}");
+    if stopped {
+        let err = o.err();
+        assert!(err.contains("disk quota exceeded: "), "{err}");
+        assert!(err.contains("used of 64 MiB (writable layer "), "{err}");
+        assert!(err.contains(", /workspace "), "{err}");
+        assert!(err.contains("delete files or raise disk in the profile"), "{err}");
+    }
+    let now = stats(&mut h, &id).await;
+    assert_eq!(now.disk_limit_bytes, QUOTA);
+    assert!(now.disk_used_bytes <= QUOTA + OVERSHOOT, "{now:?}");
+    let on_host = std::fs::metadata(ws.join("big")).map(|m| m.blocks() * 512).unwrap_or(0);
+    assert!(on_host <= QUOTA + OVERSHOOT, "{on_host} bytes reached the host");
+    if stopped {
+        assert!(now.disk_quota_exceeded.starts_with("disk quota exceeded: "), "{now:?}");
+    }
+    // The VM still answers, and deleting brings it back under its quota.
+    let o = h.sh(&id, "rm /workspace/big /tmp/layer && echo small > /workspace/small && cat /workspace/small").await;
+    assert_eq!((o.out(), o.code()), ("small\n".to_string(), Some(0)), "{}", o.err());
+    let mut below = stats(&mut h, &id).await;
+    for _ in 0..100 {
+        if below.disk_used_bytes < QUOTA / 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        below = stats(&mut h, &id).await;
+    }
+    assert!(below.disk_used_bytes < QUOTA / 2, "{below:?}");
+}
+
+#[tokio::test]
+async fn the_disk_quota_defaults_to_ten_gibibytes() {
+    let mut h = Harness::new("quotadef").await;
+    let id = h.running("vm", |_| {}).await;
+    assert_eq!(h.get(&id).await.unwrap().spec.unwrap().disk_bytes, 10 << 30);
+    let now = stats(&mut h, &id).await;
+    assert_eq!(now.disk_limit_bytes, 10 << 30);
+    assert!(now.disk_quota_exceeded.is_empty(), "{now:?}");
+}
