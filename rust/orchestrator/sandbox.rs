@@ -14,7 +14,7 @@ use super::{
     error::OrchestratorError,
     exec::{self, ExecResult},
     helper_client::{HelperClient, HelperError, ProcessConfig, VmConfig, VmInfo, VmState},
-    names::validate_sandbox_name,
+    names::{self, validate_sandbox_name},
     shell,
 };
 
@@ -443,6 +443,11 @@ impl SandboxManager {
             return Ok(s.clone());
         }
         self.check_lost(name)?;
+        // Only a parent's spawn makes a child: first use of a child's name
+        // is a typo or a child that is gone, never a new sandbox.
+        if names::is_child_name(name) {
+            return Err(OrchestratorError::NoSuchSandbox(name.to_string()));
+        }
         let lock = self.lifecycle_lock(name);
         let _guard = lock.lock().await;
         if let Some(s) = self.lock_map().get(name) {
@@ -517,7 +522,18 @@ impl SandboxManager {
     }
 
     async fn create_locked(&self, name: &str, origin: &Origin) -> Result<Arc<Sandbox>, OrchestratorError> {
-        let (mut profile, project) = self.creation_profile(name)?;
+        // The two namespaces never mix: a child's name is its parent's
+        // `<parent>..<segment>`, a top-level name never has that form.
+        let in_namespace = match &origin.parent {
+            Some(parent) => names::is_child_of(name, parent),
+            None => names::validate_top_level_name(name).is_ok(),
+        };
+        if !in_namespace {
+            return Err(OrchestratorError::InvalidName(name.to_string()));
+        }
+        // A child never takes a profile by its own name: it runs under its
+        // root's (network policy included), with the spawn's image and size.
+        let (mut profile, project) = self.creation_profile(names::root_of_name(name))?;
         // A child's project is its parent's business: only top-level
         // sandboxes get the project's env and services.
         let project = project.filter(|_| origin.parent.is_none() && origin.clone_from.is_none());
@@ -529,6 +545,15 @@ impl SandboxManager {
         let _slot = self.preflight(name, &profile)?;
         let volume = self.config.volumes_dir.join(name);
         let mut mounts = vec![(self.workspace_dir(name), WORKSPACE.to_string(), false)];
+        // A child starts with an empty workspace: what an earlier child of
+        // the same name left is not handed to a new worker.
+        if origin.parent.is_some() {
+            let dir = self.workspace_dir(name);
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir)
+                    .map_err(|source| OrchestratorError::Volume { path: dir.display().to_string(), source })?;
+            }
+        }
         // Children are short-lived workers: caches would only cost disk.
         if origin.parent.is_none() {
             mounts.extend(CACHE_VOLUMES.iter().map(|(sub, guest)| (volume.join(sub), guest.to_string(), false)));
