@@ -140,6 +140,9 @@ pub struct Command {
     pub audit_as: Option<String>,
     /// User to run as; empty means the image's default user.
     pub user: String,
+    /// Bytes the command reads once on descriptor 3, never stored anywhere
+    /// (a git_clone token for its credential helper).
+    pub secret: Vec<u8>,
 }
 
 /// What to run: a shell command line (run with the sandbox's shell `-c`) or
@@ -162,6 +165,7 @@ impl Command {
             timeout,
             audit_as: Some(line.to_string()),
             user: String::new(),
+            secret: Vec::new(),
         }
     }
 
@@ -174,6 +178,7 @@ impl Command {
             timeout,
             audit_as: None,
             user: String::new(),
+            secret: Vec::new(),
         }
     }
 }
@@ -753,6 +758,7 @@ impl SandboxManager {
             cwd: cmd.cwd,
             create_cwd: false,
             user: cmd.user,
+            secret: cmd.secret,
         };
         Ok(exec::run(&self.helper, &sandbox.name, process, &cmd.stdin, cmd.timeout).await?)
     }
@@ -778,6 +784,7 @@ impl SandboxManager {
             cwd: cmd.cwd,
             create_cwd: true,
             user: cmd.user,
+            secret: cmd.secret,
         };
         sandbox.touch();
         let mut result = None;
