@@ -134,3 +134,38 @@ def test_git_clone_bare_token_and_a_wrong_token(srv):
     # A newline would add lines to git's credential protocol.
     text, err = srv.tool("git_clone", repo=f"http://127.0.0.1:{PORT + 1}/demo.git", token="a\nhost=evil")
     assert err and text == "Error: token must not contain control characters", text
+
+
+def test_history_and_state_file_redact_secrets(server_factory, env):
+    srv = server_factory()
+    commands = [
+        ("mysql -u root -pS3cretA -e 'select 1' || true", "mysql -u root -p*** -e 'select 1' || true"),
+        ("FOO_TOKEN=S3cretB env | grep -c FOO_TOKEN", "FOO_TOKEN=*** env | grep -c FOO_TOKEN"),
+        ("curl -s -H 'Authorization: Bearer S3cretC' http://127.0.0.1:9/ || true",
+         "curl -s -H 'Authorization: Bearer ***' http://127.0.0.1:9/ || true"),
+        ("git ls-remote https://bob:S3cretD@127.0.0.1:9/r.git || true",
+         "git ls-remote https://bob:***@127.0.0.1:9/r.git || true"),
+        ("echo --password S3cretE token=S3cretF", "echo --password *** token=***"),
+    ]
+    for command, _ in commands:
+        assert not srv.tool("exec", command=command)[1]
+    assert not srv.tool("bg", command="sleep 60 --password=S3cretG", name="b")[1]
+    assert not srv.tool("python", code="password = 'S3cretH'\nprint('ok')")[1]
+    history, _ = srv.tool("history")
+    assert "S3cret" not in history, history
+    for _, shown in commands:
+        assert shown in history, (shown, history)
+    assert "bg[b]: sleep 60 --password=***" in history and "python: password = ***" in history, history
+
+    state_file = os.path.join(env["XDG_STATE_HOME"], "sandbox-mcp", "state.json")
+
+    def saved() -> str:
+        try:
+            with open(state_file) as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    assert wait_for(lambda: "python: password" in saved(), timeout=20), saved()
+    text = saved()
+    assert "S3cret" not in text and "FOO_TOKEN=***" in text, text
