@@ -61,7 +61,8 @@ pub fn load_or_create(path: &Path) -> Result<String, HttpError> {
     eprintln!(
         "sandbox-mcp: generated a bearer token for HTTP clients (stored in {path}, mode 0600):\n  {token}\n\
          Clients must send it with every request:\n  Authorization: Bearer {token}\n\
-         e.g. claude mcp add --transport http sandbox http://HOST:PORT{MCP_PATH} --header \"Authorization: Bearer {token}\"",
+         e.g. claude mcp add --transport http sandbox http://HOST:PORT{MCP_PATH} --header \"Authorization: Bearer {token}\"\n\
+         (`sandbox-mcp config claude --http URL` prints this with the stored token)",
         path = path.display()
     );
     Ok(token)
