@@ -24,6 +24,8 @@ const NAME_LABEL: &str = "sandbox-mcp.name";
 const PARENT_LABEL: &str = "sandbox-mcp.parent";
 /// Label of a child sandbox's VM: its generation (1 = child, 2 = grandchild).
 const GENERATION_LABEL: &str = "sandbox-mcp.generation";
+/// How long a live sandbox's agent may take to answer a liveness check.
+const AGENT_ANSWER_TIMEOUT: Duration = Duration::from_secs(3);
 /// Where a sandbox's workspace volume is mounted.
 pub const WORKSPACE: &str = "/workspace";
 
@@ -809,9 +811,24 @@ impl SandboxManager {
         Ok(result)
     }
 
-    /// Which sandboxes' VMs the helper reports as running.
+    /// Which sandboxes are really alive: their VM runs (the helper says so)
+    /// and their agent answers a request within [`AGENT_ANSWER_TIMEOUT`]. A
+    /// VM the helper still calls running may be frozen or have lost its
+    /// agent (a stopped sandbox used to show `shell:alive`). Asked of every
+    /// sandbox at once; not counted as activity.
     pub async fn running(&self) -> Result<HashMap<String, bool>, OrchestratorError> {
-        let vms = self.helper.list_vms().await?;
-        Ok(vms.into_iter().map(|v| (v.id, v.state == VmState::Running)).collect())
+        let mut asks = tokio::task::JoinSet::new();
+        for v in self.helper.list_vms().await? {
+            let helper = self.helper.clone();
+            asks.spawn(async move {
+                let answers = v.state == VmState::Running
+                    && matches!(
+                        tokio::time::timeout(AGENT_ANSWER_TIMEOUT, helper.list_background(&v.id)).await,
+                        Ok(Ok(_))
+                    );
+                (v.id, answers)
+            });
+        }
+        Ok(asks.join_all().await.into_iter().collect())
     }
 }
