@@ -27,7 +27,7 @@ pub(super) fn start_spec(
             format!("must be at most {} bytes", crate::agent::process::MAX_SECRET),
         ));
     }
-    if !p.secret.is_empty() && !(p.secret_fd == 0 || (3..=255).contains(&p.secret_fd)) {
+    if !(p.secret.is_empty() || p.secret_fd == 0 || (3..=255).contains(&p.secret_fd)) {
         return Err(HelperError::invalid(format!("{field}.secret_fd"), "must be 0 or 3 to 255"));
     }
     let target = vms.exec_target(&p.vm_id)?;
