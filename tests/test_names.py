@@ -171,3 +171,29 @@ def test_tools_never_create_a_sandbox_under_a_childs_name(server_factory, env):
         [os.environ["SANDBOX_MCP_BIN"], "serve"], env={**get_default_environment(), **env},
         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "invalid sandbox name 'default..kid'" in proc.stderr, proc.stderr
+
+
+def test_racing_spawns_of_one_name_in_different_cases_make_one_child(server_factory, env, ctl_bin):
+    import threading
+
+    write_config(env, CONFIG)
+    srv = server_factory(SANDBOX_CTL_BIN=ctl_bin)
+    sh(srv, "true")
+    results: list[tuple[str, bool]] = []
+    lock = threading.Lock()
+
+    def one(name: str) -> None:
+        r = srv.call("spawn", name=name, call_timeout=120)
+        with lock:
+            results.append(r)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in ("race", "RACE", "Race", "rACE")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ok = [t for t, err in results if not err]
+    refused = [t for t, err in results if err]
+    assert len(ok) == 1, results
+    assert all(re.fullmatch(r"Error: ValueError: Sandbox 'default\.\.\w+' already exists", t) for t in refused), refused
+    assert len([n for n in status_names(srv) if n.lower() == "default..race"]) == 1, status_names(srv)
