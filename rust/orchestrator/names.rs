@@ -21,12 +21,17 @@ pub const CHILD_SEPARATOR: &str = "..";
 /// Segments in the deepest full name: root, child, grandchild.
 const MAX_SEGMENTS: usize = 3;
 
-/// `^[A-Za-z0-9][A-Za-z0-9._-]*$` within `max` characters, without `..`.
-fn is_segment(s: &str) -> bool {
+/// `^[A-Za-z0-9][A-Za-z0-9._-]*$`, at most 48 characters.
+fn is_plain_name(s: &str) -> bool {
     let mut chars = s.chars();
     let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
     let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    first_ok && rest_ok && s.len() <= MAX_NAME_LEN && !s.contains(CHILD_SEPARATOR)
+    first_ok && rest_ok && s.len() <= MAX_NAME_LEN
+}
+
+/// A plain name without `..`: a top-level sandbox name or a child's segment.
+fn is_segment(s: &str) -> bool {
+    is_plain_name(s) && !s.contains(CHILD_SEPARATOR)
 }
 
 fn invalid_name(name: &str) -> OrchestratorError {
@@ -135,13 +140,15 @@ pub fn random_hex(n: usize) -> String {
     out
 }
 
-/// Check a background process id against the sandbox-name rule.
+/// Check a background process id against the plain-name rule.
 pub fn validate_process_name(name: &str) -> Result<(), OrchestratorError> {
-    validate_top_level_name(name).map_err(|_| {
-        OrchestratorError::InvalidArgument(format!(
-            "invalid process name '{name}' (must match ^[A-Za-z0-9][A-Za-z0-9._-]*$ without '..', at most 48 characters)"
-        ))
-    })
+    if is_plain_name(name) {
+        Ok(())
+    } else {
+        Err(OrchestratorError::InvalidArgument(format!(
+            "invalid process name '{name}' (must match ^[A-Za-z0-9][A-Za-z0-9._-]*$, at most 48 characters)"
+        )))
+    }
 }
 
 #[cfg(test)]
