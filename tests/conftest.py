@@ -136,7 +136,9 @@ def env() -> Iterator[dict[str, str]]:
 
 class HttpServer:
     """A `sandbox-mcp serve --http ADDR` process; `url` is its MCP endpoint
-    (the real port when ADDR asks for port 0) and `base` the URL without it."""
+    (the real port when ADDR asks for port 0) and `base` the URL without it.
+    `token` is the bearer token it requires (None with --no-auth): the one
+    given by --token or SANDBOX_MCP_TOKEN, else the one it stored."""
 
     def __init__(self, env: dict[str, str], log_path: str, addr: str = "127.0.0.1:0", args: tuple[str, ...] = ()):
         self.log_path = log_path
@@ -156,19 +158,36 @@ class HttpServer:
                 authority = match.group(2).replace("0.0.0.0:", "127.0.0.1:")
                 self.base = f"http://{authority}"
                 self.url = f"{self.base}/mcp"
+                self.token = self._token(env, args)
                 return
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise McpError(f"HTTP server did not start:\n{Path(log_path).read_text(errors='replace')[-3000:]}")
             time.sleep(0.02)
 
+    @staticmethod
+    def _token(env: dict[str, str], args: tuple[str, ...]) -> str | None:
+        if "--no-auth" in args:
+            return None
+        if "--token" in args:
+            return args[args.index("--token") + 1]
+        if env.get("SANDBOX_MCP_TOKEN"):
+            return env["SANDBOX_MCP_TOKEN"]
+        return (Path(env["XDG_CONFIG_HOME"]) / "sandbox-mcp" / "http-token").read_text().strip()
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """The Authorization header this server wants (empty with --no-auth)."""
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
     @property
     def port(self) -> int:
         return int(self.base.rsplit(":", 1)[1])
 
     def client(self, headers: dict[str, str] | None = None) -> McpClient:
-        """A new MCP session with this server."""
-        return McpClient(url=self.url, headers=headers, stderr_path=self.log_path)
+        """A new MCP session with this server, sending its token unless
+        `headers` are given (`{}`: none at all)."""
+        return McpClient(url=self.url, headers=self.auth if headers is None else headers, stderr_path=self.log_path)
 
     def stop(self, timeout: float = HTTP_STOP_TIMEOUT) -> None:
         """SIGTERM, then SIGKILL after `timeout`. Safe to call twice."""
@@ -189,7 +208,7 @@ class HttpServerClient(McpClient):
     def __init__(self, server: HttpServer):
         self.server = server
         try:
-            super().__init__(url=server.url, stderr_path=server.log_path)
+            super().__init__(url=server.url, headers=server.auth, stderr_path=server.log_path)
         except BaseException:
             server.stop()
             raise

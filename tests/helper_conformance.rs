@@ -562,6 +562,37 @@ async fn exec_applies_cwd_and_env() {
 }
 
 #[tokio::test]
+async fn a_secret_is_readable_once_on_its_descriptor_and_nowhere_else() {
+    let mut h = Harness::new("secret").await;
+    let id = h.running("vm", |_| {}).await;
+    // Read on fd 3 by a child of the process (inherited), once; never in
+    // the environment or argv of the process.
+    let script = "grep -c 's3cr3t-va[l]ue' /proc/$$/environ /proc/$$/cmdline; sh -c 'cat <&3'; echo; cat <&3; echo end";
+    let mut p = process(&id, &["sh", "-c", script]);
+    p.secret = b"s3cr3t-value".to_vec();
+    let o = h.run(p.clone(), b"").await.unwrap();
+    assert_eq!(
+        o.out(),
+        "/proc/1/environ:0\n/proc/1/cmdline:0\ns3cr3t-value\nend\n".replace("/proc/1", &format!("/proc/{}", o.pid)),
+        "{}",
+        o.err()
+    );
+    // Another descriptor number; none without a secret.
+    p.argv = vec!["sh".into(), "-c".into(), "cat <&7".into()];
+    p.secret_fd = 7;
+    assert_eq!(h.run(p.clone(), b"").await.unwrap().out(), "s3cr3t-value");
+    p.secret = Vec::new();
+    assert_ne!(h.run(p.clone(), b"").await.unwrap().code(), Some(0));
+    // Bounds: the descriptor number and the size.
+    p.secret = b"x".to_vec();
+    p.secret_fd = 2;
+    assert_eq!(h.run(p.clone(), b"").await.unwrap_err().code(), Code::InvalidArgument);
+    p.secret_fd = 0;
+    p.secret = vec![b'x'; 4097];
+    assert_eq!(h.run(p, b"").await.unwrap_err().code(), Code::InvalidArgument);
+}
+
+#[tokio::test]
 async fn exec_stdin_streams_interactively() {
     let mut h = Harness::new("stdin").await;
     let id = h.running("vm", |_| {}).await;

@@ -35,7 +35,7 @@ def test_spawn_defaults_overrides_and_children(server_factory):
     assert not err, text
     lines = text.split("\n")
     assert lines[:4] == [
-        "Spawned child 'default-child-0001': default-child-0001",
+        "Spawned child 'default..child-0001': default..child-0001",
         "  Parent: default",
         f"  Image: {IMAGE}",
         "  Resources: 2 CPUs, 512MB",
@@ -51,28 +51,28 @@ def test_spawn_defaults_overrides_and_children(server_factory):
     assert not err, text
     lines = text.split("\n")
     assert lines[0] == "Children of 'default' (3 active):", text
-    assert re.fullmatch(r"  kid: kid \(2 CPUs, 256MB, image=" + IMAGE + r"\) \[TTL=\d+s\] idle=\d+s", lines[2]), text
+    assert re.fullmatch(r"  default\.\.kid: default\.\.kid \(2 CPUs, 256MB, image=" + IMAGE + r"\) \[TTL=\d+s\] idle=\d+s", lines[2]), text
     assert lines[-1] == "Lifetime spawns: 3/10", text
     # status shows a child's real size.
-    assert re.search(r"^  small .*  1cpu/512M", srv.tool("status")[0], re.M)
+    assert re.search(r"^  default\.\.small .*  1cpu/512M", srv.tool("status")[0], re.M)
 
-    out, err = srv.tool("exec", command="echo in-child", sandbox="kid")
+    out, err = srv.tool("exec", command="echo in-child", sandbox="default..kid")
     assert not err and out.startswith("in-child"), out
-    text, err = srv.tool("destroy", sandbox="kid")
+    text, err = srv.tool("destroy", sandbox="default..kid")
     assert err and text == "Error: use destroy_child to destroy child sandboxes", text
-    text, err = srv.tool("reset", sandbox="kid")
+    text, err = srv.tool("reset", sandbox="default..kid")
     assert err and text == "Error: reset not permitted on child sandboxes (use destroy_child instead)", text
-    text, err = srv.tool("expose", port=8080, host_port=18931, sandbox="kid")
+    text, err = srv.tool("expose", port=8080, host_port=18931, sandbox="default..kid")
     assert err and text == "Error: port forwarding not permitted on child sandboxes", text
 
-    text, err = srv.tool("destroy_child", name="kid")
-    assert not err and text == "Destroyed sandbox 'kid' (kid)", text
-    text, err = srv.tool("destroy_child", name="kid")
-    assert err and text == "Error: no active sandbox 'kid'", text
+    text, err = srv.tool("destroy_child", name="default..kid")
+    assert not err and text == "Destroyed sandbox 'default..kid' (default..kid)", text
+    text, err = srv.tool("destroy_child", name="default..kid")
+    assert err and text == "Error: no active sandbox 'default..kid'", text
     text, err = srv.tool("destroy_child", name="default")
     assert err and text == "Error: 'default' is not a child sandbox (use destroy instead)", text
-    srv.tool("destroy_child", name="small")
-    srv.tool("destroy_child", name="default-child-0001")
+    srv.tool("destroy_child", name="default..small")
+    srv.tool("destroy_child", name="default..child-0001")
     text, _ = srv.tool("children")
     assert text == "No active children for 'default' (3/10 lifetime spawns used)", text
     srv.tool("exec", command="true", sandbox="plain")
@@ -115,7 +115,8 @@ allowed_images = []
     refused("ValueError: Invalid memory string: lots", memory="lots")
     refused("ValueError: memory must be >= 64M", memory="32M")
     refused("ValueError: Invalid child name: bad name!", name="bad name!")
-    refused("ValueError: Sandbox 'plain' already exists", name="plain")
+    refused("ValueError: Invalid child name: a..b", name="a..b")
+    refused("ValueError: Invalid child name: " + "c" * 49, name="c" * 49)
 
     text, err = spawn(srv, parent="boss", name="c1", cpus=2, memory="512M")
     assert not err and "  Resources: 2 CPUs, 512MB" in text and "TTL" not in text, text
@@ -124,10 +125,10 @@ allowed_images = []
     text, err = spawn(srv, parent="boss", name="c2", cpus=1, memory="256M")
     assert not err, text
     refused("SpawnLimitError: Concurrent child limit reached", cpus=1, memory="64M")
-    srv.tool("destroy_child", name="c2")
+    srv.tool("destroy_child", name="boss..c2")
     text, err = spawn(srv, parent="boss", cpus=1, memory="64M")
-    assert not err and text.startswith("Spawned child 'boss-child-0003'"), text
-    srv.tool("destroy_child", name="boss-child-0003")
+    assert not err and text.startswith("Spawned child 'boss..child-0003'"), text
+    srv.tool("destroy_child", name="boss..child-0003")
     refused("SpawnLimitError: Lifetime spawn limit reached", cpus=1, memory="64M")
     text, _ = srv.tool("children", parent="boss")
     assert text.split("\n")[-1] == "Lifetime spawns: 3/3", text
@@ -158,7 +159,7 @@ def test_child_ttl_expiry_destroys_the_child(server_factory, env):
     srv.tool("exec", command="true")
     text, err = spawn(srv, name="brief")
     assert not err and re.search(r"  TTL: [12]s remaining", text), text
-    assert wait_for(lambda: "brief" not in names(srv), timeout=30), srv.tool("status")[0]
+    assert wait_for(lambda: "default..brief" not in names(srv), timeout=30), srv.tool("status")[0]
     assert "default" in names(srv)
     text, _ = srv.tool("children")
     assert text == "No active children for 'default' (1/10 lifetime spawns used)", text
@@ -184,18 +185,18 @@ def test_grandchildren_derived_policy_and_subtree_cascades(server_factory, env):
     srv.tool("exec", command="true", sandbox="boss")
     assert not spawn(srv, parent="boss", name="kid")[1]
     # The derived policy: halved numbers.
-    text, _ = srv.tool("children", parent="kid")
-    assert text == "No active children for 'kid' (0/5 lifetime spawns used)", text
-    text, err = spawn(srv, parent="kid", name="grand", memory="128M")
-    assert not err and "  Parent: kid" in text and "  Resources: 1 CPUs, 128MB" in text, text
-    text, err = spawn(srv, parent="grand")
-    assert err and text == "Error: PermissionError: Sandbox 'grand' is at generation 2 (max spawn depth is 2)", text
+    text, _ = srv.tool("children", parent="boss..kid")
+    assert text == "No active children for 'boss..kid' (0/5 lifetime spawns used)", text
+    text, err = spawn(srv, parent="boss..kid", name="grand", memory="128M")
+    assert not err and "  Parent: boss..kid" in text and "  Resources: 1 CPUs, 128MB" in text, text
+    text, err = spawn(srv, parent="boss..kid..grand")
+    assert err and text == "Error: PermissionError: Sandbox 'boss..kid..grand' is at generation 2 (max spawn depth is 2)", text
     # Derived max_concurrent is 4 // 2 = 2; total_child_cpus 2.
-    assert not spawn(srv, parent="kid", name="grand2")[1]
-    text, err = spawn(srv, parent="kid")
+    assert not spawn(srv, parent="boss..kid", name="grand2")[1]
+    text, err = spawn(srv, parent="boss..kid")
     assert err and text == "Error: SpawnLimitError: Concurrent child limit reached", text
-    text, _ = srv.tool("children", parent="kid")
-    assert text.split("\n")[0] == "Children of 'kid' (2 active):" and text.endswith("Lifetime spawns: 2/5"), text
+    text, _ = srv.tool("children", parent="boss..kid")
+    assert text.split("\n")[0] == "Children of 'boss..kid' (2 active):" and text.endswith("Lifetime spawns: 2/5"), text
 
     # Tree-wide: kid + grand + grand2 use 3 of boss's 4 CPUs; a second
     # direct child fits, a third does not, though boss's direct sum would.
@@ -203,8 +204,8 @@ def test_grandchildren_derived_policy_and_subtree_cascades(server_factory, env):
     text, err = spawn(srv, parent="boss")
     assert err and text == "Error: SpawnLimitError: CPU budget exceeded", text
 
-    text, err = srv.tool("destroy_child", name="grand2")
-    assert not err and text == "Destroyed sandbox 'grand2' (grand2)", text
+    text, err = srv.tool("destroy_child", name="boss..kid..grand2")
+    assert not err and text == "Destroyed sandbox 'boss..kid..grand2' (boss..kid..grand2)", text
 
     # reset of the root destroys the whole subtree, grandchildren included.
     text, err = srv.tool("reset", sandbox="boss")
@@ -212,7 +213,7 @@ def test_grandchildren_derived_policy_and_subtree_cascades(server_factory, env):
     assert names(srv) == {"boss"}, srv.tool("status")[0]
 
     assert not spawn(srv, parent="boss", name="kid")[1]
-    assert not spawn(srv, parent="kid", name="grand")[1]
+    assert not spawn(srv, parent="boss..kid", name="grand")[1]
     text, err = srv.tool("destroy", sandbox="boss")
     assert not err, text
     assert names(srv) == set(), srv.tool("status")[0]
@@ -245,7 +246,7 @@ child_can_spawn = true
         with lock:
             results.append(r)
 
-    threads = [threading.Thread(target=one, args=("boss" if i % 3 else "kid",)) for i in range(12)]
+    threads = [threading.Thread(target=one, args=("boss" if i % 3 else "boss..kid",)) for i in range(12)]
     for t in threads:
         t.start()
     for t in threads:
@@ -261,8 +262,8 @@ child_can_spawn = true
     assert len(tree) == 4, tree
     boss_children = srv.tool("children", parent="boss")[0]
     assert boss_children.startswith("Children of 'boss' (3 active):"), boss_children
-    kid_children = srv.tool("children", parent="kid")[0]
-    assert kid_children.startswith("Children of 'kid' (1 active):"), kid_children
+    kid_children = srv.tool("children", parent="boss..kid")[0]
+    assert kid_children.startswith("Children of 'boss..kid' (1 active):"), kid_children
 
 
 def test_child_expose_follows_the_parent_policy(server_factory, env):
@@ -270,10 +271,10 @@ def test_child_expose_follows_the_parent_policy(server_factory, env):
     srv = server_factory()
     srv.tool("exec", command="true")
     assert not spawn(srv, name="web")[1]
-    text, err = srv.tool("expose", port=8080, host_port=18977, sandbox="web")
-    assert not err and text.startswith("Forwarding localhost:18977 -> 'web':8080"), text
+    text, err = srv.tool("expose", port=8080, host_port=18977, sandbox="default..web")
+    assert not err and text.startswith("Forwarding localhost:18977 -> 'default..web':8080"), text
     # The forward goes with the child.
-    assert not srv.tool("destroy_child", name="web")[1]
+    assert not srv.tool("destroy_child", name="default..web")[1]
     assert wait_for(lambda: srv.tool("unexpose", port=18977)[1])
 
 
@@ -282,10 +283,10 @@ def test_a_child_lease_cannot_be_extended_past_its_ttl(server_factory):
     srv.tool("exec", command="true")
     text, err = spawn(srv, name="kid")
     assert not err, text
-    text, err = srv.tool("extend_ttl", sandbox="kid", minutes=5)
-    assert err and "'kid' is a child sandbox" in text and "child_ttl" in text, text
+    text, err = srv.tool("extend_ttl", sandbox="default..kid", minutes=5)
+    assert err and "'default..kid' is a child sandbox" in text and "child_ttl" in text, text
     # status names the parent of a child.
-    assert re.search(r"^  kid .*parent:default", srv.tool("status")[0], re.M)
+    assert re.search(r"^  default\.\.kid .*parent:default", srv.tool("status")[0], re.M)
 
 
 def _vm_init_above(tag: str) -> int | None:
@@ -316,7 +317,7 @@ def test_a_parent_whose_vm_dies_takes_its_children(server_factory):
     init = _vm_init_above("4243")
     assert init, "the parent's VM init process was not found"
     os.kill(init, 9)
-    gone = wait_for(lambda: "kid" not in names(srv) and "default" not in names(srv), timeout=20)
+    gone = wait_for(lambda: "default..kid" not in names(srv) and "default" not in names(srv), timeout=20)
     assert gone, srv.tool("status")[0]
     text, err = srv.tool("exec", command="true")
     assert err and "sandbox 'default' was lost" in text, text

@@ -83,7 +83,7 @@ def test_wildcard_bind_requires_the_generated_token(http_server, env):
     assert post(url, {"Authorization": "Bearer " + "0" * 64})[0] == 401
     assert post(url, {"Authorization": f"Bearer {token}"})[0] == 200
     with pytest.raises(McpError):
-        server.client().close()
+        server.client({}).close()
     client = server.client({"Authorization": f"Bearer {token}"})
     try:
         assert any(t.name == "exec" for t in client.list_tools())
@@ -121,17 +121,18 @@ def test_short_token_is_refused_at_start(env):
 
 def test_foreign_origin_and_host_are_forbidden(http_server):
     server = http_server()
-    assert post(server.url, {"Origin": "http://evil.example"})[0] == 403
-    assert post(server.url, {"Origin": "null"})[0] == 403
-    assert post(server.url, {"Host": "evil.example"})[0] == 403
-    assert post(server.url, {"Origin": "http://localhost:5173"})[0] == 200
-    assert post(server.url, {"Host": f"localhost:{server.port}"})[0] == 200
+    auth = server.auth
+    assert post(server.url, {"Origin": "http://evil.example", **auth})[0] == 403
+    assert post(server.url, {"Origin": "null", **auth})[0] == 403
+    assert post(server.url, {"Host": "evil.example", **auth})[0] == 403
+    assert post(server.url, {"Origin": "http://localhost:5173", **auth})[0] == 200
+    assert post(server.url, {"Host": f"localhost:{server.port}", **auth})[0] == 200
 
 
 def test_allowed_host_widens_host_and_origin(http_server):
     server = http_server(args=("--allowed-host", "sandbox.test"))
-    assert post(server.url, {"Host": "sandbox.test", "Origin": "https://sandbox.test"})[0] == 200
-    assert post(server.url, {"Origin": "https://other.test"})[0] == 403
+    assert post(server.url, {"Host": "sandbox.test", "Origin": "https://sandbox.test", **server.auth})[0] == 200
+    assert post(server.url, {"Origin": "https://other.test", **server.auth})[0] == 403
 
 
 def test_only_mcp_is_served(http_server):
@@ -140,3 +141,72 @@ def test_only_mcp_is_served(http_server):
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(server.base + path, timeout=30)
         assert e.value.code == 404
+
+
+# ---------------------------------------------------------------- a token on loopback too (issue 9)
+
+
+def test_loopback_requires_the_generated_token_by_default(http_server, env):
+    # Any local process (a sandbox did, through its network) or other user
+    # reaches a loopback port: without a token it could drive every tool.
+    server = http_server()
+    path = token_file(env)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    token = path.read_text().strip()
+    assert len(token) == 64 and server.token == token
+    assert "bearer token required" in Path(server.log_path).read_text()
+    status, headers = post(server.url)
+    assert status == 401 and headers.get("www-authenticate") == "Bearer"
+    assert post(server.url, {"Authorization": "Bearer " + "0" * 64})[0] == 401
+    assert post(server.url, {"Authorization": f"Basic {token}"})[0] == 401
+    assert post(server.url, {"Authorization": f"Bearer {token}"})[0] == 200
+    with pytest.raises(McpError):
+        server.client({}).close()
+    client = server.client()
+    try:
+        text, err = client.tool("exec", command="echo authenticated")
+        assert not err and text.startswith("authenticated"), text
+    finally:
+        client.close()
+
+
+def test_no_auth_turns_the_token_off_and_says_so(http_server, env):
+    server = http_server(args=("--no-auth",))
+    log = Path(server.log_path).read_text()
+    assert "--no-auth: HTTP requests are NOT authenticated" in log and "(no token: --no-auth)" in log, log
+    assert not token_file(env).exists()
+    assert post(server.url)[0] == 200
+    client = server.client({})
+    try:
+        assert any(t.name == "exec" for t in client.list_tools())
+    finally:
+        client.close()
+
+
+def test_no_auth_and_a_token_exclude_each_other(env):
+    out = subprocess.run(
+        [required_env("SANDBOX_MCP_BIN"), "serve", "--http", "127.0.0.1:0", "--no-auth", "--token", TOKEN],
+        env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "--no-auth" in out.stderr, out.stderr
+
+
+def test_config_prints_the_stored_token_for_a_loopback_url(http_server, env):
+    server = http_server()
+    token = server.token
+
+    def config(client: str) -> str:
+        out = subprocess.run(
+            [required_env("SANDBOX_MCP_BIN"), "config", client, "--http", server.url],
+            env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    assert config("claude").strip() == (
+        f"claude mcp add --transport http sandbox {server.url} --header 'Authorization: Bearer {token}'")
+    cursor = json.loads(config("cursor"))
+    assert cursor["mcpServers"]["sandbox"]["headers"]["Authorization"] == f"Bearer {token}"
+    desktop = json.loads(config("desktop"))
+    assert desktop["mcpServers"]["sandbox"]["env"]["SANDBOX_MCP_AUTH"] == f"Bearer {token}"
+    # The printed header works.
+    assert post(server.url, {"Authorization": f"Bearer {token}"})[0] == 200

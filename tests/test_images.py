@@ -298,19 +298,19 @@ def test_child_sandboxes_refused(isrv):
     out(isrv, "true")
     text, err = isrv.call("spawn", call_timeout=120, name="kid")
     assert not err, text
-    assert isrv.tool("snapshot", snapshot_name="k", sandbox="kid") == (
+    assert isrv.tool("snapshot", snapshot_name="k", sandbox="default..kid") == (
         "Error: snapshots not permitted on child sandboxes", True)
-    assert isrv.tool("clone", source="kid", target="x") == (
+    assert isrv.tool("clone", source="default..kid", target="x") == (
         "Error: cloning from a child sandbox is not permitted", True)
     assert not isrv.tool("snapshot", snapshot_name="p")[1]
-    assert isrv.tool("restore", snapshot_name="p", sandbox="kid") == (
+    assert isrv.tool("restore", snapshot_name="p", sandbox="default..kid") == (
         "Error: restore not permitted on child sandboxes", True)
     # The snapshot is checked first.
-    assert isrv.tool("restore", snapshot_name="zz", sandbox="kid") == (
+    assert isrv.tool("restore", snapshot_name="zz", sandbox="default..kid") == (
         "Error: snapshot 'zz' not found. Use list_snapshots().", True)
     # Restoring the parent replaces its subtree.
     assert not isrv.tool("restore", snapshot_name="p")[1]
-    assert "kid" not in isrv.tool("list_all")[0].split()
+    assert "default..kid" not in isrv.tool("list_all")[0].split()
 
 
 def test_forward_survives_restore(isrv):

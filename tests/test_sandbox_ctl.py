@@ -77,13 +77,13 @@ def test_cli_commands(ctl_srv):
     _, err, code = sh(srv, "sandbox-ctl --bogus ping")
     assert code == 1 and "unknown flag: --bogus" in err, err
 
-    assert sh(srv, "sandbox-ctl spawn --name w1 --memory 128M") == ("w1\n", "", 0)
+    assert sh(srv, "sandbox-ctl spawn --name w1 --memory 128M") == ("default..w1\n", "", 0)
     out, _, code = sh(srv, "sandbox-ctl list")
     lines = out.splitlines()
     assert code == 0 and re.fullmatch(r"NAME +IMAGE +CPUS +MEM\(MB\) +TTL", lines[0]), out
-    assert re.fullmatch(rf"w1 +{IMAGE} +1 +128 +-", lines[1]), out
+    assert re.fullmatch(rf"default\.\.w1 +{IMAGE} +1 +128 +-", lines[1]), out
     text, _ = srv.tool("children")
-    assert text.startswith("Children of 'default' (1 active):\n  w1: w1 (1 CPUs, 128MB"), text
+    assert text.startswith("Children of 'default' (1 active):\n  default..w1: default..w1 (1 CPUs, 128MB"), text
 
     out, err, code = sh(srv, "sandbox-ctl exec w1 -- sh -c 'echo out; echo err1 >&2; echo err2 >&2; exit 3'")
     assert (out, err, code) == ("out\n", "[stderr] err1\n[stderr] err2\n", 3)
@@ -93,17 +93,17 @@ def test_cli_commands(ctl_srv):
     out, _, code = sh(srv, "sandbox-ctl exec w1 --workdir /tmp/new/dir -- pwd")
     assert (out, code) == ("/tmp/new/dir\n", 0)
     # The command ran in the child, through its audit log.
-    text, _ = srv.tool("history", sandbox="w1")
+    text, _ = srv.tool("history", sandbox="default..w1")
     assert "echo out" in text, text
 
     out, _, code = sh(srv, "sandbox-ctl --json exec w1 -- echo it\\'s")
     result = json.loads(out)
-    assert code == 0 and result["name"] == "w1" and result["result"]["stdout"] == "it's\n", out
+    assert code == 0 and result["name"] == "default..w1" and result["result"]["stdout"] == "it's\n", out
 
     out, _, code = sh(srv, "sandbox-ctl run -- sh -c 'echo ran in $(hostname)'")
     assert code == 0 and out.startswith("ran in "), out
     out, _, _ = sh(srv, "sandbox-ctl --json list")
-    assert [c["name"] for c in json.loads(out)["children"]] == ["w1"], out
+    assert [c["name"] for c in json.loads(out)["children"]] == ["default..w1"], out
     assert sh(srv, "sandbox-ctl destroy w1") == ("w1\n", "", 0)
     out, _, _ = sh(srv, "sandbox-ctl list")
     assert out.splitlines()[1:] == [], out
@@ -156,10 +156,10 @@ def test_protocol_error_codes(ctl_srv):
 
     for n in (1, 2):
         r = raw(srv, f'{{"id": {n}, "method": "spawn", "params": {{"name": "p{n}", "cpus": "1"}}}}\n'.encode())
-        assert r["result"]["name"] == f"p{n}" and r["result"]["cpus"] == 1 and r["result"]["expires_at"] is None, r
+        assert r["result"]["name"] == f"default..p{n}" and r["result"]["cpus"] == 1 and r["result"]["expires_at"] is None, r
     assert error(b'{"id": 7, "method": "spawn"}\n') == (7, "LIMIT_REACHED", "Concurrent child limit reached")
     r = raw(srv, b'{"id": 8, "method": "exec", "params": {"name": "p1", "command": "echo hi; exit 4"}}\n')
-    assert r["result"]["name"] == "p1" and r["result"]["result"]["stdout"] == "hi\n", r
+    assert r["result"]["name"] == "default..p1" and r["result"]["result"]["stdout"] == "hi\n", r
     assert r["result"]["result"]["exit_code"] == 4 and r["result"]["result"]["stderr"] == "", r
 
 
@@ -169,7 +169,7 @@ def test_no_ctl_without_inject_ctl(server_factory, env, ctl_bin):
     _, _, code = sh(srv, "test -e /run/sandbox-ctl.sock || test -e /usr/local/bin/sandbox-ctl")
     assert code == 1
     assert not srv.call("spawn", name="kid", call_timeout=120)[1]
-    _, _, code = sh(srv, "test -e /run/sandbox-ctl.sock", sandbox="kid")
+    _, _, code = sh(srv, "test -e /run/sandbox-ctl.sock", sandbox="default..kid")
     assert code == 1
 
 
@@ -178,18 +178,18 @@ def test_ctl_children_and_policy_mounts(server_factory, env, ctl_bin):
     # sandboxes never do.
     write_config(env, CTL_CONFIG.replace("child_ttl = 0", "child_ttl = 0\nchild_can_spawn = true"))
     srv = server_factory(SANDBOX_CTL_BIN=ctl_bin)
-    assert sh(srv, "sandbox-ctl spawn --name kid") == ("kid\n", "", 0)
-    assert sh(srv, "sandbox-ctl ping", sandbox="kid") == ("ok (parent: kid)\n", "", 0)
-    assert sh(srv, "sandbox-ctl spawn --name grand", sandbox="kid") == ("grand\n", "", 0)
-    _, err, code = sh(srv, "sandbox-ctl spawn", sandbox="kid")
+    assert sh(srv, "sandbox-ctl spawn --name kid") == ("default..kid\n", "", 0)
+    assert sh(srv, "sandbox-ctl ping", sandbox="default..kid") == ("ok (parent: default..kid)\n", "", 0)
+    assert sh(srv, "sandbox-ctl spawn --name grand", sandbox="default..kid") == ("default..kid..grand\n", "", 0)
+    _, err, code = sh(srv, "sandbox-ctl spawn", sandbox="default..kid")
     assert code == 1 and err == "sandbox-ctl: LIMIT_REACHED: Concurrent child limit reached\n", err
-    _, _, code = sh(srv, "test -e /run/sandbox-ctl.sock", sandbox="grand")
+    _, _, code = sh(srv, "test -e /run/sandbox-ctl.sock", sandbox="default..kid..grand")
     assert code == 1
     _, _, code = sh(srv, "test -e /run/sandbox-ctl.sock", sandbox="other")
     assert code == 1
     # Destroying the parent removes its socket with the subtree.
     assert not srv.call("destroy", sandbox="default")[1]
-    sock_dir = os.path.join(env["XDG_RUNTIME_DIR"], "sandbox-mcp", "ctl", "kid")
+    sock_dir = os.path.join(env["XDG_RUNTIME_DIR"], "sandbox-mcp", "ctl", "default..kid")
     assert not os.path.exists(sock_dir)
 
 
@@ -212,12 +212,12 @@ def test_destroy_mid_grandchild_spawn_leaves_no_orphan(server_factory, env, ctl_
 
     def spawn_grandchild():
         try:
-            sh(srv, "sandbox-ctl spawn --name grand", sandbox="kid")
+            sh(srv, "sandbox-ctl spawn --name grand", sandbox="default..kid")
         except AssertionError:
             pass  # kid went away under the command: fine either way
 
     for delay in (0.0, 0.03, 0.06, 0.1):
-        assert sh(srv, "sandbox-ctl spawn --name kid") == ("kid\n", "", 0)
+        assert sh(srv, "sandbox-ctl spawn --name kid") == ("default..kid\n", "", 0)
         spawner = threading.Thread(target=spawn_grandchild)
         spawner.start()
         time.sleep(delay)
@@ -260,24 +260,24 @@ def test_idle_connections_cannot_block_the_api(ctl_srv):
 def test_ctl_and_spawn_state_survive_a_server_restart(server_factory, env, ctl_bin):
     write_config(env, CTL_CONFIG.replace("child_ttl = 0", "child_ttl = 0\nchild_can_spawn = true"))
     first = server_factory(SANDBOX_CTL_BIN=ctl_bin)
-    assert sh(first, "sandbox-ctl spawn --name kid") == ("kid\n", "", 0)
+    assert sh(first, "sandbox-ctl spawn --name kid") == ("default..kid\n", "", 0)
     first.close()
     second = server_factory(SANDBOX_CTL_BIN=ctl_bin)
     # The sockets are listened on again; the mounted directory sees the new ones.
     assert sh(second, "sandbox-ctl ping") == ("ok (parent: default)\n", "", 0)
-    assert sh(second, "sandbox-ctl ping", sandbox="kid") == ("ok (parent: kid)\n", "", 0)
+    assert sh(second, "sandbox-ctl ping", sandbox="default..kid") == ("ok (parent: default..kid)\n", "", 0)
     # The child is still the parent's, with its policy to spawn a grandchild.
     out, _, _ = sh(second, "sandbox-ctl list")
-    assert [line.split()[0] for line in out.splitlines()[1:]] == ["kid"], out
-    assert sh(second, "sandbox-ctl spawn --name grand", sandbox="kid") == ("grand\n", "", 0)
+    assert [line.split()[0] for line in out.splitlines()[1:]] == ["default..kid"], out
+    assert sh(second, "sandbox-ctl spawn --name grand", sandbox="default..kid") == ("default..kid..grand\n", "", 0)
 
 
 def test_spawn_counters_survive_a_server_restart(server_factory, env, ctl_bin):
     # The lifetime counters and derived policies travel in the state file.
     write_config(env, CTL_CONFIG.replace("child_ttl = 0", "child_ttl = 0\nchild_can_spawn = true"))
     first = server_factory(SANDBOX_CTL_BIN=ctl_bin)
-    assert sh(first, "sandbox-ctl spawn --name kid") == ("kid\n", "", 0)
-    assert sh(first, "sandbox-ctl spawn --name grand", sandbox="kid") == ("grand\n", "", 0)
+    assert sh(first, "sandbox-ctl spawn --name kid") == ("default..kid\n", "", 0)
+    assert sh(first, "sandbox-ctl spawn --name grand", sandbox="default..kid") == ("default..kid..grand\n", "", 0)
     state_file = os.path.join(env["XDG_STATE_HOME"], "sandbox-mcp", "state.json")
 
     def saved() -> dict:
@@ -287,13 +287,13 @@ def test_spawn_counters_survive_a_server_restart(server_factory, env, ctl_bin):
         except (OSError, ValueError):
             return {}
 
-    assert wait_for(lambda: saved().get("spawn_seqs") == {"default": 1, "kid": 1}), saved()
-    assert saved()["derived_policies"]["kid"]["max_total"] == 4
+    assert wait_for(lambda: saved().get("spawn_seqs") == {"default": 1, "default..kid": 1}), saved()
+    assert saved()["derived_policies"]["default..kid"]["max_total"] == 4
     first.close()
     second = server_factory(SANDBOX_CTL_BIN=ctl_bin)
     text, _ = second.tool("children")
     assert text.endswith("Lifetime spawns: 1/8"), text
-    text, _ = second.tool("children", parent="kid")
+    text, _ = second.tool("children", parent="default..kid")
     assert text.endswith("Lifetime spawns: 1/4"), text
 
 
@@ -301,6 +301,6 @@ def test_run_honours_name_and_counts_as_a_spawn(ctl_srv):
     srv = ctl_srv
     assert not srv.call("write_file", path="/workspace/raw.py", content=RAW_CLIENT)[1]
     r = raw(srv, b'{"id": 1, "method": "run", "params": {"name": "once", "command": "hostname"}}\n')
-    assert r["result"]["name"] == "once" and r["result"]["result"]["exit_code"] == 0, r
+    assert r["result"]["name"] == "default..once" and r["result"]["result"]["exit_code"] == 0, r
     text, _ = srv.tool("children")
     assert text == "No active children for 'default' (1/8 lifetime spawns used)", text

@@ -34,6 +34,7 @@ pub struct Spawned {
 pub fn spawn(spec: &StartSpec) -> Result<Spawned, AgentError> {
     let mut cmd = command(spec)?;
     super::tree::track(&mut cmd);
+    let _secret = attach_secret(&mut cmd, spec)?;
     let spawned = if spec.tty { spawn_tty(cmd, spec) } else { spawn_pipes(cmd) };
     spawned.map_err(|e| spawn_error(spec, e))
 }
@@ -56,6 +57,7 @@ pub fn spawn_background(spec: &StartSpec) -> Result<SpawnedBackground, AgentErro
     }
     let mut cmd = command(spec)?;
     super::tree::track(&mut cmd);
+    let _secret = attach_secret(&mut cmd, spec)?;
     let started = (|| {
         let (output, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         cmd.process_group(0).stdin(Stdio::null()).stdout(Stdio::from(write.try_clone()?)).stderr(Stdio::from(write));
@@ -109,6 +111,41 @@ fn command(spec: &StartSpec) -> Result<Command, AgentError> {
     }
     cmd.envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     Ok(cmd)
+}
+
+/// Largest secret: it must fit a pipe's buffer, so writing it never blocks.
+pub const MAX_SECRET: usize = 4096;
+
+/// Hands `spec.secret` to the process on descriptor `spec.secret_fd` (3 if
+/// 0): a pipe made for this process only, written in full and its write end
+/// closed before the process starts, so the bytes are read once and never
+/// sit in the environment, argv or a file another process could read. The
+/// returned read end must live until the process is spawned (its copy in
+/// the agent is close-on-exec; the child's is not).
+fn attach_secret(cmd: &mut Command, spec: &StartSpec) -> Result<Option<OwnedFd>, AgentError> {
+    use std::{io::Write, os::fd::AsRawFd};
+    if spec.secret.is_empty() {
+        return Ok(None);
+    }
+    let target = if spec.secret_fd == 0 { 3 } else { spec.secret_fd };
+    if !(3..=255).contains(&target) {
+        return Err(AgentError::Rejected(format!("secret_fd: {target} is not between 3 and 255")));
+    }
+    if spec.secret.len() > MAX_SECRET {
+        return Err(AgentError::Rejected(format!("secret: longer than {MAX_SECRET} bytes")));
+    }
+    let io = |source: std::io::Error| AgentError::Io { what: "secret pipe".into(), source };
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| io(e.into()))?;
+    std::fs::File::from(write).write_all(&spec.secret).map_err(io)?;
+    let (raw, target) = (read.as_raw_fd(), target as i32);
+    // SAFETY: dup2 and fcntl are async-signal-safe; nothing is allocated.
+    unsafe {
+        cmd.pre_exec(move || {
+            let moved = if raw == target { libc::fcntl(raw, libc::F_SETFD, 0) } else { libc::dup2(raw, target) };
+            if moved < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+        });
+    }
+    Ok(Some(read))
 }
 
 /// mkdir -p `cwd`; the directories it creates belong to `owner` (the

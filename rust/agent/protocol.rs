@@ -41,6 +41,12 @@ pub struct StartSpec {
     /// empty means root.
     #[serde(default)]
     pub user: String,
+    /// Bytes readable once on descriptor `secret_fd` (ProcessSpec.secret).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret: Vec<u8>,
+    /// Descriptor number for `secret`; 0 means 3.
+    #[serde(default)]
+    pub secret_fd: u32,
 }
 
 /// How a process ended.
@@ -426,6 +432,8 @@ mod tests {
                 tty_cols: 80,
                 tty_rows: 24,
                 user: "nobody".into(),
+                secret: b"s3cret".to_vec(),
+                secret_fd: 4,
             }),
             Frame::Stdin((0..=255).collect()),
             Frame::CloseStdin,

@@ -33,7 +33,7 @@ enum Cmd {
         /// Register a running HTTP server at this URL (e.g. http://127.0.0.1:8765/mcp) instead of this binary.
         #[arg(long, value_name = "URL")]
         http: Option<String>,
-        /// Bearer token of that HTTP server (default: the stored one, for non-loopback URLs).
+        /// Bearer token of that HTTP server (default: the stored one).
         #[arg(long, env = "SANDBOX_MCP_TOKEN", hide_env_values = true, requires = "http")]
         token: Option<String>,
     },
@@ -49,9 +49,12 @@ struct ServeArgs {
     /// Serve MCP Streamable HTTP at /mcp on ADDR instead of stdio.
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = http::DEFAULT_ADDR)]
     http: Option<SocketAddr>,
-    /// Bearer token clients must send (required and generated if absent when ADDR is not loopback).
+    /// Bearer token clients must send (default: the stored one, generated on first use; loopback too).
     #[arg(long, env = "SANDBOX_MCP_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Serve HTTP without a token: any local process or user can then drive the server.
+    #[arg(long = "no-auth", requires = "http", conflicts_with = "token")]
+    no_auth: bool,
     /// Also accept this name in Host and Origin headers (repeatable), e.g. the name clients use to reach ADDR.
     #[arg(long = "allowed-host", value_name = "HOST[:PORT]", requires = "http")]
     allowed_hosts: Vec<String>,
@@ -134,7 +137,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
         }
         on_signal.cancel();
     });
-    let options = HttpOptions { addr, token: args.token, allowed_hosts: args.allowed_hosts };
+    let options = HttpOptions { addr, token: args.token, no_auth: args.no_auth, allowed_hosts: args.allowed_hosts };
     let served = http::serve_http(orchestrator.clone(), options, shutdown).await.map_err(|e| e.to_string());
     state::save_now(&orchestrator, &state::path());
     served
@@ -151,7 +154,7 @@ fn config_cmd(client: ClientArg, url: Option<String>, token: Option<String>) -> 
         ClientArg::Desktop => registration::Client::Desktop,
     };
     let target = url.map(|url| {
-        let token = token.or_else(|| stored_token_for(&url));
+        let token = token.or_else(stored_token);
         HttpTarget { url, token }
     });
     let reg = registration::render(client, &binary, target.as_ref());
@@ -160,13 +163,9 @@ fn config_cmd(client: ClientArg, url: Option<String>, token: Option<String>) -> 
     Ok(())
 }
 
-/// The stored token when `url` is not loopback (a server there requires it).
-fn stored_token_for(url: &str) -> Option<String> {
-    let host = url.parse::<axum::http::Uri>().ok()?.host()?.trim_matches(['[', ']']).to_string();
-    let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
-    if loopback {
-        return None;
-    }
+/// The stored token: every HTTP server requires one unless started with
+/// `--no-auth`, loopback ones too.
+fn stored_token() -> Option<String> {
     let path = http_token::token_path();
     match std::fs::read_to_string(&path) {
         Ok(t) => Some(t.trim().to_string()),

@@ -16,7 +16,8 @@ pub struct SpawnParams {
     /// Parent sandbox (must exist and have a spawn policy).
     #[serde(default = "default_sandbox")]
     pub parent: String,
-    /// Child name; empty: `<parent>-child-<NNNN>`.
+    /// The child's own name; empty: `child-<NNNN>`. Its full name, the one other tools take as `sandbox`, is
+    /// `<parent>..<name>`: children live in their parent's namespace.
     #[serde(default)]
     pub name: String,
     /// CPUs; 0: the policy's per-child maximum (larger values are clamped to it).

@@ -1,9 +1,12 @@
 //! The text shapes of tool results, kept identical to the reference server's
 //! so prompts written for it keep working (`[exit code N]`, `(12.3ms)`, the
 //! status and history tables).
-use std::time::{Duration, SystemTime};
+use std::{
+    borrow::Cow,
+    time::{Duration, SystemTime},
+};
 
-use rmcp::schemars;
+use rmcp::{model::CallToolResult, schemars};
 
 use crate::orchestrator::{
     Config, Sandbox,
@@ -250,9 +253,11 @@ pub fn status_blocks(
     let mut lines = Vec::new();
     if !forwards.is_empty() {
         lines.push("Port forwards:".to_string());
-        lines.extend(forwards.iter().map(|f| {
-            format!("  localhost:{} -> '{}':{} ({} conns)", f.host_port, f.sandbox, f.port, f.connections)
-        }));
+        lines.extend(
+            forwards.iter().map(|f| {
+                format!("  localhost:{} -> '{}':{} ({} conns)", f.host_port, f.sandbox, f.port, f.connections)
+            }),
+        );
     }
     if !syncs.is_empty() {
         lines.push("Sync jobs:".to_string());
@@ -445,10 +450,64 @@ pub fn health(rows: &[(std::sync::Arc<Sandbox>, Observation)]) -> String {
     out.join("\n")
 }
 
+/// Whether `c` is a terminal control character that must not reach a
+/// client's terminal raw: C0 except newline, carriage return and tab; DEL;
+/// C1 (`ESC ]0;…BEL` retitles a terminal, `CSI 2J` clears it, C1 `CSI`
+/// does the same in one character on some terminals).
+fn is_terminal_control(c: char) -> bool {
+    matches!(c, '\0'..='\x08' | '\x0b' | '\x0c' | '\x0e'..='\x1f' | '\x7f' | '\u{80}'..='\u{9f}')
+}
+
+/// `text` with terminal control characters as visible escapes: `\x1b`,
+/// `\x07`, `\x7f` for C0 and DEL, `\u009b` for C1; `\n`, `\r`, `\t` stay.
+pub fn visible_controls(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(is_terminal_control) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        match c {
+            c if c <= '\x7f' && is_terminal_control(c) => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if is_terminal_control(c) => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// Apply [`visible_controls`] to every text block of a tool result: the one
+/// place tool text leaves the server (called from `call_tool`), so sandbox
+/// bytes reach no terminal raw whichever tool carried them. The
+/// `structuredContent` stays exact: it is data for programs (exit codes,
+/// byte-exact stdout), and JSON already carries control characters as
+/// `\u001b` escapes; a client that prints it must escape it itself.
+pub fn make_controls_visible(result: &mut CallToolResult) {
+    for block in &mut result.content {
+        if let rmcp::model::ContentBlock::Text(t) = block
+            && let Cow::Owned(escaped) = visible_controls(&t.text)
+        {
+            t.text = escaped;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::orchestrator::exec::Captured;
+
+    #[test]
+    fn terminal_controls_become_visible() {
+        assert_eq!(visible_controls("\x1b]0;pwned\x07\x1b[2J"), "\\x1b]0;pwned\\x07\\x1b[2J");
+        assert_eq!(visible_controls("a\nb\r\tc ü €"), "a\nb\r\tc ü €");
+        assert!(matches!(visible_controls("plain\n"), Cow::Borrowed(_)));
+        assert_eq!(visible_controls("\0\x7f\u{9b}2J\u{85}"), "\\x00\\x7f\\u009b2J\\u0085");
+        let mut r = CallToolResult::success(vec![rmcp::model::ContentBlock::text("\x1b[31mred")]);
+        r.structured_content = Some(serde_json::json!({"stdout": "\x1b[31mred"}));
+        make_controls_visible(&mut r);
+        assert_eq!(r.content[0].as_text().map(|t| t.text.as_str()), Some("\\x1b[31mred"));
+        assert_eq!(r.structured_content.unwrap()["stdout"], "\x1b[31mred");
+    }
 
     fn result(out: &str, err: &str, outcome: Outcome) -> ExecResult {
         let cap = |s: &str| Captured { bytes: s.as_bytes().to_vec(), total: s.len() as u64 };

@@ -23,7 +23,7 @@ use crate::orchestrator::Orchestrator;
 /// Where the MCP endpoint is mounted.
 pub const MCP_PATH: &str = "/mcp";
 
-/// The default listen address: loopback, so no token is needed.
+/// The default listen address: loopback (a token is still required).
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8765";
 
 /// Hosts every server accepts in `Host` and `Origin` (rmcp's loopback default).
@@ -61,9 +61,11 @@ pub enum HttpError {
 pub struct HttpOptions {
     /// Listen address.
     pub addr: SocketAddr,
-    /// Bearer token from `--token` / `SANDBOX_MCP_TOKEN`; when absent, a
-    /// non-loopback bind uses the stored (or a newly generated) token.
+    /// Bearer token from `--token` / `SANDBOX_MCP_TOKEN`; when absent, the
+    /// stored (or a newly generated) token, whatever the bind address.
     pub token: Option<String>,
+    /// `--no-auth`: serve without a token, explicitly (said on stderr).
+    pub no_auth: bool,
     /// Extra `Host`/`Origin` names to accept besides loopback and the bind
     /// address (`--allowed-host`).
     pub allowed_hosts: Vec<String>,
@@ -185,11 +187,20 @@ pub async fn serve_http(
     options: HttpOptions,
     shutdown: CancellationToken,
 ) -> Result<(), HttpError> {
-    let loopback = options.addr.ip().is_loopback();
-    let token = match options.token {
-        Some(t) => Some(http_token::validate(&t)?),
-        None if loopback => None,
-        None => Some(http_token::load_or_create(&http_token::token_path())?),
+    // Loopback too: any local process, and any other user of the machine,
+    // reaches a loopback port (a sandbox did, through its network).
+    let token = match (options.token, options.no_auth) {
+        (Some(_), true) => return Err(HttpError::InvalidToken("--token and --no-auth exclude each other".into())),
+        (Some(t), false) => Some(http_token::validate(&t)?),
+        (None, false) => Some(http_token::load_or_create(&http_token::token_path())?),
+        (None, true) => {
+            eprintln!(
+                "sandbox-mcp: --no-auth: HTTP requests are NOT authenticated; any process or user that can reach \
+                 {} can run commands in your sandboxes and upload and download host files",
+                options.addr
+            );
+            None
+        }
     };
     let guard = Guard { token, allowed_hosts: allowed_hosts(&options.addr, &options.allowed_hosts) };
     let listener = tokio::net::TcpListener::bind(options.addr)
@@ -204,7 +215,7 @@ pub async fn serve_http(
     }
     eprintln!(
         "sandbox-mcp: serving MCP at http://{local}{MCP_PATH} ({})",
-        if guard.token.is_some() { "bearer token required" } else { "no token" }
+        if guard.token.is_some() { "bearer token required" } else { "no token: --no-auth" }
     );
     let app = router(orchestrator, guard, shutdown.child_token());
     axum::serve(listener, app)

@@ -54,14 +54,25 @@ pub fn load_or_create(path: &Path) -> Result<String, HttpError> {
     if let Some(dir) = path.parent() {
         fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io)?;
     }
-    // create_new: two servers starting together must not overwrite each
-    // other's token after one has printed it.
-    let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).map_err(io)?;
+    // Written whole under a private name, then linked into place: two
+    // servers starting together (every HTTP server needs the token now,
+    // loopback ones too) never overwrite each other's token, and the loser
+    // reads the winner's complete file rather than failing or reading half.
+    let tmp = path.with_extension(format!("tmp-{}", &token[..16]));
+    let mut file = OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp).map_err(io)?;
     file.write_all(format!("{token}\n").as_bytes()).map_err(io)?;
+    let linked = fs::hard_link(&tmp, path);
+    let _ = fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return load_or_create(path),
+        Err(e) => return Err(io(e)),
+    }
     eprintln!(
         "sandbox-mcp: generated a bearer token for HTTP clients (stored in {path}, mode 0600):\n  {token}\n\
          Clients must send it with every request:\n  Authorization: Bearer {token}\n\
-         e.g. claude mcp add --transport http sandbox http://HOST:PORT{MCP_PATH} --header \"Authorization: Bearer {token}\"",
+         e.g. claude mcp add --transport http sandbox http://HOST:PORT{MCP_PATH} --header \"Authorization: Bearer {token}\"\n\
+         (`sandbox-mcp config claude --http URL` prints this with the stored token)",
         path = path.display()
     );
     Ok(token)
@@ -98,6 +109,19 @@ mod tests {
         assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         fs::write(&path, "x\n").unwrap();
         assert!(matches!(load_or_create(&path), Err(HttpError::InvalidToken(_))));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn servers_starting_together_agree_on_one_token() {
+        let dir = std::env::temp_dir().join(format!("smcp-token-race-{}", std::process::id()));
+        let path = dir.join("http-token");
+        let tokens: Vec<String> = std::thread::scope(|s| {
+            let runs: Vec<_> = (0..8).map(|_| s.spawn(|| load_or_create(&path).unwrap())).collect();
+            runs.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        assert!(tokens.iter().all(|t| t == &tokens[0] && t.len() == 64), "{tokens:?}");
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 1, "no temp files left");
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -84,6 +84,20 @@ impl SandboxServer {
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for SandboxServer {
+    /// Every tool call, with its text made safe for a terminal once, here.
+    async fn call_tool(
+        &self,
+        request: rmcp::model::CallToolRequestParams,
+        context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
+        let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+        let mut response = self.tool_router.call(tcc).await?;
+        if let rmcp::model::CallToolResponse::Complete(result) = &mut response {
+            format::make_controls_visible(result);
+        }
+        Ok(response)
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("sandbox-mcp", env!("CARGO_PKG_VERSION")))

@@ -63,7 +63,9 @@ impl AuditLog {
     /// [`AUDIT_LOG_SIZE`].
     pub fn restore(&mut self, entries: Vec<AuditEntry>) {
         let skip = entries.len().saturating_sub(AUDIT_LOG_SIZE);
-        self.entries = entries.into_iter().skip(skip).collect();
+        // A file written before a pattern existed is redacted on the way in.
+        self.entries =
+            entries.into_iter().skip(skip).map(|e| AuditEntry { command: redact(&e.command), ..e }).collect();
     }
 
     /// The newest `limit` entries, newest first.
@@ -72,18 +74,36 @@ impl AuditLog {
     }
 }
 
+/// A secret value: quoted as a whole, or up to a space, quote or separator.
+macro_rules! value {
+    () => {
+        r#"(?P<s>'[^']*'|"[^"]*"|[^\s'"&;|]+)"#
+    };
+}
+
 /// Patterns whose matched secret part (capture group `s`) is replaced.
 static SECRET_PATTERNS: LazyLock<Vec<Regex>> = LazyLock::new(|| {
     [
         // user:password@ in URLs
-        r"(?i)[a-z][a-z0-9+.-]*://[^/\s:@]*:(?P<s>[^@\s/]+)@",
-        // Authorization headers
-        r"(?i)authorization:\s*(?:bearer|basic|token)\s+(?P<s>[^\s'\x22]+)",
-        // KEY=value / --key value / --key=value for secret-sounding names
-        r#"(?i)(?:[a-z0-9_]*(?:token|secret|passw(?:or)?d|api[_-]?key|access[_-]?key|private[_-]?key|credentials?)[a-z0-9_]*)\s*[=:]\s*['"]?(?P<s>[^\s'"]+)"#,
-        r#"(?i)--(?:[a-z0-9-]*(?:token|secret|password|api-key|apikey))(?:=|\s+)['"]?(?P<s>[^\s'"]+)"#,
+        r"(?i)[a-z][a-z0-9+.-]*://[^/\s:@]*:(?P<s>[^@\s/]+)@".to_string(),
+        // Authorization headers, whatever the scheme (or none)
+        concat!(r"(?i)authorization:\s*(?:(?:bearer|basic|token|digest|negotiate)\s+)?", value!()).to_string(),
+        // NAME=value / NAME: value for secret-sounding names: *TOKEN*,
+        // *SECRET*, *PASSWORD*, credentials, and KEY as a word of the name
+        // (`API_KEY`, `key`, not `monkey` or `keyboard`)
+        concat!(
+            r"(?i)\b(?:[a-z0-9_]*(?:token|secret|passw(?:or)?d|credentials?|api[_-]?key|access[_-]?key|private[_-]?key)",
+            r"[a-z0-9_]*|(?:[a-z0-9_]*_)?key(?:_[a-z0-9_]*)?)\s*[=:]\s*",
+            value!()
+        )
+        .to_string(),
+        // --password=value, --password value, --api-key value, --token …
+        concat!(r"(?i)--(?:[a-z0-9-]*(?:token|secret|password|passwd|api-key|apikey))(?:=|\s+)", value!()).to_string(),
+        // mysql-style -pSECRET (attached), for the MySQL/MariaDB clients only:
+        // elsewhere -pX means something else (`ssh -p22`, `tar -pxf`)
+        concat!(r"(?i)\b(?:mysql[a-z]*|mariadb[a-z-]*)\b[^;&|\n]*?\s-p", value!()).to_string(),
         // Well-known token shapes
-        r"(?P<s>\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}|sk-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16})\b)",
+        r"(?P<s>\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}|glpat-[A-Za-z0-9_-]{20,}|sk-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16})\b)".to_string(),
     ]
     .iter()
     .map(|p| Regex::new(p).expect("static redaction pattern"))
@@ -123,6 +143,19 @@ mod tests {
             ("AWS_SECRET_ACCESS_KEY='wJalrXUtnFEMI' aws s3 ls", "wJalrXUtnFEMI"),
             ("echo sk-proj-abcdefghijklmnopqrstuvwxyz0123", "sk-proj-abc"),
             ("deploy --api-key xyz789", "xyz789"),
+            ("mysql -u root -psecretpw db", "secretpw"),
+            ("mysqldump -h h -pPa55 --all-databases > x", "Pa55"),
+            ("mysql --password secretpw", "secretpw"),
+            ("mysql --password='two words' db", "two words"),
+            ("curl 'https://x/api?token=abc123&q=1'", "abc123"),
+            ("curl -H 'Authorization: abc.def' x", "abc.def"),
+            ("curl -H \"authorization: token t0k\" x", "t0k"),
+            ("FOO_TOKEN=x1y2 ./run", "x1y2"),
+            ("MY_SECRET=s1 DB_PASSWORD=\"p w\" API_KEY=k1 cmd", "s1"),
+            ("DB_PASSWORD=\"p w\" cmd", "p w"),
+            ("API_KEY=k1k1 cmd", "k1k1"),
+            ("export key=kv9", "kv9"),
+            ("python: password = 'hunter2'", "hunter2"),
         ];
         for (input, secret) in cases {
             let r = redact(input);
@@ -130,6 +163,12 @@ mod tests {
             assert!(r.contains(REDACTED), "{input:?} -> {r:?}");
         }
         assert_eq!(redact("echo hello world"), "echo hello world");
+        // The rest of the command stays readable, and look-alikes are left alone.
+        assert_eq!(redact("mysql -u root -psecretpw db"), "mysql -u root -p*** db");
+        assert_eq!(redact("FOO_TOKEN=x1y2 ./run --verbose"), "FOO_TOKEN=*** ./run --verbose");
+        for plain in ["ssh -p22 host", "tar -pxf a.tar", "mkdir -p /x", "monkey=1 keyboard=2 ./go", "sort -k2 f"] {
+            assert_eq!(redact(plain), plain);
+        }
     }
 
     #[test]

@@ -26,6 +26,7 @@ impl SandboxManager {
             cwd: workdir.into(),
             create_cwd: true,
             user: String::new(),
+            secret: Vec::new(),
         };
         let info = self.helper.start_background(&sandbox.name, &name, process).await.map_err(|e| match e {
             HelperError::AlreadyExists(_) => OrchestratorError::InvalidArgument(format!(

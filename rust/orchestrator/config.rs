@@ -190,7 +190,7 @@ impl Config {
         }
         let mut profiles = HashMap::new();
         for (name, f) in &file.profiles {
-            super::names::validate_sandbox_name(name)?;
+            super::names::validate_top_level_name(name)?;
             profiles.insert(name.clone(), apply(&defaults, f, &format!("profiles.{name}"))?);
         }
         let spawn_policies = match &file.spawn_policies {
@@ -198,7 +198,7 @@ impl Config {
             Some(table) => {
                 let mut out = BTreeMap::new();
                 for (name, f) in table {
-                    super::names::validate_sandbox_name(name)?;
+                    super::names::validate_top_level_name(name)?;
                     out.insert(
                         name.clone(),
                         SpawnPolicy::from_file(f, &defaults.image, &format!("spawn_policies.{name}"))?,

@@ -6,7 +6,10 @@ use super::helper_client::HelperError;
 #[derive(Debug, thiserror::Error)]
 pub enum OrchestratorError {
     /// A sandbox name failed validation.
-    #[error("invalid sandbox name '{0}' (must match ^[A-Za-z0-9][A-Za-z0-9._-]*$, at most 48 characters)")]
+    #[error(
+        "invalid sandbox name '{0}' (must match ^[A-Za-z0-9][A-Za-z0-9._-]*$ without '..', at most 48 characters; a \
+         child's full name is <parent>..<name>, at most 63)"
+    )]
     InvalidName(String),
     /// No sandbox of that name exists.
     #[error("no active sandbox '{0}'")]

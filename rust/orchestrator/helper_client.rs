@@ -196,6 +196,9 @@ pub struct ProcessConfig {
     pub create_cwd: bool,
     /// User to run as ("" = the image's user, else root).
     pub user: String,
+    /// Bytes the process reads once on descriptor 3 (ProcessSpec.secret):
+    /// never in its environment or argv.
+    pub secret: Vec<u8>,
 }
 
 /// How a process ended.
@@ -489,6 +492,8 @@ fn process_spec(vm_id: &str, p: ProcessConfig) -> pb::ProcessSpec {
         tty_cols: 0,
         tty_rows: 0,
         user: p.user,
+        secret: p.secret,
+        secret_fd: 0,
     }
 }
 

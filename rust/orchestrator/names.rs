@@ -1,20 +1,115 @@
 //! Validation of every name that comes from a client before it is used
 //! anywhere (VM ids, paths, /etc/hosts later): sandbox names and env keys.
+//!
+//! Two kinds of sandbox names never overlap. A top-level name is a plain
+//! segment without `..`; a child's full name is its parent's full name, `..`
+//! and the child's own segment (`default..worker`, `default..worker..sub`).
+//! No top-level name contains `..`, so whatever in-sandbox code names a
+//! child, the child can never take a name a user or agent uses at top level
+//! (`default`, a profile's or a spawn policy's name, a destroyed sandbox's
+//! preserved workspace). Both kinds are valid VM ids
+//! (`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`) and valid path components, so the
+//! full name is the VM id and the volume directory as before.
 use super::error::OrchestratorError;
 
-/// Longest sandbox name; it becomes the VM id, which the contract caps at 63.
+/// Longest top-level sandbox name (and child segment).
 pub const MAX_NAME_LEN: usize = 48;
+/// Longest full name of a child: the contract's VM id limit.
+pub const MAX_FULL_NAME_LEN: usize = 63;
+/// Between a parent's full name and a child's segment.
+pub const CHILD_SEPARATOR: &str = "..";
+/// Segments in the deepest full name: root, child, grandchild.
+const MAX_SEGMENTS: usize = 3;
 
-/// Check a sandbox name against `^[A-Za-z0-9][A-Za-z0-9._-]*$` (at most 48 characters).
-pub fn validate_sandbox_name(name: &str) -> Result<(), OrchestratorError> {
-    let mut chars = name.chars();
+/// `^[A-Za-z0-9][A-Za-z0-9._-]*$`, at most 48 characters.
+fn is_plain_name(s: &str) -> bool {
+    let mut chars = s.chars();
     let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
     let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    if first_ok && rest_ok && name.len() <= MAX_NAME_LEN {
-        Ok(())
-    } else {
-        Err(OrchestratorError::InvalidName(name.to_string()))
+    first_ok && rest_ok && s.len() <= MAX_NAME_LEN
+}
+
+/// A plain name without `..`: a top-level sandbox name or a child's segment.
+fn is_segment(s: &str) -> bool {
+    is_plain_name(s) && !s.contains(CHILD_SEPARATOR)
+}
+
+fn invalid_name(name: &str) -> OrchestratorError {
+    OrchestratorError::InvalidName(name.to_string())
+}
+
+/// A name a user or agent may create at top level (and a profile's or spawn
+/// policy's name): one segment, `^[A-Za-z0-9][A-Za-z0-9._-]*$` without `..`,
+/// at most 48 characters.
+pub fn validate_top_level_name(name: &str) -> Result<(), OrchestratorError> {
+    if is_segment(name) { Ok(()) } else { Err(invalid_name(name)) }
+}
+
+/// Split a child's full name into its parent's full name and its own
+/// segment; `None` for a top-level name. The separator is the last `..`: a
+/// segment starts with a letter or digit and holds no `..`.
+pub fn split_child_name(name: &str) -> Option<(&str, &str)> {
+    let at = name.rfind(CHILD_SEPARATOR)?;
+    Some((&name[..at], &name[at + CHILD_SEPARATOR.len()..]))
+}
+
+/// Whether `name` has the form of a child's full name.
+pub fn is_child_name(name: &str) -> bool {
+    name.contains(CHILD_SEPARATOR)
+}
+
+/// The top-level sandbox `name` belongs to (itself when top-level).
+pub fn root_of_name(name: &str) -> &str {
+    name.split(CHILD_SEPARATOR).next().unwrap_or(name)
+}
+
+/// Check any sandbox name a tool may be given: a top-level name, or a
+/// child's full name (at most two levels below its root, 63 characters).
+pub fn validate_sandbox_name(name: &str) -> Result<(), OrchestratorError> {
+    let mut rest = name;
+    for _ in 0..MAX_SEGMENTS {
+        match split_child_name(rest) {
+            None => {
+                return if is_segment(rest) && name.len() <= MAX_FULL_NAME_LEN {
+                    Ok(())
+                } else {
+                    Err(invalid_name(name))
+                };
+            }
+            Some((parent, segment)) if is_segment(segment) => rest = parent,
+            Some(_) => break,
+        }
     }
+    Err(invalid_name(name))
+}
+
+/// Why a child's segment cannot be used under a parent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChildNameError {
+    /// The segment breaks the name rule.
+    #[error("Invalid child name: {0}")]
+    Invalid(String),
+    /// The full name would be longer than a VM id may be.
+    #[error("Child name '{0}' is too long: its full name '{1}' has {2} characters (at most 63)")]
+    TooLong(String, String, usize),
+}
+
+/// The full name of `parent`'s child `segment`: `<parent>..<segment>`.
+pub fn child_name(parent: &str, segment: &str) -> Result<String, ChildNameError> {
+    if !is_segment(segment) {
+        return Err(ChildNameError::Invalid(segment.to_string()));
+    }
+    let full = format!("{parent}{CHILD_SEPARATOR}{segment}");
+    if full.len() > MAX_FULL_NAME_LEN {
+        let len = full.len();
+        return Err(ChildNameError::TooLong(segment.to_string(), full, len));
+    }
+    Ok(full)
+}
+
+/// Whether `name` is the full name of a direct child of `parent`.
+pub fn is_child_of(name: &str, parent: &str) -> bool {
+    split_child_name(name).is_some_and(|(p, segment)| p == parent && is_segment(segment))
 }
 
 /// Check an environment variable name against `^[A-Za-z_][A-Za-z0-9_]*$`.
@@ -45,13 +140,15 @@ pub fn random_hex(n: usize) -> String {
     out
 }
 
-/// Check a background process id against the sandbox-name rule.
+/// Check a background process id against the plain-name rule.
 pub fn validate_process_name(name: &str) -> Result<(), OrchestratorError> {
-    validate_sandbox_name(name).map_err(|_| {
-        OrchestratorError::InvalidArgument(format!(
+    if is_plain_name(name) {
+        Ok(())
+    } else {
+        Err(OrchestratorError::InvalidArgument(format!(
             "invalid process name '{name}' (must match ^[A-Za-z0-9][A-Za-z0-9._-]*$, at most 48 characters)"
-        ))
-    })
+        )))
+    }
 }
 
 #[cfg(test)]
@@ -60,11 +157,44 @@ mod tests {
 
     #[test]
     fn sandbox_names() {
-        for ok in ["default", "a", "my-box_1.2", "A9"] {
+        for ok in ["default", "a", "my-box_1.2", "A9", "x."] {
+            assert!(validate_top_level_name(ok).is_ok(), "{ok}");
             assert!(validate_sandbox_name(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "-x", ".x", "a b", "a'b", "a/b", "ü", &"x".repeat(49)] {
+        for bad in ["", "-x", ".x", "a b", "a'b", "a/b", "ü", &"x".repeat(49), "a..b", "a..", "..a"] {
+            assert!(validate_top_level_name(bad).is_err(), "{bad}");
+        }
+        for ok in ["default..kid", "default..kid..sub", "x...y", "a..b...c", "Default..Kid"] {
+            assert!(validate_sandbox_name(ok).is_ok(), "{ok}");
+            assert!(validate_top_level_name(ok).is_err(), "{ok}");
+        }
+        let long = format!("{}..{}", "p".repeat(48), "c".repeat(14));
+        for bad in ["a..b..c..d", "a..", "..a", "a...", "a..-b", "a..b c", &long] {
             assert!(validate_sandbox_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn child_names_live_in_their_parents_namespace() {
+        assert_eq!(child_name("default", "kid").unwrap(), "default..kid");
+        assert_eq!(child_name("default..kid", "sub").unwrap(), "default..kid..sub");
+        assert_eq!(child_name("x.", "y").unwrap(), "x...y");
+        assert_eq!(split_child_name("x...y"), Some(("x.", "y")));
+        assert_eq!(split_child_name("a..b...c"), Some(("a..b.", "c")));
+        assert_eq!(split_child_name("default"), None);
+        assert_eq!(root_of_name("default..kid..sub"), "default");
+        assert!(is_child_of("default..kid", "default"));
+        assert!(!is_child_of("default..kid..sub", "default"));
+        assert!(!is_child_of("defaultx..kid", "default"));
+        for bad in ["", ".x", "a..b", "a b", &"x".repeat(49)] {
+            assert_eq!(child_name("p", bad), Err(ChildNameError::Invalid(bad.to_string())), "{bad}");
+        }
+        assert!(matches!(child_name(&"p".repeat(48), "c".repeat(13).as_str()), Ok(n) if n.len() == 63));
+        assert!(matches!(child_name(&"p".repeat(48), &"c".repeat(14)), Err(ChildNameError::TooLong(..))));
+        // Every full name a child can get is a valid sandbox name and never a top-level one.
+        for (parent, seg) in [("default", "default"), ("a", "B"), ("x.", "y.")] {
+            let full = child_name(parent, seg).unwrap();
+            assert!(validate_sandbox_name(&full).is_ok() && validate_top_level_name(&full).is_err(), "{full}");
         }
     }
 

@@ -14,7 +14,7 @@ use super::{
     error::OrchestratorError,
     exec::{self, ExecResult},
     helper_client::{HelperClient, HelperError, ProcessConfig, VmConfig, VmInfo, VmState},
-    names::validate_sandbox_name,
+    names::{self, validate_sandbox_name},
     shell,
 };
 
@@ -24,6 +24,8 @@ const NAME_LABEL: &str = "sandbox-mcp.name";
 const PARENT_LABEL: &str = "sandbox-mcp.parent";
 /// Label of a child sandbox's VM: its generation (1 = child, 2 = grandchild).
 const GENERATION_LABEL: &str = "sandbox-mcp.generation";
+/// How long a live sandbox's agent may take to answer a liveness check.
+const AGENT_ANSWER_TIMEOUT: Duration = Duration::from_secs(3);
 /// Where a sandbox's workspace volume is mounted.
 pub const WORKSPACE: &str = "/workspace";
 
@@ -140,6 +142,9 @@ pub struct Command {
     pub audit_as: Option<String>,
     /// User to run as; empty means the image's default user.
     pub user: String,
+    /// Bytes the command reads once on descriptor 3, never stored anywhere
+    /// (a git_clone token for its credential helper).
+    pub secret: Vec<u8>,
 }
 
 /// What to run: a shell command line (run with the sandbox's shell `-c`) or
@@ -162,6 +167,7 @@ impl Command {
             timeout,
             audit_as: Some(line.to_string()),
             user: String::new(),
+            secret: Vec::new(),
         }
     }
 
@@ -174,6 +180,7 @@ impl Command {
             timeout,
             audit_as: None,
             user: String::new(),
+            secret: Vec::new(),
         }
     }
 }
@@ -443,6 +450,11 @@ impl SandboxManager {
             return Ok(s.clone());
         }
         self.check_lost(name)?;
+        // Only a parent's spawn makes a child: first use of a child's name
+        // is a typo or a child that is gone, never a new sandbox.
+        if names::is_child_name(name) {
+            return Err(OrchestratorError::NoSuchSandbox(name.to_string()));
+        }
         let lock = self.lifecycle_lock(name);
         let _guard = lock.lock().await;
         if let Some(s) = self.lock_map().get(name) {
@@ -517,7 +529,18 @@ impl SandboxManager {
     }
 
     async fn create_locked(&self, name: &str, origin: &Origin) -> Result<Arc<Sandbox>, OrchestratorError> {
-        let (mut profile, project) = self.creation_profile(name)?;
+        // The two namespaces never mix: a child's name is its parent's
+        // `<parent>..<segment>`, a top-level name never has that form.
+        let in_namespace = match &origin.parent {
+            Some(parent) => names::is_child_of(name, parent),
+            None => names::validate_top_level_name(name).is_ok(),
+        };
+        if !in_namespace {
+            return Err(OrchestratorError::InvalidName(name.to_string()));
+        }
+        // A child never takes a profile by its own name: it runs under its
+        // root's (network policy included), with the spawn's image and size.
+        let (mut profile, project) = self.creation_profile(names::root_of_name(name))?;
         // A child's project is its parent's business: only top-level
         // sandboxes get the project's env and services.
         let project = project.filter(|_| origin.parent.is_none() && origin.clone_from.is_none());
@@ -529,6 +552,15 @@ impl SandboxManager {
         let _slot = self.preflight(name, &profile)?;
         let volume = self.config.volumes_dir.join(name);
         let mut mounts = vec![(self.workspace_dir(name), WORKSPACE.to_string(), false)];
+        // A child starts with an empty workspace: what an earlier child of
+        // the same name left is not handed to a new worker.
+        if origin.parent.is_some() {
+            let dir = self.workspace_dir(name);
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir)
+                    .map_err(|source| OrchestratorError::Volume { path: dir.display().to_string(), source })?;
+            }
+        }
         // Children are short-lived workers: caches would only cost disk.
         if origin.parent.is_none() {
             mounts.extend(CACHE_VOLUMES.iter().map(|(sub, guest)| (volume.join(sub), guest.to_string(), false)));
@@ -728,6 +760,7 @@ impl SandboxManager {
             cwd: cmd.cwd,
             create_cwd: false,
             user: cmd.user,
+            secret: cmd.secret,
         };
         Ok(exec::run(&self.helper, &sandbox.name, process, &cmd.stdin, cmd.timeout).await?)
     }
@@ -753,6 +786,7 @@ impl SandboxManager {
             cwd: cmd.cwd,
             create_cwd: true,
             user: cmd.user,
+            secret: cmd.secret,
         };
         sandbox.touch();
         let mut result = None;
@@ -777,9 +811,24 @@ impl SandboxManager {
         Ok(result)
     }
 
-    /// Which sandboxes' VMs the helper reports as running.
+    /// Which sandboxes are really alive: their VM runs (the helper says so)
+    /// and their agent answers a request within [`AGENT_ANSWER_TIMEOUT`]. A
+    /// VM the helper still calls running may be frozen or have lost its
+    /// agent (a stopped sandbox used to show `shell:alive`). Asked of every
+    /// sandbox at once; not counted as activity.
     pub async fn running(&self) -> Result<HashMap<String, bool>, OrchestratorError> {
-        let vms = self.helper.list_vms().await?;
-        Ok(vms.into_iter().map(|v| (v.id, v.state == VmState::Running)).collect())
+        let mut asks = tokio::task::JoinSet::new();
+        for v in self.helper.list_vms().await? {
+            let helper = self.helper.clone();
+            asks.spawn(async move {
+                let answers = v.state == VmState::Running
+                    && matches!(
+                        tokio::time::timeout(AGENT_ANSWER_TIMEOUT, helper.list_background(&v.id)).await,
+                        Ok(Ok(_))
+                    );
+                (v.id, answers)
+            });
+        }
+        Ok(asks.join_all().await.into_iter().collect())
     }
 }

@@ -248,9 +248,12 @@ impl SandboxManager {
         Ok(Downloaded { dest, bytes, directory, skipped, elapsed: started.elapsed() })
     }
 
-    /// `git clone` inside the sandbox. A token is handed to git through
-    /// environment-only config (GIT_CONFIG_*) of that one process: it is never
-    /// written to a file, never put in the remote URL, never in history.
+    /// `git clone` inside the sandbox. A token reaches git through a
+    /// credential helper that reads it from descriptor 3, a pipe the agent
+    /// fills for this one process (and its children) and that is read once:
+    /// it is never in any process's environment or argv (which any other
+    /// process of the sandbox can read in /proc), never in a file, the remote
+    /// URL or history. Only the helper's command travels in GIT_CONFIG_*.
     pub async fn git_clone(
         &self,
         sandbox: &Sandbox,
@@ -283,11 +286,16 @@ impl SandboxManager {
         let mut env = sandbox.env();
         env.insert("GIT_TERMINAL_PROMPT".into(), "0".into());
         if !token.is_empty() {
-            let (user, password) = token.split_once(':').unwrap_or(("x-access-token", token));
-            let basic = base64_encode(format!("{user}:{password}").as_bytes());
-            env.insert("GIT_CONFIG_COUNT".into(), "1".into());
-            env.insert("GIT_CONFIG_KEY_0".into(), "http.extraHeader".into());
-            env.insert("GIT_CONFIG_VALUE_0".into(), format!("Authorization: Basic {basic}"));
+            cmd.secret = credential_answer(token)?;
+            // The empty value drops helpers configured in the sandbox, so
+            // ours is the only one asked (and nothing stores the token).
+            for (i, (key, value)) in
+                [("credential.helper", ""), ("credential.helper", CREDENTIAL_HELPER)].iter().enumerate()
+            {
+                env.insert(format!("GIT_CONFIG_KEY_{i}"), key.to_string());
+                env.insert(format!("GIT_CONFIG_VALUE_{i}"), value.to_string());
+            }
+            env.insert("GIT_CONFIG_COUNT".into(), "2".into());
         }
         let result = self.run_with_env(sandbox, cmd, env).await?;
         Ok((dir, result))
@@ -304,21 +312,19 @@ impl SandboxManager {
     }
 }
 
-fn base64_encode(data: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
+/// git's credential helper for a clone with a token: it answers `get` with
+/// what descriptor 3 holds (read once; later actions get nothing).
+const CREDENTIAL_HELPER: &str = r#"!f() { test "$1" = get && cat <&3; }; f"#;
+
+/// The credential helper's answer for a git_clone token: `USER:TOKEN`, or a
+/// bare token as GitHub's `x-access-token`. Control characters are refused:
+/// a newline would add lines to git's credential protocol.
+fn credential_answer(token: &str) -> Result<Vec<u8>, OrchestratorError> {
+    if token.chars().any(char::is_control) {
+        return Err(OrchestratorError::InvalidArgument("token must not contain control characters".into()));
     }
-    out
+    let (user, password) = token.split_once(':').unwrap_or(("x-access-token", token));
+    Ok(format!("username={user}\npassword={password}\n").into_bytes())
 }
 
 #[cfg(test)]
@@ -334,10 +340,10 @@ mod tests {
     }
 
     #[test]
-    fn base64() {
-        assert_eq!(base64_encode(b"x-access-token:abc"), "eC1hY2Nlc3MtdG9rZW46YWJj");
-        assert_eq!(base64_encode(b"a"), "YQ==");
-        assert_eq!(base64_encode(b"ab"), "YWI=");
+    fn credential_answers() {
+        assert_eq!(credential_answer("abc").unwrap(), b"username=x-access-token\npassword=abc\n");
+        assert_eq!(credential_answer("me:p:w").unwrap(), b"username=me\npassword=p:w\n");
+        assert!(credential_answer("abc\nhost=evil").is_err());
     }
 
     #[test]

@@ -21,6 +21,15 @@ pub(super) fn start_spec(
     for key in p.env.keys() {
         check_env_key(&format!("{field}.env"), key)?;
     }
+    if p.secret.len() > crate::agent::process::MAX_SECRET {
+        return Err(HelperError::invalid(
+            format!("{field}.secret"),
+            format!("must be at most {} bytes", crate::agent::process::MAX_SECRET),
+        ));
+    }
+    if !(p.secret.is_empty() || p.secret_fd == 0 || (3..=255).contains(&p.secret_fd)) {
+        return Err(HelperError::invalid(format!("{field}.secret_fd"), "must be 0 or 3 to 255"));
+    }
     let target = vms.exec_target(&p.vm_id)?;
     let mut env = target.env;
     let mut process_env: Vec<_> = p.env.into_iter().collect();
@@ -35,6 +44,8 @@ pub(super) fn start_spec(
         tty_cols: u16::try_from(p.tty_cols).unwrap_or(u16::MAX),
         tty_rows: u16::try_from(p.tty_rows).unwrap_or(u16::MAX),
         user: if p.user.is_empty() { target.user } else { p.user },
+        secret: p.secret,
+        secret_fd: p.secret_fd,
     };
     Ok((target.socket, spec))
 }

@@ -392,6 +392,7 @@ async fn run_step(
                 cwd: state.workdir.clone(),
                 create_cwd: true,
                 user: state.user.clone(),
+                secret: Vec::new(),
             };
             let input = stdin.as_deref().unwrap_or_default().as_bytes();
             let r = exec::run(&job.helper, &vm, process, input, RUN_TIMEOUT).await?;

@@ -146,7 +146,7 @@ pub(super) async fn call(
             let (timeout, workdir) = (timeout(params)?, string(params, "workdir")?);
             let child = spawns.own_child(parent, &name)?;
             let result = exec_in(spawns, &child, &command, timeout, &workdir).await?;
-            Ok(json!({"name": name, "result": result}))
+            Ok(json!({"name": child.name, "result": result}))
         }
         "run" => {
             let command = required(params, "command")?;

@@ -176,6 +176,7 @@ impl CtlServer {
             cwd: "/".into(),
             create_cwd: false,
             user: String::new(),
+            secret: Vec::new(),
         };
         let r = super::exec::run(&manager.helper, &sandbox.name, process, &[], INSTALL_TIMEOUT).await?;
         if r.exit_code() != 0 {

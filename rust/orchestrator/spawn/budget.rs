@@ -8,7 +8,10 @@ use super::{
     MAX_SPAWN_GENERATION, SpawnError, SpawnManager, SpawnRequest, SpawnState,
     policy::{MIN_CHILD_MEMORY_MB, parse_child_memory},
 };
-use crate::orchestrator::{names::validate_sandbox_name, sandbox::Sandbox};
+use crate::orchestrator::{
+    names::{ChildNameError, child_name},
+    sandbox::Sandbox,
+};
 
 /// The spawn bookkeeping plus the children being booted right now.
 #[derive(Debug, Default)]
@@ -156,20 +159,22 @@ impl SpawnManager {
                 return Err(SpawnError::Limit("Memory budget exceeded".into()));
             }
         }
-        let taken = |n: &str| find(n).is_some() || book.reservations.contains_key(n);
-        let name = if req.name.is_empty() {
-            // Skip names in use, so an unrelated sandbox that happens to be
-            // called `<parent>-child-0003` is never a collision.
-            (used + pending.len() as u64 + 1..)
-                .map(|seq| format!("{parent}-child-{seq:04}"))
-                .find(|n| !taken(n))
-                .unwrap_or_default()
-        } else {
-            req.name.clone()
+        // Names differing only by case are one name: volume directories may
+        // live on a case-insensitive file system.
+        let taken = |n: &str| {
+            all.iter().any(|s| s.name.eq_ignore_ascii_case(n))
+                || book.reservations.keys().any(|r| r.eq_ignore_ascii_case(n))
         };
-        if validate_sandbox_name(&name).is_err() {
-            return Err(SpawnError::Value(format!("Invalid child name: {name}")));
+        let name = if req.name.is_empty() {
+            // Skip names in use (a child of a restarted server's earlier run).
+            (used + pending.len() as u64 + 1..)
+                .map(|seq| child_name(parent, &format!("child-{seq:04}")))
+                .find(|n| !n.as_ref().is_ok_and(|n| taken(n)))
+                .unwrap_or_else(|| Err(ChildNameError::Invalid(String::new())))
+        } else {
+            child_name(parent, &req.name)
         }
+        .map_err(|e| SpawnError::Value(e.to_string()))?;
         if taken(&name) {
             return Err(SpawnError::Value(format!("Sandbox '{name}' already exists")));
         }

@@ -20,6 +20,7 @@ pub use policy::SpawnPolicy;
 
 use super::{
     error::OrchestratorError,
+    names,
     sandbox::{Origin, Sandbox, SandboxListener, SandboxManager},
 };
 
@@ -76,7 +77,8 @@ impl From<OrchestratorError> for SpawnError {
 pub struct SpawnRequest {
     /// Image (default: the policy's first allowed image).
     pub image: String,
-    /// Child name (default: `<parent>-child-<seq>`).
+    /// The child's own segment of its name (default: `child-<seq>`); its
+    /// full name is `<parent>..<segment>`.
     pub name: String,
     /// CPUs (0: the policy's child_max_cpus).
     pub cpus: i64,
@@ -137,7 +139,10 @@ impl SpawnManager {
     }
 
     fn effective_in(&self, book: &mut budget::Book, name: &str) -> Option<SpawnPolicy> {
-        if let Some(p) = self.policies.get(name) {
+        // A configured policy is a top-level sandbox's: a child never takes
+        // one by its name, whatever it is called.
+        let is_child = names::is_child_name(name) || self.sandboxes.get(name).is_ok_and(|s| s.parent.is_some());
+        if let Some(p) = self.policies.get(name).filter(|_| !is_child) {
             return Some(p.clone());
         }
         if let Some(p) = book.state.derived_policies.get(name) {
@@ -161,7 +166,7 @@ impl SpawnManager {
     /// `child_can_spawn` (its children may spawn, through ctl).
     pub fn wants_ctl(&self, name: &str, parent: Option<&str>) -> bool {
         match parent {
-            None => self.policies.get(name).is_some_and(|p| p.inject_ctl),
+            None => !names::is_child_name(name) && self.policies.get(name).is_some_and(|p| p.inject_ctl),
             Some(parent) => {
                 self.sandboxes.get(parent).is_ok_and(|p| p.generation + 1 < MAX_SPAWN_GENERATION)
                     && self.policies.get(parent).is_some_and(|p| p.inject_ctl && p.child_can_spawn)
@@ -222,10 +227,16 @@ impl SpawnManager {
         Ok(self.sandboxes.destroy(&child.name).await?)
     }
 
-    /// `name` if it is a live direct child of `parent`.
+    /// `name` (a full name, or a segment under `parent`) if it is a live
+    /// direct child of `parent`.
     pub fn own_child(&self, parent: &str, name: &str) -> Result<Arc<Sandbox>, SpawnError> {
-        match self.sandboxes.get(name) {
-            Ok(s) if s.parent.as_deref() == Some(parent) => Ok(s),
+        let full = if names::is_child_of(name, parent) {
+            Some(name.to_string())
+        } else {
+            names::child_name(parent, name).ok()
+        };
+        match full.map(|n| self.sandboxes.get(&n)) {
+            Some(Ok(s)) if s.parent.as_deref() == Some(parent) => Ok(s),
             _ => Err(SpawnError::NotFound(format!("Child '{name}' not found under '{parent}'"))),
         }
     }
