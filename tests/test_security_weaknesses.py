@@ -149,7 +149,7 @@ def test_weakness_02_host_reads_are_confined_to_the_host_roots(srv, roots):
     assert err and "outside the allowed host roots" in text, text
     os.symlink("/etc", roots / "etc-link")
     text, err = srv.call("upload", local_path=str(roots / "etc-link" / "passwd"))
-    assert err and "outside the allowed host roots" in text, text
+    assert err and "is a symlink; host-path tools do not follow symlinks" in text, text
     assert_unaffected(srv, "default")
 
 
@@ -549,18 +549,20 @@ def test_weakness_25_listing_while_sandboxes_come_and_go(srv):
 def test_weakness_26_racing_spawns_in_a_tree_never_exceed_its_budget(psrv):
     # Children and grandchildren spawning at once share the root's budget.
     assert not psrv.call("spawn", name="w26-kid", cpus=1, memory="128M")[1]
+    kid = "default..w26-kid"
     results = []
 
-    def spawn(parent, i):
-        results.append(psrv.call("spawn", parent=parent, name=f"w26-{parent}-{i}", cpus=1, memory="128M"))
+    def spawn(parent, label, i):
+        results.append(psrv.call("spawn", parent=parent, name=f"w26-{label}-{i}", cpus=1, memory="128M"))
 
-    threads = [threading.Thread(target=spawn, args=(p, i)) for i in range(4) for p in ("default", "w26-kid")]
+    parents = (("default", "d"), (kid, "k"))
+    threads = [threading.Thread(target=spawn, args=(p, label, i)) for i in range(4) for p, label in parents]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     status, _ = psrv.call("status")
-    tree = [line for line in status.splitlines() if re.match(r"  w26-", line)]
+    tree = [line for line in status.splitlines() if re.match(r"  default\.\.w26-", line)]
     cpus = sum(int(m) for m in re.findall(r"  (\d+)cpu/", "\n".join(tree)))
     assert cpus <= 4, status
     refused = {t for t, err in results if err}
@@ -569,10 +571,10 @@ def test_weakness_26_racing_spawns_in_a_tree_never_exceed_its_budget(psrv):
         "Error: SpawnLimitError: Aggregate child CPU budget exceeded",
         "Error: SpawnLimitError: CPU budget exceeded",
     }, refused
-    psrv.call("destroy_child", name="w26-kid")
+    psrv.call("destroy_child", name=kid)
     for t, err in results:
         m = re.match(r"Spawned child '([^']+)'", t)
-        if m and m.group(1).startswith("w26-default"):
+        if m and m.group(1).startswith("default..w26-d-"):
             psrv.call("destroy_child", name=m.group(1))
 
 
@@ -650,11 +652,11 @@ def test_weakness_30_a_long_call_does_not_block_other_tools_on_its_sandbox(srv):
 
 def test_weakness_31_destroy_cascades_to_grandchildren(psrv):
     assert not psrv.call("spawn", name="w31-kid")[1]
-    text, err = psrv.call("spawn", parent="w31-kid", name="w31-grand")
+    text, err = psrv.call("spawn", parent="default..w31-kid", name="w31-grand")
     assert not err, text
-    psrv.sh("true", sandbox="w31-grand")
+    psrv.sh("true", sandbox="default..w31-kid..w31-grand")
     assert not psrv.call("destroy", sandbox="default")[1]
-    assert not {"w31-kid", "w31-grand"} & psrv.names()
+    assert not {"default..w31-kid", "default..w31-kid..w31-grand"} & psrv.names()
     psrv.sh("true")
 
 
@@ -664,8 +666,9 @@ def test_weakness_32_the_idle_reaper_takes_a_parents_children_with_it():
         s.sh("true", sandbox="p")
         text, err = s.call("spawn", parent="p", name="p-kid")
         assert not err, text
+        assert "p..p-kid" in s.names()
         assert poll(lambda: s.names(), lambda n: "p" not in n, timeout=30) is not None, s.names()
-        assert "p-kid" not in s.names()
+        assert "p..p-kid" not in s.names()
         # A new `p` starts with a fresh tree; the old child never re-attaches to it.
         s.sh("true", sandbox="p")
         text, _ = s.call("children", parent="p")
