@@ -9,6 +9,8 @@
 //! - [`audit`]: command history with secret redaction.
 //! - [`names`]: validation of client-supplied names.
 //! - [`config`]: defaults, profiles, idle TTL, host roots.
+//! - [`network`]: network modes, egress policies, the child rule and the
+//!   `network_info` report; [`ca_trust`]: the host's CA bundle in sandboxes.
 //! - [`hostpath`]: the host-roots policy for host paths.
 //! - [`text`]: output bytes to client text.
 //! - [`spawn`]: child sandboxes under spawn policies; [`ctl`]: the
@@ -23,6 +25,7 @@ pub mod artifacts;
 pub mod audit;
 pub mod background;
 pub mod build;
+pub mod ca_trust;
 pub mod config;
 pub mod containerfile;
 pub mod ctl;
@@ -36,6 +39,7 @@ pub mod hostpath;
 pub mod images;
 pub mod lease;
 pub mod names;
+pub mod network;
 pub mod observe;
 pub mod owner;
 pub mod packages;
