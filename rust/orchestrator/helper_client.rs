@@ -351,29 +351,7 @@ impl HelperClient {
 
     /// Create a VM (not started).
     pub async fn create_vm(&self, cfg: VmConfig) -> Result<VmInfo, HelperError> {
-        let spec = pb::VmSpec {
-            id: cfg.id.clone(),
-            image: cfg.image,
-            cpus: cfg.cpus,
-            memory_bytes: cfg.memory_bytes,
-            pids_limit: 0,
-            mounts: cfg
-                .mounts
-                .into_iter()
-                .map(|(h, g, read_only)| pb::Mount {
-                    host_path: h.to_string_lossy().into_owned(),
-                    guest_path: g,
-                    read_only,
-                })
-                .collect(),
-            env: cfg.env,
-            hostname: cfg.id,
-            network: pb::NetworkMode::from(&cfg.network) as i32,
-            network_policy: Option::<pb::NetworkPolicy>::from(&cfg.network),
-            labels: cfg.labels,
-            clone_from: cfg.clone_from.unwrap_or_default(),
-            disk_bytes: cfg.disk_bytes,
-        };
+        let spec = pb::VmSpec::from(cfg);
         let vm = self.client.clone().create_vm(pb::CreateVmRequest { spec: Some(spec) }).await?.into_inner().vm;
         vm_info(vm)
     }
@@ -471,6 +449,34 @@ impl HelperClient {
         }
         let rx = self.client.clone().exec(ReceiverStream::new(rx)).await?.into_inner();
         Ok((ProcessInput { tx }, ProcessEvents { rx }))
+    }
+}
+
+impl From<VmConfig> for pb::VmSpec {
+    fn from(cfg: VmConfig) -> Self {
+        Self {
+            id: cfg.id.clone(),
+            image: cfg.image,
+            cpus: cfg.cpus,
+            memory_bytes: cfg.memory_bytes,
+            pids_limit: 0,
+            mounts: cfg
+                .mounts
+                .into_iter()
+                .map(|(h, g, read_only)| pb::Mount {
+                    host_path: h.to_string_lossy().into_owned(),
+                    guest_path: g,
+                    read_only,
+                })
+                .collect(),
+            env: cfg.env,
+            hostname: cfg.id,
+            network: pb::NetworkMode::from(&cfg.network) as i32,
+            network_policy: Option::<pb::NetworkPolicy>::from(&cfg.network),
+            labels: cfg.labels,
+            clone_from: cfg.clone_from.unwrap_or_default(),
+            disk_bytes: cfg.disk_bytes,
+        }
     }
 }
 
@@ -897,5 +903,45 @@ impl CopyOutReader {
             }
         }
         Ok(received)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(network: Network) -> VmConfig {
+        VmConfig {
+            id: "vm".into(),
+            image: "img".into(),
+            cpus: 1,
+            memory_bytes: 256 << 20,
+            mounts: Vec::new(),
+            network,
+            env: HashMap::from([("SSL_CERT_FILE".into(), "/etc/x".into())]),
+            disk_bytes: 20 << 30,
+            labels: HashMap::new(),
+            clone_from: None,
+        }
+    }
+
+    #[test]
+    fn the_spec_carries_mode_policy_disk_and_env() {
+        let policy = EgressPolicy { allow: vec!["pypi.org".into()], deny: vec!["10.0.0.0/8".into()] };
+        let spec = pb::VmSpec::from(config(Network::Egress(policy.clone())));
+        assert_eq!(spec.network, pb::NetworkMode::Egress as i32);
+        assert_eq!(spec.network_policy, Some(pb::NetworkPolicy { allow: policy.allow, deny: policy.deny }));
+        assert_eq!(spec.disk_bytes, 20 << 30);
+        assert_eq!(spec.env["SSL_CERT_FILE"], "/etc/x");
+        assert_eq!(
+            Network::from(&spec),
+            Network::Egress(EgressPolicy { allow: vec!["pypi.org".into()], deny: vec!["10.0.0.0/8".into()] })
+        );
+        // The default policy and `none` leave the policy unset.
+        let spec = pb::VmSpec::from(config(Network::default()));
+        assert_eq!((spec.network, spec.network_policy), (pb::NetworkMode::Egress as i32, None));
+        let spec = pb::VmSpec::from(config(Network::None));
+        assert_eq!((spec.network, spec.network_policy.clone()), (pb::NetworkMode::None as i32, None));
+        assert_eq!(Network::from(&spec), Network::None);
     }
 }
