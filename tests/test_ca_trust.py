@@ -85,8 +85,8 @@ def test_trust_is_on_by_default(srv):
     inside = digests(srv, BUNDLE)
     assert set(host_certs()) <= set(inside)
     assert len(inside) == len(set(inside)), "a certificate appears twice"
-    out, _, code = sh(srv, f"stat -c '%a %u %F' {BUNDLE} {SYSTEM}")
-    assert out.splitlines() == ["644 0 regular file"] * 2, out
+    out, _, code = sh(srv, f"stat -c '%a %u %F' {SYSTEM}; readlink {BUNDLE}")
+    assert out.splitlines() == ["644 0 regular file", SYSTEM], out
 
     out, err, code = sh(srv, CURL, timeout=NET_TIMEOUT)
     assert code == 0, (out, err)
@@ -94,6 +94,16 @@ def test_trust_is_on_by_default(srv):
     assert code == 0, (out, err)
     out, _, _ = sh(srv, "ls /tmp/x")
     assert re.search(r"^six-.*\.whl$", out, re.M), out
+
+
+def test_update_ca_certificates_inside_keeps_the_host_certificates(srv):
+    """A package install may rebuild the system store; the host's
+    certificates come back from /usr/local/share/ca-certificates."""
+    out, err, code = sh(srv, "update-ca-certificates --fresh", timeout=NET_TIMEOUT)
+    assert code == 0, (out, err)
+    assert set(host_certs()) <= set(digests(srv, BUNDLE))
+    out, err, code = sh(srv, CURL, timeout=NET_TIMEOUT)
+    assert code == 0, (out, err)
 
 
 @pytest.mark.parametrize("where", ["project", "config"])
@@ -153,7 +163,7 @@ def test_a_symlinked_store_is_replaced_not_followed(server_factory, image_store,
     text, err = srv.call("restore", snapshot_name="linked", sandbox="victim", call_timeout=120)
     assert not err, text
     assert digest(srv, "/etc/passwd", "victim") == passwd
-    out, _, _ = sh(srv, f"stat -c %F {SYSTEM} {BUNDLE}; ls /workspace", "victim")
-    assert out.splitlines()[:2] == ["regular file", "regular file"], out
+    out, _, _ = sh(srv, f"stat -c %F {SYSTEM}; readlink {BUNDLE}; ls /workspace", "victim")
+    assert out.splitlines()[:2] == ["regular file", SYSTEM], out
     assert "planted" not in out, out
     assert set(host_certs()) <= set(digests(srv, SYSTEM, "victim"))

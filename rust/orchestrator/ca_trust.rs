@@ -2,20 +2,24 @@
 //! networks, re-sign TLS with a CA the host trusts and images do not: without
 //! this, `pip` and `curl` over HTTPS fail inside a sandbox while they work on
 //! the host. At creation the sandbox's trust store becomes the image's bundle
-//! plus the host's certificates it lacks, written through one CopyIn (nothing
-//! is written on the host) to:
-//! - [`BUNDLE`], which the variables of [`env`] (pip, requests, node, git,
-//!   curl, OpenSSL) point at from the VM's base environment;
-//! - [`SYSTEM`], the Debian/Alpine system store most programs read;
+//! plus the host's certificates it lacks, read with one CopyOut and written
+//! with one CopyIn (no exec; nothing is written on the host):
+//! - [`SYSTEM`], the Debian/Alpine system store most programs read (a
+//!   regular file, replacing a symlink there);
+//! - [`BUNDLE`], a symlink to it, which the variables of [`env`] (pip,
+//!   requests, node, git, curl, OpenSSL) name from the VM's base environment;
 //! - [`LOCAL`], the host's extra certificates alone, so an
-//!   `update-ca-certificates` inside (a package install may run it) keeps them.
+//!   `update-ca-certificates` inside (a package install may run it)
+//!   rebuilds [`SYSTEM`] with them, and [`BUNDLE`] follows.
 //!
 //! A restored snapshot or clone already holds them: certificates are added
 //! only if missing, so doing it again changes nothing.
 use std::{
     collections::{HashMap, HashSet},
     io::Read,
-    path::PathBuf,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::SystemTime,
 };
 
 use super::{
@@ -39,6 +43,8 @@ const VARIABLES: [&str; 6] =
     ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE"];
 /// Larger bundles are not read (a real one is well under 1 MiB).
 const MAX_BUNDLE_BYTES: u64 = 16 << 20;
+/// Symlinks followed to the image's bundle (Fedora-like images chain two).
+const MAX_LINKS: usize = 4;
 
 const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
 const END: &str = "-----END CERTIFICATE-----";
@@ -75,16 +81,43 @@ fn certs(text: &str) -> Vec<Cert> {
 pub struct HostCa {
     /// The bundle they were read from.
     pub path: PathBuf,
+    /// Its size and modification time when read.
+    stamp: (u64, Option<SystemTime>),
     certs: Vec<Cert>,
 }
 
+/// The host's bundle: the server's `SSL_CERT_FILE` (what its own TLS
+/// clients trust) if set, else the first of the usual places; with its stamp.
+fn host_bundle() -> Option<(PathBuf, (u64, Option<SystemTime>))> {
+    let explicit = std::env::var_os("SSL_CERT_FILE").map(PathBuf::from);
+    explicit.into_iter().chain(HOST_BUNDLES.iter().map(PathBuf::from)).find_map(|p| {
+        let meta = std::fs::metadata(&p).ok().filter(|m| m.is_file())?;
+        Some((p, (meta.len(), meta.modified().ok())))
+    })
+}
+
+/// The host's certificates, read again only when its bundle changes (a
+/// creation must not parse it each time).
+#[derive(Debug, Default)]
+pub struct HostCaCache(Mutex<Option<Arc<HostCa>>>);
+
+impl HostCaCache {
+    /// The host's certificates now; `None` when there is no bundle or it
+    /// holds no certificate: there is nothing to add.
+    pub fn get(&self) -> Option<Arc<HostCa>> {
+        let (path, stamp) = host_bundle()?;
+        let mut cached = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = cached.as_ref().filter(|c| c.path == path && c.stamp == stamp) {
+            return Some(c.clone());
+        }
+        let fresh = HostCa::load(path, stamp).map(Arc::new);
+        cached.clone_from(&fresh);
+        fresh
+    }
+}
+
 impl HostCa {
-    /// The host's bundle: the server's `SSL_CERT_FILE` (what its own TLS
-    /// clients trust) if set, else the first of the usual places. `None`
-    /// when there is none or it holds no certificate: there is nothing to add.
-    pub fn load() -> Option<Self> {
-        let explicit = std::env::var_os("SSL_CERT_FILE").map(PathBuf::from);
-        let path = explicit.into_iter().chain(HOST_BUNDLES.iter().map(PathBuf::from)).find(|p| p.is_file())?;
+    fn load(path: PathBuf, stamp: (u64, Option<SystemTime>)) -> Option<Self> {
         let text = match std::fs::File::open(&path).and_then(|f| {
             let mut text = String::new();
             f.take(MAX_BUNDLE_BYTES).read_to_string(&mut text).map(|_| text)
@@ -100,7 +133,7 @@ impl HostCa {
             tracing::warn!("the host's CA bundle {} holds no certificate", path.display());
             return None;
         }
-        Some(Self { path, certs })
+        Some(Self { path, stamp, certs })
     }
 
     /// The image's bundle (`None`: it has none) plus the host's
@@ -126,20 +159,43 @@ impl SandboxManager {
     pub(super) async fn trust_host_ca(&self, sandbox: &Sandbox, host: &HostCa) -> Result<(), OrchestratorError> {
         let image = self.image_bundle(sandbox).await?;
         let (bundle, extra) = host.merge(image.as_deref());
-        let mut files = vec![(BUNDLE, bundle.as_bytes()), (SYSTEM, bundle.as_bytes())];
+        let mut files = vec![(SYSTEM, bundle.as_bytes())];
         if !extra.is_empty() {
             files.push((LOCAL, extra.as_bytes()));
         }
-        let archive = super::tarstream::files_archive(files, 0o644)
-            .map_err(|e| OrchestratorError::InvalidArgument(format!("cannot build the CA archive: {e}")))?;
-        self.helper.copy_in_archive(&sandbox.name, "/", archive).await?;
+        let failed = |e: &dyn std::fmt::Display| {
+            OrchestratorError::InvalidArgument(format!(
+                "cannot add the host's CA certificates to sandbox '{}' (trust_host_ca = false turns this off): {e}",
+                sandbox.name
+            ))
+        };
+        let archive = archive(&files).map_err(|e| failed(&e))?;
+        self.helper.copy_in_archive(&sandbox.name, "/", archive).await.map_err(|e| failed(&e))?;
         tracing::debug!(sandbox = %sandbox.name, host = %host.path.display(), "trusting the host's CA certificates");
         Ok(())
     }
 
-    /// The text of the image's [`SYSTEM`] bundle, if it is a regular file.
+    /// The text of the image's [`SYSTEM`] bundle, following symlinks inside
+    /// the sandbox; `None` if there is none (or it is not a bundle).
     async fn image_bundle(&self, sandbox: &Sandbox) -> Result<Option<String>, OrchestratorError> {
-        let mut reader = match self.helper.copy_out(&sandbox.name, SYSTEM).await {
+        let mut path = PathBuf::from(SYSTEM);
+        for _ in 0..MAX_LINKS {
+            let Some(archive) = self.copy_out_small(sandbox, &path).await? else { return Ok(None) };
+            match first_entry(&archive) {
+                Some(Entry::File(text)) => return Ok(Some(text)),
+                Some(Entry::Link(target)) => path = path.parent().unwrap_or(Path::new("/")).join(target),
+                None => return Ok(None),
+            }
+        }
+        Ok(None)
+    }
+
+    /// A CopyOut of one path, whole; `None` if it does not exist or is
+    /// larger than any bundle (the host's certificates alone are better
+    /// than holding that in memory).
+    async fn copy_out_small(&self, sandbox: &Sandbox, path: &Path) -> Result<Option<Vec<u8>>, OrchestratorError> {
+        let path = path.to_string_lossy();
+        let mut reader = match self.helper.copy_out(&sandbox.name, &path).await {
             Ok(r) => r,
             Err(HelperError::NotFound(_)) => return Ok(None),
             Err(e) => return Err(e.into()),
@@ -148,32 +204,62 @@ impl SandboxManager {
         loop {
             match reader.next().await {
                 Ok(Some(chunk)) => archive.extend_from_slice(&chunk),
-                Ok(None) => break,
+                Ok(None) => return Ok(Some(archive)),
                 Err(HelperError::NotFound(_)) => return Ok(None),
                 Err(e) => return Err(e.into()),
             }
-            // A bundle this large is not one: the host's certificates alone
-            // are better than holding it in memory.
             if archive.len() as u64 > MAX_BUNDLE_BYTES {
-                tracing::warn!(sandbox = %sandbox.name, "{SYSTEM} is over {MAX_BUNDLE_BYTES} bytes: not merged");
+                tracing::warn!(sandbox = %sandbox.name, "{path} is over {MAX_BUNDLE_BYTES} bytes: not merged");
                 return Ok(None);
             }
         }
-        Ok(regular_file(&archive))
     }
 }
 
-/// The content of the first entry of a tar archive, if it is a regular
-/// file of text.
-fn regular_file(archive: &[u8]) -> Option<String> {
+/// The archive to copy in: `files` (root-owned, 0644) and [`BUNDLE`] as a
+/// symlink to [`SYSTEM`].
+fn archive(files: &[(&str, &[u8])]) -> std::io::Result<Vec<u8>> {
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let header = |kind: tar::EntryType, size: usize, mode: u32| {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_size(size as u64);
+        h.set_mode(mode);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(now);
+        h
+    };
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, data) in files {
+        b.append_data(&mut header(tar::EntryType::Regular, data.len(), 0o644), path.trim_start_matches('/'), *data)?;
+    }
+    b.append_link(&mut header(tar::EntryType::Symlink, 0, 0o777), BUNDLE.trim_start_matches('/'), SYSTEM)?;
+    b.into_inner()
+}
+
+/// The first entry of a CopyOut archive.
+#[derive(Debug, PartialEq, Eq)]
+enum Entry {
+    /// A regular file of text.
+    File(String),
+    /// A symlink, to this target.
+    Link(PathBuf),
+}
+
+fn first_entry(archive: &[u8]) -> Option<Entry> {
     let mut tar = tar::Archive::new(archive);
     let mut entry = tar.entries().ok()?.next()?.ok()?;
-    if !entry.header().entry_type().is_file() {
+    let kind = entry.header().entry_type();
+    if kind.is_symlink() {
+        return Some(Entry::Link(entry.link_name().ok()??.into_owned()));
+    }
+    if !kind.is_file() {
         return None;
     }
     let mut text = String::new();
     entry.read_to_string(&mut text).ok()?;
-    Some(text)
+    Some(Entry::File(text))
 }
 
 #[cfg(test)]
@@ -186,7 +272,8 @@ mod tests {
 
     #[test]
     fn merge_adds_only_missing_certificates() {
-        let host = HostCa { path: PathBuf::from("/h"), certs: certs(&(pem("AAAA") + &pem("BB\nBB") + &pem("CCCC"))) };
+        let host = |text: &str| HostCa { path: PathBuf::from("/h"), stamp: (0, None), certs: certs(text) };
+        let host = host(&(pem("AAAA") + &pem("BB\nBB") + &pem("CCCC")));
         // The image has A (wrapped differently) and D.
         let image = format!("# comment\n{}{}", pem("AA\nAA"), pem("DDDD"));
         let (bundle, extra) = host.merge(Some(&image));
@@ -196,7 +283,7 @@ mod tests {
         let (again, extra) = host.merge(Some(&bundle));
         assert_eq!((again, extra.as_str()), (bundle, ""));
         // No image bundle: the host's, each certificate once.
-        let twice = HostCa { path: PathBuf::from("/h"), certs: certs(&(pem("AAAA") + &pem("AAAA"))) };
+        let twice = HostCa { path: PathBuf::from("/h"), stamp: (0, None), certs: certs(&(pem("AAAA") + &pem("AAAA"))) };
         assert_eq!(twice.merge(None), (pem("AAAA"), pem("AAAA")));
         // An image bundle without a final newline stays a valid PEM file.
         let (bundle, _) = host.merge(Some(pem("DDDD").trim_end()));
@@ -214,15 +301,27 @@ mod tests {
     }
 
     #[test]
-    fn the_first_entry_must_be_a_regular_file() {
-        let archive = crate::orchestrator::tarstream::files_archive([("x.crt", b"abc".as_slice())], 0o644).unwrap();
-        assert_eq!(regular_file(&archive).as_deref(), Some("abc"));
+    fn the_first_entry_is_a_file_or_a_link() {
+        let files = [("etc/x.crt", b"abc".as_slice())];
+        let a = archive(&files).unwrap();
+        assert_eq!(first_entry(&a), Some(Entry::File("abc".into())));
+        let mut entries = tar::Archive::new(a.as_slice());
+        let names: Vec<(String, Option<PathBuf>)> = entries
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let link = e.link_name().unwrap().map(|l| l.into_owned());
+                (e.path().unwrap().display().to_string(), link)
+            })
+            .collect();
+        assert_eq!(names, [("etc/x.crt".to_string(), None), (BUNDLE[1..].to_string(), Some(PathBuf::from(SYSTEM)))]);
         let mut b = tar::Builder::new(Vec::new());
         let mut h = tar::Header::new_gnu();
         h.set_entry_type(tar::EntryType::Symlink);
         h.set_size(0);
-        b.append_link(&mut h, "x.crt", "/elsewhere").unwrap();
-        assert_eq!(regular_file(&b.into_inner().unwrap()), None);
-        assert_eq!(regular_file(b"not a tar"), None);
+        b.append_link(&mut h, "x.crt", "../y.pem").unwrap();
+        assert_eq!(first_entry(&b.into_inner().unwrap()), Some(Entry::Link(PathBuf::from("../y.pem"))));
+        assert_eq!(first_entry(b"not a tar"), None);
     }
 }

@@ -292,6 +292,8 @@ pub struct SandboxManager {
     /// lost name is never silently re-created: tools report it until
     /// `reset` or `destroy` acknowledges the loss.
     lost: Mutex<BTreeMap<String, String>>,
+    /// The host's CA certificates, for sandboxes that trust them.
+    host_ca: super::ca_trust::HostCaCache,
 }
 
 impl SandboxManager {
@@ -308,6 +310,7 @@ impl SandboxManager {
             dirty: Arc::default(),
             history_dirty: Arc::default(),
             lost: Mutex::default(),
+            host_ca: Default::default(),
         };
         for vm in manager.helper.list_vms().await? {
             let Some(name) = vm.labels.get(NAME_LABEL).cloned() else {
@@ -576,7 +579,7 @@ impl SandboxManager {
         };
         // Read before the VM exists: its base env points at the bundle only
         // when there is a host bundle to write.
-        let host_ca = if profile.trust_host_ca { super::ca_trust::HostCa::load() } else { None };
+        let host_ca = if profile.trust_host_ca { self.host_ca.get() } else { None };
         let cfg = VmConfig {
             id: name.to_string(),
             image: if origin.clone_from.is_some() { String::new() } else { profile.image.clone() },
@@ -600,7 +603,7 @@ impl SandboxManager {
         };
         let sandbox = Arc::new(Sandbox::from_vm(&vm, name.to_string()));
         debug_assert_eq!(sandbox.generation, generation);
-        if let Err(e) = self.prepare(&sandbox, origin, project.as_ref(), host_ca.as_ref()).await {
+        if let Err(e) = self.prepare(&sandbox, origin, project.as_ref(), host_ca.as_deref()).await {
             self.helper.delete_vm(name).await.ok();
             return Err(e);
         }
