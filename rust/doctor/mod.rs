@@ -286,7 +286,9 @@ fn pasta() -> Check {
 
 fn sandbox_ctl() -> Check {
     match crate::orchestrator::ctl::host_binary() {
-        Some(p) => Check::ok("sandbox-ctl", format!("{} (installed into sandboxes whose policy has inject_ctl)", p.display())),
+        Some(p) => {
+            Check::ok("sandbox-ctl", format!("{} (installed into sandboxes whose policy has inject_ctl)", p.display()))
+        }
         None => Check::warn(
             "sandbox-ctl",
             "binary not found (SANDBOX_CTL_BIN or next to sandbox-mcp): sandboxes start without sandbox-ctl",

@@ -72,7 +72,7 @@ fn network_text(rows: &[(&Sandbox, bool, Network)], forwards: &[ForwardInfo]) ->
     }
     lines.push(
         "Sandboxes are isolated from each other and from the host's loopback services (separate network \
-         namespaces; egress goes through pasta without host-loopback mapping). Use expose() to reach a \
+         namespaces; egress goes through the helper's policy-checked network stack, which never reaches the host). Use expose() to reach a \
          sandbox port from the host."
             .to_string(),
     );
