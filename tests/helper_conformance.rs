@@ -34,6 +34,8 @@ mod copy;
 mod dial;
 #[path = "helper_conformance/images.rs"]
 mod images;
+#[path = "helper_conformance/network.rs"]
+mod network;
 #[path = "helper_conformance/stats.rs"]
 mod stats;
 
@@ -151,7 +153,16 @@ impl Harness {
         p.exists().then_some(p)
     }
 
+    /// A harness whose helper gets `env` too (e.g. its DNS upstream).
+    async fn with_env(test: &str, env: &[(&str, String)]) -> Harness {
+        Harness::launch_env(test, false, env).await
+    }
+
     async fn launch(test: &str, own_store: bool) -> Harness {
+        Harness::launch_env(test, own_store, &[]).await
+    }
+
+    async fn launch_env(test: &str, own_store: bool, env: &[(&str, String)]) -> Harness {
         let image = std::env::var("SANDBOX_MCP_TEST_IMAGE").unwrap_or_else(|_| "mcp-test".into());
         let tmp = TempDir::new();
         let prefix = format!("{test}-{}", std::process::id());
@@ -196,6 +207,7 @@ impl Harness {
             .env("XDG_RUNTIME_DIR", tmp.0.join("run"))
             .env("SANDBOX_MCP_IMAGE_STORE", &store)
             .env("RUST_LOG", "warn")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .spawn()
             .expect("spawn sandbox-vm-helper");

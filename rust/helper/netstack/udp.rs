@@ -3,7 +3,6 @@
 //! the policy allowed), idle flows closed, their number bounded.
 use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, SocketAddrV4};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::net::UdpSocket;
@@ -18,7 +17,9 @@ const IDLE: Duration = Duration::from_secs(60);
 const MAX_FLOWS: usize = 256;
 
 struct Flow {
-    sock: Arc<UdpSocket>,
+    /// Sending side: a plain nonblocking socket, since tokio's try_send_to
+    /// fails until the runtime has seen the socket writable.
+    sock: std::net::UdpSocket,
     peers: HashSet<SocketAddrV4>,
     last: Instant,
     reader: JoinHandle<()>,
@@ -59,7 +60,7 @@ impl Nat {
         if let Some(flow) = self.flows.get_mut(&port) {
             flow.last = now;
             flow.peers.insert(dst);
-            let _ = flow.sock.try_send_to(data, SocketAddr::V4(dst));
+            let _ = flow.sock.send_to(data, SocketAddr::V4(dst));
         }
     }
 
@@ -83,8 +84,8 @@ impl Nat {
 fn open(port: u16, msgs: mpsc::UnboundedSender<Msg>) -> std::io::Result<Flow> {
     let std_sock = std::net::UdpSocket::bind("0.0.0.0:0")?;
     std_sock.set_nonblocking(true)?;
-    let sock = Arc::new(UdpSocket::from_std(std_sock)?);
-    let reader_sock = sock.clone();
+    let sock = std_sock.try_clone()?;
+    let reader_sock = UdpSocket::from_std(std_sock)?;
     let reader = tokio::spawn(async move {
         let mut buf = vec![0u8; 65536];
         while let Ok((n, from)) = reader_sock.recv_from(&mut buf).await {
