@@ -6,7 +6,7 @@
 //! that exact destination created and the held SYN handed to it. Refusal or
 //! a failed connect is an RST at once. UDP and DNS never enter smoltcp.
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{SocketAddr, SocketAddrV4};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -201,10 +201,10 @@ impl Stack {
         // The VM has one address; anything else is spoofed or v6 (not
         // served). Fragments are not reassembled: the link MTU makes them
         // unnecessary.
-        if ip.version() != 4 || Ipv4Addr::from(ip.src_addr()) != GUEST || ip.more_frags() || ip.frag_offset() != 0 {
+        if ip.version() != 4 || ip.src_addr() != GUEST || ip.more_frags() || ip.frag_offset() != 0 {
             return;
         }
-        let dst_ip = Ipv4Addr::from(ip.dst_addr());
+        let dst_ip = ip.dst_addr();
         match ip.next_header() {
             IpProtocol::Tcp => {
                 let Ok(tcp) = TcpPacket::new_checked(ip.payload()) else { return };

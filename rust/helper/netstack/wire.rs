@@ -4,7 +4,7 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use smoltcp::wire::{
-    Icmpv4Message, Icmpv4Packet, IpAddress, IpProtocol, Ipv4Address, Ipv4Packet, TcpPacket, TcpSeqNumber, UdpPacket,
+    Icmpv4Message, Icmpv4Packet, IpAddress, IpProtocol, Ipv4Packet, TcpPacket, TcpSeqNumber, UdpPacket,
 };
 
 const IP_HEADER: usize = 20;
@@ -23,8 +23,8 @@ fn ipv4(buf: &mut [u8], proto: IpProtocol, src: Ipv4Addr, dst: Ipv4Addr) {
     ip.set_frag_offset(0);
     ip.set_hop_limit(64);
     ip.set_next_header(proto);
-    ip.set_src_addr(Ipv4Address::from(src));
-    ip.set_dst_addr(Ipv4Address::from(dst));
+    ip.set_src_addr(src);
+    ip.set_dst_addr(dst);
     ip.fill_checksum();
 }
 
@@ -32,7 +32,7 @@ fn ipv4(buf: &mut [u8], proto: IpProtocol, src: Ipv4Addr, dst: Ipv4Addr) {
 /// connect fails at once with ECONNREFUSED.
 pub fn tcp_rst(ip: &Ipv4Packet<&[u8]>, tcp: &TcpPacket<&[u8]>) -> Vec<u8> {
     let mut buf = vec![0u8; IP_HEADER + 20];
-    let (src, dst) = (Ipv4Addr::from(ip.dst_addr()), Ipv4Addr::from(ip.src_addr()));
+    let (src, dst) = (ip.dst_addr(), ip.src_addr());
     {
         let mut t = TcpPacket::new_unchecked(&mut buf[IP_HEADER..]);
         t.set_src_port(tcp.dst_port());
@@ -51,7 +51,7 @@ pub fn tcp_rst(ip: &Ipv4Packet<&[u8]>, tcp: &TcpPacket<&[u8]>) -> Vec<u8> {
         }
         t.set_window_len(0);
         t.set_urgent_at(0);
-        t.fill_checksum(&IpAddress::Ipv4(src.into()), &IpAddress::Ipv4(dst.into()));
+        t.fill_checksum(&IpAddress::Ipv4(src), &IpAddress::Ipv4(dst));
     }
     ipv4(&mut buf, IpProtocol::Tcp, src, dst);
     buf
@@ -85,7 +85,7 @@ pub fn udp(from: SocketAddrV4, to: SocketAddrV4, payload: &[u8]) -> Vec<u8> {
         u.set_dst_port(to.port());
         u.set_len((8 + payload.len()) as u16);
         u.payload_mut().copy_from_slice(payload);
-        u.fill_checksum(&IpAddress::Ipv4((*from.ip()).into()), &IpAddress::Ipv4((*to.ip()).into()));
+        u.fill_checksum(&IpAddress::Ipv4(*from.ip()), &IpAddress::Ipv4(*to.ip()));
     }
     ipv4(&mut buf, IpProtocol::Udp, *from.ip(), *to.ip());
     buf
@@ -103,7 +103,7 @@ mod tests {
         let ip = Ipv4Packet::new_checked(&pkt[..]).unwrap();
         assert!(ip.verify_checksum());
         let u = UdpPacket::new_checked(ip.payload()).unwrap();
-        assert!(u.verify_checksum(&IpAddress::Ipv4(from.ip().to_owned().into()), &IpAddress::Ipv4((*to.ip()).into())));
+        assert!(u.verify_checksum(&IpAddress::Ipv4(from.ip().to_owned()), &IpAddress::Ipv4(*to.ip())));
         assert_eq!(u.payload(), b"hello");
         assert_eq!(u.dst_port(), 40000);
 
