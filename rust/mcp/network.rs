@@ -76,7 +76,8 @@ fn network_text(rows: &[NetworkRow], forwards: &[ForwardInfo]) -> String {
     }
     lines.push(
         "Sandboxes are isolated from each other and from the host: separate network namespaces, and egress \
-         never reaches the host's loopback or its own addresses. Use expose() to reach a sandbox port from the host."
+         goes through the helper's policy-checked network stack, which never reaches the host's loopback or \
+         its own addresses. Use expose() to reach a sandbox port from the host."
             .to_string(),
     );
     lines.join("\n")
