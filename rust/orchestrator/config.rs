@@ -16,7 +16,7 @@
 //! memory = "512M"
 //! network = "egress"                   # or "none", or { allow = [...], deny = [...] }
 //! disk = "10G"                         # disk quota (writable layer, /workspace, /tmp)
-//! trust_host_ca = true                 # add the host's CA bundle to the sandbox's
+//! trust_host_ca = true                 # the host's CA certificates in the sandbox's trust store (super::ca_trust)
 //! [profiles.offline]                   # applies to the sandbox named "offline"
 //! network = "none"
 //! memory = "1G"
