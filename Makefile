@@ -10,7 +10,7 @@ REQUIREMENTS := tests/requirements.txt
 # One small image shared by every test run (built once, reused while present).
 TEST_IMAGE_STORE := $(CURDIR)/target/test-images
 TEST_IMAGE := mcp-test
-TEST_PACKAGES := python3,git
+TEST_PACKAGES := python3,git,curl,python3-pip,ca-certificates
 
 DEBUG_BIN := $(CURDIR)/target/debug
 RELEASE_BIN := $(CURDIR)/target/release

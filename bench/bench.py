@@ -8,6 +8,11 @@ Measures, on an isolated server (fresh XDG dirs, helper stopped at the end):
   (c) baseline: this Python process running `sh -c 'echo hi'` with subprocess, p50/p99;
   (d) port forward throughput: a server in the sandbox (bg, python3) sends FORWARD_MIB MiB
       of zeros through expose(); this process reads them from localhost, FORWARD_RUNS times (MB/s);
+  (f) egress (the helper's network stack; needs root for the test host, else skipped): host
+      memory per idle EGRESS sandbox (the helper's RSS growth over EGRESS_VMS idle VMs, made
+      over gRPC; egress runs no process of its own), and TCP throughput from a sandbox to a sink
+      on a test host in a network namespace (scripts/test-host.sh), EGRESS_MIB MiB per run
+      (MB/s measured inside the sandbox, connect to the sink's byte count);
   (e) sync latency: with sync_start running, a new file written on the host until it exists
       in the sandbox, SYNC_SAMPLES times (p50/p90). A python3 loop inside the sandbox polls for
       the file and prints the time it saw it (same clock as the host), so exec round trips do
@@ -20,6 +25,8 @@ SANDBOX_MCP_BENCH_IMAGE (default: the server's own store and default image).
 """
 from __future__ import annotations
 
+import base64
+import json
 import math
 import os
 import shutil
@@ -47,6 +54,40 @@ FORWARD_MIB = 1024
 FORWARD_RUNS = 5
 FORWARD_PORT = 9000
 SYNC_SAMPLES = 20
+EGRESS_VMS = 10
+EGRESS_MIB = 1024
+EGRESS_RUNS = 3
+# The sink on the test host: reads each connection to EOF, answers its byte count.
+EGRESS_SINK = """
+import socket, sys, threading
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 9100))
+s.listen(8)
+def serve(c):
+    n = 0
+    while True:
+        b = c.recv(1 << 20)
+        if not b:
+            break
+        n += len(b)
+    c.sendall(str(n).encode())
+    c.close()
+while True:
+    threading.Thread(target=serve, args=(s.accept()[0],), daemon=True).start()
+"""
+# In the sandbox: send argv[2] MiB to the sink at argv[1], print MB/s.
+EGRESS_SENDER = """
+import socket, sys, time
+block = bytes(1 << 20)
+t = time.monotonic()
+c = socket.create_connection((sys.argv[1], 9100), timeout=30)
+for _ in range(int(sys.argv[2])):
+    c.sendall(block)
+c.shutdown(socket.SHUT_WR)
+n = int(c.recv(100))
+print(n / (time.monotonic() - t) / 1e6)
+"""
 LIFECYCLE_SAMPLES = 10
 
 
@@ -229,6 +270,90 @@ def bench_sync(client: McpClient, host_root: str) -> list[float]:
     return samples
 
 
+def grpcurl(env: dict[str, str], method: str, data: object) -> str:
+    """One call to the helper the server started, over its Unix socket."""
+    tool = Path(sys.executable).parent / "grpcurl"
+    sock = Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / "helper.sock"
+    payload = "\n".join(json.dumps(d) for d in data) if isinstance(data, list) else json.dumps(data)
+    out = subprocess.run(
+        [str(tool if tool.exists() else "grpcurl"), "-plaintext", "-unix", "-authority", "localhost",
+         "-max-time", "600", "-d", "@", str(sock), f"sandbox_mcp.helper.v1.VmHelper/{method}"],
+        input=payload, capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"{method}: {out.stderr.strip()}")
+    return out.stdout
+
+
+def helper_rss_kib(env: dict[str, str]) -> int:
+    pid = (Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / "helper.pid").read_text().strip()
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def egress_vm(env: dict[str, str], vm_id: str, allow: list[str]) -> None:
+    image = env.get("SANDBOX_MCP_DEFAULT_IMAGE", "mcp-dev")
+    spec = {"id": vm_id, "image": image, "network": "NETWORK_MODE_EGRESS", "network_policy": {"allow": allow}}
+    grpcurl(env, "CreateVm", {"spec": spec})
+    grpcurl(env, "StartVm", {"id": vm_id})
+
+
+def bench_egress(env: dict[str, str]) -> list[str]:
+    """Memory per idle EGRESS VM and egress TCP throughput to a test host."""
+    script = str(ROOT / "scripts" / "test-host.sh")
+    if os.geteuid() != 0:
+        return ["egress: skipped (the test host needs root)"]
+    n = os.getpid() % 200 + 40
+    name = f"smcpb{n}"
+    addr = f"10.213.{n}.2"
+    subprocess.run([script, "down", name], capture_output=True)
+    subprocess.run([script, "up", name, str(n)], check=True)
+    sink = subprocess.Popen(["ip", "netns", "exec", name, "python3", "-c", EGRESS_SINK, addr])
+    ids: list[str] = []
+    rows = []
+    try:
+        before = helper_rss_kib(env)
+        for i in range(EGRESS_VMS):
+            ids.append(f"bench-egress-{i}")
+            egress_vm(env, ids[-1], [addr])
+        time.sleep(1)
+        per_vm = (helper_rss_kib(env) - before) / EGRESS_VMS / 1024
+        rows.append(f"{'helper RSS per idle egress VM':<34} {EGRESS_VMS:>5} {per_vm:>9.2f}             (MiB; target <= 5)")
+        samples = []
+        for _ in range(EGRESS_RUNS):
+            start = {"start": {"vm_id": ids[0], "argv": ["python3", "-c", EGRESS_SENDER, addr, str(EGRESS_MIB)]}}
+            out = grpcurl(env, "Exec", [start, {"close_stdin": {}}])
+            text = ""
+            for msg in split_json(out):
+                if "stdout" in msg:
+                    text += base64.b64decode(msg["stdout"]).decode()
+            samples.append(float(text.strip()))
+        rows.append(throughput_row(f"egress TCP {EGRESS_MIB} MiB to test host", samples) + "  (target >= 500)")
+    finally:
+        for vm_id in ids:
+            try:
+                grpcurl(env, "DeleteVm", {"id": vm_id})
+            except RuntimeError:
+                pass
+        sink.kill()
+        sink.wait()
+        subprocess.run([script, "down", name], capture_output=True)
+    return rows
+
+
+def split_json(text: str) -> list[dict]:
+    """The JSON objects grpcurl prints one after another."""
+    dec, i, out = json.JSONDecoder(), 0, []
+    while i < len(text):
+        if text[i].isspace():
+            i += 1
+            continue
+        obj, i = dec.raw_decode(text, i)
+        out.append(obj)
+    return out
+
+
 def bench_lifecycle(client: McpClient) -> list[str]:
     """snapshot, restore, clone and spawn of a sandbox with a small change in
     its root filesystem and a small workspace."""
@@ -281,12 +406,13 @@ def main() -> int:
     try:
         with McpClient(binary, env=env, stderr_path=f"{base}/server.log") as client:
             rows.append(row("exec `echo hi` (warm, MCP)", bench_warm_exec(client)))
-            rows.append(row("sandbox create (`exec true`, new)", bench_create(client)))
+            rows.append(row("sandbox create (egress, `exec true`)", bench_create(client)))
             checked(client, "destroy", sandbox="bench")
             extra = [
                 throughput_row(f"forward {FORWARD_MIB} MiB (expose)", bench_forward(client)),
                 spread_row("sync host write -> in sandbox", bench_sync(client, env["SANDBOX_MCP_HOST_ROOTS"])),
                 *bench_lifecycle(client),
+                *bench_egress(env),
             ]
     finally:
         stop_helper(env)

@@ -10,6 +10,7 @@
 //! - [`agent`]: the in-sandbox agent that runs one process per Exec.
 //! - [`orchestrator`]: sandboxes by name, exec semantics, env, audit; talks to a helper.
 //! - [`mcp`]: the MCP tool surface, a thin layer over the orchestrator.
+//! - [`netpolicy`]: the egress policy (parse and decide), shared by helper and orchestrator.
 //! - [`doctor`]: host checks behind `sandbox-mcp doctor`.
 //! - [`ctl`]: the sandbox-ctl protocol and the in-sandbox CLI.
 #![warn(missing_docs)]
@@ -20,6 +21,7 @@ pub mod doctor;
 pub mod helper;
 pub mod image;
 pub mod mcp;
+pub mod netpolicy;
 pub mod orchestrator;
 pub mod paths;
 pub mod proto;

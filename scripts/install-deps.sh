@@ -2,13 +2,12 @@
 # Installs the host packages sandbox-mcp needs to build, run and test, only
 # when missing, quietly, one line per step (CI logs stay readable).
 #   mmdebstrap         builds images
-#   passt              pasta: outbound network for sandboxes
 #   uidmap             newuidmap/newgidmap: image builds without root
 #   protobuf-compiler  protoc, needed by build.rs
 #   python3-venv       the test venv (only if this python3 cannot make one)
 set -euo pipefail
 
-packages=(mmdebstrap passt uidmap protobuf-compiler)
+packages=(mmdebstrap uidmap protobuf-compiler)
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
     packages+=(python3-venv)
 fi

@@ -34,6 +34,8 @@ mod copy;
 mod dial;
 #[path = "helper_conformance/images.rs"]
 mod images;
+#[path = "helper_conformance/network.rs"]
+mod network;
 #[path = "helper_conformance/quota.rs"]
 mod quota;
 #[path = "helper_conformance/stats.rs"]
@@ -153,7 +155,16 @@ impl Harness {
         p.exists().then_some(p)
     }
 
+    /// A harness whose helper gets `env` too (e.g. its DNS upstream).
+    async fn with_env(test: &str, env: &[(&str, String)]) -> Harness {
+        Harness::launch_env(test, false, env).await
+    }
+
     async fn launch(test: &str, own_store: bool) -> Harness {
+        Harness::launch_env(test, own_store, &[]).await
+    }
+
+    async fn launch_env(test: &str, own_store: bool, env: &[(&str, String)]) -> Harness {
         let image = std::env::var("SANDBOX_MCP_TEST_IMAGE").unwrap_or_else(|_| "mcp-test".into());
         let tmp = TempDir::new();
         let prefix = format!("{test}-{}", std::process::id());
@@ -198,6 +209,7 @@ impl Harness {
             .env("XDG_RUNTIME_DIR", tmp.0.join("run"))
             .env("SANDBOX_MCP_IMAGE_STORE", &store)
             .env("RUST_LOG", "warn")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .spawn()
             .expect("spawn sandbox-vm-helper");
@@ -701,9 +713,10 @@ async fn network_egress_has_an_interface() {
     let id = h.running("vm", |s| s.network = pb::NetworkMode::Egress as i32).await;
     let dev = h.sh(&id, "cat /proc/net/dev").await.out();
     assert!(dev.lines().skip(2).any(|l| !l.trim_start().starts_with("lo:")), "an interface besides lo: {dev}");
-    if h.helper.is_some() {
-        let host = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
-        assert_eq!(h.sh(&id, "cat /etc/resolv.conf").await.out(), host, "resolv.conf follows the host");
+    if h.caps().await.iter().any(|c| c == "network.policy") {
+        assert!(dev.contains("eth0:"), "{dev}");
+        let conf = h.sh(&id, "cat /etc/resolv.conf").await.out();
+        assert_eq!(conf, "nameserver 10.0.2.3\n", "the helper's stack answers dns");
     }
 }
 

@@ -1,6 +1,6 @@
 //! `sandbox-mcp doctor`: checks this host the way sandboxes will use it and
 //! prints one line per check, `ok`, `WARN` or `FAIL`, with the fix. Probes are
-//! real (a namespace unshare, a KVM guest, `pasta --version`, a helper
+//! real (a namespace unshare, a KVM guest, a tun in a user + network namespace, a helper
 //! GetInfo), never just file existence, and none changes the host beyond
 //! starting the helper a server would start anyway.
 pub mod kvm;
@@ -98,7 +98,7 @@ pub async fn run(helper_bin: &Path) -> Report {
     add(seccomp());
     add(overlayfs());
     add(kvm_check());
-    add(pasta());
+    add(tun());
     add(default_image());
     add(sandbox_ctl());
     add(disk_space(&paths::data_dir()));
@@ -273,15 +273,39 @@ fn kvm_check() -> Check {
     }
 }
 
-fn pasta() -> Check {
-    let fix = "apt install passt (sandboxes keep network='none' until then)";
-    match Command::new("pasta").arg("--version").stdin(Stdio::null()).output() {
-        Ok(out) if out.status.success() => {
-            let text = String::from_utf8_lossy(&out.stdout);
-            Check::ok("pasta", text.lines().next().unwrap_or("present").trim().to_string())
-        }
-        Ok(out) => Check::warn("pasta", format!("`pasta --version` failed ({})", out.status), fix),
-        Err(e) => Check::warn("pasta", format!("not runnable: {e}"), fix),
+/// What EGRESS sandboxes need: the current user can open /dev/net/tun and
+/// create a tun inside a new user + network namespace, as the launcher does.
+/// Probed in a child (re-exec of this binary) that really does it.
+fn tun() -> Check {
+    let fix = "load the tun module (modprobe tun) and make /dev/net/tun usable by this user \
+               (sandboxes keep network='none' until then)";
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/bin/true"));
+    let mut cmd = Command::new(exe);
+    cmd.arg("--version").stdout(Stdio::null()).stderr(Stdio::null());
+    // SAFETY: unshare, open and ioctl are async-signal-safe and touch no
+    // state shared with the parent; they run in the forked child before exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::unshare(libc::CLONE_NEWUSER) != 0 || libc::unshare(libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // A zeroed ifreq is valid; name and flags filled in place.
+            let mut req: libc::ifreq = std::mem::zeroed();
+            for (dst, src) in req.ifr_name.iter_mut().zip(b"eth0\0") {
+                *dst = *src as libc::c_char;
+            }
+            req.ifr_ifru.ifru_flags = 0x0001 | 0x1000; // IFF_TUN | IFF_NO_PI
+            let fd = libc::open(c"/dev/net/tun".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+            if fd < 0 || libc::ioctl(fd, libc::TUNSETIFF as _, &req) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    match cmd.status() {
+        Ok(s) if s.success() => Check::ok("tun", "a tun opens in a user + network namespace (egress network)"),
+        Ok(s) => Check::warn("tun", format!("probe exited with {s}"), fix),
+        Err(e) => Check::warn("tun", format!("cannot create a tun in a user + network namespace: {e}"), fix),
     }
 }
 

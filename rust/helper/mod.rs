@@ -11,7 +11,8 @@
 //! - [`guest`]: the helper's side of copies and background processes.
 //! - [`dial`]: TCP connections made inside a VM's network namespace.
 //! - [`stats`]: a running VM's resource usage.
-//! - [`driver`]: namespaces, cgroups, seccomp, rootfs, pasta.
+//! - [`netstack`]: egress through a user-mode network stack, under the VM's policy.
+//! - [`driver`]: namespaces, cgroups, seccomp, rootfs, the VM's network link.
 //! - [`error`]: [`HelperError`], mapped to gRPC codes in `service::status`.
 pub mod dial;
 pub mod driver;
@@ -19,6 +20,7 @@ pub mod error;
 pub mod exec;
 pub mod freeze;
 pub mod guest;
+pub mod netstack;
 pub mod quota;
 pub mod server;
 pub mod service;

@@ -47,7 +47,6 @@ pub async fn serve(socket: &Path) -> Result<(), HelperError> {
     std::fs::write(&pid_file, format!("{}\n", std::process::id()))
         .map_err(io(format!("write {}", pid_file.display())))?;
 
-    super::driver::network::reap_stale(&crate::paths::runtime_dir().join("vms"));
     let vms = VmManager::new(Driver::detect()?, ImageStore::new(crate::paths::image_store()));
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<VmHelperServer<HelperService>>().await;

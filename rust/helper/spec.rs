@@ -29,7 +29,7 @@ static HOSTNAME_RE: LazyLock<Regex> =
 pub enum Network {
     /// Loopback only.
     None,
-    /// Outbound through pasta.
+    /// Outbound through the helper's network stack, under the VM's policy.
     Egress,
 }
 
@@ -65,6 +65,8 @@ pub struct VmConfig {
     pub hostname: String,
     /// Network mode.
     pub network: Network,
+    /// Egress rules (EGRESS only); the default policy when empty.
+    pub network_policy: crate::netpolicy::NetworkPolicy,
     /// Client metadata, returned as given.
     pub labels: BTreeMap<String, String>,
     /// Id of a running VM whose writable layer the new VM starts from a copy
@@ -161,6 +163,7 @@ mod tests {
             env: BTreeMap::new(),
             hostname: String::new(),
             network: Network::Egress,
+            network_policy: Default::default(),
             labels: BTreeMap::new(),
             clone_from: String::new(),
             disk_bytes: 0,

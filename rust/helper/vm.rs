@@ -21,6 +21,7 @@ use super::driver::launch::{Instance, LaunchSpec, launch};
 use super::driver::{Driver, network};
 use super::error::HelperError;
 use super::quota;
+use super::netstack::events::{Events, Snapshot};
 use super::spec::{Network, VmConfig};
 use super::storage::{agent_socket, prepare_dir, share_mounts, vm_dir};
 use crate::image::{ImageError, ImageInfo, ImageStore};
@@ -113,6 +114,8 @@ struct Data {
     info: VmInfo,
     /// Set while running.
     run: Option<RunHandles>,
+    /// The egress decisions of the current or last run.
+    events: Arc<Events>,
     /// Bumped on every start, so a late exit notice of an older run cannot
     /// stop a newer one.
     generation: u64,
@@ -212,7 +215,7 @@ impl VmManager {
             image,
             dir,
             op: tokio::sync::Mutex::new(None),
-            data: Mutex::new(Data { info: info.clone(), run: None, generation: 0 }),
+            data: Mutex::new(Data { info: info.clone(), run: None, events: Default::default(), generation: 0 }),
         });
         let mut vms = self.list_slots();
         if vms.iter().any(|s| s.id == slot.id) {
@@ -237,9 +240,10 @@ impl VmManager {
             return Err(HelperError::Unavailable(reason));
         }
         let egress = config.network == Network::Egress;
-        if egress && !self.driver.supports_egress() {
-            return Err(HelperError::Unavailable("network EGRESS needs pasta (package passt)".into()));
+        if egress && let Some(reason) = self.driver.egress_unavailable() {
+            return Err(HelperError::Unavailable(format!("network EGRESS: {reason}")));
         }
+        let events = Arc::new(Events::default());
         let resolv_conf = if egress {
             let path = slot.dir.join("resolv.conf");
             network::write_resolv_conf(&path)?;
@@ -265,11 +269,12 @@ impl VmManager {
                     .collect(),
                 resolv_conf,
                 shm_bytes: super::driver::oom::shm_bytes(config.memory_bytes),
+                egress,
             },
             uid_base: slot.image.uid_base,
             id_count: slot.image.id_count,
             limits: Limits { cpus: config.cpus, memory_bytes: config.memory_bytes, pids: config.pids_limit },
-            egress,
+            egress: egress.then(|| (config.network_policy.clone(), events.clone())),
             agent_socket: agent_socket(id),
         };
         let (instance, mut child) = launch(&self.driver, &spec).await?;
@@ -286,6 +291,7 @@ impl VmManager {
         let generation = {
             let mut d = slot.data();
             d.run = Some(handles);
+            d.events = events;
             d.generation += 1;
             d.info.state = VmState::Running;
             d.info.started_at_ms = now_ms();
@@ -368,6 +374,12 @@ impl VmManager {
                 Ok(())
             }
         }
+    }
+
+    /// What VM `id`'s egress policy decided during its current (or last)
+    /// run; empty for a VM that never ran or has no egress.
+    pub fn network_events(&self, id: &str) -> Result<Snapshot, HelperError> {
+        Ok(self.slot(id)?.data().events.snapshot())
     }
 
     /// One VM.

@@ -12,7 +12,8 @@ use crate::orchestrator::{
     Config, Sandbox,
     audit::AuditEntry,
     exec::{ExecResult, Outcome},
-    helper_client::{BackgroundInfo, ExitStatus, Network},
+    helper_client::{BackgroundInfo, ExitStatus},
+    network::Network,
     observe::{FULL_PCT, HIGH_PCT, Observation},
     text::{escape_bytes, human_size, render},
 };
@@ -217,10 +218,11 @@ pub fn status_line(s: &Sandbox, alive: bool) -> String {
     fields.join("  ")
 }
 
-fn network(n: Network) -> &'static str {
+fn network(n: &Network) -> String {
     match n {
-        Network::None => "none (loopback only)",
-        Network::Egress => "egress (outbound only)",
+        Network::None => "none (loopback only)".to_string(),
+        Network::Egress(p) if p.is_default() => "egress (outbound only)".to_string(),
+        Network::Egress(p) => format!("egress (outbound only, {})", p.summary()),
     }
 }
 
@@ -230,11 +232,11 @@ pub fn status_footer(c: &Config) -> Vec<String> {
     let mut lines = vec![
         format!("Image:    {}", d.image),
         "Volumes:  per-sandbox (workspace + apt/pip/npm caches)".to_string(),
-        format!("Network:  {}", network(d.network)),
+        format!("Network:  {}", network(&d.network)),
     ];
     let mut profiles: Vec<String> = c
         .profiles()
-        .map(|(n, p)| format!("{n}({}cpu/{}, {})", p.cpus, memory(p.memory_bytes), network(p.network)))
+        .map(|(n, p)| format!("{n}({}cpu/{}, {})", p.cpus, memory(p.memory_bytes), network(&p.network)))
         .collect();
     if !profiles.is_empty() {
         profiles.sort();

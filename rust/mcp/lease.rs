@@ -8,7 +8,6 @@ use serde::Deserialize;
 use super::{SandboxServer, default_sandbox, fail, format, ok, reply};
 use crate::orchestrator::{
     config::Profile,
-    helper_client::Network,
     lease::iso_utc,
     project::{PROJECT_FILE, ProjectConfig, Validation},
     text::human_size,
@@ -46,11 +45,15 @@ pub struct ValidateConfigParams {
 }
 
 fn profile_summary(p: &Profile) -> String {
-    let network = match p.network {
-        Network::Egress => "egress",
-        Network::None => "none",
-    };
-    format!("image={} cpus={} memory={} network={network}", p.image, p.cpus, format::memory(p.memory_bytes))
+    format!(
+        "image={} cpus={} memory={} network={} disk={} trust_host_ca={}",
+        p.image,
+        p.cpus,
+        format::memory(p.memory_bytes),
+        p.network.summary(),
+        format::memory(p.disk_bytes),
+        p.trust_host_ca
+    )
 }
 
 fn project_summary(project: &ProjectConfig) -> String {
@@ -112,7 +115,7 @@ impl SandboxServer {
     }
 
     #[tool(
-        description = "Check a project config file (.sandbox-mcp.toml: image, cpus, memory, network, env, sync.exclude, services) and report every problem with its key, or the settings new sandboxes get.",
+        description = "Check a project config file (.sandbox-mcp.toml: image, cpus, memory, network (\"none\", \"egress\" or {allow, deny} rules), disk, trust_host_ca, env, sync.exclude, services) and report every problem with its key, or the settings new sandboxes get.",
         annotations(read_only_hint = true, open_world_hint = false)
     )]
     async fn validate_config(

@@ -6,10 +6,13 @@ use serde::Deserialize;
 
 use super::{SandboxServer, default_sandbox, fail, ok};
 use crate::orchestrator::{
-    Sandbox,
     forward::{Exposed, ForwardInfo},
-    helper_client::Network,
+    helper_client::{NetworkEvents, RefusedFlow},
+    network::{DEFAULT_POLICY_TEXT, EventsView, Network, NetworkRow},
 };
+
+/// Refusals shown per sandbox (the newest).
+const EVENTS_SHOWN: usize = 10;
 
 /// Parameters of `expose`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -53,30 +56,70 @@ fn unexposed_text(f: &ForwardInfo) -> String {
 }
 
 /// Sandboxes have no routable address, so each line shows the network mode
-/// where the reference showed an IP; and since sandboxes are isolated from
-/// each other by construction, that fact replaces the reference's pings.
-fn network_text(rows: &[(&Sandbox, bool, Network)], forwards: &[ForwardInfo]) -> String {
+/// where the reference showed an IP; below it the egress policy and the
+/// connections it refused, then the forwards. Since sandboxes are isolated
+/// from each other by construction, that fact replaces the reference's pings.
+fn network_text(rows: &[NetworkRow], forwards: &[ForwardInfo]) -> String {
     if rows.is_empty() {
         return "No active sandboxes.".to_string();
     }
     let mut lines = Vec::new();
-    for (s, alive, net) in rows {
-        let net = match net {
-            Network::Egress => "egress",
-            Network::None => "none",
-        };
-        lines.push(format!("{:<12}  {}  net:{net}  shell:{}", s.name, s.name, if *alive { "alive" } else { "dead" }));
+    for row in rows {
+        let s = &row.sandbox;
+        let alive = if row.alive { "alive" } else { "dead" };
+        lines.push(format!("{:<12}  {}  net:{}  shell:{alive}", s.name, s.name, s.network.mode()));
+        lines.extend(policy_lines(&s.network));
+        lines.extend(event_lines(&row.events));
         for f in forwards.iter().filter(|f| f.sandbox == s.name) {
             lines.push(format!("  forward localhost:{} -> :{} ({} connections)", f.host_port, f.port, f.connections));
         }
     }
     lines.push(
-        "Sandboxes are isolated from each other and from the host's loopback services (separate network \
-         namespaces; egress goes through pasta without host-loopback mapping). Use expose() to reach a \
-         sandbox port from the host."
+        "Sandboxes are isolated from each other and from the host: separate network namespaces, and egress \
+         goes through the helper's policy-checked network stack, which never reaches the host's loopback or \
+         its own addresses. Use expose() to reach a sandbox port from the host."
             .to_string(),
     );
     lines.join("\n")
+}
+
+fn policy_lines(network: &Network) -> Vec<String> {
+    match network {
+        Network::None => vec!["  policy: loopback only".to_string()],
+        Network::Egress(p) if p.is_default() => vec![format!("  policy: {DEFAULT_POLICY_TEXT}")],
+        Network::Egress(p) => {
+            let mut lines = vec!["  policy: deny rules first, then allow; never the host or loopback".to_string()];
+            lines.push(if p.allow.is_empty() {
+                "  allow: public internet (no private ranges)".to_string()
+            } else {
+                format!("  allow: {}", p.allow.join(", "))
+            });
+            if !p.deny.is_empty() {
+                lines.push(format!("  deny: {}", p.deny.join(", ")));
+            }
+            lines
+        }
+    }
+}
+
+fn refused_line(e: &RefusedFlow) -> String {
+    let name = if e.name.is_empty() || e.name == e.destination { String::new() } else { format!(" ({})", e.name) };
+    format!("  refused {} {}{name} \u{2014} {}", e.protocol, e.destination, e.reason)
+}
+
+fn event_lines(events: &EventsView) -> Vec<String> {
+    match events {
+        EventsView::NotApplicable | EventsView::Unsupported => Vec::new(),
+        EventsView::Unavailable(why) => vec![format!("  refused connections: unavailable ({why})")],
+        EventsView::Events(NetworkEvents { refused, refused_total, allowed_total }) => {
+            let mut lines: Vec<String> =
+                refused.iter().skip(refused.len().saturating_sub(EVENTS_SHOWN)).map(refused_line).collect();
+            if *refused_total > 0 {
+                lines.push(format!("  {refused_total} refused, {allowed_total} allowed since start"));
+            }
+            lines
+        }
+    }
 }
 
 #[tool_router(router = network_router, vis = "pub(super)")]
@@ -107,28 +150,14 @@ impl SandboxServer {
     }
 
     #[tool(
-        description = "Each sandbox's network mode (egress or none) and its port forwards.",
+        description = "Each sandbox's network mode (egress or none), its egress policy (allow/deny rules or the default: public internet, never the host, loopback or private ranges), the recent connections the policy refused with why, and its port forwards.",
         annotations(read_only_hint = true, open_world_hint = false)
     )]
     async fn network_info(&self) -> Result<CallToolResult, rmcp::ErrorData> {
-        let m = &self.manager;
-        let sandboxes = m.list();
-        let running = if sandboxes.is_empty() {
-            Default::default()
-        } else {
-            match m.running().await {
-                Ok(r) => r,
-                Err(e) => return fail(e),
-            }
-        };
-        let rows: Vec<(&Sandbox, bool, Network)> = sandboxes
-            .iter()
-            .map(|s| {
-                let alive = running.get(&s.name).copied().unwrap_or(false);
-                (s.as_ref(), alive, m.config().profile_for(&s.name).network)
-            })
-            .collect();
-        ok(network_text(&rows, &self.forwards.list()))
+        match self.manager.network_report().await {
+            Ok(rows) => ok(network_text(&rows, &self.forwards.list())),
+            Err(e) => fail(e),
+        }
     }
 }
 
@@ -150,5 +179,33 @@ mod tests {
         assert!(!exposed_text(&Exposed { forward: fwd(0), listening: true }).contains("Warning"));
         assert_eq!(unexposed_text(&fwd(3)), "Stopped forwarding localhost:8080 -> 'web':8000 (3 connections served)");
         assert_eq!(network_text(&[], &[]), "No active sandboxes.");
+    }
+
+    #[test]
+    fn policies_and_refusals() {
+        use crate::orchestrator::network::EgressPolicy;
+        assert_eq!(policy_lines(&Network::None), ["  policy: loopback only"]);
+        assert_eq!(
+            policy_lines(&Network::default()),
+            ["  policy: default: public internet; never the host, loopback or private ranges"]
+        );
+        let p = Network::Egress(EgressPolicy { allow: vec!["pypi.org".into(), "*.x.org:443".into()], deny: vec![] });
+        assert_eq!(policy_lines(&p)[1..], ["  allow: pypi.org, *.x.org:443"]);
+        let p = Network::Egress(EgressPolicy { allow: vec![], deny: vec!["10.1.0.0/16".into()] });
+        assert_eq!(policy_lines(&p)[1..], ["  allow: public internet (no private ranges)", "  deny: 10.1.0.0/16"]);
+        let flow = |n: usize| RefusedFlow {
+            protocol: "tcp".into(),
+            destination: format!("127.0.0.{n}:8765"),
+            reason: "loopback is never reachable".into(),
+            ..Default::default()
+        };
+        let events = NetworkEvents { refused: (1..=12).map(flow).collect(), refused_total: 40, allowed_total: 3 };
+        let lines = event_lines(&EventsView::Events(events));
+        assert_eq!(lines.len(), EVENTS_SHOWN + 1);
+        assert_eq!(lines[0], "  refused tcp 127.0.0.3:8765 \u{2014} loopback is never reachable");
+        assert_eq!(lines[EVENTS_SHOWN], "  40 refused, 3 allowed since start");
+        let named = RefusedFlow { name: "example.org".into(), ..flow(1) };
+        assert!(refused_line(&named).starts_with("  refused tcp 127.0.0.1:8765 (example.org) \u{2014} "));
+        assert!(event_lines(&EventsView::Unsupported).is_empty());
     }
 }

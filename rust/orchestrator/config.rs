@@ -14,10 +14,14 @@
 //! image = "mcp-dev"
 //! cpus = 2
 //! memory = "512M"
-//! network = "egress"                   # or "none"
+//! network = "egress"                   # or "none", or { allow = [...], deny = [...] }
+//! disk = "10G"                         # disk quota (writable layer, /workspace, /tmp)
+//! trust_host_ca = true                 # the host's CA certificates in the sandbox's trust store (super::ca_trust)
 //! [profiles.offline]                   # applies to the sandbox named "offline"
 //! network = "none"
 //! memory = "1G"
+//! [profiles.pypi.network]              # egress under a policy (see super::network)
+//! allow = ["pypi.org", "files.pythonhosted.org"]
 //! [spawn_policies.default]              # who may spawn children (see spawn::policy)
 //! max_concurrent = 3
 //! inject_ctl = true                     # opt in to sandbox-ctl inside "default"
@@ -32,14 +36,18 @@ use std::{
 };
 
 use serde::Deserialize;
+use toml::Value;
 
 use super::{
     error::OrchestratorError,
-    helper_client::Network,
     hostpath::HostRoots,
     lease::Limits,
+    network::Network,
     spawn::policy::{SpawnPolicy, SpawnPolicyFile},
 };
+
+/// Disk quota of a sandbox unless configured.
+pub const DEFAULT_DISK_BYTES: u64 = 10 << 30;
 
 /// What a sandbox is created with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,8 +58,12 @@ pub struct Profile {
     pub cpus: u32,
     /// Memory limit in bytes.
     pub memory_bytes: u64,
-    /// Network mode.
+    /// Network mode and egress policy.
     pub network: Network,
+    /// Disk quota in bytes.
+    pub disk_bytes: u64,
+    /// Add the host's CA bundle to the sandbox's trust store.
+    pub trust_host_ca: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -60,7 +72,10 @@ struct ProfileFile {
     image: Option<String>,
     cpus: Option<u32>,
     memory: Option<String>,
-    network: Option<String>,
+    // Checked by hand, so that every problem names its key.
+    network: Option<Value>,
+    disk: Option<Value>,
+    trust_host_ca: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -120,12 +135,44 @@ pub fn parse_memory(s: &str) -> Result<u64, String> {
     Ok(mib << 20)
 }
 
-fn parse_network(key: &str, s: &str) -> Result<Network, OrchestratorError> {
-    match s {
-        "egress" => Ok(Network::Egress),
-        "none" => Ok(Network::None),
-        other => Err(invalid(key, format!("network must be 'egress' or 'none', not '{other}'"))),
+/// Parse a disk quota like `20G`, `512M`, `1T`, `2048` (MiB).
+pub fn parse_disk(s: &str) -> Result<u64, String> {
+    let bad = || format!("invalid disk size '{s}' (use e.g. 10G or 512M)");
+    let t = s.trim();
+    let digits: String = t.chars().take_while(|c| c.is_ascii_digit()).collect();
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let shift = match t[digits.len()..].trim().to_ascii_uppercase().as_str() {
+        "" | "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        _ => return Err(bad()),
+    };
+    let bytes = n.checked_mul(1 << shift).ok_or_else(bad)?;
+    if bytes < 64 << 20 {
+        return Err(format!("disk must be at least 64M (got '{s}')"));
     }
+    Ok(bytes)
+}
+
+/// The `disk` value: a size string.
+pub fn disk_from_toml(value: &Value) -> Result<u64, String> {
+    match value.as_str() {
+        Some(s) => parse_disk(s),
+        None => Err(format!("expected a size string such as \"20G\", not {value}")),
+    }
+}
+
+/// The `trust_host_ca` value: a boolean.
+pub fn trust_from_toml(value: &Value) -> Result<bool, String> {
+    value.as_bool().ok_or_else(|| format!("expected true or false, not {value}"))
+}
+
+/// A `network` value, or the first problem as a config error.
+fn network_from_toml(key: &str, value: &Value) -> Result<Network, OrchestratorError> {
+    Network::from_toml(key, value).map_err(|problems| {
+        let (key, msg) = problems.into_iter().next().unwrap_or_default();
+        invalid(&key, msg)
+    })
 }
 
 fn apply(base: &Profile, f: &ProfileFile, key: &str) -> Result<Profile, OrchestratorError> {
@@ -144,7 +191,13 @@ fn apply(base: &Profile, f: &ProfileFile, key: &str) -> Result<Profile, Orchestr
         p.memory_bytes = parse_memory(m).map_err(|e| invalid(&format!("{key}.memory"), e))?;
     }
     if let Some(n) = &f.network {
-        p.network = parse_network(&format!("{key}.network"), n)?;
+        p.network = network_from_toml(&format!("{key}.network"), n)?;
+    }
+    if let Some(d) = &f.disk {
+        p.disk_bytes = disk_from_toml(d).map_err(|e| invalid(&format!("{key}.disk"), e))?;
+    }
+    if let Some(t) = &f.trust_host_ca {
+        p.trust_host_ca = trust_from_toml(t).map_err(|e| invalid(&format!("{key}.trust_host_ca"), e))?;
     }
     Ok(p)
 }
@@ -179,14 +232,17 @@ impl Config {
             image: crate::image::DEFAULT_IMAGE.to_string(),
             cpus: 2,
             memory_bytes: 512 << 20,
-            network: Network::Egress,
+            network: Network::default(),
+            disk_bytes: DEFAULT_DISK_BYTES,
+            trust_host_ca: true,
         };
         let mut defaults = apply(&builtin, &file.defaults, "defaults")?;
         if let Some(i) = env("SANDBOX_MCP_DEFAULT_IMAGE") {
             defaults.image = i;
         }
         if let Some(n) = env("SANDBOX_MCP_NETWORK") {
-            defaults.network = parse_network("SANDBOX_MCP_NETWORK", &n)?;
+            defaults.network = Network::from_mode(&n)
+                .ok_or_else(|| invalid("SANDBOX_MCP_NETWORK", format!("must be 'egress' or 'none', not '{n}'")))?;
         }
         let mut profiles = HashMap::new();
         for (name, f) in &file.profiles {
@@ -284,6 +340,64 @@ mod tests {
         let bad: ConfigFile = toml::from_str("[profiles.x]\nnetwork = \"wifi\"\n").unwrap();
         assert!(Config::from_file(bad).unwrap_err().to_string().contains("profiles.x.network"));
         assert!(toml::from_str::<ConfigFile>("bogus = 1\n").is_err());
+    }
+
+    #[test]
+    fn disk_sizes() {
+        assert_eq!(parse_disk("20G").unwrap(), 20 << 30);
+        assert_eq!(parse_disk("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_disk("1T").unwrap(), 1 << 40);
+        assert_eq!(parse_disk("2048").unwrap(), 2 << 30);
+        assert_eq!(parse_disk("2GiB").unwrap(), 2 << 30);
+        assert!(parse_disk("12M").unwrap_err().contains("at least 64M"));
+        assert!(parse_disk("lots").unwrap_err().contains("invalid disk size 'lots'"));
+        assert!(parse_disk("5P").is_err());
+        assert!(parse_disk("99999999999999999999G").is_err());
+        assert!(parse_disk("99999999999T").is_err());
+    }
+
+    fn load(text: &str) -> Result<Config, String> {
+        let file: ConfigFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        Config::from_file(file).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn network_disk_and_ca_keys() {
+        let c = load(
+            "host_roots = [\"/tmp\"]\n[defaults]\ndisk = \"20G\"\ntrust_host_ca = false\n\
+             [profiles.pypi]\nnetwork = { allow = [\"pypi.org\"] }\n\
+             [profiles.sec.network]\ndeny = [\"203.0.113.0/24\"]\n[profiles.off]\nnetwork = \"none\"\ndisk = \"1G\"\n",
+        )
+        .unwrap();
+        let d = c.defaults();
+        assert_eq!((d.network.clone(), d.disk_bytes, d.trust_host_ca), (Network::default(), 20 << 30, false));
+        assert_eq!(c.profile_for("pypi").network.summary(), "egress allow=pypi.org");
+        assert_eq!(c.profile_for("sec").network.summary(), "egress deny=203.0.113.0/24");
+        // Profiles start from the defaults.
+        assert_eq!((c.profile_for("pypi").disk_bytes, c.profile_for("pypi").trust_host_ca), (20 << 30, false));
+        assert_eq!((c.profile_for("off").network.clone(), c.profile_for("off").disk_bytes), (Network::None, 1 << 30));
+        let builtin = load("host_roots = [\"/tmp\"]\n").unwrap();
+        let b = builtin.defaults();
+        assert_eq!((b.network.clone(), b.disk_bytes, b.trust_host_ca), (Network::default(), DEFAULT_DISK_BYTES, true));
+        for (text, want) in [
+            (
+                "[profiles.x]\nnetwork = { allow = [\"ok.org\", \"not a rule\"] }\n",
+                "config profiles.x.network.allow[1]: ",
+            ),
+            ("[profiles.x.network]\ndeny = [1]\n", "config profiles.x.network.deny[0]: expected a rule string, not 1"),
+            ("[profiles.x.network]\nallow = \"pypi.org\"\n", "config profiles.x.network.allow: expected a list"),
+            ("[profiles.x.network]\nports = [443]\n", "config profiles.x.network.ports: is not supported"),
+            ("[defaults]\nnetwork = 1\n", "config defaults.network: must be \"egress\", \"none\" or a table"),
+            ("[defaults]\ndisk = \"huge\"\n", "config defaults.disk: invalid disk size 'huge'"),
+            ("[defaults]\ndisk = 20\n", "config defaults.disk: expected a size string such as \"20G\", not 20"),
+            ("[profiles.x]\ntrust_host_ca = \"yes\"\n", "config profiles.x.trust_host_ca: expected true or false"),
+        ] {
+            let e = load(&format!("host_roots = [\"/tmp\"]\n{text}")).unwrap_err();
+            assert!(e.starts_with(want), "{text}: {e}");
+        }
+        assert!(
+            load("[profiles.x.network]\nallow = [\"ok.org\", \"not a rule\"]\n").unwrap_err().contains("not a rule")
+        );
     }
 
     #[test]

@@ -16,6 +16,7 @@ use tokio::{net::UnixStream, sync::mpsc};
 use tokio_stream::{StreamExt, wrappers::ReceiverStream};
 use tonic::{Code, Streaming, transport::Channel};
 
+use super::network::{EgressPolicy, Network};
 use crate::proto::v1::{self as pb, vm_helper_client::VmHelperClient};
 
 /// Failures talking to the helper, already phrased for a user.
@@ -64,15 +65,6 @@ impl From<tonic::Status> for HelperError {
     }
 }
 
-/// Network access of a VM.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Network {
-    /// Loopback only.
-    None,
-    /// Outbound access through a user-mode network stack.
-    Egress,
-}
-
 /// What the orchestrator asks the helper to create.
 #[derive(Debug, Clone)]
 pub struct VmConfig {
@@ -89,6 +81,10 @@ pub struct VmConfig {
     pub mounts: Vec<(PathBuf, String, bool)>,
     /// Network access.
     pub network: Network,
+    /// Environment every process in the VM starts with.
+    pub env: HashMap<String, String>,
+    /// Disk quota in bytes; 0: the helper's default.
+    pub disk_bytes: u64,
     /// Metadata to find the VM again after a restart.
     pub labels: HashMap<String, String>,
     /// Start from a copy of this running VM's writable layer and image.
@@ -125,6 +121,9 @@ pub struct VmInfo {
     pub cpus: u32,
     /// Memory limit in bytes.
     pub memory_bytes: u64,
+    /// Network access, as far as the helper reports it (a helper that does
+    /// not echo the policy reports the default one).
+    pub network: Network,
     /// Unix ms of the last start.
     pub started_at_ms: i64,
 }
@@ -355,32 +354,7 @@ impl HelperClient {
 
     /// Create a VM (not started).
     pub async fn create_vm(&self, cfg: VmConfig) -> Result<VmInfo, HelperError> {
-        let spec = pb::VmSpec {
-            id: cfg.id.clone(),
-            image: cfg.image,
-            cpus: cfg.cpus,
-            memory_bytes: cfg.memory_bytes,
-            pids_limit: 0,
-            mounts: cfg
-                .mounts
-                .into_iter()
-                .map(|(h, g, read_only)| pb::Mount {
-                    host_path: h.to_string_lossy().into_owned(),
-                    guest_path: g,
-                    read_only,
-                })
-                .collect(),
-            env: HashMap::new(),
-            hostname: cfg.id,
-            network: match cfg.network {
-                Network::None => pb::NetworkMode::None,
-                Network::Egress => pb::NetworkMode::Egress,
-            } as i32,
-            labels: cfg.labels,
-            clone_from: cfg.clone_from.unwrap_or_default(),
-            network_policy: None,
-            disk_bytes: 0,
-        };
+        let spec = pb::VmSpec::from(cfg);
         let vm = self.client.clone().create_vm(pb::CreateVmRequest { spec: Some(spec) }).await?.into_inner().vm;
         vm_info(vm)
     }
@@ -481,6 +455,70 @@ impl HelperClient {
     }
 }
 
+impl From<VmConfig> for pb::VmSpec {
+    fn from(cfg: VmConfig) -> Self {
+        Self {
+            id: cfg.id.clone(),
+            image: cfg.image,
+            cpus: cfg.cpus,
+            memory_bytes: cfg.memory_bytes,
+            pids_limit: 0,
+            mounts: cfg
+                .mounts
+                .into_iter()
+                .map(|(h, g, read_only)| pb::Mount {
+                    host_path: h.to_string_lossy().into_owned(),
+                    guest_path: g,
+                    read_only,
+                })
+                .collect(),
+            env: cfg.env,
+            hostname: cfg.id,
+            network: pb::NetworkMode::from(&cfg.network) as i32,
+            network_policy: Option::<pb::NetworkPolicy>::from(&cfg.network),
+            labels: cfg.labels,
+            clone_from: cfg.clone_from.unwrap_or_default(),
+            disk_bytes: cfg.disk_bytes,
+        }
+    }
+}
+
+impl From<&Network> for pb::NetworkMode {
+    fn from(n: &Network) -> Self {
+        match n {
+            Network::None => Self::None,
+            Network::Egress(_) => Self::Egress,
+        }
+    }
+}
+
+/// The policy to send: unset for `none` and for the default policy (the
+/// contract's "unset means the default").
+impl From<&Network> for Option<pb::NetworkPolicy> {
+    fn from(n: &Network) -> Self {
+        match n {
+            Network::Egress(p) if !p.is_default() => {
+                Some(pb::NetworkPolicy { allow: p.allow.clone(), deny: p.deny.clone() })
+            }
+            _ => None,
+        }
+    }
+}
+
+impl From<&pb::VmSpec> for Network {
+    fn from(spec: &pb::VmSpec) -> Self {
+        match pb::NetworkMode::try_from(spec.network) {
+            Ok(pb::NetworkMode::None) => Self::None,
+            _ => Self::Egress(
+                spec.network_policy
+                    .as_ref()
+                    .map(|p| EgressPolicy { allow: p.allow.clone(), deny: p.deny.clone() })
+                    .unwrap_or_default(),
+            ),
+        }
+    }
+}
+
 fn process_spec(vm_id: &str, p: ProcessConfig) -> pb::ProcessSpec {
     pb::ProcessSpec {
         vm_id: vm_id.into(),
@@ -525,6 +563,7 @@ fn vm_info(vm: Option<pb::Vm>) -> Result<VmInfo, HelperError> {
         _ => VmState::Unknown,
     };
     Ok(VmInfo {
+        network: Network::from(&spec),
         id: spec.id,
         image: spec.image,
         labels: spec.labels,
@@ -793,6 +832,60 @@ impl HelperClient {
     }
 }
 
+/// One connection the egress policy refused.
+#[derive(Debug, Clone, Default)]
+pub struct RefusedFlow {
+    /// Unix ms.
+    pub at_ms: i64,
+    /// "tcp", "udp" or "dns".
+    pub protocol: String,
+    /// Address and port as the sandbox addressed it, or the queried name.
+    pub destination: String,
+    /// The name the flow was tied to (DNS pin, TLS SNI, HTTP Host), if any.
+    pub name: String,
+    /// Why it was refused.
+    pub reason: String,
+}
+
+/// What a VM's egress policy decided.
+#[derive(Debug, Clone, Default)]
+pub struct NetworkEvents {
+    /// The most recent refusals, oldest first.
+    pub refused: Vec<RefusedFlow>,
+    /// Refused flows since the VM started.
+    pub refused_total: u64,
+    /// Allowed flows since the VM started.
+    pub allowed_total: u64,
+}
+
+impl HelperClient {
+    /// The refusals of a VM's egress policy; `None` when this helper does not
+    /// implement the RPC (it reports nothing, which is not an error).
+    pub async fn network_events(&self, vm_id: &str) -> Result<Option<NetworkEvents>, HelperError> {
+        let req = pb::NetworkEventsRequest { vm_id: vm_id.into() };
+        let r = match self.client.clone().network_events(req).await {
+            Ok(r) => r.into_inner(),
+            Err(s) if s.code() == Code::Unimplemented => return Ok(None),
+            Err(s) => return Err(s.into()),
+        };
+        Ok(Some(NetworkEvents {
+            refused: r
+                .refused
+                .into_iter()
+                .map(|e| RefusedFlow {
+                    at_ms: e.at_ms,
+                    protocol: e.protocol,
+                    destination: e.destination,
+                    name: e.name,
+                    reason: e.reason,
+                })
+                .collect(),
+            refused_total: r.refused_total,
+            allowed_total: r.allowed_total,
+        }))
+    }
+}
+
 /// Chunks of a CopyOut tar stream.
 pub struct CopyOutReader {
     rx: Streaming<pb::CopyOutResponse>,
@@ -815,5 +908,45 @@ impl CopyOutReader {
             }
         }
         Ok(received)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(network: Network) -> VmConfig {
+        VmConfig {
+            id: "vm".into(),
+            image: "img".into(),
+            cpus: 1,
+            memory_bytes: 256 << 20,
+            mounts: Vec::new(),
+            network,
+            env: HashMap::from([("SSL_CERT_FILE".into(), "/etc/x".into())]),
+            disk_bytes: 20 << 30,
+            labels: HashMap::new(),
+            clone_from: None,
+        }
+    }
+
+    #[test]
+    fn the_spec_carries_mode_policy_disk_and_env() {
+        let policy = EgressPolicy { allow: vec!["pypi.org".into()], deny: vec!["10.0.0.0/8".into()] };
+        let spec = pb::VmSpec::from(config(Network::Egress(policy.clone())));
+        assert_eq!(spec.network, pb::NetworkMode::Egress as i32);
+        assert_eq!(spec.network_policy, Some(pb::NetworkPolicy { allow: policy.allow, deny: policy.deny }));
+        assert_eq!(spec.disk_bytes, 20 << 30);
+        assert_eq!(spec.env["SSL_CERT_FILE"], "/etc/x");
+        assert_eq!(
+            Network::from(&spec),
+            Network::Egress(EgressPolicy { allow: vec!["pypi.org".into()], deny: vec!["10.0.0.0/8".into()] })
+        );
+        // The default policy and `none` leave the policy unset.
+        let spec = pb::VmSpec::from(config(Network::default()));
+        assert_eq!((spec.network, spec.network_policy), (pb::NetworkMode::Egress as i32, None));
+        let spec = pb::VmSpec::from(config(Network::None));
+        assert_eq!((spec.network, spec.network_policy.clone()), (pb::NetworkMode::None as i32, None));
+        assert_eq!(Network::from(&spec), Network::None);
     }
 }

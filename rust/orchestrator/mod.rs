@@ -9,6 +9,8 @@
 //! - [`audit`]: command history with secret redaction.
 //! - [`names`]: validation of client-supplied names.
 //! - [`config`]: defaults, profiles, idle TTL, host roots.
+//! - [`network`]: network modes, egress policies, the child rule and the
+//!   `network_info` report; [`ca_trust`]: the host's CA bundle in sandboxes.
 //! - [`hostpath`]: the host-roots policy for host paths; [`hostfs`]: the
 //!   race-free, fd-based file operations every host-path tool goes through.
 //! - [`text`]: output bytes to client text.
@@ -24,6 +26,7 @@ pub mod artifacts;
 pub mod audit;
 pub mod background;
 pub mod build;
+pub mod ca_trust;
 pub mod config;
 pub mod containerfile;
 pub mod ctl;
@@ -38,6 +41,7 @@ pub mod hostpath;
 pub mod images;
 pub mod lease;
 pub mod names;
+pub mod network;
 pub mod observe;
 pub mod owner;
 pub mod packages;

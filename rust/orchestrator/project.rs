@@ -7,7 +7,9 @@
 //! image = "mcp-dev"
 //! cpus = 2
 //! memory = "1G"
-//! network = "none"
+//! network = "none"                            # or "egress", or { allow = [...], deny = [...] }
+//! disk = "20G"
+//! trust_host_ca = true
 //! services = ["python3 -m http.server 8000"]   # started with `bg` as svc-1, svc-2, …
 //! [env]
 //! APP_ENV = "test"
@@ -27,18 +29,18 @@ use std::{
 use toml::{Table, Value};
 
 use super::{
-    config::{Profile, parse_memory},
+    config::{Profile, disk_from_toml, parse_memory, trust_from_toml},
     error::OrchestratorError,
-    helper_client::Network,
     hostpath::Entry,
     names::validate_env_key,
+    network::Network,
     sandbox::{Sandbox, SandboxManager, WORKSPACE},
 };
 
 /// The file's name in the project directory.
 pub const PROJECT_FILE: &str = ".sandbox-mcp.toml";
 
-const TOP_KEYS: [&str; 7] = ["image", "cpus", "memory", "network", "env", "sync", "services"];
+const TOP_KEYS: [&str; 9] = ["image", "cpus", "memory", "network", "disk", "trust_host_ca", "env", "sync", "services"];
 const SYNC_KEYS: [&str; 1] = ["exclude"];
 
 /// A valid project file.
@@ -50,8 +52,12 @@ pub struct ProjectConfig {
     pub cpus: Option<u32>,
     /// Memory limit in bytes.
     pub memory_bytes: Option<u64>,
-    /// Network mode.
+    /// Network mode and egress policy.
     pub network: Option<Network>,
+    /// Disk quota in bytes.
+    pub disk_bytes: Option<u64>,
+    /// Add the host's CA bundle to the sandbox's trust store.
+    pub trust_host_ca: Option<bool>,
     /// Persistent env set in every new sandbox.
     pub env: BTreeMap<String, String>,
     /// Extra gitignore-style patterns sync never sends.
@@ -67,7 +73,9 @@ impl ProjectConfig {
             image: self.image.clone().unwrap_or_else(|| base.image.clone()),
             cpus: self.cpus.unwrap_or(base.cpus),
             memory_bytes: self.memory_bytes.unwrap_or(base.memory_bytes),
-            network: self.network.unwrap_or(base.network),
+            network: self.network.clone().unwrap_or_else(|| base.network.clone()),
+            disk_bytes: self.disk_bytes.unwrap_or(base.disk_bytes),
+            trust_host_ca: self.trust_host_ca.unwrap_or(base.trust_host_ca),
         }
     }
 
@@ -97,10 +105,17 @@ impl ProjectConfig {
                     },
                     None => bad("expected a size string such as \"512M\" or \"2G\"".into()),
                 },
-                "network" => match value.as_str() {
-                    Some("egress") => p.network = Some(Network::Egress),
-                    Some("none") => p.network = Some(Network::None),
-                    _ => bad(format!("must be \"egress\" or \"none\", not {value}")),
+                "network" => match Network::from_toml(key, value) {
+                    Ok(n) => p.network = Some(n),
+                    Err(all) => problems.extend(all.into_iter().map(|(k, msg)| format!("{k}: {msg}"))),
+                },
+                "disk" => match disk_from_toml(value) {
+                    Ok(b) => p.disk_bytes = Some(b),
+                    Err(e) => bad(e),
+                },
+                "trust_host_ca" => match trust_from_toml(value) {
+                    Ok(t) => p.trust_host_ca = Some(t),
+                    Err(e) => bad(e),
                 },
                 "env" => match value.as_table() {
                     Some(t) => {
@@ -276,12 +291,50 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.image.as_deref(), Some("mcp-dev"));
-        assert_eq!((p.cpus, p.memory_bytes, p.network), (Some(1), Some(1 << 30), Some(Network::None)));
+        assert_eq!((p.cpus, p.memory_bytes, p.network.clone()), (Some(1), Some(1 << 30), Some(Network::None)));
         assert_eq!(p.env.get("A").map(String::as_str), Some("1"));
         assert_eq!((p.sync_exclude.len(), p.services.len()), (1, 1));
-        let base = Profile { image: "x".into(), cpus: 4, memory_bytes: 512 << 20, network: Network::Egress };
+        let base = Profile {
+            image: "x".into(),
+            cpus: 4,
+            memory_bytes: 512 << 20,
+            network: Network::default(),
+            disk_bytes: 10 << 30,
+            trust_host_ca: true,
+        };
         let cpus_only = ProjectConfig { cpus: Some(2), ..Default::default() };
         assert_eq!(cpus_only.apply(&base), Profile { cpus: 2, ..base.clone() });
+        let p = ProjectConfig::parse(
+            "disk = \"20G\"\ntrust_host_ca = false\n[network]\nallow = [\"pypi.org\"]\ndeny = [\"*.evil.example\"]\n",
+        )
+        .unwrap();
+        let applied = p.apply(&base);
+        assert_eq!((applied.disk_bytes, applied.trust_host_ca), (20 << 30, false));
+        assert_eq!(applied.network.summary(), "egress allow=pypi.org deny=*.evil.example");
+        let inline = ProjectConfig::parse("network = { allow = [\"pypi.org\"], deny = [\"*.evil.example\"] }").unwrap();
+        assert_eq!(inline.network, p.network);
+    }
+
+    #[test]
+    fn reports_every_network_disk_and_ca_problem() {
+        let problems = ProjectConfig::parse(
+            "disk = 20\ntrust_host_ca = \"yes\"\n[network]\nallow = [\"pypi.org\", \"bad rule\", 3]\ndeny = \"x\"\nports = []\n",
+        )
+        .unwrap_err();
+        let all = problems.join("\n");
+        for want in [
+            "disk: expected a size string such as \"20G\", not 20",
+            "trust_host_ca: expected true or false, not \"yes\"",
+            "network.allow[2]: expected a rule string, not 3",
+            "network.deny: expected a list of rule strings",
+            "network.ports: is not supported (allowed: allow, deny)",
+        ] {
+            assert!(all.contains(want), "missing {want:?} in:\n{all}");
+        }
+        assert_eq!(problems.len(), 5, "{all}");
+        let problems = ProjectConfig::parse("disk = \"1M\"\nnetwork = { allow = [\"bad rule\"] }\n").unwrap_err();
+        assert!(problems[0].starts_with("disk: disk must be at least 64M"), "{problems:?}");
+        assert!(problems[1].starts_with("network.allow[0]: ") && problems[1].contains("bad rule"), "{problems:?}");
     }
 
     #[test]
@@ -296,7 +349,7 @@ mod tests {
             "foo is not supported (allowed: image, cpus",
             "cpus: expected a whole number",
             "memory: invalid memory size 'lots'",
-            "network: must be \"egress\" or \"none\"",
+            "network: must be \"egress\", \"none\" or a table",
             "services: expected a list",
             "env.1BAD: invalid env key",
             "env.N: expected a string",

@@ -15,6 +15,7 @@ use super::{
     exec::{self, ExecResult},
     helper_client::{HelperClient, HelperError, ProcessConfig, VmConfig, VmInfo, VmState},
     names::{self, validate_sandbox_name},
+    network::Network,
     shell,
 };
 
@@ -26,6 +27,10 @@ const PARENT_LABEL: &str = "sandbox-mcp.parent";
 const GENERATION_LABEL: &str = "sandbox-mcp.generation";
 /// How long a live sandbox's agent may take to answer a liveness check.
 const AGENT_ANSWER_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Label holding the sandbox's network and egress policy (see
+/// [`Network::to_label`]): children inherit it, also after a restart.
+const NETWORK_LABEL: &str = "sandbox-mcp.network";
 /// Where a sandbox's workspace volume is mounted.
 pub const WORKSPACE: &str = "/workspace";
 
@@ -47,6 +52,8 @@ pub struct Sandbox {
     pub cpus: u32,
     /// Memory limit in bytes.
     pub memory_bytes: u64,
+    /// Network mode and egress policy it was created with.
+    pub network: Network,
     /// When the VM was started.
     pub started_at: SystemTime,
     /// Persistent env applied to every command; mirrored inside the sandbox
@@ -66,7 +73,18 @@ pub struct Sandbox {
 impl Sandbox {
     fn from_vm(vm: &VmInfo, name: String) -> Self {
         let started_at = SystemTime::UNIX_EPOCH + Duration::from_millis(vm.started_at_ms.max(0) as u64);
+        // The label is the orchestrator's own record; a VM without one was
+        // created before policies existed and has the mode the helper reports.
+        // One it cannot read gets no network at all: never a wider one.
+        let network = match vm.labels.get(NETWORK_LABEL) {
+            Some(label) => Network::from_label(label).unwrap_or_else(|| {
+                tracing::warn!(sandbox = %name, "unreadable network label {label:?}: treating the network as none");
+                Network::None
+            }),
+            None => vm.network.clone(),
+        };
         Self {
+            network,
             parent: vm.labels.get(PARENT_LABEL).cloned(),
             generation: vm.labels.get(GENERATION_LABEL).and_then(|g| g.parse().ok()).unwrap_or(0),
             name,
@@ -282,6 +300,8 @@ pub struct SandboxManager {
     /// lost name is never silently re-created: tools report it until
     /// `reset` or `destroy` acknowledges the loss.
     lost: Mutex<BTreeMap<String, String>>,
+    /// The host's CA certificates, for sandboxes that trust them.
+    host_ca: super::ca_trust::HostCaCache,
 }
 
 impl SandboxManager {
@@ -298,6 +318,7 @@ impl SandboxManager {
             dirty: Arc::default(),
             history_dirty: Arc::default(),
             lost: Mutex::default(),
+            host_ca: Default::default(),
         };
         for vm in manager.helper.list_vms().await? {
             let Some(name) = vm.labels.get(NAME_LABEL).cloned() else {
@@ -539,7 +560,7 @@ impl SandboxManager {
             return Err(OrchestratorError::InvalidName(name.to_string()));
         }
         // A child never takes a profile by its own name: it runs under its
-        // root's (network policy included), with the spawn's image and size.
+        // root's, with the spawn's image and size and its parent's network.
         let (mut profile, project) = self.creation_profile(names::root_of_name(name))?;
         // A child's project is its parent's business: only top-level
         // sandboxes get the project's env and services.
@@ -549,6 +570,9 @@ impl SandboxManager {
         }
         profile.cpus = origin.cpus.unwrap_or(profile.cpus);
         profile.memory_bytes = origin.memory_bytes.unwrap_or(profile.memory_bytes);
+        if let Some(parent) = &origin.parent {
+            profile.network = Network::for_child(&self.get(parent)?.network);
+        }
         let _slot = self.preflight(name, &profile)?;
         let volume = self.config.volumes_dir.join(name);
         let mut mounts = vec![(self.workspace_dir(name), WORKSPACE.to_string(), false)];
@@ -573,7 +597,10 @@ impl SandboxManager {
         for l in self.listeners() {
             mounts.extend(l.mounts(name, origin.parent.as_deref()));
         }
-        let mut labels = HashMap::from([(NAME_LABEL.to_string(), name.to_string())]);
+        let mut labels = HashMap::from([
+            (NAME_LABEL.to_string(), name.to_string()),
+            (NETWORK_LABEL.to_string(), profile.network.to_label()),
+        ]);
         let generation = match &origin.parent {
             Some(parent) => {
                 let generation = self.get(parent)?.generation + 1;
@@ -583,13 +610,18 @@ impl SandboxManager {
             }
             None => 0,
         };
+        // Read before the VM exists: its base env points at the bundle only
+        // when there is a host bundle to write.
+        let host_ca = if profile.trust_host_ca { self.host_ca.get() } else { None };
         let cfg = VmConfig {
             id: name.to_string(),
             image: if origin.clone_from.is_some() { String::new() } else { profile.image.clone() },
             cpus: profile.cpus,
             memory_bytes: profile.memory_bytes,
             mounts,
-            network: profile.network,
+            network: profile.network.clone(),
+            env: host_ca.as_ref().map(|_| super::ca_trust::env()).unwrap_or_default(),
+            disk_bytes: profile.disk_bytes,
             labels,
             clone_from: origin.clone_from.clone(),
         };
@@ -604,7 +636,7 @@ impl SandboxManager {
         };
         let sandbox = Arc::new(Sandbox::from_vm(&vm, name.to_string()));
         debug_assert_eq!(sandbox.generation, generation);
-        if let Err(e) = self.prepare(&sandbox, origin, project.as_ref()).await {
+        if let Err(e) = self.prepare(&sandbox, origin, project.as_ref(), host_ca.as_deref()).await {
             self.helper.delete_vm(name).await.ok();
             return Err(e);
         }
@@ -616,14 +648,20 @@ impl SandboxManager {
         Ok(sandbox)
     }
 
-    /// Make a booted sandbox ready: its env (carried by a snapshot or clone
-    /// in its root filesystem), the project's env and services, listeners.
+    /// Make a booted sandbox ready: the host's CA trust, its env (carried by
+    /// a snapshot or clone in its root filesystem), the project's env and
+    /// services, listeners.
     async fn prepare(
         &self,
         sandbox: &Arc<Sandbox>,
         origin: &Origin,
         project: Option<&super::project::ProjectConfig>,
+        host_ca: Option<&super::ca_trust::HostCa>,
     ) -> Result<(), OrchestratorError> {
+        // First: the project's services may well speak TLS.
+        if let Some(host_ca) = host_ca {
+            self.trust_host_ca(sandbox, host_ca).await?;
+        }
         if origin.image.is_some() || origin.clone_from.is_some() {
             *sandbox.env.lock().unwrap_or_else(|p| p.into_inner()) = self.load_env(sandbox).await?;
         }

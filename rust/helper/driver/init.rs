@@ -13,7 +13,7 @@
 //! a sandbox never outlives its helper).
 //!
 //! Control socket messages (SEQPACKET, one per datagram): to the helper
-//! `userns`, `pid:<host pid of PID 1>`, `ready`, `error:<text>`; from it `go`
+//! `tun` (EGRESS only, carrying eth0's tun fd), `userns`, `pid:<host pid of PID 1>`, `ready`, `error:<text>`; from it `go`
 //! and `term`.
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
@@ -54,6 +54,8 @@ pub struct InitConfig {
     /// Size cap of /dev/shm in bytes (0: the kernel's default, half of RAM).
     #[serde(default)]
     pub shm_bytes: u64,
+    /// EGRESS: eth0 is a tun served by the helper's network stack.
+    pub egress: bool,
 }
 
 /// One host directory shared into the VM.
@@ -94,6 +96,9 @@ fn launcher(control: &OwnedFd, config_json: &str) -> Result<i32, DriverError> {
     rootfs::stage(&config)?;
     let sys = |what: &'static str| move |source| DriverError::Sys { what: what.into(), source };
     unshare(CloneFlags::CLONE_NEWUSER).map_err(sys("unshare user namespace"))?;
+    if config.egress {
+        super::network::create_tun(control)?;
+    }
     report(control, "userns");
     if recv_msg(control)?.as_slice() != b"go" {
         return Err(DriverError::InitFailed("the helper did not map ids".into()));
@@ -102,19 +107,21 @@ fn launcher(control: &OwnedFd, config_json: &str) -> Result<i32, DriverError> {
     nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0)).map_err(sys("setresuid 0"))?;
     let _ = nix::unistd::setgroups(&[]);
     // Changing credentials made us non-dumpable, which locks our
-    // /proc/PID/ns files against pasta (it enters our namespaces without
-    // privileges of its own). Root in the sandbox can ptrace us regardless.
+    // /proc/PID/ns files against a helper without privileges of its own
+    // (Dial enters our network namespace). Root in the sandbox can ptrace us
+    // regardless.
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1) };
-    unshare(
-        CloneFlags::CLONE_NEWNS
-            | CloneFlags::CLONE_NEWPID
-            | CloneFlags::CLONE_NEWIPC
-            | CloneFlags::CLONE_NEWUTS
-            | CloneFlags::CLONE_NEWNET
-            | CloneFlags::CLONE_NEWCGROUP,
-    )
-    .map_err(sys("unshare namespaces"))?;
+    let mut namespaces = CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWPID
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWUTS
+        | CloneFlags::CLONE_NEWCGROUP;
+    if !config.egress {
+        // An EGRESS VM's network namespace already exists: its tun is in it.
+        namespaces |= CloneFlags::CLONE_NEWNET;
+    }
+    unshare(namespaces).map_err(sys("unshare namespaces"))?;
     // SAFETY: this process is single-threaded (a fresh exec, no runtime).
     match unsafe { fork() }.map_err(sys("fork PID 1"))? {
         ForkResult::Child => {
@@ -151,6 +158,9 @@ fn pid1(control: &OwnedFd, config: &InitConfig) -> Result<i32, DriverError> {
     rootfs::setup(config)?;
     nix::unistd::sethostname(&config.hostname).map_err(sys("sethostname"))?;
     super::network::loopback_up()?;
+    if config.egress {
+        super::network::eth0_up()?;
+    }
 
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGCHLD);

@@ -1,5 +1,5 @@
 //! The helper side of a VM's life: start the launcher, map its ids, put it in
-//! its cgroup, attach pasta, wait for the agent; later stop and clean up.
+//! its cgroup, serve its network link, wait for the agent; later stop and clean up.
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
@@ -14,9 +14,12 @@ use tokio::process::{Child, Command};
 
 use super::cgroup::{Limits, UsageFiles, VmCgroup};
 use super::init::{CONTROL_FD, InitConfig, LISTENER_FD};
-use super::network::{Pasta, pidfd_kill, pidfd_open};
+use super::network::{pidfd_kill, pidfd_open};
 use super::{Driver, DriverError};
 use crate::agent::protocol::{Frame, FrameReader, write_frame};
+use crate::helper::netstack::NetStack;
+use crate::helper::netstack::events::Events;
+use crate::netpolicy::NetworkPolicy;
 
 /// Generous bound on a start; a healthy one takes milliseconds, this only
 /// turns a wedged launcher into an error instead of a hung RPC.
@@ -35,8 +38,8 @@ pub struct LaunchSpec {
     pub id_count: u32,
     /// cgroup limits.
     pub limits: Limits,
-    /// Attach pasta for outbound network.
-    pub egress: bool,
+    /// EGRESS: the policy its stack enforces and where it records refusals.
+    pub egress: Option<(NetworkPolicy, Arc<Events>)>,
     /// Where the agent's listening socket is created (outside the VM).
     pub agent_socket: PathBuf,
 }
@@ -55,7 +58,8 @@ pub struct Instance {
     /// Our end of the control socket; closing it is the lifeline cut.
     control: OwnedFd,
     cgroup: Option<VmCgroup>,
-    pasta: Option<Pasta>,
+    /// The VM's network stack (EGRESS); dropped with the instance.
+    net: Option<NetStack>,
     agent_socket: PathBuf,
 }
 
@@ -77,9 +81,7 @@ impl Instance {
 
     /// Releases what the VM held on the host; call once its launcher exited.
     pub fn cleanup(self) {
-        if let Some(p) = &self.pasta {
-            p.stop();
-        }
+        drop(self.net);
         if let Some(cg) = &self.cgroup {
             cg.remove();
         }
@@ -145,27 +147,27 @@ pub async fn launch(driver: &Driver, spec: &LaunchSpec) -> Result<(Instance, Chi
         let written = stdin.write_all(init_json.as_bytes()).await;
         drop(stdin);
         if let Err(e) = written {
-            let state = Partial { cgroup: None, pasta: None, pid1: None };
+            let state = Partial { cgroup: None, net: None, pid1: None };
             return Err(abort(state, child, spec, DriverError::io("send init config", e)).await);
         }
     }
 
-    let mut state = Partial { cgroup: None, pasta: None, pid1: None };
+    let mut state = Partial { cgroup: None, net: None, pid1: None };
     let result = tokio::time::timeout(START_TIMEOUT, handshake(driver, spec, ours, launcher_pid, &mut state)).await;
     match result {
         Ok(Ok(control)) => match state {
-            Partial { cgroup, pasta, pid1: Some((pid1, pid1fd)) } => {
+            Partial { cgroup, net, pid1: Some((pid1, pid1fd)) } => {
                 let netns = match std::fs::File::open(format!("/proc/{pid1}/ns/net")) {
                     Ok(f) => Arc::new(OwnedFd::from(f)),
                     Err(e) => {
-                        let state = Partial { cgroup, pasta, pid1: Some((pid1, pid1fd)) };
+                        let state = Partial { cgroup, net, pid1: Some((pid1, pid1fd)) };
                         let e = DriverError::io("open the vm's network namespace", e);
                         return Err(abort(state, child, spec, e).await);
                     }
                 };
                 let agent = agent_pid(pid1);
                 let agent_socket = spec.agent_socket.clone();
-                Ok((Instance { pid1, agent, netns, pid1fd, control, cgroup, pasta, agent_socket }, child))
+                Ok((Instance { pid1, agent, netns, pid1fd, control, cgroup, net, agent_socket }, child))
             }
             _ => Err(DriverError::InitFailed("PID 1 never reported its pid".into())),
         },
@@ -176,7 +178,7 @@ pub async fn launch(driver: &Driver, spec: &LaunchSpec) -> Result<(Instance, Chi
 
 struct Partial {
     cgroup: Option<VmCgroup>,
-    pasta: Option<Pasta>,
+    net: Option<NetStack>,
     pid1: Option<(i32, OwnedFd)>,
 }
 
@@ -186,9 +188,7 @@ async fn abort(state: Partial, mut child: Child, spec: &LaunchSpec, e: DriverErr
     }
     let _ = child.start_kill();
     let _ = child.wait().await;
-    if let Some(p) = &state.pasta {
-        p.stop();
-    }
+    drop(state.net);
     if let Some(cg) = &state.cgroup {
         cg.remove();
     }
@@ -209,6 +209,12 @@ async fn handshake(
     let control = unsafe { AsyncFd::register(control) }
         .map_err(|e| DriverError::io("register control socket", std::io::Error::from(e)))?;
 
+    if let Some((policy, events)) = &spec.egress {
+        let tun = recv_tun(&control).await?;
+        let net = NetStack::start(tun, policy.clone(), events.clone())
+            .map_err(|e| DriverError::io("start the vm's network stack", e))?;
+        state.net = Some(net);
+    }
     expect(&control, b"userns").await?;
     driver.ids.map(launcher_pid, spec.uid_base, spec.id_count)?;
     if let Some(layout) = &driver.cgroups {
@@ -227,11 +233,6 @@ async fn handshake(
         if let Some(pid) = text.strip_prefix("pid:") {
             let pid: i32 = pid.parse().map_err(|_| DriverError::InitFailed(format!("bad pid message {text:?}")))?;
             state.pid1 = Some((pid, pidfd_open(pid)?));
-            if spec.egress {
-                let pasta = driver.pasta.as_deref().ok_or(DriverError::Network("pasta is not installed".into()))?;
-                let pid_file = spec.agent_socket.with_extension("pasta.pid");
-                state.pasta = Some(Pasta::start(pasta, pid, &pid_file).await?);
-            }
         } else if text == "ready" {
             ready = true;
         } else if let Some(err) = text.strip_prefix("error:") {
@@ -258,6 +259,49 @@ fn agent_pid(pid1: i32) -> i32 {
 fn protect_from_oom(launcher_pid: i32, pid1: i32) {
     if !super::oom::protect(launcher_pid, pid1) {
         tracing::debug!(pid1, "vm init and agent keep the helper's oom_score_adj");
+    }
+}
+
+/// The launcher's `tun` message and the fd it carries (eth0's tun).
+async fn recv_tun(control: &AsyncFd<OwnedFd>) -> Result<OwnedFd, DriverError> {
+    use std::os::fd::FromRawFd as _;
+    let mut buf = [0u8; 64];
+    let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    loop {
+        let mut guard = control.readable().await.map_err(|e| DriverError::io("wait on control socket", e))?;
+        let got = guard.try_io(|fd| {
+            let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+            let msg = nix::sys::socket::recvmsg::<()>(
+                fd.get_ref().as_raw_fd(),
+                &mut iov,
+                Some(&mut cmsg),
+                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
+            )
+            .map_err(std::io::Error::from)?;
+            let mut fds = Vec::new();
+            for c in msg.cmsgs().map_err(std::io::Error::from)? {
+                if let nix::sys::socket::ControlMessageOwned::ScmRights(rights) = c {
+                    fds.extend(rights);
+                }
+            }
+            Ok((msg.bytes, fds))
+        });
+        let (n, fds) = match got {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => return Err(DriverError::io("read control socket", e)),
+            Err(_would_block) => continue,
+        };
+        // SAFETY: SCM_RIGHTS just gave us these fds; we own them now.
+        let mut owned: Vec<OwnedFd> = fds.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }).collect();
+        let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+        return match (text.as_str(), owned.len()) {
+            ("tun", 1) => Ok(owned.remove(0)),
+            (other, _) => Err(DriverError::InitFailed(match other.strip_prefix("error:") {
+                Some(err) => err.to_string(),
+                None if n == 0 => "the launcher exited during setup".into(),
+                None => format!("expected the tun, got {other:?} with {} fds", owned.len()),
+            })),
+        };
     }
 }
 

@@ -5,7 +5,7 @@
 //! pid, ipc, uts, net and cgroup namespaces whose PID 1 runs the agent. The
 //! pieces live in one file each: [`userns`] id maps, [`cgroup`] limits,
 //! [`rootfs`] the filesystem, [`seccomp`] the syscall filter, [`network`]
-//! loopback and pasta, [`init`] the in-sandbox side, [`launch`] the helper
+//! loopback and the EGRESS tun, [`init`] the in-sandbox side, [`launch`] the helper
 //! side.
 use std::path::PathBuf;
 
@@ -43,9 +43,6 @@ pub enum DriverError {
     /// A cgroup could not be created or configured.
     #[error("cgroup: {0}")]
     Cgroup(String),
-    /// pasta failed.
-    #[error("network: {0}")]
-    Network(String),
     /// The seccomp filter could not be built or installed.
     #[error("seccomp: {0}")]
     Seccomp(String),
@@ -74,11 +71,12 @@ pub struct Driver {
     self_exe: PathBuf,
     ids: userns::IdMapper,
     cgroups: Option<cgroup::CgroupLayout>,
-    pasta: Option<PathBuf>,
+    /// Why EGRESS cannot be served, if it cannot.
+    no_egress: Option<String>,
 }
 
 impl Driver {
-    /// Probes the host: id mapping, cgroups, pasta.
+    /// Probes the host: id mapping, cgroups, the tun device.
     pub fn detect() -> Result<Self, DriverError> {
         let self_exe = std::env::current_exe().map_err(|e| DriverError::io("locate own binary", e))?;
         let cgroups = match cgroup::CgroupLayout::detect() {
@@ -88,11 +86,14 @@ impl Driver {
                 None
             }
         };
-        let pasta = network::find_pasta();
-        if pasta.is_none() {
-            tracing::warn!("pasta not found: EGRESS networking unavailable (install the passt package)");
-        }
-        Ok(Driver { self_exe, ids: userns::IdMapper::detect(), cgroups, pasta })
+        let no_egress = match std::fs::metadata("/dev/net/tun") {
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "/dev/net/tun unavailable: EGRESS networking unavailable");
+                Some(format!("/dev/net/tun: {e}"))
+            }
+        };
+        Ok(Driver { self_exe, ids: userns::IdMapper::detect(), cgroups, no_egress })
     }
 
     /// Releases host-wide resources once no VM runs (the helper is exiting).
@@ -105,8 +106,9 @@ impl Driver {
     /// Capability names for GetInfo.
     pub fn capabilities(&self) -> Vec<String> {
         let mut caps = vec!["exec", "exec.tty", "network.none", "seccomp"];
-        if self.pasta.is_some() {
+        if self.no_egress.is_none() {
             caps.push("network.egress");
+            caps.push("network.policy");
         }
         if let Some(cg) = &self.cgroups {
             caps.push(cg.capability());
@@ -125,8 +127,8 @@ impl Driver {
         }
     }
 
-    /// Whether EGRESS networking can be provided.
-    pub fn supports_egress(&self) -> bool {
-        self.pasta.is_some()
+    /// Why EGRESS networking cannot be provided, if it cannot.
+    pub fn egress_unavailable(&self) -> Option<&str> {
+        self.no_egress.as_deref()
     }
 }

@@ -1,13 +1,11 @@
-//! Sandbox networking: loopback (every VM) and pasta for EGRESS.
+//! Sandbox networking, the namespace side: loopback (every VM) and, for
+//! EGRESS, eth0 as a tun whose other end is the helper's stack
+//! ([`crate::helper::netstack`]).
 //!
 //! Every VM has its own network namespace. NONE leaves it with only `lo`.
-//! EGRESS attaches pasta (user-mode TCP/UDP stack) to it: the sandbox gets
-//! eth0 and outbound connections, while `--no-map-gw` keeps the host's own
-//! loopback services unreachable.
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
-
-use tokio::process::Command;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::Path;
 
 use super::DriverError;
 
@@ -36,81 +34,103 @@ pub fn loopback_up() -> Result<(), DriverError> {
     Ok(())
 }
 
-/// Writes the VM's resolv.conf from the host's current one, so name
-/// resolution follows the host's network as it is when the VM starts.
+/// Writes the VM's resolv.conf: the helper's stack answers DNS.
 pub fn write_resolv_conf(dest: &Path) -> Result<(), DriverError> {
-    let host = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
-    std::fs::write(dest, host).map_err(|e| DriverError::io(format!("write {}", dest.display()), e))
+    let text = format!("nameserver {}\n", crate::helper::netstack::DNS);
+    std::fs::write(dest, text).map_err(|e| DriverError::io(format!("write {}", dest.display()), e))
 }
 
-/// A running pasta attached to one VM.
-#[derive(Debug)]
-pub struct Pasta {
-    pidfd: OwnedFd,
-    /// Kept while pasta runs, so a helper restarted after a crash can find
-    /// and stop it ([`reap_stale`]).
-    pid_file: PathBuf,
-}
+/// The tun device's flags (`linux/if_tun.h`): IP packets without the
+/// packet-information header.
+const IFF_TUN: libc::c_short = 0x0001;
+const IFF_NO_PI: libc::c_short = 0x1000;
 
-impl Pasta {
-    /// Attaches pasta to the namespaces of `pid` and returns once the
-    /// sandbox's interface is configured (pasta forks to the background only
-    /// after that).
-    pub async fn start(pasta: &Path, pid: i32, pid_file: &Path) -> Result<Self, DriverError> {
-        let mut cmd = Command::new(pasta);
-        cmd.args(["-q", "--config-net", "-4", "-u", "none", "-t", "none", "-T", "none", "-U", "none", "--no-map-gw"]);
-        if nix::unistd::geteuid().is_root() {
-            // Otherwise pasta switches to nobody and can no longer enter the
-            // sandbox's namespaces.
-            cmd.args(["--runas", "0"]);
+/// The launcher, right after unsharing its user namespace: unshares the
+/// network namespace, creates eth0 as a tun in it and sends the tun's fd to
+/// the helper (message `tun` with SCM_RIGHTS), keeping no copy.
+///
+/// The open of /dev/net/tun is checked against the launcher's host
+/// credentials, which it still has here (ids are mapped later); the tun
+/// belongs to the namespace of its opener, hence the unshare first.
+pub fn create_tun(control: &OwnedFd) -> Result<(), DriverError> {
+    let sys = |what: &'static str| move |source| DriverError::Sys { what: what.into(), source };
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(sys("unshare network namespace"))?;
+    let tun = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open("/dev/net/tun")
+        .map_err(|e| DriverError::io("open /dev/net/tun", e))?;
+    // SAFETY: TUNSETIFF reads an ifreq we own, zeroed then filled.
+    unsafe {
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (dst, src) in req.ifr_name.iter_mut().zip(b"eth0\0") {
+            *dst = *src as libc::c_char;
         }
-        cmd.arg("-P").arg(pid_file).arg(pid.to_string());
-        cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped());
-        let out = cmd.output().await.map_err(|e| DriverError::io(format!("run {}", pasta.display()), e))?;
-        if !out.status.success() {
-            return Err(DriverError::Network(format!(
-                "pasta failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
+        req.ifr_ifru.ifru_flags = IFF_TUN | IFF_NO_PI;
+        if libc::ioctl(tun.as_raw_fd(), libc::TUNSETIFF as _, &req) < 0 {
+            return Err(DriverError::Sys { what: "TUNSETIFF eth0".into(), source: nix::errno::Errno::last() });
         }
-        let text = std::fs::read_to_string(pid_file).map_err(|e| DriverError::io("read pasta pid file", e))?;
-        let daemon: i32 =
-            text.trim().parse().map_err(|_| DriverError::Network(format!("pasta pid file holds {text:?}")))?;
-        Ok(Pasta { pidfd: pidfd_open(daemon)?, pid_file: pid_file.to_path_buf() })
     }
-
-    /// Stops pasta (it would also quit once the namespace is gone, but we
-    /// do not rely on that).
-    pub fn stop(&self) {
-        pidfd_kill(&self.pidfd, libc::SIGTERM);
-        let _ = std::fs::remove_file(&self.pid_file);
-    }
+    let fds = [tun.as_raw_fd()];
+    let cmsg = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
+    let iov = [std::io::IoSlice::new(b"tun")];
+    nix::sys::socket::sendmsg::<()>(control.as_raw_fd(), &iov, &cmsg, nix::sys::socket::MsgFlags::empty(), None)
+        .map_err(sys("send the tun to the helper"))?;
+    Ok(())
 }
 
-/// Stops pasta processes left by a helper that died without cleaning up
-/// (its VMs died with it through their lifeline; pasta does not notice). A
-/// process is only signalled if its command line names the pid file, so a
-/// recycled pid is never hit.
-pub fn reap_stale(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
+/// PID 1 of an EGRESS VM: eth0 up as 10.0.2.15/24 with MTU 65520 and the
+/// default route via 10.0.2.2 (the helper's stack).
+pub fn eth0_up() -> Result<(), DriverError> {
+    use crate::helper::netstack::{GATEWAY, GUEST, PREFIX, device::MTU};
+    let sys = |what: &str| DriverError::Sys { what: what.into(), source: nix::errno::Errno::last() };
+    let sockaddr = |ip: std::net::Ipv4Addr| {
+        // SAFETY: a zeroed sockaddr_in is valid; we fill family and address.
+        let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        sa.sin_family = libc::AF_INET as libc::sa_family_t;
+        sa.sin_addr.s_addr = u32::from(ip).to_be();
+        // SAFETY: sockaddr_in fits in sockaddr (both 16 bytes).
+        unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sa) }
     };
-    for path in entries.flatten().map(|e| e.path()) {
-        if !path.to_string_lossy().ends_with(".pasta.pid") {
-            continue;
+    let mask = std::net::Ipv4Addr::from(u32::MAX << (32 - u32::from(PREFIX)));
+    // SAFETY: socket/ioctl calls on zeroed structs we own.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(sys("socket for eth0"));
         }
-        let pid = std::fs::read_to_string(&path).ok().and_then(|t| t.trim().parse::<i32>().ok());
-        if let Some(pid) = pid {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let names_file = cmdline.split(|&b| b == 0).any(|arg| arg == path.as_os_str().as_encoded_bytes());
-            if names_file {
-                tracing::info!(pid, "stopping pasta left by an earlier helper");
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
-            }
+        let fd = OwnedFd::from_raw_fd(fd);
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (dst, src) in req.ifr_name.iter_mut().zip(b"eth0\0") {
+            *dst = *src as libc::c_char;
         }
-        let _ = std::fs::remove_file(&path);
+        req.ifr_ifru.ifru_mtu = MTU as libc::c_int;
+        if libc::ioctl(fd.as_raw_fd(), libc::SIOCSIFMTU, &req) < 0 {
+            return Err(sys("SIOCSIFMTU eth0"));
+        }
+        req.ifr_ifru.ifru_addr = sockaddr(GUEST);
+        if libc::ioctl(fd.as_raw_fd(), libc::SIOCSIFADDR, &req) < 0 {
+            return Err(sys("SIOCSIFADDR eth0"));
+        }
+        req.ifr_ifru.ifru_netmask = sockaddr(mask);
+        if libc::ioctl(fd.as_raw_fd(), libc::SIOCSIFNETMASK, &req) < 0 {
+            return Err(sys("SIOCSIFNETMASK eth0"));
+        }
+        req.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        if libc::ioctl(fd.as_raw_fd(), libc::SIOCSIFFLAGS, &req) < 0 {
+            return Err(sys("SIOCSIFFLAGS eth0"));
+        }
+        let mut route: libc::rtentry = std::mem::zeroed();
+        route.rt_dst = sockaddr(std::net::Ipv4Addr::UNSPECIFIED);
+        route.rt_genmask = sockaddr(std::net::Ipv4Addr::UNSPECIFIED);
+        route.rt_gateway = sockaddr(GATEWAY);
+        route.rt_flags = libc::RTF_UP | libc::RTF_GATEWAY;
+        if libc::ioctl(fd.as_raw_fd(), libc::SIOCADDRT, &route) < 0 {
+            return Err(sys("SIOCADDRT default via the gateway"));
+        }
     }
+    Ok(())
 }
 
 /// A pidfd for `pid`: signals through it can never hit a recycled pid.
@@ -130,9 +150,4 @@ pub fn pidfd_kill(pidfd: &OwnedFd, signal: i32) {
     unsafe {
         libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), signal, std::ptr::null::<u8>(), 0);
     }
-}
-
-/// The pasta binary, if installed.
-pub fn find_pasta() -> Option<PathBuf> {
-    super::userns::find_in_path("pasta")
 }

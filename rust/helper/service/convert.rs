@@ -4,6 +4,7 @@ use super::super::error::HelperError;
 use super::super::spec::{MountSpec, Network, VmConfig, check_env_key};
 use super::super::vm::{VmInfo, VmManager, VmState};
 use crate::agent::protocol::{BackgroundRecord, ExitStatus, StartSpec};
+use crate::netpolicy::NetworkPolicy;
 use crate::proto::v1 as pb;
 use std::path::PathBuf;
 
@@ -78,6 +79,11 @@ pub(super) fn config_from_proto(spec: pb::VmSpec) -> Result<VmConfig, HelperErro
             return Err(HelperError::invalid("spec.network", format!("unknown network mode {}", spec.network)));
         }
     };
+    let network_policy = match &spec.network_policy {
+        None => NetworkPolicy::default(),
+        Some(p) => NetworkPolicy::parse(&p.allow, &p.deny)
+            .map_err(|e| HelperError::invalid("spec.network_policy", e.to_string()))?,
+    };
     Ok(VmConfig {
         id: spec.id,
         image: spec.image,
@@ -96,6 +102,7 @@ pub(super) fn config_from_proto(spec: pb::VmSpec) -> Result<VmConfig, HelperErro
         env: spec.env.into_iter().collect(),
         hostname: spec.hostname,
         network,
+        network_policy,
         labels: spec.labels.into_iter().collect(),
         clone_from: spec.clone_from,
         disk_bytes: spec.disk_bytes,
@@ -128,7 +135,10 @@ pub(super) fn vm_to_proto(vm: VmInfo) -> pb::Vm {
                 Network::Egress => pb::NetworkMode::Egress,
             } as i32,
             labels: c.labels.into_iter().collect(),
-            network_policy: None,
+            network_policy: (!c.network_policy.is_default()).then(|| pb::NetworkPolicy {
+                allow: c.network_policy.allow().iter().map(ToString::to_string).collect(),
+                deny: c.network_policy.deny().iter().map(ToString::to_string).collect(),
+            }),
             disk_bytes: c.disk_bytes,
         }),
         state: match vm.state {
@@ -140,5 +150,25 @@ pub(super) fn vm_to_proto(vm: VmInfo) -> pb::Vm {
         started_at_ms: vm.started_at_ms,
         shell: vm.shell,
         stop_reason: vm.stop_reason,
+    }
+}
+
+impl From<crate::helper::netstack::events::Snapshot> for pb::NetworkEventsResponse {
+    fn from(s: crate::helper::netstack::events::Snapshot) -> Self {
+        pb::NetworkEventsResponse {
+            refused: s
+                .refused
+                .into_iter()
+                .map(|r| pb::NetworkEvent {
+                    at_ms: r.at_ms,
+                    protocol: r.protocol.to_string(),
+                    destination: r.destination,
+                    name: r.name,
+                    reason: r.reason,
+                })
+                .collect(),
+            refused_total: s.refused_total,
+            allowed_total: s.allowed_total,
+        }
     }
 }

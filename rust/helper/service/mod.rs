@@ -285,9 +285,9 @@ impl VmHelper for HelperService {
 
     async fn network_events(
         &self,
-        _req: Request<pb::NetworkEventsRequest>,
+        req: Request<pb::NetworkEventsRequest>,
     ) -> Result<Response<pb::NetworkEventsResponse>, Status> {
-        // Replaced by the user-mode network stack (issue 9), which keeps them.
-        Err(Status::unimplemented("network events are not kept by this helper yet"))
+        let snapshot = self.vms.network_events(&req.into_inner().vm_id).map_err(status)?;
+        Ok(Response::new(snapshot.into()))
     }
 }

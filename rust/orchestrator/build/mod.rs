@@ -13,11 +13,10 @@ use std::{
 use super::{
     containerfile::{self, ContainerfileError, Instruction, Op},
     exec::{self, Outcome},
-    helper_client::{
-        CommitConfig, HelperClient, HelperError, ImageConfig, ImageSummary, Network, ProcessConfig, VmConfig,
-    },
+    helper_client::{CommitConfig, HelperClient, HelperError, ImageConfig, ImageSummary, ProcessConfig, VmConfig},
     images::{KIND_LABEL, SNAPSHOT_PREFIX},
     names::random_hex,
+    network::Network,
     owner,
     sandbox::SandboxManager,
     tarstream,
@@ -185,7 +184,9 @@ impl Job {
             cpus: self.profile.0,
             memory_bytes: self.profile.1,
             mounts: Vec::new(),
-            network: Network::Egress,
+            network: Network::default(),
+            env: HashMap::new(),
+            disk_bytes: 0,
             labels: HashMap::from([
                 (BUILD_LABEL.to_string(), self.name.clone()),
                 (OWNER_LABEL.to_string(), owner::me()),

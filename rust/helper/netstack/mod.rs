@@ -1,0 +1,111 @@
+//! Egress for EGRESS VMs: a user-mode TCP/IP stack in the helper, one tokio
+//! task per VM, on the VM's tun device. Every TCP flow and UDP datagram is
+//! re-dialled by the helper only after [`crate::netpolicy`] allows its real
+//! destination; the VM's DNS is answered here so domain rules can be pinned
+//! to the addresses this VM was given.
+//!
+//! Addresses inside: the VM is 10.0.2.15/24, its gateway 10.0.2.2, its DNS
+//! 10.0.2.3 (IPv4 only; AAAA answers are dropped).
+//!
+//! Why smoltcp rather than `ipstack` or `netstack-smoltcp`: those accept a
+//! connection inside (complete the handshake) and hand it over as a stream,
+//! so a refused or unreachable destination becomes a connect that succeeds
+//! and is then reset, or hangs. We decide before the handshake: the SYN is
+//! held until the policy allows and the host-side connect succeeds, then
+//! injected into a smoltcp socket listening on that exact destination
+//! (any_ip), so refusal is an immediate RST (ECONNREFUSED inside). smoltcp is
+//! 0.12, the newest that builds with the crate's rust-version (1.88).
+//!
+//! Files: [`device`] the link, `stack` the poll loop and flow decisions,
+//! `tcp` the flow relay, `udp` NAT, [`dns`] forwarding and pinning, [`sni`]
+//! the name a flow's first bytes carry, [`events`] refusals and counters,
+//! [`wire`] the packets the stack writes itself.
+use std::net::Ipv4Addr;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+
+use crate::netpolicy::{HostAddrs, NetworkPolicy};
+
+pub mod device;
+pub mod dns;
+pub mod events;
+pub mod sni;
+mod stack;
+mod tcp;
+mod udp;
+pub mod wire;
+
+/// The VM's address.
+pub const GUEST: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 15);
+/// Its gateway (the stack).
+pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
+/// Its DNS server (the stack).
+pub const DNS: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 3);
+/// Its prefix length.
+pub const PREFIX: u8 = 24;
+
+/// How stale the host's address list may get: an address added to the host
+/// is refused to sandboxes within this long.
+const HOST_ADDRS_MAX_AGE: Duration = Duration::from_secs(2);
+
+/// A running stack for one VM; dropping it stops it.
+#[derive(Debug)]
+pub struct NetStack {
+    task: JoinHandle<()>,
+}
+
+impl NetStack {
+    /// Starts serving `link` (the VM's tun fd) under `policy`, recording
+    /// into `events`.
+    pub fn start(link: OwnedFd, policy: NetworkPolicy, events: Arc<events::Events>) -> std::io::Result<Self> {
+        let dev = device::PacketDevice::new(link)?;
+        let ctx = Arc::new(stack::Ctx {
+            policy,
+            events,
+            pins: Mutex::new(dns::Pins::default()),
+            upstreams: dns::upstreams(),
+        });
+        Ok(NetStack { task: tokio::spawn(stack::run(dev, ctx)) })
+    }
+}
+
+impl Drop for NetStack {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The host's own addresses, refreshed when older than
+/// [`HOST_ADDRS_MAX_AGE`]; shared by every VM's stack.
+pub fn host_addrs() -> Arc<HostAddrs> {
+    static CACHE: Mutex<Option<(Instant, Arc<HostAddrs>)>> = Mutex::new(None);
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((at, addrs)) = cache.as_ref()
+        && at.elapsed() < HOST_ADDRS_MAX_AGE
+    {
+        return addrs.clone();
+    }
+    let addrs = Arc::new(HostAddrs::new(read_host_addrs()));
+    *cache = Some((Instant::now(), addrs.clone()));
+    addrs
+}
+
+fn read_host_addrs() -> Vec<std::net::IpAddr> {
+    let Ok(ifaddrs) = nix::ifaddrs::getifaddrs() else {
+        tracing::warn!("getifaddrs failed: only loopback is known as the host's");
+        return Vec::new();
+    };
+    ifaddrs
+        .filter_map(|i| i.address)
+        .filter_map(|a| {
+            if let Some(v4) = a.as_sockaddr_in() {
+                Some(std::net::IpAddr::V4(v4.ip()))
+            } else {
+                a.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip()))
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,207 @@
+//! One TCP flow: a smoltcp socket facing the VM, a host TcpStream facing the
+//! destination, and a relay task between them with bounded channels, so a
+//! slow side stalls the other (backpressure through both TCP windows).
+//! Half-close travels both ways; a reset on either side aborts the other.
+//!
+//! Before anything the client sent goes upstream, its first bytes are held
+//! (at most [`sni::MAX_PEEK`]) until a TLS SNI or HTTP Host can be read and
+//! checked against the policy again. Upstream → client is never held, so
+//! server-speaks-first protocols are not delayed.
+use std::net::{SocketAddr, SocketAddrV4};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use smoltcp::socket::tcp;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use super::sni::{self, Peek};
+use super::stack::Ctx;
+
+/// Largest chunk moved at once between a socket and a channel.
+const CHUNK: usize = 64 * 1024;
+/// Chunks in flight per direction.
+const DEPTH: usize = 8;
+
+/// (VM side, destination) of a flow.
+pub type Key = (SocketAddrV4, SocketAddrV4);
+
+/// The stack's side of a flow.
+pub struct Flow {
+    /// Its addresses.
+    pub key: Key,
+    /// Client → upstream; None once the client's FIN was passed on.
+    up: Option<mpsc::Sender<Vec<u8>>>,
+    /// Upstream → client; closed when upstream sent its FIN.
+    down: mpsc::Receiver<Vec<u8>>,
+    pending: Vec<u8>,
+    sent: usize,
+    fin_sent: bool,
+    /// The client's first bytes while waiting for a name to check.
+    inspect: Option<Vec<u8>>,
+    reset: Arc<AtomicBool>,
+    _relay: DropGuard,
+}
+
+impl Flow {
+    /// Starts the relay for a connected `stream`.
+    pub fn start(key: Key, stream: TcpStream, wake: Arc<Notify>) -> Flow {
+        let (up_tx, up_rx) = mpsc::channel(DEPTH);
+        let (down_tx, down_rx) = mpsc::channel(DEPTH);
+        let reset = Arc::new(AtomicBool::new(false));
+        let cancel = CancellationToken::new();
+        tokio::spawn(relay(stream, up_rx, down_tx, reset.clone(), wake, cancel.clone()));
+        Flow {
+            key,
+            up: Some(up_tx),
+            down: down_rx,
+            pending: Vec::new(),
+            sent: 0,
+            fin_sent: false,
+            inspect: Some(Vec::new()),
+            reset,
+            _relay: cancel.drop_guard(),
+        }
+    }
+
+    /// Moves what can move now; returns the bytes moved.
+    pub fn pump(&mut self, sock: &mut tcp::Socket<'_>, ctx: &Ctx) -> usize {
+        if self.reset.load(Ordering::Relaxed) {
+            sock.abort();
+            return 0;
+        }
+        let mut moved = 0;
+        if let Some(head) = &mut self.inspect {
+            while sock.can_recv() && head.len() < sni::MAX_PEEK {
+                let room = sni::MAX_PEEK - head.len();
+                moved += sock
+                    .recv(|b| {
+                        let n = b.len().min(room);
+                        head.extend_from_slice(&b[..n]);
+                        (n, n)
+                    })
+                    .unwrap_or(0);
+            }
+            let name = match sni::peek(head) {
+                Peek::NeedMore if sock.may_recv() && head.len() < sni::MAX_PEEK => return moved + self.pump_down(sock),
+                Peek::Name(name) => Some(name),
+                _ => None,
+            };
+            if let Some(name) = name
+                && !ctx.check_name(SocketAddr::V4(self.key.1), &name)
+            {
+                sock.abort();
+                return moved;
+            }
+            let head = self.inspect.take().unwrap_or_default();
+            if let (false, Some(up)) = (head.is_empty(), &self.up) {
+                // The channel is fresh: it has room for this first chunk.
+                let _ = up.try_send(head);
+            }
+        }
+        if let Some(up) = &self.up {
+            while sock.can_recv() {
+                let Ok(permit) = up.try_reserve() else { break };
+                let chunk = sock.recv(|b| {
+                    let n = b.len().min(CHUNK);
+                    (n, b[..n].to_vec())
+                });
+                let Ok(chunk) = chunk else { break };
+                moved += chunk.len();
+                permit.send(chunk);
+            }
+            if !sock.may_recv() && !sock.can_recv() {
+                self.up = None;
+            }
+        }
+        moved + self.pump_down(sock)
+    }
+
+    fn pump_down(&mut self, sock: &mut tcp::Socket<'_>) -> usize {
+        let mut moved = 0;
+        loop {
+            if self.sent < self.pending.len() {
+                if !sock.can_send() {
+                    break;
+                }
+                let n = sock.send_slice(&self.pending[self.sent..]).unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                self.sent += n;
+                moved += n;
+                continue;
+            }
+            match self.down.try_recv() {
+                Ok(chunk) => {
+                    self.pending = chunk;
+                    self.sent = 0;
+                }
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    if !self.fin_sent {
+                        self.fin_sent = true;
+                        sock.close();
+                    }
+                    break;
+                }
+            }
+        }
+        moved
+    }
+}
+
+/// Copies between the host stream and the flow's channels until both
+/// directions end, an error resets the flow, or the stack drops the flow.
+async fn relay(
+    stream: TcpStream,
+    mut up_rx: mpsc::Receiver<Vec<u8>>,
+    down_tx: mpsc::Sender<Vec<u8>>,
+    reset: Arc<AtomicBool>,
+    wake: Arc<Notify>,
+    cancel: CancellationToken,
+) {
+    let _ = stream.set_nodelay(true);
+    let (mut rd, mut wr) = stream.into_split();
+    let fail = || {
+        reset.store(true, Ordering::Relaxed);
+        wake.notify_one();
+    };
+    let upstream = async {
+        while let Some(chunk) = up_rx.recv().await {
+            if wr.write_all(&chunk).await.is_err() {
+                fail();
+                return;
+            }
+            // Room in the channel again: the stack may read more.
+            wake.notify_one();
+        }
+        let _ = wr.shutdown().await;
+    };
+    let downstream = async {
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            match rd.read(&mut buf).await {
+                Ok(0) => break,
+                Ok(n) => {
+                    if down_tx.send(buf[..n].to_vec()).await.is_err() {
+                        return;
+                    }
+                    wake.notify_one();
+                }
+                Err(_) => {
+                    fail();
+                    return;
+                }
+            }
+        }
+        drop(down_tx);
+        wake.notify_one();
+    };
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        _ = async { tokio::join!(upstream, downstream) } => {}
+    }
+}

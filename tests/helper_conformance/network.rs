@@ -1,0 +1,331 @@
+//! Egress through the helper's network stack, against a test host the test
+//! makes itself (a network namespace behind a veth pair, by
+//! scripts/test-host.sh) and a DNS responder on the host's loopback.
+//!
+//! Only the helper under test's own process (not an external helper) can be
+//! pointed at our DNS responder, so these need the harness's own helper and
+//! root (ip netns); they say so and return otherwise.
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+
+use super::*;
+
+/// HTTP on 8080 and UDP echo on 8081, on the test host's address.
+const TEST_HOST_SERVER: &str = r#"
+import http.server, socket, sys, threading
+addr = sys.argv[1]
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.bind((addr, 8081))
+def echo():
+    while True:
+        data, peer = u.recvfrom(65536)
+        u.sendto(b"echo:" + data, peer)
+threading.Thread(target=echo, daemon=True).start()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b"hello from the test host"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer((addr, 8080), H).serve_forever()
+"#;
+
+/// In the sandbox: `tcp HOST PORT [HOSTHEADER]` GETs / and prints the
+/// status line or the error's name; `udp HOST PORT` sends one datagram on a
+/// connected socket and prints the answer or the error; `resolve NAME`
+/// prints the addresses or the error.
+const CLIENT: &str = r#"
+import socket, sys
+kind = sys.argv[1]
+try:
+    if kind == "tcp":
+        host, port = sys.argv[2], int(sys.argv[3])
+        hosthdr = sys.argv[4] if len(sys.argv) > 4 else host
+        s = socket.create_connection((host, port), timeout=8)
+        s.sendall(b"GET / HTTP/1.1\r\nHost: " + hosthdr.encode() + b"\r\nConnection: close\r\n\r\n")
+        data = b""
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            data += b
+        print(data.split(b"\r\n")[0].decode() if data else "EMPTY", data.split(b"\r\n\r\n")[-1].decode())
+    elif kind == "udp":
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(5)
+        s.connect((sys.argv[2], int(sys.argv[3])))
+        s.send(b"ping")
+        print(s.recv(100).decode())
+    elif kind == "resolve":
+        print(sorted({a[4][0] for a in socket.getaddrinfo(sys.argv[2], 80)}))
+except Exception as e:
+    print(type(e).__name__)
+"#;
+
+struct TestHost {
+    name: String,
+    n: u32,
+    server: Option<Child>,
+}
+
+impl TestHost {
+    /// None (test skipped) when not root or `ip netns` is unavailable.
+    fn up() -> Option<TestHost> {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        if !nix_is_root() {
+            eprintln!("skipped: test hosts need root (ip netns)");
+            return None;
+        }
+        let n = (std::process::id() + SEQ.fetch_add(1, Ordering::SeqCst) * 7) % 250 + 1;
+        let name = format!("smcp{n}");
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/test-host.sh");
+        let _ = Command::new(script).args(["down", &name]).status();
+        let ok = Command::new(script).args(["up", &name, &n.to_string()]).status().is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("skipped: could not create a test host (ip netns)");
+            return None;
+        }
+        let addr = format!("10.213.{n}.2");
+        let server = Command::new("ip")
+            .args(["netns", "exec", &name, "python3", "-c", TEST_HOST_SERVER, &addr])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start the test host's server");
+        let host = TestHost { name, n, server: Some(server) };
+        // Wait until it serves.
+        for _ in 0..100 {
+            let up = Command::new("ip")
+                .args(["netns", "exec", &host.name, "python3", "-c"])
+                .arg(format!("import socket; socket.create_connection(('{addr}', 8080), timeout=1)"))
+                .status()
+                .is_ok_and(|s| s.success());
+            if up {
+                return Some(host);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("the test host's server did not come up");
+    }
+
+    fn addr(&self) -> String {
+        format!("10.213.{}.2", self.n)
+    }
+
+    /// The host's own end of the veth.
+    fn host_side(&self) -> String {
+        format!("10.213.{}.1", self.n)
+    }
+}
+
+impl Drop for TestHost {
+    fn drop(&mut self) {
+        if let Some(mut s) = self.server.take() {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/test-host.sh");
+        let _ = Command::new(script).args(["down", &self.name]).status();
+    }
+}
+
+fn nix_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A DNS responder on 127.0.0.1: every A query gets `addr`, every AAAA
+/// query gets ::1 (which the stack must drop).
+async fn dns_responder(addr: Ipv4Addr) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    use simple_dns::rdata::{A, AAAA, RData};
+    use simple_dns::{CLASS, Packet, QTYPE, ResourceRecord, TYPE};
+    let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let local = sock.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let mut buf = vec![0u8; 4096];
+        while let Ok((n, peer)) = sock.recv_from(&mut buf).await {
+            let Ok(q) = Packet::parse(&buf[..n]) else { continue };
+            let mut reply = Packet::new_reply(q.id());
+            for question in &q.questions {
+                reply.questions.push(question.clone());
+                let rdata = match question.qtype {
+                    QTYPE::TYPE(TYPE::A) => RData::A(A { address: u32::from(addr) }),
+                    QTYPE::TYPE(TYPE::AAAA) => RData::AAAA(AAAA { address: 1 }),
+                    _ => continue,
+                };
+                reply.answers.push(ResourceRecord::new(question.qname.clone(), CLASS::IN, 60, rdata));
+            }
+            if let Ok(bytes) = reply.build_bytes_vec() {
+                let _ = sock.send_to(&bytes, peer).await;
+            }
+        }
+    });
+    (local, task)
+}
+
+use std::net::SocketAddr;
+
+async fn egress_vm(h: &mut Harness, name: &str, allow: &[String], deny: &[String]) -> Option<String> {
+    if !h.caps().await.iter().any(|c| c == "network.policy") {
+        eprintln!("skipped: helper lacks network.policy");
+        return None;
+    }
+    let policy = pb::NetworkPolicy { allow: allow.to_vec(), deny: deny.to_vec() };
+    Some(
+        h.running(name, |s| {
+            s.network = pb::NetworkMode::Egress as i32;
+            s.network_policy = Some(policy);
+        })
+        .await,
+    )
+}
+
+async fn client(h: &mut Harness, id: &str, args: &[&str]) -> String {
+    let mut argv = vec!["python3", "-c", CLIENT];
+    argv.extend_from_slice(args);
+    let o = h.run(process(id, &argv), b"").await.unwrap();
+    o.out().trim().to_string()
+}
+
+async fn events(h: &mut Harness, id: &str) -> pb::NetworkEventsResponse {
+    h.client.network_events(pb::NetworkEventsRequest { vm_id: id.to_string() }).await.unwrap().into_inner()
+}
+
+#[tokio::test]
+async fn default_policy_refuses_the_private_test_host_at_once_and_says_why() {
+    let Some(host) = TestHost::up() else { return };
+    let mut h = Harness::new("netdef").await;
+    let Some(id) = egress_vm(&mut h, "vm", &[], &[]).await else { return };
+    assert_eq!(client(&mut h, &id, &["tcp", &host.addr(), "8080"]).await, "ConnectionRefusedError");
+    let ev = events(&mut h, &id).await;
+    let last = ev.refused.last().expect("a refusal is recorded");
+    assert_eq!(last.protocol, "tcp");
+    assert_eq!(last.destination, format!("{}:8080", host.addr()));
+    assert!(last.reason.contains("private address"), "{last:?}");
+    assert!(ev.refused_total >= 1);
+}
+
+#[tokio::test]
+async fn a_cidr_allow_rule_reaches_the_test_host_and_udp_works() {
+    let Some(host) = TestHost::up() else { return };
+    let mut h = Harness::new("netallow").await;
+    let Some(id) = egress_vm(&mut h, "vm", &[host.addr()], &[]).await else { return };
+    let got = client(&mut h, &id, &["tcp", &host.addr(), "8080"]).await;
+    assert_eq!(got, "HTTP/1.0 200 OK hello from the test host");
+    assert_eq!(client(&mut h, &id, &["udp", &host.addr(), "8081"]).await, "echo:ping");
+    // The allow list names one address: its neighbour is refused, TCP and UDP.
+    assert_eq!(client(&mut h, &id, &["tcp", &host.host_side(), "8080"]).await, "ConnectionRefusedError");
+    assert_eq!(client(&mut h, &id, &["udp", "10.213.0.9", "8081"]).await, "ConnectionRefusedError");
+    let ev = events(&mut h, &id).await;
+    assert!(ev.allowed_total >= 2, "{ev:?}");
+    assert!(ev.refused.iter().any(|e| e.protocol == "udp" && e.reason.contains("not in the allow list")), "{ev:?}");
+    // GetVm returns the policy as given.
+    let vm = h.get(&id).await.unwrap();
+    assert_eq!(vm.spec.unwrap().network_policy.unwrap().allow, vec![host.addr()]);
+}
+
+#[tokio::test]
+async fn the_hosts_own_addresses_and_loopback_are_never_reached() {
+    let Some(host) = TestHost::up() else { return };
+    // A server on every host address; nothing may ever connect to it.
+    let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = accepted.clone();
+    let acceptor = tokio::spawn(async move {
+        while listener.accept().await.is_ok() {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    let mut h = Harness::new("nethost").await;
+    let wide = ["0.0.0.0/0".to_string(), "10.0.0.0/8".to_string(), "127.0.0.0/8".to_string()];
+    let Some(id) = egress_vm(&mut h, "vm", &wide, &[]).await else { return };
+    let p = port.to_string();
+    // The veth's host end is an address of this host.
+    assert_eq!(client(&mut h, &id, &["tcp", &host.host_side(), &p]).await, "ConnectionRefusedError");
+    // The sandbox's gateway and DNS addresses are the stack, not the host.
+    assert_eq!(client(&mut h, &id, &["tcp", "10.0.2.2", &p]).await, "ConnectionRefusedError");
+    assert_eq!(client(&mut h, &id, &["tcp", "10.0.2.3", &p]).await, "ConnectionRefusedError");
+    // Root inside: route the host's addresses and loopback out through eth0,
+    // spoof the source, then try again (the stack drops spoofed sources and
+    // refuses host addresses whatever the route).
+    let tricks = format!(
+        "python3 - <<'PY'\nimport socket, fcntl, struct\nfor dst in ['127.0.0.1', '{}']:\n    s = socket.socket()\n    s.settimeout(3)\n    try:\n        s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b'eth0')\n        s.connect((dst, {port}))\n        print('connected', dst)\n    except Exception as e:\n        print(type(e).__name__, dst)\nPY",
+        host.host_side()
+    );
+    let o = h.sh(&id, &tricks).await;
+    assert!(!o.out().contains("connected"), "{o:?}");
+    let reasons: Vec<String> = events(&mut h, &id).await.refused.into_iter().map(|e| e.reason).collect();
+    assert!(reasons.iter().any(|r| r.contains("an address of this host")), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r.contains("sandbox's own network")), "{reasons:?}");
+    assert_eq!(accepted.load(Ordering::SeqCst), 0, "nothing reached the host's listener");
+    acceptor.abort();
+}
+
+#[tokio::test]
+async fn deny_rules_and_host_header_mismatch_are_refused() {
+    let Some(host) = TestHost::up() else { return };
+    let mut h = Harness::new("netdeny").await;
+    let allow = [host.addr(), format!("10.213.{}.0/30", host.n)];
+    let deny = [format!("{}:8081", host.addr()), "*.evil.test".to_string()];
+    let Some(id) = egress_vm(&mut h, "vm", &allow, &deny).await else { return };
+    assert_eq!(client(&mut h, &id, &["udp", &host.addr(), "8081"]).await, "ConnectionRefusedError");
+    let got = client(&mut h, &id, &["tcp", &host.addr(), "8080", "good.test"]).await;
+    assert_eq!(got, "HTTP/1.0 200 OK hello from the test host");
+    // Same address, a Host header the deny list names: refused before any
+    // byte reaches the server.
+    let got = client(&mut h, &id, &["tcp", &host.addr(), "8080", "x.evil.test"]).await;
+    assert!(got == "ConnectionResetError" || got == "EMPTY", "{got}");
+    let ev = events(&mut h, &id).await;
+    let hit = ev.refused.iter().find(|e| e.name == "x.evil.test").expect("the host header refusal");
+    assert_eq!(hit.reason, "denied by rule '*.evil.test'");
+    assert!(ev.refused.iter().any(|e| e.reason == format!("denied by rule '{}:8081'", host.addr())), "{ev:?}");
+}
+
+#[tokio::test]
+async fn dns_is_answered_filtered_and_pinned() {
+    let Some(host) = TestHost::up() else { return };
+    let addr: Ipv4Addr = host.addr().parse().unwrap();
+    let (dns, responder) = dns_responder(addr).await;
+    let mut h = Harness::with_env("netdns", &[("SANDBOX_VM_HELPER_DNS_UPSTREAM", dns.to_string())]).await;
+    let allow = ["allowed.test".to_string()];
+    let deny = ["*.evil.test".to_string()];
+    let Some(id) = egress_vm(&mut h, "vm", &allow, &deny).await else { return };
+    // Answered through the helper, AAAA dropped.
+    assert_eq!(client(&mut h, &id, &["resolve", "allowed.test"]).await, format!("['{addr}']"));
+    // Not in the allow list, or denied: REFUSED, so resolution fails.
+    assert_eq!(client(&mut h, &id, &["resolve", "other.test"]).await, "gaierror");
+    assert_eq!(client(&mut h, &id, &["resolve", "x.evil.test"]).await, "gaierror");
+    // The name is pinned to the address: the refusal names it, and a domain
+    // rule never opens a private address (DNS rebinding).
+    assert_eq!(client(&mut h, &id, &["tcp", "allowed.test", "8080"]).await, "ConnectionRefusedError");
+    let ev = events(&mut h, &id).await;
+    let pinned = ev.refused.iter().find(|e| e.protocol == "tcp").expect("tcp refusal");
+    assert_eq!(pinned.name, "allowed.test");
+    assert!(pinned.reason.contains("DNS rebinding"), "{pinned:?}");
+    let dns_refusals: Vec<_> =
+        ev.refused.iter().filter(|e| e.protocol == "dns").map(|e| e.destination.clone()).collect();
+    assert!(dns_refusals.contains(&"other.test".to_string()), "{dns_refusals:?}");
+    assert!(dns_refusals.contains(&"x.evil.test".to_string()), "{dns_refusals:?}");
+    responder.abort();
+}
+
+#[tokio::test]
+async fn bad_policy_is_invalid_argument_naming_the_rule() {
+    let mut h = Harness::new("netbad").await;
+    if !h.caps().await.iter().any(|c| c == "network.policy") {
+        eprintln!("skipped: helper lacks network.policy");
+        return;
+    }
+    let mut spec = h.spec("vm");
+    spec.network = pb::NetworkMode::Egress as i32;
+    spec.network_policy = Some(pb::NetworkPolicy { allow: vec!["https://example.org".into()], deny: vec![] });
+    let e = h.create(spec).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("https://example.org"), "{}", e.message());
+    let e = h.client.network_events(pb::NetworkEventsRequest { vm_id: "nope".into() }).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+}
