@@ -66,6 +66,36 @@ except Exception as e:
     print(type(e).__name__)
 "#;
 
+/// In the sandbox, as root: writes TCP SYNs from 10.0.2.15 to each
+/// argv[1..-1] at port argv[-1] directly onto eth0 with AF_PACKET; prints
+/// "sent", or "blocked" when the socket cannot be opened. No single quotes:
+/// it is passed inside them.
+const RAW_SYN: &str = r#"
+import socket, struct, sys
+def csum(b):
+    if len(b) % 2:
+        b += bytes(1)
+    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    s = (s >> 16) + (s & 0xffff)
+    s += s >> 16
+    return ~s & 0xffff
+try:
+    p = socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM, socket.htons(0x0800))
+except OSError:
+    print("blocked")
+    sys.exit(0)
+port = int(sys.argv[-1])
+src = socket.inet_aton("10.0.2.15")
+for host in sys.argv[1:-1]:
+    dst = socket.inet_aton(host)
+    tcp = struct.pack("!HHIIBBHHH", 40000, port, 1, 0, 5 << 4, 0x02, 65535, 0, 0)
+    tcp = tcp[:16] + struct.pack("!H", csum(src + dst + struct.pack("!BBH", 0, 6, len(tcp)) + tcp)) + tcp[18:]
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), 1, 0, 64, 6, 0, src, dst)
+    ip = ip[:10] + struct.pack("!H", csum(ip)) + ip[12:]
+    p.sendto(ip + tcp, ("eth0", 0x0800))
+print("sent")
+"#;
+
 struct TestHost {
     name: String,
     n: u32,
@@ -101,6 +131,7 @@ impl TestHost {
             let up = Command::new("ip")
                 .args(["netns", "exec", &host.name, "python3", "-c"])
                 .arg(format!("import socket; socket.create_connection(('{addr}', 8080), timeout=1)"))
+                .stderr(Stdio::null())
                 .status()
                 .is_ok_and(|s| s.success());
             if up {
@@ -258,9 +289,20 @@ async fn the_hosts_own_addresses_and_loopback_are_never_reached() {
     );
     let o = h.sh(&id, &tricks).await;
     assert!(!o.out().contains("connected"), "{o:?}");
+    // The attack from issue 9: hand-built SYNs written straight onto eth0
+    // (AF_PACKET), addressed to the host's loopback and own address. Where
+    // the sandbox may still open AF_PACKET, they reach the stack, which
+    // refuses them like any other flow.
+    let raw =
+        h.sh(&id, &format!("python3 -c '{RAW_SYN}' 127.0.0.1 {host_side} {port}", host_side = host.host_side())).await;
+    let sent = raw.out().contains("sent");
+    assert!(sent || raw.out().contains("blocked"), "{raw:?}");
     let reasons: Vec<String> = events(&mut h, &id).await.refused.into_iter().map(|e| e.reason).collect();
     assert!(reasons.iter().any(|r| r.contains("an address of this host")), "{reasons:?}");
     assert!(reasons.iter().any(|r| r.contains("sandbox's own network")), "{reasons:?}");
+    if sent {
+        assert!(reasons.iter().any(|r| r == "127.0.0.1 is loopback: never reachable from a sandbox"), "{reasons:?}");
+    }
     assert_eq!(accepted.load(Ordering::SeqCst), 0, "nothing reached the host's listener");
     acceptor.abort();
 }
