@@ -23,6 +23,12 @@ def test_status_and_list_all(server):
     assert rows[2].split()[0] == "default" and rows[2].split()[2] == "alive"
 
 
+def test_a_name_with_underscores_boots_with_a_valid_hostname(server):
+    # `_` is valid in sandbox names but never in hostnames.
+    text, err = server.tool("exec", command="hostname", sandbox="my_box")
+    assert not err and text == "my-box", text
+
+
 def test_destroy_keeps_workspace(server):
     server.tool("exec", command="echo kept > /workspace/keep.txt; echo gone > /tmp/gone")
     text, err = server.tool("destroy", sandbox="default")

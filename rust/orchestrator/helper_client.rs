@@ -473,7 +473,7 @@ impl From<VmConfig> for pb::VmSpec {
                 })
                 .collect(),
             env: cfg.env,
-            hostname: cfg.id,
+            hostname: super::names::hostname(&cfg.id),
             network: pb::NetworkMode::from(&cfg.network) as i32,
             network_policy: Option::<pb::NetworkPolicy>::from(&cfg.network),
             labels: cfg.labels,

@@ -112,6 +112,12 @@ pub fn is_child_of(name: &str, parent: &str) -> bool {
     split_child_name(name).is_some_and(|(p, segment)| p == parent && is_segment(segment))
 }
 
+/// The hostname a sandbox sees: its name with `_` (valid in names, never in
+/// hostnames: RFC 1123) turned into `-`, so every valid name can boot.
+pub fn hostname(name: &str) -> String {
+    name.replace('_', "-")
+}
+
 /// Check an environment variable name against `^[A-Za-z_][A-Za-z0-9_]*$`.
 pub fn validate_env_key(key: &str) -> Result<(), OrchestratorError> {
     let mut chars = key.chars();
@@ -154,6 +160,12 @@ pub fn validate_process_name(name: &str) -> Result<(), OrchestratorError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hostnames_have_no_underscores() {
+        assert_eq!(hostname("my_box_1"), "my-box-1");
+        assert_eq!(hostname("default..kid"), "default..kid");
+    }
 
     #[test]
     fn sandbox_names() {
