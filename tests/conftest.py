@@ -348,3 +348,25 @@ def pytest_configure(config: pytest.Config) -> None:
     # The security suite marks tests that load the whole machine for a few
     # seconds (fork bomb, memory hog): `pytest -m "not heavy"` leaves them out.
     config.addinivalue_line("markers", "heavy: loads the machine for seconds (fork bomb, memory hog)")
+
+
+# Sends one raw payload (base64 in argv[1], or `big` for an oversize line)
+# to the ctl socket and prints the response line.
+CTL_RAW_CLIENT = r"""
+import base64, socket, sys
+if sys.argv[1] == "big":
+    payload = b'{"id": 9, "method": "ping", "params": {"x": "' + b"a" * 70000 + b'"}}\n'
+else:
+    payload = base64.b64decode(sys.argv[1])
+s = socket.socket(socket.AF_UNIX)
+s.connect("/run/sandbox-ctl.sock")
+s.sendall(payload)
+s.shutdown(socket.SHUT_WR)
+buf = b""
+while not buf.endswith(b"\n"):
+    chunk = s.recv(65536)
+    if not chunk:
+        break
+    buf += chunk
+sys.stdout.write(buf.decode())
+"""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_config
+from conftest import CTL_RAW_CLIENT as RAW_CLIENT, write_config
 from test_grpc import SERVICE, grpcurl_path
 
 IMAGE = os.environ.get("SANDBOX_MCP_TEST_IMAGE", "mcp-test")
@@ -252,22 +252,6 @@ child_ttl = 0
 """
 
 # Sends one raw sandbox-ctl request (base64 in argv[1]) and prints the answer.
-RAW_CLIENT = r"""
-import base64, socket, sys
-s = socket.socket(socket.AF_UNIX)
-s.connect("/run/sandbox-ctl.sock")
-s.sendall(base64.b64decode(sys.argv[1]))
-s.shutdown(socket.SHUT_WR)
-buf = b""
-while not buf.endswith(b"\n"):
-    chunk = s.recv(65536)
-    if not chunk:
-        break
-    buf += chunk
-sys.stdout.write(buf.decode())
-"""
-
-
 def ctl(srv, command: str) -> tuple[str, str, int]:
     return sh(srv, command, "boss", timeout=int(SPAWN_TIMEOUT))
 

@@ -3,6 +3,8 @@ import re
 import socket
 import time
 
+from conftest import write_config
+
 
 def test_stats(server):
     server.tool("bg", command="sleep 300", name="sleeper")
@@ -14,6 +16,7 @@ def test_stats(server):
     assert re.search(r"^CPU:     \d+\.\d\ds total$", text, re.M)
     assert re.search(r"^PIDs:    \d+$", text, re.M)
     assert re.search(r"^Disk:    .+ \(\d+% used\)$", text, re.M)
+    assert re.search(r"^Quota:   .+ / 10\.0GB \(\d+%; writable layer, /tmp and /workspace\)$", text, re.M), text
     assert re.search(r"^Uptime:  \d+m \d+s$", text, re.M)
     assert "BgProcs: sleeper" in text
     assert lines[-1].startswith("History: ")
@@ -27,7 +30,23 @@ def test_health(server):
     assert not err
     lines = text.split("\n")
     assert lines[0] == "2 sandbox(es), 0 issue(s)", text
-    assert re.match(r"^b:  shell=ok  disk=\d+%.*  mem=\d+%  up=\d+m\d+s  procs=\d+$", lines[1]), lines[1]
+    assert re.match(r"^b:  shell=ok  disk=\d+%.*  mem=\d+%  quota=\d+%  up=\d+m\d+s  procs=\d+$", lines[1]), lines[1]
+
+
+def test_stats_and_health_show_a_disk_quota_stop(server_factory, env):
+    write_config(env, '[defaults]\ndisk = "64M"\n')
+    srv = server_factory()
+    # A steady writer (1 MiB every 20 ms, 300 MiB in all) meets the watcher well before it ends.
+    writer = "for i in $(seq 300); do head -c 1048576 /dev/zero >> /workspace/big; sleep 0.02; done"
+    text, _ = srv.tool("exec", command=writer, timeout=120)
+    assert "disk quota exceeded" in text, text
+    text, err = srv.tool("stats")
+    assert not err and re.search(r"^Quota:   disk quota exceeded: .+ used of 64 MiB", text, re.M), text
+    data = srv.call_raw("stats").structured_content
+    assert data["quota_limit_bytes"] == 64 << 20 and data["quota_exceeded"].startswith("disk quota exceeded"), data
+    text, _ = srv.tool("health")
+    assert re.search(r"quota=\d+% (HIGH|FULL)", text) and "1 issue(s)" in text, text
+    srv.tool("exec", command="rm -f /workspace/big")
 
 
 def test_health_flags_oom(server):

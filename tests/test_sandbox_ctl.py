@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import write_config
+from conftest import CTL_RAW_CLIENT as RAW_CLIENT, write_config
 from waiting import wait_for
 
 IMAGE = os.environ.get("SANDBOX_MCP_TEST_IMAGE", "mcp-test")
@@ -27,28 +27,6 @@ child_max_memory = "256M"
 allowed_images = ["{IMAGE}"]
 child_ttl = 0
 """
-
-# Sends one raw payload (base64 in argv[1], or `big` for an oversize line)
-# to the ctl socket and prints the response line.
-RAW_CLIENT = r"""
-import base64, socket, sys
-if sys.argv[1] == "big":
-    payload = b'{"id": 9, "method": "ping", "params": {"x": "' + b"a" * 70000 + b'"}}\n'
-else:
-    payload = base64.b64decode(sys.argv[1])
-s = socket.socket(socket.AF_UNIX)
-s.connect("/run/sandbox-ctl.sock")
-s.sendall(payload)
-s.shutdown(socket.SHUT_WR)
-buf = b""
-while not buf.endswith(b"\n"):
-    chunk = s.recv(65536)
-    if not chunk:
-        break
-    buf += chunk
-sys.stdout.write(buf.decode())
-"""
-
 
 def sh(srv, command: str, sandbox: str = "default", timeout: int = 120) -> tuple[str, str, int]:
     """Runs a shell command in a sandbox: (stdout, stderr, exit code)."""

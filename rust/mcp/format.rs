@@ -117,6 +117,12 @@ pub struct StatsOutput {
     pub disk_used_bytes: Option<u64>,
     /// /workspace disk size in bytes.
     pub disk_size_bytes: Option<u64>,
+    /// Disk counted against the quota (writable layer, /tmp, /workspace), in bytes.
+    pub quota_used_bytes: Option<u64>,
+    /// The disk quota in bytes.
+    pub quota_limit_bytes: Option<u64>,
+    /// Why the sandbox's writers were last stopped for the quota, if they were.
+    pub quota_exceeded: Option<String>,
     /// Seconds since the sandbox started.
     pub uptime_seconds: Option<u64>,
     /// A process was killed for exceeding the memory limit.
@@ -142,6 +148,9 @@ impl StatsOutput {
             net_tx_bytes: st.map(|x| x.net_tx),
             disk_used_bytes: obs.disk.map(|d| d.used),
             disk_size_bytes: obs.disk.map(|d| d.size),
+            quota_used_bytes: st.filter(|x| x.disk_limit > 0).map(|x| x.disk_used),
+            quota_limit_bytes: st.map(|x| x.disk_limit).filter(|&l| l > 0),
+            quota_exceeded: st.and_then(|x| x.disk_quota_exceeded.clone()),
             uptime_seconds: st.map(|x| x.uptime.as_secs()),
             oom_killed: st.is_some_and(|x| x.oom_killed),
             background: bg.iter().filter(|b| b.running).map(|b| b.name.clone()).collect(),
@@ -389,6 +398,13 @@ pub fn stats(s: &Sandbox, obs: &Observation, bg: &[BackgroundInfo]) -> String {
             if st.oom_killed {
                 lines.push("OOM:     a process was killed for exceeding the memory limit".to_string());
             }
+            if let Some(pct) = obs.quota_pct() {
+                let (used, limit) = (human_size(st.disk_used), human_size(st.disk_limit));
+                lines.push(format!("Quota:   {used} / {limit} ({pct}%; writable layer, /tmp and /workspace)"));
+            }
+            if let Some(reason) = &st.disk_quota_exceeded {
+                lines.push(format!("Quota:   {reason}"));
+            }
         }
         None => lines.push("Stats:   unavailable".to_string()),
     }
@@ -438,6 +454,10 @@ pub fn health(rows: &[(std::sync::Arc<Sandbox>, Observation)]) -> String {
             issues += usize::from(pct >= HIGH_PCT || oom);
             let m = if oom { " OOM" } else { mark(pct, "OOM") };
             fields.push(format!("mem={pct}%{m}"));
+        }
+        if let Some(pct) = obs.quota_pct() {
+            issues += usize::from(pct >= HIGH_PCT);
+            fields.push(format!("quota={pct}%{}", mark(pct, "FULL")));
         }
         if let Some(st) = &obs.stats {
             fields.push(format!("up={}m{}s", st.uptime.as_secs() / 60, st.uptime.as_secs() % 60));

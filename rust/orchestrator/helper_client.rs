@@ -179,7 +179,7 @@ pub enum BuildEvent {
     /// A line of build output.
     Log(String),
     /// The finished image (last).
-    Done(ImageSummary),
+    Done(Box<ImageSummary>),
 }
 
 /// A process to run in a VM.
@@ -418,7 +418,7 @@ impl HelperClient {
                 Some(Msg::Log(line)) => on_event(BuildEvent::Log(line)),
                 Some(Msg::Image(image)) => {
                     let image = image_summary(image);
-                    on_event(BuildEvent::Done(image.clone()));
+                    on_event(BuildEvent::Done(Box::new(image.clone())));
                     return Ok(image);
                 }
                 None => {}
@@ -626,6 +626,12 @@ pub struct VmStats {
     pub uptime: Duration,
     /// Killed for memory at least once.
     pub oom_killed: bool,
+    /// Disk in use against the quota (writable layer, /tmp, /workspace), bytes.
+    pub disk_used: u64,
+    /// The disk quota, bytes (0 if the helper does not report one).
+    pub disk_limit: u64,
+    /// Why the helper last stopped the sandbox's writers for the quota, if it did.
+    pub disk_quota_exceeded: Option<String>,
 }
 
 /// A background process owned by a VM.
@@ -767,6 +773,9 @@ impl HelperClient {
             net_tx: s.net_tx_bytes,
             uptime: Duration::from_millis(s.uptime_ms),
             oom_killed: s.oom_killed,
+            disk_used: s.disk_used_bytes,
+            disk_limit: s.disk_limit_bytes,
+            disk_quota_exceeded: Some(s.disk_quota_exceeded).filter(|r| !r.is_empty()),
         })
     }
 

@@ -46,6 +46,11 @@ impl Observation {
     pub fn mem_pct(&self) -> Option<u64> {
         self.stats.as_ref().and_then(|s| (s.memory_used * 100).checked_div(s.memory_limit))
     }
+
+    /// Disk use in percent of the sandbox's disk quota (`None` without one).
+    pub fn quota_pct(&self) -> Option<u64> {
+        self.stats.as_ref().and_then(|s| (s.disk_used.saturating_mul(100)).checked_div(s.disk_limit))
+    }
 }
 
 fn parse_df(out: &[u8]) -> Option<Disk> {
