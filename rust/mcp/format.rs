@@ -264,9 +264,11 @@ pub fn status_blocks(
     let mut lines = Vec::new();
     if !forwards.is_empty() {
         lines.push("Port forwards:".to_string());
-        lines.extend(forwards.iter().map(|f| {
-            format!("  localhost:{} -> '{}':{} ({} conns)", f.host_port, f.sandbox, f.port, f.connections)
-        }));
+        lines.extend(
+            forwards.iter().map(|f| {
+                format!("  localhost:{} -> '{}':{} ({} conns)", f.host_port, f.sandbox, f.port, f.connections)
+            }),
+        );
     }
     if !syncs.is_empty() {
         lines.push("Sync jobs:".to_string());

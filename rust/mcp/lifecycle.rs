@@ -94,10 +94,9 @@ impl SandboxServer {
             return fail("use destroy_child to destroy child sandboxes");
         }
         match self.manager.destroy(&p.sandbox).await {
-            Err(OrchestratorError::Lost { .. }) if self.manager.forget_lost(&p.sandbox) => ok(format!(
-                "Forgot sandbox '{}': its VM was already gone. Its /workspace is kept.",
-                p.sandbox
-            )),
+            Err(OrchestratorError::Lost { .. }) if self.manager.forget_lost(&p.sandbox) => {
+                ok(format!("Forgot sandbox '{}': its VM was already gone. Its /workspace is kept.", p.sandbox))
+            }
             other => reply(other.map(|s| format!("Destroyed sandbox '{}' ({})", s.name, s.name))),
         }
     }

@@ -240,11 +240,7 @@ impl StateFile {
         };
         let aside = path.with_extension(format!("json.damaged-{}", secs(SystemTime::now()) as u64));
         std::fs::rename(path, &aside).map_err(io("moving aside", path))?;
-        Err(StateError::Damaged {
-            path: path.display().to_string(),
-            reason,
-            moved_to: aside.display().to_string(),
-        })
+        Err(StateError::Damaged { path: path.display().to_string(), reason, moved_to: aside.display().to_string() })
     }
 
     /// Write atomically and durably: a crash at any point leaves either the
@@ -279,7 +275,13 @@ pub fn capture(o: &Orchestrator) -> StateFile {
             .syncs
             .list()
             .into_iter()
-            .map(|j| SyncRecord { id: j.id, local: j.local, sandbox: j.sandbox, dir: j.dir, files_synced: j.files_synced })
+            .map(|j| SyncRecord {
+                id: j.id,
+                local: j.local,
+                sandbox: j.sandbox,
+                dir: j.dir,
+                files_synced: j.files_synced,
+            })
             .collect(),
         lost: o.sandboxes.lost(),
         spawn: o.spawns.export_state(),
