@@ -367,7 +367,7 @@ def bench_lifecycle(client: McpClient) -> list[str]:
         clone.append(timed(lambda: checked(client, "clone", source="default", target=f"bench-clone-{n}")))
         checked(client, "destroy", sandbox=f"bench-clone-{n}")
         spawn.append(timed(lambda: checked(client, "spawn", parent="default", name=f"bench-child-{n}")))
-        checked(client, "destroy_child", name=f"bench-child-{n}")
+        checked(client, "destroy_child", name=f"default..bench-child-{n}")
     checked(client, "destroy", sandbox="bench-dst")
     for n in reversed(range(LIFECYCLE_SAMPLES)):
         checked(client, "delete_snapshot", snapshot_name=f"bench-{n}")
