@@ -6,7 +6,7 @@
 //! process in the VM's pid namespace gets SIGSTOP, through a pidfd so a
 //! reused pid is never hit, and SIGCONT when the [`Frozen`] guard drops:
 //! the VM thaws on every path out, errors and panics included. Processes the
-//! VM had stopped itself are left alone, so thawing does not resume them.
+//! VM had stopped itself are stopped again but not resumed at thaw.
 use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
@@ -20,7 +20,9 @@ const STOP_WAIT: Duration = Duration::from_secs(5);
 
 /// A VM whose processes are stopped; dropping it resumes them.
 pub struct Frozen {
-    stopped: Vec<(i32, OwnedFd)>,
+    /// Every process signalled, and whether to resume it at thaw (not
+    /// those the VM had stopped itself).
+    stopped: Vec<(i32, OwnedFd, bool)>,
 }
 
 impl Frozen {
@@ -32,47 +34,59 @@ impl Frozen {
 
 impl Drop for Frozen {
     fn drop(&mut self) {
-        for (_, fd) in &self.stopped {
-            pidfd_kill(fd, libc::SIGCONT);
+        for (_, fd, resume) in &self.stopped {
+            if *resume {
+                pidfd_kill(fd, libc::SIGCONT);
+            }
         }
     }
 }
 
 /// Stops every process in the pid namespace of `pid1` (the VM's PID 1, a
 /// host pid) and returns once they are all stopped.
+///
+/// The VM is hostile: a process not stopped yet may SIGCONT one that is (or
+/// one the VM had stopped itself), and the copy that follows must not run
+/// beside it. So every process gets SIGSTOP, already-stopped ones too, and
+/// the freeze holds only after two consecutive full scans find every
+/// process of the namespace stopped (a stopped process can resume nobody);
+/// one seen running again is stopped again. A VM that keeps its processes
+/// running past [`STOP_WAIT`] fails the operation: nothing is copied.
 pub fn freeze(pid1: i32) -> Result<Frozen, HelperError> {
     let ns = pid_ns(pid1).map_err(|e| HelperError::io(format!("reading the pid namespace of {pid1}"), e))?;
     let mut frozen = Frozen { stopped: Vec::new() };
     let mut seen = HashSet::new();
-    // A process may fork between two scans; stopped ones cannot, so a scan
-    // that finds nobody new has seen everyone.
-    loop {
-        let mut new = false;
-        for pid in all_pids()? {
-            if seen.contains(&pid) || pid_ns(pid).ok().as_deref() != Some(ns.as_str()) {
-                continue;
-            }
-            seen.insert(pid);
-            new = true;
-            if matches!(state(pid), None | Some('T' | 't' | 'Z' | 'X')) {
-                continue;
-            }
-            let Ok(fd) = pidfd_open(pid) else { continue };
-            pidfd_kill(&fd, libc::SIGSTOP);
-            frozen.stopped.push((pid, fd));
-        }
-        if !new {
-            break;
-        }
-    }
     let deadline = Instant::now() + STOP_WAIT;
-    for (pid, _) in &frozen.stopped {
-        while matches!(state(*pid), Some(s) if !matches!(s, 'T' | 't' | 'Z' | 'X')) {
-            if Instant::now() > deadline {
-                tracing::warn!(pid, "process did not stop in time; copying anyway");
-                break;
+    let mut clean_scans = 0;
+    while clean_scans < 2 {
+        if Instant::now() > deadline {
+            let e = std::io::Error::other("its processes kept running (resuming each other?); nothing was copied");
+            return Err(HelperError::io("freezing the vm", e));
+        }
+        let mut all_stopped = true;
+        for pid in all_pids()? {
+            if pid_ns(pid).ok().as_deref() != Some(ns.as_str()) {
+                continue;
             }
-            std::thread::sleep(Duration::from_millis(2));
+            let running = match state(pid) {
+                None | Some('Z' | 'X') => continue,
+                Some('T' | 't') => false,
+                Some(_) => true,
+            };
+            all_stopped &= !running;
+            if seen.insert(pid) {
+                let Ok(fd) = pidfd_open(pid) else { continue };
+                pidfd_kill(&fd, libc::SIGSTOP);
+                frozen.stopped.push((pid, fd, running));
+            } else if running && let Some((_, fd, _)) = frozen.stopped.iter().find(|(p, _, _)| *p == pid) {
+                pidfd_kill(fd, libc::SIGSTOP);
+            }
+        }
+        if all_stopped {
+            clean_scans += 1;
+        } else {
+            clean_scans = 0;
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
     Ok(frozen)
@@ -127,6 +141,50 @@ mod tests {
         drop(frozen);
         std::thread::sleep(Duration::from_millis(50));
         assert_ne!(state(pid1), Some('T'));
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Processes that resume each other (`kill -CONT -1` in a loop) are all
+    /// stopped when freeze returns, and stay stopped.
+    #[test]
+    fn processes_resuming_each_other_are_all_stopped() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root for a pid namespace");
+            return;
+        }
+        let script = "for i in 1 2 3 4; do (while :; do kill -CONT -1 2>/dev/null; done) & done; wait";
+        let mut child = std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child", "sh", "-c", script])
+            .spawn()
+            .unwrap();
+        let unshare = child.id() as i32;
+        let mut pid1 = None;
+        for _ in 0..500 {
+            let children = std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children")).unwrap();
+            pid1 = children.split_whitespace().next().and_then(|p| p.parse::<i32>().ok());
+            if pid1.is_some_and(|p| pid_ns(p).ok() != pid_ns(unshare).ok()) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let pid1 = pid1.unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let ns = pid_ns(pid1).unwrap();
+        let members = || -> Vec<i32> {
+            all_pids().unwrap().into_iter().filter(|p| pid_ns(*p).ok().as_deref() == Some(ns.as_str())).collect()
+        };
+        for _ in 0..3 {
+            let frozen = freeze(pid1).unwrap();
+            for _ in 0..2 {
+                for pid in members() {
+                    assert!(matches!(state(pid), Some('T' | 't') | None), "{pid} runs while frozen");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            drop(frozen);
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = child.kill();
         let _ = child.wait();
     }
