@@ -36,6 +36,9 @@ print(json.dumps({
     "icmp_raw": sock(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP),
     "icmp_raw_nonblock": sock(socket.AF_INET, socket.SOCK_RAW | socket.SOCK_NONBLOCK, socket.IPPROTO_ICMP),
     "icmp6_raw": sock(socket.AF_INET6, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.IPPROTO_ICMPV6),
+    "inet_packet": sock(socket.AF_INET, 10, socket.htons(3)),
+    "inet_packet_nonblock": sock(socket.AF_INET, 10 | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC, socket.htons(3)),
+    "inet6_packet": sock(socket.AF_INET6, 10, socket.htons(3)),
     "vsock": sock(40, socket.SOCK_STREAM),
     "io_uring_setup": syscall(setup),
     "io_uring_enter": syscall(enter),
@@ -87,6 +90,9 @@ def test_raw_sockets_vsock_and_io_uring_are_refused_and_ordinary_sockets_work(st
         "icmp_raw": "EPERM",
         "icmp_raw_nonblock": "EPERM",
         "icmp6_raw": "EPERM",
+        "inet_packet": "EPERM",
+        "inet_packet_nonblock": "EPERM",
+        "inet6_packet": "EPERM",
         "vsock": "EPERM",
         "io_uring_setup": "ENOSYS",
         "io_uring_enter": "ENOSYS",
@@ -97,6 +103,15 @@ def test_raw_sockets_vsock_and_io_uring_are_refused_and_ordinary_sockets_work(st
         "unix": "ok",
         "netlink": "ok",
     }, got
+
+
+def test_the_old_inet_spelling_of_a_packet_socket_is_refused(stdio):
+    # socket(AF_INET, SOCK_PACKET) is turned into AF_PACKET by the kernel.
+    server = stdio()
+    text, err = server.tool(
+        "exec", command='python3 -c "import socket; socket.socket(socket.AF_INET, 10, socket.htons(3))"'
+    )
+    assert "PermissionError" in text and "Operation not permitted" in text, text
 
 
 def test_ip_still_reads_the_sandbox_network_over_netlink(stdio):
@@ -159,6 +174,41 @@ def test_killing_a_background_process_ends_descendants_that_ignore_term(stdio):
     assert not err, text
     assert wait_for_escapers(server, 2), escapers_running(server)
     text, err = server.tool("kill", name="stubborn")
+    assert not err, text
+    assert wait_for_escapers(server, 0), f"{escapers_running(server)} sleepers survived kill"
+
+
+# A command that first tries to stop being a child subreaper (so that its
+# orphans would reparent to PID 1, out of the tree), then orphans two
+# sleepers through setsid and a double fork.
+UNREAPER = r"""
+import ctypes, os, subprocess, time
+libc = ctypes.CDLL(None, use_errno=True)
+ret = libc.prctl(36, 0, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER, 0
+print("clear subreaper:", "ok" if ret == 0 else os.strerror(ctypes.get_errno()), flush=True)
+subprocess.run("(setsid sh -c 'sleep 1001' &) ; (setsid sleep 1002 &)", shell=True)
+time.sleep(600)
+"""
+
+
+def test_a_command_cannot_stop_being_a_subreaper_to_escape_a_timeout(stdio):
+    server = stdio()
+    server.tool("write_file", path="/tmp/unreaper.py", content=UNREAPER)
+    text, err = server.tool("exec", command="exec python3 /tmp/unreaper.py", timeout=3)
+    assert "clear subreaper: Operation not permitted" in text, text
+    assert "timed out" in text.lower(), text
+    assert wait_for_escapers(server, 0), f"{escapers_running(server)} sleepers survived the timeout"
+
+
+def test_a_command_cannot_stop_being_a_subreaper_to_escape_kill(stdio):
+    server = stdio()
+    server.tool("write_file", path="/tmp/unreaper.py", content=UNREAPER)
+    text, err = server.tool("bg", command="exec python3 /tmp/unreaper.py", name="unreaper")
+    assert not err, text
+    assert wait_for_escapers(server, 2), escapers_running(server)
+    text, err = server.tool("logs", name="unreaper")
+    assert "clear subreaper: Operation not permitted" in text, text
+    text, err = server.tool("kill", name="unreaper")
     assert not err, text
     assert wait_for_escapers(server, 0), f"{escapers_running(server)} sleepers survived kill"
 

@@ -88,12 +88,20 @@ const IO_URING: &[i64] = &[libc::SYS_io_uring_setup, libc::SYS_io_uring_enter, l
 /// are OR'ed into the bits above.
 const SOCK_TYPE_MASK: u64 = 0xf;
 
+/// The obsolete packet-socket type; libc marks its constant deprecated,
+/// but the filter must still recognise it.
+const SOCK_PACKET: i32 = 10;
+
 /// socket() calls refused with EPERM, what the kernel answers a process
 /// without CAP_NET_RAW (so ping and friends take their unprivileged path):
 /// - AF_PACKET sees and forges whole frames on any interface of the netns;
 /// - raw IPv4/IPv6 sockets forge arbitrary IP headers (ICMP redirects,
 ///   spoofed sources) at whatever the sandbox's network reaches; ping's
 ///   ICMP datagram sockets (SOCK_DGRAM, IPPROTO_ICMP) stay allowed;
+/// - SOCK_PACKET with AF_INET is the pre-2.2 spelling of a packet socket:
+///   the kernel turns it into AF_PACKET before any family's code runs, so
+///   it is refused like AF_PACKET (AF_INET6 too, though that kernel path
+///   only knows AF_INET, so no family spells it another way);
 /// - AF_VSOCK is not network-namespaced: it reaches the hypervisor when the
 ///   host is itself a VM (Docker's default profile refuses it too).
 ///
@@ -101,15 +109,30 @@ const SOCK_TYPE_MASK: u64 = 0xf;
 /// netlink only reaches the sandbox's own network namespace.
 fn socket_rules() -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
     let domain = |family: i32| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, family as u64);
-    let raw = || {
-        SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(SOCK_TYPE_MASK), libc::SOCK_RAW as u64)
-    };
+    let kind =
+        |ty: i32| SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(SOCK_TYPE_MASK), ty as u64);
     Ok(vec![
         SeccompRule::new(vec![domain(libc::AF_PACKET)?])?,
         SeccompRule::new(vec![domain(libc::AF_VSOCK)?])?,
-        SeccompRule::new(vec![domain(libc::AF_INET)?, raw()?])?,
-        SeccompRule::new(vec![domain(libc::AF_INET6)?, raw()?])?,
+        SeccompRule::new(vec![domain(libc::AF_INET)?, kind(libc::SOCK_RAW)?])?,
+        SeccompRule::new(vec![domain(libc::AF_INET6)?, kind(libc::SOCK_RAW)?])?,
+        SeccompRule::new(vec![domain(libc::AF_INET)?, kind(SOCK_PACKET)?])?,
+        SeccompRule::new(vec![domain(libc::AF_INET6)?, kind(SOCK_PACKET)?])?,
     ])
+}
+
+/// prctl(PR_SET_CHILD_SUBREAPER, 0) is refused with EPERM: the agent makes
+/// every process it starts a child subreaper so that a timeout or `kill`
+/// finds (through the parent chain) everything it started, however
+/// detached; clearing the flag would let its orphans reparent to PID 1,
+/// out of the tree. Setting it (any other argument) stays allowed.
+fn prctl_rules() -> Result<Vec<SeccompRule>, seccompiler::BackendError> {
+    // The kernel reads the option as an int and the flag as a whole
+    // unsigned long (any non-zero value sets it).
+    Ok(vec![SeccompRule::new(vec![
+        SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::PR_SET_CHILD_SUBREAPER as u64)?,
+        SeccompCondition::new(1, SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, 0)?,
+    ])?])
 }
 
 /// Builds and installs the filters on the calling thread; its children
@@ -134,6 +157,7 @@ pub fn install() -> Result<(), DriverError> {
     }
     eperm.insert(libc::SYS_clone, clone_rules);
     eperm.insert(libc::SYS_socket, socket_rules().map_err(err)?);
+    eperm.insert(libc::SYS_prctl, prctl_rules().map_err(err)?);
     let deny =
         SeccompFilter::new(eperm, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), arch).map_err(err)?;
 
@@ -204,6 +228,13 @@ mod tests {
                     Some(libc::EPERM)
                 );
                 assert!(libc::getpid() > 0);
+                // Clearing the child-subreaper flag is refused, setting it is not.
+                assert_eq!(errno_of(libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0).into()), Some(libc::EPERM));
+                assert_eq!(libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), 0);
+                assert_eq!(libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 2, 0, 0, 0), 0);
+                let mut flag: libc::c_int = 0;
+                assert_eq!(libc::prctl(libc::PR_GET_CHILD_SUBREAPER, &mut flag as *mut libc::c_int, 0, 0, 0), 0);
+                assert_eq!(flag, 1);
             }
             // SAFETY: socket/close/syscall with integer or null arguments.
             unsafe {
@@ -213,6 +244,9 @@ mod tests {
                     (libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP),
                     (libc::AF_INET, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, libc::IPPROTO_RAW),
                     (libc::AF_INET6, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::IPPROTO_ICMPV6),
+                    (libc::AF_INET, super::SOCK_PACKET, 0x0300),
+                    (libc::AF_INET, super::SOCK_PACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0x0300),
+                    (libc::AF_INET6, super::SOCK_PACKET | libc::SOCK_CLOEXEC, 0x0300),
                     (libc::AF_VSOCK, libc::SOCK_STREAM, 0),
                 ];
                 for (domain, ty, proto) in refused {
@@ -245,5 +279,9 @@ mod tests {
         })
         .join()
         .unwrap();
+        // The subreaper flag belongs to the whole test process; this thread
+        // has no filter and takes it off again.
+        // SAFETY: prctl with integer arguments.
+        assert_eq!(unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) }, 0);
     }
 }
