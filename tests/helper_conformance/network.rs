@@ -463,11 +463,18 @@ async fn a_dns_flood_to_a_silent_upstream_is_capped_and_spares_other_sandboxes()
     let allow = ["flood.test".to_string()];
     let Some(a) = egress_vm(&mut h, "a", &allow, &[]).await else { return };
     let Some(b) = egress_vm(&mut h, "b", &allow, &[]).await else { return };
+    let helper = h.helper.as_ref().map(|p| p.0.id());
+    let baseline = helper.map(fd_count);
     let o = h.run(process(&a, &["python3", "-c", DNS_CLIENT, "flood", "5000", "flood.test"]), b"").await.unwrap();
     let servfail: usize = o.out().trim().parse().unwrap_or_else(|_| panic!("{o:?}"));
     // Beyond the cap SERVFAIL comes at once (the guest's own socket buffer
     // drops many of them in a burst this size).
     assert!(servfail > 0, "{o:?}");
+    // At most the cap's upstream sockets are open for it.
+    if let (Some(pid), Some(baseline)) = (helper, baseline) {
+        let now = fd_count(pid);
+        assert!(now <= baseline + 64 + 16, "helper fds: {now}, baseline {baseline}");
+    }
     let ev = events(&mut h, &a).await;
     assert!(ev.refused.iter().any(|e| e.protocol == "dns" && e.reason.contains("too many dns queries")), "{ev:?}");
     // The other sandbox still execs, and a new one still starts.
