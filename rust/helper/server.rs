@@ -47,6 +47,7 @@ pub async fn serve(socket: &Path) -> Result<(), HelperError> {
     std::fs::write(&pid_file, format!("{}\n", std::process::id()))
         .map_err(io(format!("write {}", pid_file.display())))?;
 
+    raise_nofile_limit();
     let vms = VmManager::new(Driver::detect()?, ImageStore::new(crate::paths::image_store()));
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<VmHelperServer<HelperService>>().await;
@@ -108,5 +109,20 @@ async fn shutdown_signal() -> &'static str {
     tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
+    }
+}
+
+/// Raises the soft descriptor limit to the hard one: every VM holds
+/// sockets and pipes, and the usual soft 1024 would let a few busy VMs
+/// starve the rest (EMFILE on exec and on new VMs).
+fn raise_nofile_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::info!(from = soft, to = hard, "raised the open files limit"),
+            Err(e) => tracing::warn!(error = %e, soft, hard, "cannot raise the open files limit"),
+        },
+        Ok((soft, _)) => tracing::info!(limit = soft, "open files limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot read the open files limit"),
     }
 }

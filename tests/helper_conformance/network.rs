@@ -371,3 +371,147 @@ async fn bad_policy_is_invalid_argument_naming_the_rule() {
     let e = h.client.network_events(pb::NetworkEventsRequest { vm_id: "nope".into() }).await.unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
 }
+
+/// In the sandbox: `dns2 NAME1 NAME2` sends one query with two questions
+/// and prints the answer's rcode; `flood N NAME` sends N queries for NAME
+/// at once, then prints how many SERVFAIL answers came back.
+const DNS_CLIENT: &str = r#"
+import random, socket, struct, sys
+def question(name):
+    return b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0" + struct.pack("!HH", 1, 1)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.connect(("10.0.2.3", 53))
+if sys.argv[1] == "dns2":
+    s.settimeout(5)
+    s.send(struct.pack("!HHHHHH", 77, 0x0100, 2, 0, 0, 0) + question(sys.argv[2]) + question(sys.argv[3]))
+    print(s.recv(4096)[3] & 0x0f)
+else:
+    for i in range(int(sys.argv[2])):
+        s.send(struct.pack("!HHHHHH", i, 0x0100, 1, 0, 0, 0) + question(sys.argv[3]))
+    s.settimeout(2)
+    servfail = 0
+    try:
+        while True:
+            if s.recv(4096)[3] & 0x0f == 2:
+                servfail += 1
+    except socket.timeout:
+        pass
+    print(servfail)
+"#;
+
+/// In the sandbox: opens argv[3] connections to argv[1]:argv[2] in batches
+/// of argv[4] without sending, each batch settled before the next; prints
+/// "OPEN REFUSED", then exits (closing them all).
+const MANY_CONNECTS: &str = r#"
+import errno, select, socket, sys
+host, port, total, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+opened, refused, keep = 0, 0, []
+for start in range(0, total, batch):
+    socks = []
+    for _ in range(min(batch, total - start)):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex((host, port))
+        socks.append(s)
+    pending = list(socks)
+    while pending:
+        _, w, _ = select.select([], pending, [], 15)
+        if not w:
+            break
+        for s in w:
+            pending.remove(s)
+            if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                opened += 1
+                keep.append(s)
+            else:
+                refused += 1
+                s.close()
+print(opened, refused)
+"#;
+
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_dns_query_with_two_questions_is_refused() {
+    let Some(host) = TestHost::up() else { return };
+    let addr: Ipv4Addr = host.addr().parse().unwrap();
+    let (dns, responder) = dns_responder(addr).await;
+    let mut h = Harness::with_env("netdns2", &[("SANDBOX_VM_HELPER_DNS_UPSTREAM", dns.to_string())]).await;
+    let Some(id) = egress_vm(&mut h, "vm", &["allowed.test".to_string()], &[]).await else { return };
+    // An allowed first question must not carry an unchecked second one.
+    let o = h.run(process(&id, &["python3", "-c", DNS_CLIENT, "dns2", "allowed.test", "other.test"]), b"").await;
+    assert_eq!(o.unwrap().out().trim(), "5", "REFUSED");
+    let ev = events(&mut h, &id).await;
+    assert!(ev.refused.iter().any(|e| e.protocol == "dns" && e.reason.contains("exactly one question")), "{ev:?}");
+    // Nothing was pinned for the second name, nor the first.
+    assert_eq!(client(&mut h, &id, &["resolve", "allowed.test"]).await, format!("['{addr}']"));
+    responder.abort();
+}
+
+#[tokio::test]
+async fn a_dns_flood_to_a_silent_upstream_is_capped_and_spares_other_sandboxes() {
+    if !nix_is_root() {
+        eprintln!("skipped: needs the harness's own helper");
+        return;
+    }
+    // Upstream that never answers: every forwarded query waits its timeout.
+    let black_hole = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let upstream = black_hole.local_addr().unwrap().to_string();
+    let mut h = Harness::with_env("netflood", &[("SANDBOX_VM_HELPER_DNS_UPSTREAM", upstream)]).await;
+    let allow = ["flood.test".to_string()];
+    let Some(a) = egress_vm(&mut h, "a", &allow, &[]).await else { return };
+    let Some(b) = egress_vm(&mut h, "b", &allow, &[]).await else { return };
+    let helper = h.helper.as_ref().map(|p| p.0.id());
+    let baseline = helper.map(fd_count);
+    let o = h.run(process(&a, &["python3", "-c", DNS_CLIENT, "flood", "5000", "flood.test"]), b"").await.unwrap();
+    let servfail: usize = o.out().trim().parse().unwrap_or_else(|_| panic!("{o:?}"));
+    // Beyond the cap SERVFAIL comes at once (the guest's own socket buffer
+    // drops many of them in a burst this size).
+    assert!(servfail > 0, "{o:?}");
+    // At most the cap's upstream sockets are open for it.
+    if let (Some(pid), Some(baseline)) = (helper, baseline) {
+        let now = fd_count(pid);
+        assert!(now <= baseline + 64 + 16, "helper fds: {now}, baseline {baseline}");
+    }
+    let ev = events(&mut h, &a).await;
+    assert!(ev.refused.iter().any(|e| e.protocol == "dns" && e.reason.contains("too many dns queries")), "{ev:?}");
+    // The other sandbox still execs, and a new one still starts.
+    assert_eq!(h.sh(&b, "echo alive").await.out().trim(), "alive");
+    let Some(c) = egress_vm(&mut h, "c", &allow, &[]).await else { return };
+    assert_eq!(h.sh(&c, "echo started").await.out().trim(), "started");
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_are_refused_and_all_are_cleaned_up() {
+    let Some(host) = TestHost::up() else { return };
+    let mut h = Harness::new("netflows").await;
+    let Some(id) = egress_vm(&mut h, "vm", &[host.addr()], &[]).await else { return };
+    let helper = h.helper.as_ref().map(|p| p.0.id());
+    let baseline = helper.map(fd_count);
+    // Batches of 50 stay under the cap on connects in progress (64), so
+    // only the cap on flows (256) refuses: 5 batches fit, the 6th does not.
+    let argv = ["python3", "-c", MANY_CONNECTS, &host.addr(), "8080", "300", "50"];
+    let o = h.run(process(&id, &argv), b"").await.unwrap();
+    assert_eq!(o.out().trim(), "256 44", "{o:?}");
+    let ev = events(&mut h, &id).await;
+    assert!(
+        ev.refused.iter().any(|e| e.protocol == "tcp" && e.reason.contains("too many connections: at most 256")),
+        "{ev:?}"
+    );
+    // The client exited: every flow closes and the helper's host sockets go.
+    if let (Some(pid), Some(baseline)) = (helper, baseline) {
+        let mut now = fd_count(pid);
+        for _ in 0..300 {
+            if now <= baseline + 8 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            now = fd_count(pid);
+        }
+        assert!(now <= baseline + 8, "helper fds: {now}, baseline {baseline}");
+    }
+    // And the VM connects again.
+    assert_eq!(client(&mut h, &id, &["tcp", &host.addr(), "8080"]).await, "HTTP/1.0 200 OK hello from the test host");
+}

@@ -31,9 +31,11 @@ pub enum DnsError {
     /// Not a DNS message we can parse or rebuild.
     #[error("malformed dns message: {0}")]
     Malformed(#[from] simple_dns::SimpleDnsError),
-    /// A query without a question.
-    #[error("dns query without a question")]
-    NoQuestion,
+    /// A query that does not ask exactly one question: the policy checks
+    /// one name and answers are pinned to every question, so a second
+    /// question would be resolved and pinned unchecked.
+    #[error("a dns query must ask exactly one question, not {0}")]
+    QuestionCount(usize),
 }
 
 /// Which names each address was given for, in answers to this VM.
@@ -91,14 +93,23 @@ impl Pins {
 /// The name a query asks about (lower case, no trailing dot).
 pub fn query_name(query: &[u8]) -> Result<String, DnsError> {
     let packet = Packet::parse(query)?;
-    let q = packet.questions.first().ok_or(DnsError::NoQuestion)?;
+    let [q] = packet.questions.as_slice() else { return Err(DnsError::QuestionCount(packet.questions.len())) };
     Ok(crate::netpolicy::normalize_name(&q.qname.to_string()))
 }
 
 /// A REFUSED answer to `query`.
 pub fn refused(query: &[u8]) -> Result<Vec<u8>, DnsError> {
+    error_reply(query, RCODE::Refused)
+}
+
+/// A SERVFAIL answer to `query`: the helper will not resolve it now.
+pub fn servfail(query: &[u8]) -> Result<Vec<u8>, DnsError> {
+    error_reply(query, RCODE::ServerFailure)
+}
+
+fn error_reply(query: &[u8], rcode: RCODE) -> Result<Vec<u8>, DnsError> {
     let mut reply = Packet::parse(query)?.into_reply();
-    *reply.rcode_mut() = RCODE::Refused;
+    *reply.rcode_mut() = rcode;
     reply.answers.clear();
     reply.name_servers.clear();
     reply.additional_records.clear();
@@ -263,5 +274,20 @@ pub(crate) mod tests {
         assert_eq!(r.id(), 42);
         assert_eq!(r.rcode(), RCODE::Refused);
         assert!(query_name(b"\x00\x01garbage").is_err());
+    }
+
+    #[test]
+    fn a_query_must_ask_exactly_one_question() {
+        let question = |name| Question::new(Name::new_unchecked(name), TYPE::A.into(), CLASS::IN.into(), false);
+        let mut two = Packet::new_query(7);
+        two.questions.push(question("allowed.example"));
+        two.questions.push(question("secret.evil.example"));
+        let two = two.build_bytes_vec().unwrap();
+        assert!(matches!(query_name(&two), Err(DnsError::QuestionCount(2))));
+        let none = Packet::new_query(8).build_bytes_vec().unwrap();
+        assert!(matches!(query_name(&none), Err(DnsError::QuestionCount(0))));
+        // Both still get an answer the client can read.
+        assert_eq!(Packet::parse(&refused(&two).unwrap()).unwrap().rcode(), RCODE::Refused);
+        assert_eq!(Packet::parse(&servfail(&none).unwrap()).unwrap().rcode(), RCODE::ServerFailure);
     }
 }

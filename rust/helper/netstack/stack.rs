@@ -5,8 +5,19 @@
 //! connects on the host, and only then is a smoltcp socket listening on
 //! that exact destination created and the held SYN handed to it. Refusal or
 //! a failed connect is an RST at once. UDP and DNS never enter smoltcp.
+//!
+//! Bounds, so one VM cannot exhaust the helper's descriptors or memory for
+//! every other VM: at most [`MAX_FLOWS`] TCP flows (one host socket each),
+//! of which [`MAX_CONNECTING`] may be waiting for their host connect; at
+//! most [`MAX_DNS_IN_FLIGHT`] DNS queries upstream (one UDP socket each).
+//! A flow whose guest side falls silent for [`FLOW_TIMEOUT`] (a SYN-ACK
+//! never acknowledged, a dead peer that no longer answers keep-alives) is
+//! aborted. Socket buffers are 2 × [`SOCKET_BUFFER`] per flow, so a VM's
+//! TCP buffers are bounded by 256 × 2 MiB = 512 MiB, touched only as data
+//! actually flows.
 use std::collections::HashMap;
 use std::net::{SocketAddr, SocketAddrV4};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,8 +39,19 @@ use crate::netpolicy::{NetworkPolicy, Verdict};
 
 /// A host connect that takes longer than this fails the flow (RST).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Most TCP flows (open or being connected) per VM.
-const MAX_FLOWS: usize = 1024;
+/// Most TCP flows (open or being connected) per VM: a few hundred VMs stay
+/// well under the helper's raised descriptor limit.
+const MAX_FLOWS: usize = 256;
+/// Most flows per VM waiting for their host connect.
+const MAX_CONNECTING: usize = 64;
+/// Most DNS queries per VM waiting for an upstream answer.
+const MAX_DNS_IN_FLIGHT: usize = 64;
+/// A flow whose guest sent nothing (not even an ACK) for this long is
+/// aborted: a handshake never completed, or a peer that is gone.
+const FLOW_TIMEOUT: Duration = Duration::from_secs(60);
+/// Idle flows are probed this often, so a live idle peer's answers keep
+/// it under [`FLOW_TIMEOUT`].
+const KEEP_ALIVE: Duration = Duration::from_secs(20);
 /// Per-socket buffers: large, for window scaling and throughput; memory is
 /// only touched as data flows.
 const SOCKET_BUFFER: usize = 1 << 20;
@@ -114,6 +136,16 @@ struct Stack {
     msgs: mpsc::UnboundedSender<Msg>,
     wake: Arc<Notify>,
     epoch: std::time::Instant,
+    dns_in_flight: Arc<AtomicUsize>,
+}
+
+/// One DNS query upstream; counted until dropped.
+struct DnsSlot(Arc<AtomicUsize>);
+
+impl Drop for DnsSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Runs a VM's stack until its link closes.
@@ -141,6 +173,7 @@ pub async fn run(mut dev: PacketDevice, ctx: Arc<Ctx>) {
         msgs,
         wake: Arc::new(Notify::new()),
         epoch,
+        dns_in_flight: Arc::new(AtomicUsize::new(0)),
     };
     loop {
         for _ in 0..READ_BATCH {
@@ -236,8 +269,17 @@ impl Stack {
     }
 
     fn new_flow(&mut self, key: Key, syn: Vec<u8>, rst: Vec<u8>) {
-        if self.tuples.len() >= MAX_FLOWS {
-            tracing::warn!(max = MAX_FLOWS, "vm has too many tcp flows; refusing a new one");
+        let connecting = self.tuples.values().filter(|t| matches!(t, Tuple::Connecting)).count();
+        let limit = if self.tuples.len() >= MAX_FLOWS {
+            Some(format!("too many connections: at most {MAX_FLOWS} per sandbox"))
+        } else if connecting >= MAX_CONNECTING {
+            Some(format!("too many connections being opened: at most {MAX_CONNECTING} at once per sandbox"))
+        } else {
+            None
+        };
+        if let Some(reason) = limit {
+            tracing::debug!(%reason, "refusing a new tcp flow");
+            self.ctx.events.refused("tcp", key.1.to_string(), None, reason);
             self.dev.write(&rst);
             return;
         }
@@ -260,6 +302,13 @@ impl Stack {
     fn dns(&mut self, port: u16, query: Vec<u8>) {
         let name = match dns::query_name(&query) {
             Ok(name) => name,
+            Err(e @ dns::DnsError::QuestionCount(_)) => {
+                self.ctx.events.refused("dns", "10.0.2.3:53".into(), None, e.to_string());
+                if let Ok(reply) = dns::refused(&query) {
+                    self.reply_dns(port, &reply);
+                }
+                return;
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "dropping a malformed dns query");
                 return;
@@ -272,9 +321,20 @@ impl Stack {
             }
             return;
         }
+        if self.dns_in_flight.fetch_add(1, Ordering::SeqCst) >= MAX_DNS_IN_FLIGHT {
+            self.dns_in_flight.fetch_sub(1, Ordering::SeqCst);
+            let reason = format!("too many dns queries waiting for an answer: at most {MAX_DNS_IN_FLIGHT} per sandbox");
+            self.ctx.events.refused("dns", name, None, reason);
+            if let Ok(reply) = dns::servfail(&query) {
+                self.reply_dns(port, &reply);
+            }
+            return;
+        }
+        let slot = DnsSlot(self.dns_in_flight.clone());
         self.ctx.events.allowed();
         let (ctx, msgs) = (self.ctx.clone(), self.msgs.clone());
         tokio::spawn(async move {
+            let _slot = slot;
             let Some(answer) = dns::forward(&query, &ctx.upstreams).await else { return };
             match dns::filter_answer(&answer) {
                 Ok(filtered) => {
@@ -308,6 +368,8 @@ impl Stack {
                     tcp::SocketBuffer::new(vec![0; SOCKET_BUFFER]),
                 );
                 sock.set_nagle_enabled(false);
+                sock.set_timeout(Some(FLOW_TIMEOUT.into()));
+                sock.set_keep_alive(Some(KEEP_ALIVE.into()));
                 let endpoint = IpListenEndpoint { addr: Some(IpAddress::Ipv4(*key.1.ip())), port: key.1.port() };
                 if sock.listen(endpoint).is_err() {
                     self.tuples.remove(&key);
