@@ -16,14 +16,25 @@
 //! is killed and the reason recorded: Stats reports it, and an Exec whose
 //! process died of it gets it on stderr. Deleting files is never stopped
 //! (usage goes down), so the sandbox can be brought back under its quota.
+//! If usage still grows past the quota after a kill round (measured from a
+//! baseline taken after it), the writer lives in PID 1 or the agent, which
+//! the round spares (e.g. code injected by ptrace): the VM is stopped by
+//! killing its PID 1, with the reason as its stop reason. Files the VM's
+//! processes hold open after unlinking them count too.
 use std::collections::HashSet;
+use std::ffi::CString;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use nix::NixPath;
+use nix::dir::Dir;
+use nix::fcntl::{AT_FDCWD, AtFlags, OFlag, openat};
 use nix::sys::signal::{Signal, kill};
+use nix::sys::stat::{FileStat, Mode, fstat, fstatat};
 use nix::unistd::Pid;
 
 /// How often usage is measured, far from the quota.
@@ -62,6 +73,8 @@ pub struct Reading {
     pub used: u64,
     /// Why the processes were last killed for the quota; empty if never.
     pub exceeded: String,
+    /// Whether the watcher stopped the whole VM (then `exceeded` says why).
+    pub stopped_vm: bool,
 }
 
 impl Watch {
@@ -94,26 +107,48 @@ pub fn watch(
     let shared = w.clone();
     let task = tokio::spawn(async move {
         let mut previous: Option<u64> = None;
+        let mut phase = Phase::Normal;
         loop {
             let started = tokio::time::Instant::now();
             let walk = parts.clone();
-            let Ok(sizes) = tokio::task::spawn_blocking(move || measure(&walk)).await else { return };
+            let Ok(sizes) = tokio::task::spawn_blocking(move || measure(&walk, pid1)).await else { return };
             let took = started.elapsed();
             let used: u64 = sizes.iter().map(|(_, b)| b).sum();
-            let stop = used > limit && previous.is_none_or(|p| used > p);
+            let action;
+            (action, phase) = decide(phase, used, limit, previous);
             {
                 let mut r = shared.reading.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 r.used = used;
-                if stop {
-                    r.exceeded = message(used, limit, &sizes);
-                    tracing::warn!(pid1, why = %r.exceeded, "stopping the vm's processes");
+                match action {
+                    Action::Nothing => {}
+                    Action::KillProcesses => {
+                        r.exceeded = message(used, limit, &sizes, "its processes were stopped");
+                        tracing::warn!(pid1, why = %r.exceeded, "stopping the vm's processes");
+                    }
+                    Action::StopVm => {
+                        r.exceeded =
+                            message(used, limit, &sizes, "the VM was stopped, its writes outlived its processes");
+                        r.stopped_vm = true;
+                        tracing::warn!(pid1, why = %r.exceeded, "stopping the vm");
+                    }
                 }
             }
-            if stop {
-                // Counted before the kill: an Exec that sees its process die
-                // of it must find the reason already there.
-                shared.stops.fetch_add(1, Ordering::SeqCst);
-                stop_processes(pid1, agent);
+            match action {
+                Action::Nothing => {}
+                Action::KillProcesses => {
+                    // Counted before the kill: an Exec that sees its process
+                    // die of it must find the reason already there.
+                    shared.stops.fetch_add(1, Ordering::SeqCst);
+                    stop_processes(pid1, agent);
+                }
+                Action::StopVm => {
+                    // PID 1's death ends the pid namespace: the kernel kills
+                    // every process in it, and the VM stops as if its init
+                    // died, with the reason above as its stop reason.
+                    shared.stops.fetch_add(1, Ordering::SeqCst);
+                    let _ = kill(Pid::from_raw(pid1), Signal::SIGKILL);
+                    return;
+                }
             }
             previous = Some(used);
             let near = used.saturating_mul(100) >= limit.saturating_mul(NEAR);
@@ -124,33 +159,156 @@ pub fn watch(
     (w, tokio_util::task::AbortOnDropHandle::new(task))
 }
 
-/// Bytes allocated under each part.
-fn measure(parts: &[Part]) -> Vec<(String, u64)> {
-    parts.iter().map(|p| (p.label.clone(), allocated(&p.path))).collect()
+/// Where the watcher stands after its last kill round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// No kill round since usage was last under the quota.
+    Normal,
+    /// A kill round just happened: the next measurement is the baseline
+    /// (the one that triggered it may have started before writes the
+    /// killed processes made until they died).
+    Settling,
+    /// Over the quota after a kill round: growth now comes from something
+    /// the round spares (PID 1 or the agent, e.g. a writer injected by
+    /// ptrace), so only stopping the VM ends it.
+    Watching,
+}
+
+/// What one measurement calls for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Nothing,
+    /// Kill every process of the VM but PID 1 and the agent.
+    KillProcesses,
+    /// Kill PID 1, ending the VM.
+    StopVm,
+}
+
+/// The action for a measurement of `used` bytes, given the previous one, and
+/// the phase after it.
+fn decide(phase: Phase, used: u64, limit: u64, previous: Option<u64>) -> (Action, Phase) {
+    if used <= limit {
+        return (Action::Nothing, Phase::Normal);
+    }
+    let growing = previous.is_none_or(|p| used > p);
+    match phase {
+        Phase::Normal if growing => (Action::KillProcesses, Phase::Settling),
+        Phase::Normal => (Action::Nothing, Phase::Normal),
+        Phase::Settling => (Action::Nothing, Phase::Watching),
+        Phase::Watching if growing => (Action::StopVm, Phase::Watching),
+        Phase::Watching => (Action::Nothing, Phase::Watching),
+    }
+}
+
+/// Bytes allocated under each part, and to files the VM's processes hold
+/// open unlinked (listed only when there are any).
+fn measure(parts: &[Part], pid1: i32) -> Vec<(String, u64)> {
+    let mut sizes: Vec<(String, u64)> = parts.iter().map(|p| (p.label.clone(), allocated(&p.path))).collect();
+    let mut devs: HashSet<u64> =
+        parts.iter().filter_map(|p| std::fs::metadata(&p.path).ok()).map(|m| m.dev()).collect();
+    // Files opened through the overlay report the overlay's device.
+    devs.extend(std::fs::metadata(format!("/proc/{pid1}/root")).ok().map(|m| m.dev()));
+    let open = unlinked(pid1, &devs);
+    if open > 0 {
+        sizes.push(("unlinked open files".into(), open));
+    }
+    sizes
 }
 
 /// Allocated bytes under `root`: st_blocks of every entry, hard-linked files
-/// once, without following symlinks or leaving root's filesystem.
+/// once, without following symlinks below root or leaving its filesystem.
 /// Unreadable directories count as empty.
+///
+/// Walked by directory fds (`openat` on the parent's fd with `O_NOFOLLOW`),
+/// not by paths: a tree nested deeper than PATH_MAX is counted all the same,
+/// and a directory swapped for a symlink mid-walk is never followed. One fd
+/// is held per level of the directory being walked.
 pub fn allocated(root: &Path) -> u64 {
-    let Ok(top) = std::fs::symlink_metadata(root) else { return 0 };
-    let dev = top.dev();
-    let mut total = top.blocks() * 512;
-    let mut linked = HashSet::new();
-    let mut dirs = vec![root.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
-        for entry in entries.flatten() {
-            let Ok(meta) = entry.metadata() else { continue };
-            if meta.dev() != dev {
+    // The root is the host's (it may be a symlink to the workspace); only
+    // what lies below it is the VM's.
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let Ok(fd) = openat(AT_FDCWD, root, flags, Mode::empty()) else { return 0 };
+    let Ok(top) = fstat(&fd) else { return 0 };
+    let mut walk = Walk { dev: top.st_dev, total: blocks(&top), linked: HashSet::new() };
+    let subdirs = walk.level(&fd);
+    let mut stack = vec![(fd, subdirs)];
+    while let Some((parent, pending)) = stack.last_mut() {
+        let Some(name) = pending.pop() else {
+            stack.pop();
+            continue;
+        };
+        let Ok(fd) = open_dir(&*parent, name.as_c_str()) else { continue };
+        let subdirs = walk.level(&fd);
+        stack.push((fd, subdirs));
+    }
+    walk.total
+}
+
+/// The state of one [`allocated`] walk.
+struct Walk {
+    dev: u64,
+    total: u64,
+    /// Inodes with several links, counted once.
+    linked: HashSet<u64>,
+}
+
+impl Walk {
+    /// Counts the entries of the directory `fd` and returns the names of its
+    /// subdirectories on the same filesystem.
+    fn level(&mut self, fd: &OwnedFd) -> Vec<CString> {
+        // A duplicate to read with, so the walk keeps `fd` for the *at calls.
+        let Some(dir) = fd.try_clone().ok().and_then(|dup| Dir::from_fd(dup).ok()) else { return Vec::new() };
+        let mut subdirs = Vec::new();
+        for entry in dir.into_iter().flatten() {
+            let name = entry.file_name();
+            if name == c"." || name == c".." {
                 continue;
             }
-            if meta.nlink() > 1 && !meta.is_dir() && !linked.insert(meta.ino()) {
+            let Ok(st) = fstatat(fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) else { continue };
+            if st.st_dev != self.dev {
                 continue;
             }
-            total += meta.blocks() * 512;
-            if meta.is_dir() {
-                dirs.push(entry.path());
+            let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+            if st.st_nlink > 1 && !is_dir && !self.linked.insert(st.st_ino) {
+                continue;
+            }
+            self.total += blocks(&st);
+            if is_dir {
+                subdirs.push(name.to_owned());
+            }
+        }
+        subdirs
+    }
+}
+
+fn open_dir<Fd: AsFd, P: ?Sized + NixPath>(at: Fd, path: &P) -> nix::Result<OwnedFd> {
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    openat(at, path, flags, Mode::empty())
+}
+
+fn blocks(st: &FileStat) -> u64 {
+    u64::try_from(st.st_blocks).unwrap_or(0) * 512
+}
+
+/// Bytes allocated to regular files that the VM's processes (PID 1 and every
+/// process below it) hold open after unlinking them: the walk cannot see
+/// them, yet they take the host's disk until closed. Counted when on one of
+/// `devs` (the parts' filesystems and the overlay root's), each inode once.
+pub fn unlinked(pid1: i32, devs: &HashSet<u64>) -> u64 {
+    let mut seen = HashSet::new();
+    let mut total = 0;
+    let pids = std::iter::once(pid1).chain(crate::agent::tree::descendants(pid1).into_keys());
+    for pid in pids {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
+        for fd in fds.flatten() {
+            // Follows the fd's magic link: the open file itself, by no path.
+            let Ok(meta) = std::fs::metadata(fd.path()) else { continue };
+            if meta.nlink() == 0
+                && meta.is_file()
+                && devs.contains(&meta.dev())
+                && seen.insert((meta.dev(), meta.ino()))
+            {
+                total += meta.blocks() * 512;
             }
         }
     }
@@ -159,10 +317,10 @@ pub fn allocated(root: &Path) -> u64 {
 
 /// `disk quota exceeded: 10.0 GiB used of 10 GiB (writable layer 8.1 GiB,
 /// /workspace 1.9 GiB); delete files or raise disk in the profile`.
-pub fn message(used: u64, limit: u64, parts: &[(String, u64)]) -> String {
+pub fn message(used: u64, limit: u64, parts: &[(String, u64)], done: &str) -> String {
     let parts: Vec<String> = parts.iter().map(|(label, b)| format!("{label} {}", size(*b))).collect();
     format!(
-        "disk quota exceeded: {} used of {} ({}); its processes were stopped; delete files or raise disk in the profile",
+        "disk quota exceeded: {} used of {} ({}); {done}; delete files or raise disk in the profile",
         size(used),
         size(limit),
         parts.join(", ")
@@ -203,6 +361,8 @@ fn stop_processes(pid1: i32, agent: i32) {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write as _;
+
     use super::*;
 
     #[test]
@@ -213,7 +373,7 @@ mod tests {
         assert_eq!(size(64 << 20), "64 MiB");
         let parts = [("writable layer".to_string(), (81 << 30) / 10), ("/workspace".to_string(), (19 << 30) / 10)];
         assert_eq!(
-            message(10 << 30, 10 << 30, &parts),
+            message(10 << 30, 10 << 30, &parts, "its processes were stopped"),
             "disk quota exceeded: 10 GiB used of 10 GiB (writable layer 8.1 GiB, /workspace 1.9 GiB); its processes \
              were stopped; delete files or raise disk in the profile"
         );
@@ -234,6 +394,64 @@ mod tests {
         std::fs::File::create(dir.path().join("sparse")).unwrap().set_len(1 << 30).unwrap();
         let grown = allocated(dir.path()) - empty;
         assert!((1 << 20..(1 << 20) + (64 << 10)).contains(&grown), "{grown}");
+    }
+
+    #[test]
+    fn allocated_counts_a_tree_deeper_than_path_max() {
+        let dir = Scratch(std::env::temp_dir().join(format!("quota-deep-{}", std::process::id())));
+        std::fs::create_dir_all(dir.path()).unwrap();
+        let empty = allocated(dir.path());
+        // 25 levels of 200-character names: 5000 bytes, past PATH_MAX, so
+        // made relative to each level's fd.
+        let name = "d".repeat(200);
+        let mut fd = open_dir(AT_FDCWD, dir.path()).unwrap();
+        for _ in 0..25 {
+            nix::sys::stat::mkdirat(&fd, name.as_str(), Mode::from_bits_truncate(0o755)).unwrap();
+            fd = open_dir(&fd, name.as_str()).unwrap();
+        }
+        let file = openat(&fd, "f", OFlag::O_WRONLY | OFlag::O_CREAT, Mode::from_bits_truncate(0o644)).unwrap();
+        std::fs::File::from(file).write_all(&vec![1u8; 1 << 20]).unwrap();
+        let grown = allocated(dir.path()) - empty;
+        assert!(grown >= 1 << 20, "{grown}");
+        // Scratch's remove_dir_all walks by fds too, so it removes this.
+    }
+
+    #[test]
+    fn unlinked_counts_open_deleted_files_once() {
+        let dir = Scratch(std::env::temp_dir().join(format!("quota-unlinked-{}", std::process::id())));
+        std::fs::create_dir_all(dir.path()).unwrap();
+        let dev = std::fs::metadata(dir.path()).unwrap().dev();
+        let me = i32::try_from(std::process::id()).unwrap();
+        let before = unlinked(me, &HashSet::from([dev]));
+        let path = dir.path().join("x");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let _again = std::fs::File::open(&path).unwrap();
+        f.write_all(&vec![1u8; 1 << 20]).unwrap();
+        f.sync_all().unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let grown = unlinked(me, &HashSet::from([dev])) - before;
+        assert!((1 << 20..(1 << 20) + (64 << 10)).contains(&grown), "{grown}");
+        assert_eq!(unlinked(me, &HashSet::new()), 0);
+    }
+
+    #[test]
+    fn growth_after_a_kill_round_stops_the_vm() {
+        let limit = 100;
+        // Under the quota: nothing, whatever came before.
+        assert_eq!(decide(Phase::Watching, 90, limit, Some(150)), (Action::Nothing, Phase::Normal));
+        // Past it and growing: the processes are killed.
+        assert_eq!(decide(Phase::Normal, 120, limit, Some(90)), (Action::KillProcesses, Phase::Settling));
+        assert_eq!(decide(Phase::Normal, 120, limit, None), (Action::KillProcesses, Phase::Settling));
+        // Past it but not growing (files being deleted): nothing.
+        assert_eq!(decide(Phase::Normal, 120, limit, Some(130)), (Action::Nothing, Phase::Normal));
+        // The measurement after a kill round is the baseline, even if it
+        // grew (the triggering walk started before the last writes).
+        assert_eq!(decide(Phase::Settling, 130, limit, Some(120)), (Action::Nothing, Phase::Watching));
+        // Still growing after that: something the round spares writes.
+        assert_eq!(decide(Phase::Watching, 131, limit, Some(130)), (Action::StopVm, Phase::Watching));
+        // Holding steady over the quota is no reason; a later growth is.
+        assert_eq!(decide(Phase::Watching, 130, limit, Some(130)), (Action::Nothing, Phase::Watching));
+        assert_eq!(decide(Phase::Watching, 140, limit, Some(130)), (Action::StopVm, Phase::Watching));
     }
 
     /// A directory removed when the test ends.

@@ -324,9 +324,11 @@ impl VmManager {
             tracing::warn!(vm = id, reason = %how, "vm stopped on its own");
             run.instance.cleanup();
             let mut d = slot.data();
-            d.run = None;
+            // The quota watcher ends a VM whose writes outlive its kill
+            // rounds by killing init: its reason is the better one.
+            let quota = d.run.take().map(|r| r.quota.reading()).filter(|r| r.stopped_vm);
             d.info.state = VmState::Stopped;
-            d.info.stop_reason = how;
+            d.info.stop_reason = quota.map_or(how, |r| r.exceeded);
         }
     }
 

@@ -1,6 +1,8 @@
 //! Disk quota (VmSpec.disk_bytes): a writer past it is stopped or gets
 //! ENOSPC within a couple of seconds, the VM's disk use stays near the
 //! quota, the VM says why, and deleting files still works.
+use std::io::Write as _;
+
 use super::*;
 
 const QUOTA: u64 = 64 << 20;
@@ -76,4 +78,85 @@ async fn the_disk_quota_defaults_to_ten_gibibytes() {
     let now = stats(&mut h, &id).await;
     assert_eq!(now.disk_limit_bytes, 10 << 30);
     assert!(now.disk_quota_exceeded.is_empty(), "{now:?}");
+}
+
+/// Runs `writer` (Python) in a VM with the 64 MiB quota and asserts it was
+/// stopped (or refused) near the quota with the reason on stderr.
+async fn assert_writer_is_stopped(h: &mut Harness, writer: &str, reason: &str) -> String {
+    let id = h.running("vm", |s| s.disk_bytes = QUOTA).await;
+    let o = h.run(process(&id, &["python3", "-c", writer]), b"").await.unwrap();
+    let stopped = o.status == Some(pb::exited::Status::Signal(libc::SIGKILL));
+    let enospc = o.err().contains("No space left on device");
+    assert!(stopped || enospc, "the writer was neither stopped nor refused: {o:?}");
+    assert!(!o.out().contains("wrote 1 GiB"), "{o:?}");
+    if stopped {
+        assert!(o.err().contains("disk quota exceeded: "), "{o:?}");
+        assert!(o.err().contains(reason), "{o:?}");
+        let now = stats(h, &id).await;
+        assert!(now.disk_quota_exceeded.starts_with("disk quota exceeded: "), "{now:?}");
+    }
+    // The VM still answers.
+    assert_eq!(h.sh(&id, "echo alive").await.out(), "alive\n");
+    id
+}
+
+/// 1 MiB at a time, about 50 MB/s, synced so the blocks are allocated as it
+/// goes, into the already open `f`.
+const WRITE_1GIB: &str = "for i in range(1024):\n    f.write(os.urandom(1 << 20)); f.flush(); os.fsync(f.fileno()); \
+                          time.sleep(0.02)\nprint('wrote 1 GiB')";
+
+#[tokio::test]
+async fn a_writer_into_an_unlinked_file_is_stopped_at_the_disk_quota() {
+    let mut h = Harness::new("quotaunl").await;
+    // No name left for a walk of the tree to find.
+    let writer = format!("import os, time\nf = open('/tmp/x', 'wb')\nos.unlink('/tmp/x')\n{WRITE_1GIB}");
+    assert_writer_is_stopped(&mut h, &writer, "unlinked open files ").await;
+}
+
+#[tokio::test]
+async fn a_writer_deeper_than_path_max_is_stopped_at_the_disk_quota() {
+    let mut h = Harness::new("quotadeep").await;
+    // 25 levels of 200-character names: 5000 bytes of path, past PATH_MAX,
+    // reached by relative chdir.
+    let writer = format!(
+        "import os, time\nos.chdir('/tmp')\nfor i in range(25):\n    os.mkdir('d' * 200); os.chdir('d' * 200)\n\
+         f = open('big', 'wb')\n{WRITE_1GIB}"
+    );
+    assert_writer_is_stopped(&mut h, &writer, "writable layer ").await;
+}
+
+#[tokio::test]
+async fn writes_that_outlive_the_kill_round_stop_the_vm_with_the_reason() {
+    let mut h = Harness::new("quotavm").await;
+    let ws = h.tmp.0.join("workspace");
+    std::fs::create_dir(&ws).unwrap();
+    let ws_str = ws.to_str().unwrap().to_string();
+    let id = h
+        .running("vm", |s| {
+            s.disk_bytes = QUOTA;
+            s.mounts = vec![mount(&ws_str, "/workspace")];
+        })
+        .await;
+    // A writer the kill round cannot reach (as one injected into PID 1
+    // would be): this test, writing into the VM's /workspace from the host.
+    let mut f = std::fs::File::create(ws.join("big")).unwrap();
+    let chunk = vec![1u8; 1 << 20];
+    let mut vm = h.get(&id).await.unwrap();
+    for _ in 0..512 {
+        if vm.state == pb::VmState::Stopped as i32 {
+            break;
+        }
+        f.write_all(&chunk).unwrap();
+        f.sync_data().unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        vm = h.get(&id).await.unwrap();
+    }
+    assert_eq!(vm.state, pb::VmState::Stopped as i32, "{vm:?}");
+    assert!(vm.stop_reason.starts_with("disk quota exceeded: "), "{}", vm.stop_reason);
+    assert!(vm.stop_reason.contains("the VM was stopped"), "{}", vm.stop_reason);
+    // Deleting brings it back under the quota, and it starts again.
+    drop(f);
+    std::fs::remove_file(ws.join("big")).unwrap();
+    h.start(&id).await.unwrap();
+    assert_eq!(h.sh(&id, "echo again").await.out(), "again\n");
 }
