@@ -111,6 +111,19 @@ fn all_pids() -> Result<Vec<i32>, HelperError> {
 mod tests {
     use super::*;
 
+    /// The PID 1 (host pid) of the pid namespace `unshare --pid --fork` made.
+    fn ns_init(unshare: i32) -> i32 {
+        for _ in 0..500 {
+            let children = std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children")).unwrap();
+            let pid1 = children.split_whitespace().next().and_then(|p| p.parse::<i32>().ok());
+            if let Some(p) = pid1.filter(|p| pid_ns(*p).ok() != pid_ns(unshare).ok()) {
+                return p;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("no pid namespace under {unshare}");
+    }
+
     #[test]
     fn stops_the_namespace_and_resumes_on_drop() {
         if !nix::unistd::geteuid().is_root() {
@@ -123,16 +136,7 @@ mod tests {
             .spawn()
             .unwrap();
         let unshare = child.id() as i32;
-        let mut pid1 = None;
-        for _ in 0..500 {
-            let children = std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children")).unwrap();
-            pid1 = children.split_whitespace().next().and_then(|p| p.parse::<i32>().ok());
-            if pid1.is_some_and(|p| pid_ns(p).ok() != pid_ns(unshare).ok()) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let pid1 = pid1.unwrap();
+        let pid1 = ns_init(unshare);
         std::thread::sleep(Duration::from_millis(50));
         let frozen = freeze(pid1).unwrap();
         assert!(frozen.count() >= 2, "sh and sleep");
@@ -159,16 +163,7 @@ mod tests {
             .spawn()
             .unwrap();
         let unshare = child.id() as i32;
-        let mut pid1 = None;
-        for _ in 0..500 {
-            let children = std::fs::read_to_string(format!("/proc/{unshare}/task/{unshare}/children")).unwrap();
-            pid1 = children.split_whitespace().next().and_then(|p| p.parse::<i32>().ok());
-            if pid1.is_some_and(|p| pid_ns(p).ok() != pid_ns(unshare).ok()) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let pid1 = pid1.unwrap();
+        let pid1 = ns_init(unshare);
         std::thread::sleep(Duration::from_millis(100));
         let ns = pid_ns(pid1).unwrap();
         let members = || -> Vec<i32> {
