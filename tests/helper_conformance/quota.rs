@@ -14,9 +14,9 @@ async fn stats(h: &mut Harness, id: &str) -> pb::StatsResponse {
     h.client.stats(pb::StatsRequest { vm_id: id.into() }).await.unwrap().into_inner()
 }
 
-#[tokio::test]
-async fn a_writer_past_the_disk_quota_is_stopped_and_the_vm_says_why() {
-    let mut h = Harness::new("quota").await;
+/// A running VM with a [`QUOTA`] disk quota and a host directory as its
+/// /workspace; its id and that directory.
+async fn quota_vm(h: &mut Harness) -> (String, std::path::PathBuf) {
     let ws = h.tmp.0.join("workspace");
     std::fs::create_dir(&ws).unwrap();
     let ws_str = ws.to_str().unwrap().to_string();
@@ -26,6 +26,13 @@ async fn a_writer_past_the_disk_quota_is_stopped_and_the_vm_says_why() {
             s.mounts = vec![mount(&ws_str, "/workspace")];
         })
         .await;
+    (id, ws)
+}
+
+#[tokio::test]
+async fn a_writer_past_the_disk_quota_is_stopped_and_the_vm_says_why() {
+    let mut h = Harness::new("quota").await;
+    let (id, ws) = quota_vm(&mut h).await;
     assert_eq!(h.get(&id).await.unwrap().spec.unwrap().disk_bytes, QUOTA);
     // 16 MiB in the writable layer (/tmp is part of it), then a writer
     // into /workspace that would go far past the quota: 1 MiB at a time,
@@ -128,15 +135,7 @@ async fn a_writer_deeper_than_path_max_is_stopped_at_the_disk_quota() {
 #[tokio::test]
 async fn writes_that_outlive_the_kill_round_stop_the_vm_with_the_reason() {
     let mut h = Harness::new("quotavm").await;
-    let ws = h.tmp.0.join("workspace");
-    std::fs::create_dir(&ws).unwrap();
-    let ws_str = ws.to_str().unwrap().to_string();
-    let id = h
-        .running("vm", |s| {
-            s.disk_bytes = QUOTA;
-            s.mounts = vec![mount(&ws_str, "/workspace")];
-        })
-        .await;
+    let (id, ws) = quota_vm(&mut h).await;
     // A writer the kill round cannot reach (as one injected into PID 1
     // would be): this test, writing into the VM's /workspace from the host.
     let mut f = std::fs::File::create(ws.join("big")).unwrap();
