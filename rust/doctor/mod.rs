@@ -1,8 +1,11 @@
 //! `sandbox-mcp doctor`: checks this host the way sandboxes will use it and
 //! prints one line per check, `ok`, `WARN` or `FAIL`, with the fix. Probes are
-//! real (a namespace unshare, a KVM guest, a tun in a user + network namespace, a helper
-//! GetInfo), never just file existence, and none changes the host beyond
-//! starting the helper a server would start anyway.
+//! real and run as the current user (a namespace unshare, an id map through
+//! newuidmap, a cgroup made and entered, a KVM guest, a tun in a user +
+//! network namespace, a helper GetInfo), never just file existence, and none
+//! changes the host beyond starting the helper a server would start anyway.
+//! For an ordinary user most fixes are one command run once by root:
+//! `sudo sandbox-mcp host-setup --user NAME`.
 pub mod kvm;
 
 use std::{
@@ -12,6 +15,8 @@ use std::{
 };
 
 use crate::{
+    helper::driver::{cgroup, userns::find_in_path},
+    hostsetup::{self, User, subid},
     image::ImageStore,
     orchestrator::{Config, helper_client::HelperClient},
     paths,
@@ -92,13 +97,24 @@ pub async fn run(helper_bin: &Path) -> Report {
         println!("{c}");
         report.checks.push(c);
     };
+    // None for root, whose helper needs no subordinate ids or delegation.
+    let user = match User::current() {
+        Ok(u) if u.uid == 0 => None,
+        Ok(u) => Some(u),
+        Err(e) => {
+            add(Check::fail("user", e.to_string(), "run doctor as a user with a passwd entry"));
+            return report;
+        }
+    };
     add(helper(helper_bin).await);
-    add(user_namespaces());
+    add(user_namespaces(user.as_ref()));
+    add(subids(user.as_ref()));
     add(cgroups());
     add(seccomp());
     add(overlayfs());
-    add(kvm_check());
-    add(tun());
+    add(kvm_check(user.as_ref()));
+    add(tun(user.as_ref()));
+    add(apparmor(user.as_ref(), helper_bin));
     add(default_image());
     add(sandbox_ctl());
     add(disk_space(&paths::data_dir()));
@@ -132,7 +148,12 @@ async fn helper(helper_bin: &Path) -> Check {
     }
 }
 
-fn user_namespaces() -> Check {
+/// The fix for what `host-setup` sets up, or `fallback` for root.
+fn setup_fix(user: Option<&User>, fallback: &str) -> String {
+    user.map_or_else(|| fallback.to_string(), User::setup_fix)
+}
+
+fn user_namespaces(user: Option<&User>) -> Check {
     let max =
         std::fs::read_to_string("/proc/sys/user/max_user_namespaces").ok().and_then(|s| s.trim().parse::<u64>().ok());
     if max == Some(0) {
@@ -154,70 +175,118 @@ fn user_namespaces() -> Check {
     unsafe {
         cmd.pre_exec(move || if libc::unshare(flags) == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) });
     }
+    let unshare_fix = if hostsetup::apparmor::restricted() {
+        setup_fix(user, "run as root")
+    } else {
+        "enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1) or run as root".to_string()
+    };
     match cmd.status() {
-        Ok(s) if s.success() => {
-            let mapping = if nix::unistd::geteuid().is_root() {
-                "root: maps ids directly"
-            } else if crate::helper::driver::userns::find_in_path("newuidmap").is_some() {
-                "maps ids with newuidmap/newgidmap"
-            } else {
-                return Check::fail(
-                    "userns",
-                    "unshare works but ids cannot be mapped (not root, no newuidmap)",
-                    "apt install uidmap and add ranges to /etc/subuid and /etc/subgid",
-                );
-            };
-            Check::ok("userns", format!("unshare(user, mount, pid, ipc, uts, net, cgroup) works; {mapping}"))
-        }
-        Ok(s) => Check::fail("userns", format!("probe exited with {s}"), "run as root or enable user namespaces"),
-        Err(e) => Check::fail(
-            "userns",
-            format!("unshare failed: {e}"),
-            "enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1) or run as root",
-        ),
+        Ok(s) if s.success() => {}
+        Ok(s) => return Check::fail("userns", format!("probe exited with {s}"), unshare_fix),
+        Err(e) => return Check::fail("userns", format!("unshare failed: {e}"), unshare_fix),
+    }
+    const UNSHARED: &str = "unshare(user, mount, pid, ipc, uts, net, cgroup) works";
+    let Some(user) = user else {
+        return Check::ok("userns", format!("{UNSHARED}; root maps ids directly"));
+    };
+    match map_probe(user) {
+        Ok(map) => Check::ok("userns", format!("{UNSHARED}; newuidmap/newgidmap mapped a child's ids ({map})")),
+        Err(why) => Check::fail("userns", format!("{UNSHARED} but ids cannot be mapped: {why}"), user.setup_fix()),
     }
 }
 
-fn cgroups() -> Check {
-    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return Check::warn("cgroups", "cannot read /proc/self/mountinfo", "mount /proc");
+/// Subordinate ranges from /etc/subuid and /etc/subgid (absent files: none).
+fn subordinate_ranges() -> (Vec<subid::Entry>, Vec<subid::Entry>) {
+    let read = |p: &str| subid::parse(&std::fs::read_to_string(p).unwrap_or_default());
+    (read("/etc/subuid"), read("/etc/subgid"))
+}
+
+/// Maps a child's user namespace as the helper does for an ordinary user:
+/// its root to the user, ids 1.. to the user's subordinate range, through
+/// newuidmap and newgidmap. Returns the uid map the kernel accepted.
+fn map_probe(user: &User) -> Result<String, String> {
+    let (uids, gids) = subordinate_ranges();
+    let maps = [
+        ("newuidmap", "/etc/subuid", user.uid, subid::find(&uids, user)),
+        ("newgidmap", "/etc/subgid", user.gid, subid::find(&gids, user)),
+    ];
+    let mut cmd = Command::new("sleep");
+    cmd.arg("60").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    // SAFETY: unshare is async-signal-safe; it runs in the forked child before exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::unshare(libc::CLONE_NEWUSER) == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("a child in a new user namespace: {e}"))?;
+    let pid = child.id().to_string();
+    let mapped = maps
+        .iter()
+        .try_for_each(|(tool, file, own, range)| {
+            let range = range.ok_or_else(|| format!("no range of 65536 ids for {} in {file}", user.name))?;
+            let bin = find_in_path(tool).ok_or_else(|| format!("{tool} is not installed (package uidmap)"))?;
+            let args =
+                [pid.as_str(), "0", &own.to_string(), "1", "1", &range.start.to_string(), &range.count.to_string()]
+                    .map(String::from);
+            let out = Command::new(&bin).args(&args).output().map_err(|e| format!("run {}: {e}", bin.display()))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!("{tool} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+            }
+        })
+        .and_then(|()| {
+            std::fs::read_to_string(format!("/proc/{pid}/uid_map"))
+                .map(|m| m.split_whitespace().collect::<Vec<_>>().join(" "))
+                .map_err(|e| format!("read the child's uid_map: {e}"))
+        });
+    let _ = child.kill();
+    let _ = child.wait();
+    mapped
+}
+
+/// The subordinate ranges and the setuid tools that map them.
+fn subids(user: Option<&User>) -> Check {
+    let Some(user) = user else {
+        return Check::ok("subids", "root: not needed (the helper writes id maps itself)");
     };
-    let mut v1 = Vec::new();
-    let mut v2 = None;
-    for line in mountinfo.lines() {
-        let Some((left, right)) = line.split_once(" - ") else { continue };
-        let mut fields = right.split(' ');
-        let fstype = fields.next().unwrap_or_default();
-        let options = fields.nth(1).unwrap_or_default();
-        match fstype {
-            "cgroup" => v1.extend(options.split(',').map(str::to_string)),
-            "cgroup2" => v2 = left.split(' ').nth(4).map(PathBuf::from),
-            _ => {}
+    let (uids, gids) = subordinate_ranges();
+    let mut missing = Vec::new();
+    for (file, entries) in [("/etc/subuid", &uids), ("/etc/subgid", &gids)] {
+        if subid::find(entries, user).is_none() {
+            missing.push(format!("no range of 65536 ids for {} in {file}", user.name));
         }
     }
-    let has_v1 = ["memory", "cpu", "pids"].iter().all(|c| v1.iter().any(|o| o == c));
-    if has_v1 {
-        let kind = if v2.is_some() { "v1 (hybrid: the v2 mount is not used)" } else { "v1" };
-        return Check::ok("cgroups", format!("{kind}; memory, cpu and pids limits enforceable"));
+    let tools_missing = ["newuidmap", "newgidmap"].into_iter().filter(|t| find_in_path(t).is_none()).count() > 0;
+    if tools_missing {
+        missing.push("newuidmap/newgidmap not on PATH".to_string());
     }
-    let Some(root) = v2 else {
-        return Check::warn(
+    if !missing.is_empty() {
+        let fix =
+            if tools_missing { format!("sudo apt-get install uidmap; {}", user.setup_fix()) } else { user.setup_fix() };
+        return Check::fail("subids", missing.join("; "), fix);
+    }
+    let range = subid::find(&uids, user).map(|e| format!("{}-{}", e.start, e.start + e.count - 1)).unwrap_or_default();
+    Check::ok("subids", format!("{} has subordinate ids {range}; newuidmap and newgidmap installed", user.name))
+}
+
+/// Limits as the helper would get them: a group made in this user's
+/// delegated subtree (root: anywhere) with a process moved into it.
+fn cgroups() -> Check {
+    match cgroup::probe() {
+        Ok(layout) => Check::ok(
             "cgroups",
-            "no cgroup hierarchy: sandboxes run without cpu/memory/pids limits",
-            "mount cgroup2 at /sys/fs/cgroup",
-        );
-    };
-    let controllers = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
-    let missing: Vec<&str> =
-        ["memory", "cpu", "pids"].into_iter().filter(|c| !controllers.split_whitespace().any(|x| x == *c)).collect();
-    if missing.is_empty() {
-        Check::ok("cgroups", "v2; memory, cpu and pids limits enforceable")
-    } else {
-        Check::warn(
+            format!(
+                "{}: made a group under {} and moved a process into it; memory, cpu and pids limits enforced",
+                layout.capability(),
+                layout.parent().display()
+            ),
+        ),
+        Err(e) => Check::warn(
             "cgroups",
-            format!("v2 without {}: those limits are not enforced", missing.join(", ")),
-            "delegate the controllers (systemd: Delegate=yes) or boot with cgroup v2 controllers enabled",
-        )
+            format!("limits not enforced: {} (sandboxes run without cpu, memory and pids limits)", e.reason),
+            e.fix,
+        ),
     }
 }
 
@@ -242,7 +311,7 @@ fn overlayfs() -> Check {
         .map(|s| s.lines().any(|l| l.split_whitespace().last() == Some("overlay")))
         .unwrap_or(false);
     if listed {
-        return Check::ok("overlayfs", "in /proc/filesystems");
+        return Check::ok("overlayfs", "in /proc/filesystems (listed, not mounted by this probe)");
     }
     let release = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
     if Path::new(&format!("/lib/modules/{release}/kernel/fs/overlayfs")).exists() {
@@ -252,7 +321,7 @@ fn overlayfs() -> Check {
     }
 }
 
-fn kvm_check() -> Check {
+fn kvm_check(user: Option<&User>) -> Check {
     const NOTE: &str = "the namespace driver does not need it";
     match kvm::probe() {
         // Honest about the probe's reach: some hosts (e.g. kvm_pvm) run a
@@ -265,10 +334,18 @@ fn kvm_check() -> Check {
             format!("no /dev/kvm ({NOTE})"),
             "enable virtualization in firmware; modprobe kvm_intel or kvm_amd",
         ),
+        kvm::KvmProbe::Unusable(why) if why.contains("Permission denied") => Check::warn(
+            "kvm",
+            format!("/dev/kvm present but this user cannot open it: {why} ({NOTE})"),
+            match user {
+                Some(u) => format!("sudo usermod -aG kvm {}, then log in again", u.name),
+                None => "check the mode of /dev/kvm".to_string(),
+            },
+        ),
         kvm::KvmProbe::Unusable(why) => Check::warn(
             "kvm",
             format!("/dev/kvm present but no guest runs: {why} ({NOTE})"),
-            "enable nested virtualization or run on bare metal; check access to /dev/kvm",
+            "enable nested virtualization or run on bare metal",
         ),
     }
 }
@@ -276,9 +353,13 @@ fn kvm_check() -> Check {
 /// What EGRESS sandboxes need: the current user can open /dev/net/tun and
 /// create a tun inside a new user + network namespace, as the launcher does.
 /// Probed in a child (re-exec of this binary) that really does it.
-fn tun() -> Check {
-    let fix = "load the tun module (modprobe tun) and make /dev/net/tun usable by this user \
-               (sandboxes keep network='none' until then)";
+fn tun(user: Option<&User>) -> Check {
+    let fix = match user {
+        Some(u) => {
+            format!("{} (makes /dev/net/tun mode 0666; sandboxes keep network='none' until then)", u.setup_fix())
+        }
+        None => "load the tun module (modprobe tun) (sandboxes keep network='none' until then)".to_string(),
+    };
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/bin/true"));
     let mut cmd = Command::new(exe);
     cmd.arg("--version").stdout(Stdio::null()).stderr(Stdio::null());
@@ -306,6 +387,45 @@ fn tun() -> Check {
         Ok(s) if s.success() => Check::ok("tun", "a tun opens in a user + network namespace (egress network)"),
         Ok(s) => Check::warn("tun", format!("probe exited with {s}"), fix),
         Err(e) => Check::warn("tun", format!("cannot create a tun in a user + network namespace: {e}"), fix),
+    }
+}
+
+/// Ubuntu 23.10+ restricts unprivileged user namespaces to programs whose
+/// AppArmor profile allows them; `host-setup` installs one for the helper.
+fn apparmor(user: Option<&User>, helper_bin: &Path) -> Check {
+    use hostsetup::apparmor::{SYSCTL, profile_name, render};
+    let Some(user) = user else {
+        return Check::ok("apparmor", "root: user namespaces are not restricted for root");
+    };
+    match std::fs::read_to_string(SYSCTL).as_deref().map(str::trim) {
+        Err(_) => Check::ok("apparmor", format!("no {SYSCTL}: user namespaces are not restricted")),
+        Ok("0") => Check::ok("apparmor", "kernel.apparmor_restrict_unprivileged_userns=0: not restricted"),
+        Ok(_) => {
+            let name = profile_name(&user.name);
+            let file = Path::new("/etc/apparmor.d").join(&name);
+            let helper = helper_bin.canonicalize().unwrap_or_else(|_| helper_bin.to_path_buf());
+            let fix = format!("sudo sandbox-mcp host-setup --user {} --helper {}", user.name, helper.display());
+            match std::fs::read_to_string(&file) {
+                Ok(text) if text == render(&name, &helper) => Check::ok(
+                    "apparmor",
+                    format!("user namespaces restricted; {} allows them for {}", file.display(), helper.display()),
+                ),
+                Ok(_) => Check::fail(
+                    "apparmor",
+                    format!(
+                        "user namespaces restricted and {} is for another path than {}",
+                        file.display(),
+                        helper.display()
+                    ),
+                    fix,
+                ),
+                Err(_) => Check::fail(
+                    "apparmor",
+                    format!("kernel.apparmor_restrict_unprivileged_userns=1 and no helper profile {}", file.display()),
+                    fix,
+                ),
+            }
+        }
     }
 }
 

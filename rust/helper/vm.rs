@@ -81,6 +81,8 @@ pub struct VmInfo {
     pub shell: String,
     /// Why it stopped on its own; empty otherwise.
     pub stop_reason: String,
+    /// Why its current or last run has no cgroup limits; empty otherwise.
+    pub limits_not_enforced: String,
 }
 
 /// What Exec needs to reach a running VM's agent.
@@ -209,6 +211,7 @@ impl VmManager {
             created_at_ms: now_ms(),
             started_at_ms: 0,
             stop_reason: String::new(),
+            limits_not_enforced: String::new(),
         };
         let slot = Arc::new(Slot {
             id: info.config.id.clone(),
@@ -296,6 +299,12 @@ impl VmManager {
             d.info.state = VmState::Running;
             d.info.started_at_ms = now_ms();
             d.info.stop_reason.clear();
+            d.info.limits_not_enforced = match &d.run {
+                Some(run) if run.usage.is_none() => {
+                    self.driver.limits_unavailable().unwrap_or("no cgroup for this vm").to_string()
+                }
+                _ => String::new(),
+            };
             d.generation
         };
         *op = Some(Run { instance, _quota: quota_task, exited: rx });

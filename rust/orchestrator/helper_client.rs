@@ -126,6 +126,8 @@ pub struct VmInfo {
     pub network: Network,
     /// Unix ms of the last start.
     pub started_at_ms: i64,
+    /// Why its current or last run has no cpu/memory/pids limits.
+    pub limits_not_enforced: Option<String>,
 }
 
 /// An image the helper can boot.
@@ -572,6 +574,7 @@ fn vm_info(vm: Option<pb::Vm>) -> Result<VmInfo, HelperError> {
         cpus: spec.cpus,
         memory_bytes: spec.memory_bytes,
         started_at_ms: vm.started_at_ms,
+        limits_not_enforced: Some(vm.limits_not_enforced).filter(|r| !r.is_empty()),
     })
 }
 
@@ -632,6 +635,8 @@ pub struct VmStats {
     pub disk_limit: u64,
     /// Why the helper last stopped the sandbox's writers for the quota, if it did.
     pub disk_quota_exceeded: Option<String>,
+    /// Why the sandbox runs without cpu/memory/pids limits, if it does.
+    pub limits_not_enforced: Option<String>,
 }
 
 /// A background process owned by a VM.
@@ -776,6 +781,7 @@ impl HelperClient {
             disk_used: s.disk_used_bytes,
             disk_limit: s.disk_limit_bytes,
             disk_quota_exceeded: Some(s.disk_quota_exceeded).filter(|r| !r.is_empty()),
+            limits_not_enforced: Some(s.limits_not_enforced).filter(|r| !r.is_empty()),
         })
     }
 

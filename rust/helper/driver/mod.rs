@@ -71,6 +71,8 @@ pub struct Driver {
     self_exe: PathBuf,
     ids: userns::IdMapper,
     cgroups: Option<cgroup::CgroupLayout>,
+    /// Why VMs run without cpu/memory/pids limits, if they do.
+    no_limits: Option<String>,
     /// Why EGRESS cannot be served, if it cannot.
     no_egress: Option<String>,
 }
@@ -79,11 +81,11 @@ impl Driver {
     /// Probes the host: id mapping, cgroups, the tun device.
     pub fn detect() -> Result<Self, DriverError> {
         let self_exe = std::env::current_exe().map_err(|e| DriverError::io("locate own binary", e))?;
-        let cgroups = match cgroup::CgroupLayout::detect() {
-            Ok(layout) => Some(layout),
+        let (cgroups, no_limits) = match cgroup::CgroupLayout::detect() {
+            Ok(layout) => (Some(layout), None),
             Err(reason) => {
                 tracing::warn!(%reason, "cgroups unavailable: VMs run without cpu/memory/pids limits");
-                None
+                (None, Some(reason.to_string()))
             }
         };
         let no_egress = match std::fs::metadata("/dev/net/tun") {
@@ -93,7 +95,7 @@ impl Driver {
                 Some(format!("/dev/net/tun: {e}"))
             }
         };
-        Ok(Driver { self_exe, ids: userns::IdMapper::detect(), cgroups, no_egress })
+        Ok(Driver { self_exe, ids: userns::IdMapper::detect(), cgroups, no_limits, no_egress })
     }
 
     /// Releases host-wide resources once no VM runs (the helper is exiting).
@@ -125,6 +127,11 @@ impl Driver {
             userns::IdMapper::Unavailable(reason) => Some(reason.clone()),
             _ => None,
         }
+    }
+
+    /// Why VMs get no cpu/memory/pids limits here, if they do not.
+    pub fn limits_unavailable(&self) -> Option<&str> {
+        self.no_limits.as_deref()
     }
 
     /// Why EGRESS networking cannot be provided, if it cannot.

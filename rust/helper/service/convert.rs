@@ -150,6 +150,7 @@ pub(super) fn vm_to_proto(vm: VmInfo) -> pb::Vm {
         started_at_ms: vm.started_at_ms,
         shell: vm.shell,
         stop_reason: vm.stop_reason,
+        limits_not_enforced: vm.limits_not_enforced,
     }
 }
 
