@@ -24,6 +24,10 @@ async fn stats_follow_memory_pids_cpu_and_time() {
     assert_eq!(h.sh(&id, alloc).await.code(), Some(0));
     let mut now = stats(&mut h, &id).await.unwrap();
     assert!(now.uptime_ms > first.uptime_ms, "{first:?} then {now:?}");
+    // Limits are enforced exactly when the helper has cgroups; otherwise it says why not.
+    assert_eq!(now.limits_not_enforced.is_empty(), cgroups, "{now:?}");
+    let vm = h.get(&id).await.unwrap();
+    assert_eq!(vm.limits_not_enforced, now.limits_not_enforced, "GetVm and Stats agree");
     if !cgroups {
         eprintln!("skipped the cgroup counters: helper has no cgroups");
         return;
