@@ -175,15 +175,32 @@ fn user_namespaces(user: Option<&User>) -> Check {
     unsafe {
         cmd.pre_exec(move || if libc::unshare(flags) == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) });
     }
-    let unshare_fix = if hostsetup::apparmor::restricted() {
+    let restricted = hostsetup::apparmor::restricted();
+    let unshare_fix = if restricted {
         setup_fix(user, "run as root")
     } else {
         "enable unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1) or run as root".to_string()
     };
-    match cmd.status() {
-        Ok(s) if s.success() => {}
-        Ok(s) => return Check::fail("userns", format!("probe exited with {s}"), unshare_fix),
-        Err(e) => return Check::fail("userns", format!("unshare failed: {e}"), unshare_fix),
+    let failure = match cmd.status() {
+        Ok(s) if s.success() => None,
+        Ok(s) => Some(format!("probe exited with {s}")),
+        Err(e) => Some(format!("unshare failed: {e}")),
+    };
+    if let Some(failure) = failure {
+        // Under the AppArmor restriction this probe (sandbox-mcp, unconfined)
+        // is refused even where the helper's own profile allows it: that is
+        // the apparmor check's to judge, not proven either way here.
+        if restricted && let Some(u) = user {
+            return Check::warn(
+                "userns",
+                format!(
+                    "{failure}: AppArmor refuses user namespaces to this unconfined probe; the helper's are allowed \
+                     only by its profile (see the apparmor check), not probed here"
+                ),
+                u.setup_fix(),
+            );
+        }
+        return Check::fail("userns", failure, unshare_fix);
     }
     const UNSHARED: &str = "unshare(user, mount, pid, ipc, uts, net, cgroup) works";
     let Some(user) = user else {
