@@ -291,6 +291,7 @@ impl VmManager {
             started: Instant::now(),
             quota,
         };
+        let limits_not_enforced = self.driver.limits_not_enforced(handles.usage.is_some());
         let generation = {
             let mut d = slot.data();
             d.run = Some(handles);
@@ -299,12 +300,7 @@ impl VmManager {
             d.info.state = VmState::Running;
             d.info.started_at_ms = now_ms();
             d.info.stop_reason.clear();
-            d.info.limits_not_enforced = match &d.run {
-                Some(run) if run.usage.is_none() => {
-                    self.driver.limits_unavailable().unwrap_or("no cgroup for this vm").to_string()
-                }
-                _ => String::new(),
-            };
+            d.info.limits_not_enforced = limits_not_enforced;
             d.generation
         };
         *op = Some(Run { instance, _quota: quota_task, exited: rx });

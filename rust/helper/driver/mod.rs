@@ -129,9 +129,11 @@ impl Driver {
         }
     }
 
-    /// Why VMs get no cpu/memory/pids limits here, if they do not.
-    pub fn limits_unavailable(&self) -> Option<&str> {
-        self.no_limits.as_deref()
+    /// Why a VM runs without cpu/memory/pids limits, as the contract's
+    /// `limits_not_enforced` says it: empty when it has its cgroup (which
+    /// every VM has whenever the host has cgroups: launch fails otherwise).
+    pub fn limits_not_enforced(&self, has_cgroup: bool) -> String {
+        if has_cgroup { String::new() } else { self.no_limits.clone().unwrap_or_default() }
     }
 
     /// Why EGRESS networking cannot be provided, if it cannot.

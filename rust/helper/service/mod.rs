@@ -221,11 +221,7 @@ impl VmHelper for HelperService {
             net_tx_bytes: u.net_tx_bytes,
             uptime_ms: u.uptime_ms,
             oom_killed: u.oom_killed,
-            limits_not_enforced: if run.usage.is_some() {
-                String::new()
-            } else {
-                self.vms.driver().limits_unavailable().unwrap_or("no cgroup for this vm").to_string()
-            },
+            limits_not_enforced: self.vms.driver().limits_not_enforced(run.usage.is_some()),
         }))
     }
 
