@@ -169,3 +169,38 @@ fn run_tool(program: &str, args: &[&str]) -> Result<(), HostSetupError> {
         Err(e) => Err(HostSetupError::Tool { command, detail: e.to_string() }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_file_writes_once_and_a_dry_run_writes_nothing() {
+        let dir = std::env::temp_dir().join(format!("hostsetup-write-{}", std::process::id()));
+        let file = dir.join("sub/rule");
+        assert!(matches!(write_file(&file, "x\n", true).unwrap(), Outcome::Would(_)));
+        assert!(!file.exists());
+        assert!(matches!(write_file(&file, "x\n", false).unwrap(), Outcome::Did(_)));
+        assert_eq!(write_file(&file, "x\n", false).unwrap(), Outcome::Done(format!("{}: up to date", file.display())));
+        assert!(matches!(write_file(&file, "y\n", false).unwrap(), Outcome::Did(_)));
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "y\n");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_failing_tool_is_an_error_naming_the_command() {
+        let e = run_tool("sh", &["-c", "echo no range >&2; exit 3"]).unwrap_err();
+        assert_eq!(e.to_string(), "sh -c echo no range >&2; exit 3 failed: exit status: 3: no range");
+        let e = run_tool("/nonexistent/usermod", &["--add-subuids"]).unwrap_err();
+        assert!(e.to_string().starts_with("/nonexistent/usermod --add-subuids failed: No such file"), "{e}");
+        run_tool("true", &[]).unwrap();
+    }
+
+    #[test]
+    fn outcomes_print_as_one_aligned_line() {
+        assert_eq!(Outcome::Did("a".into()).to_string(), "done     a");
+        assert_eq!(Outcome::Done("b".into()).to_string(), "ok       b");
+        assert_eq!(Outcome::Would("c".into()).to_string(), "would    c");
+        assert_eq!(Outcome::Missing("d".into()).to_string(), "WARN     d");
+    }
+}
