@@ -59,7 +59,8 @@ pub fn allocate(files: &[&[Entry]]) -> Option<u64> {
     (start.saturating_add(COUNT) <= MAX).then_some(start)
 }
 
-/// Adds the missing subuid/subgid ranges of `user` with usermod.
+/// Adds the missing subuid/subgid ranges of `user` with usermod, and
+/// says if the tools that map them are missing.
 pub fn ensure(user: &User, dry_run: bool) -> Result<Vec<Outcome>, HostSetupError> {
     let read = |p: &str| match std::fs::read_to_string(p) {
         Ok(t) => Ok(parse(&t)),
@@ -78,6 +79,12 @@ pub fn ensure(user: &User, dry_run: bool) -> Result<Vec<Outcome>, HostSetupError
         } else {
             super::run_tool(usermod(), &[flag, &range, &user.name])?;
             out.push(Outcome::Did(format!("{file}: added {range} for {}", user.name)));
+        }
+    }
+    // The ranges are of no use without the setuid tools that map them.
+    for tool in ["newuidmap", "newgidmap"] {
+        if crate::helper::driver::userns::find_in_path(tool).is_none() {
+            out.push(Outcome::Missing(format!("{tool} not found: apt-get install uidmap")));
         }
     }
     Ok(out)
