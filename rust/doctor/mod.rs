@@ -111,7 +111,7 @@ pub async fn run(helper_bin: &Path) -> Report {
     add(subids(user.as_ref()));
     add(cgroups());
     add(seccomp());
-    add(overlayfs());
+    add(overlayfs(user.as_ref()));
     add(kvm_check(user.as_ref()));
     add(tun(user.as_ref()));
     add(apparmor(user.as_ref(), helper_bin));
@@ -323,19 +323,101 @@ fn seccomp() -> Check {
     }
 }
 
-fn overlayfs() -> Check {
+fn overlayfs(user: Option<&User>) -> Check {
     let listed = std::fs::read_to_string("/proc/filesystems")
         .map(|s| s.lines().any(|l| l.split_whitespace().last() == Some("overlay")))
         .unwrap_or(false);
-    if listed {
-        return Check::ok("overlayfs", "in /proc/filesystems (listed, not mounted by this probe)");
-    }
     let release = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
-    if Path::new(&format!("/lib/modules/{release}/kernel/fs/overlayfs")).exists() {
-        Check::warn("overlayfs", "module not loaded (loads on first mount)", "modprobe overlay")
-    } else {
-        Check::fail("overlayfs", "not in /proc/filesystems and no module", "use a kernel with CONFIG_OVERLAY_FS")
+    if !listed && !Path::new(&format!("/lib/modules/{release}/kernel/fs/overlayfs")).exists() {
+        return Check::fail(
+            "overlayfs",
+            "not in /proc/filesystems and no module",
+            "use a kernel with CONFIG_OVERLAY_FS",
+        );
     }
+    let how = if user.is_some() { "in a user + mount namespace (userxattr)" } else { "in a mount namespace" };
+    match overlay_probe(user) {
+        Ok(()) => Check::ok("overlayfs", format!("mounted an overlay {how}")),
+        Err(e) if !listed => {
+            Check::warn("overlayfs", format!("module not loaded and a mount {how} failed: {e}"), "modprobe overlay")
+        }
+        Err(e) => Check::fail(
+            "overlayfs",
+            format!("mounting an overlay {how} failed: {e}"),
+            "use a kernel that allows overlayfs in user namespaces (Linux 5.11+)",
+        ),
+    }
+}
+
+/// Mounts an overlay as a sandbox's root is mounted, in a child with a
+/// mount namespace of its own (an ordinary user's: inside a user namespace
+/// mapping root to itself, where overlayfs needs `userxattr`); the mount
+/// dies with the child.
+fn overlay_probe(user: Option<&User>) -> Result<(), String> {
+    use std::ffi::CString;
+    let dir = std::env::temp_dir().join(format!("sandbox-mcp-doctor-{}", std::process::id()));
+    let sub = ["lower", "upper", "work", "merged"].map(|d| dir.join(d));
+    let made = sub.iter().try_for_each(std::fs::create_dir_all).map_err(|e| format!("{}: {e}", dir.display()));
+    let c = |s: String| CString::new(s).map_err(|e| e.to_string());
+    let result = made.and_then(|()| {
+        let [lower, upper, work, merged] = sub.each_ref().map(|p| p.display().to_string());
+        let userxattr = if user.is_some() { ",userxattr" } else { "" };
+        let options = c(format!("lowerdir={lower},upperdir={upper},workdir={work}{userxattr}"))?;
+        let merged = c(merged)?;
+        // Written by the child into its own maps: root inside is this user.
+        let maps = user.map(|u| (format!("0 {} 1", u.uid), format!("0 {} 1", u.gid)));
+        let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/bin/true"));
+        let mut cmd = Command::new(exe);
+        cmd.arg("--version").stdout(Stdio::null()).stderr(Stdio::null());
+        // SAFETY: only syscalls on buffers made before the fork run in the
+        // child (open, write, close, unshare, mount), all async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fail = || Err(std::io::Error::last_os_error());
+                let flags = if maps.is_some() { libc::CLONE_NEWUSER | libc::CLONE_NEWNS } else { libc::CLONE_NEWNS };
+                if libc::unshare(flags) != 0 {
+                    return fail();
+                }
+                if let Some((uid_map, gid_map)) = &maps {
+                    for (file, text) in [
+                        (c"/proc/self/setgroups", "deny"),
+                        (c"/proc/self/uid_map", uid_map.as_str()),
+                        (c"/proc/self/gid_map", gid_map.as_str()),
+                    ] {
+                        let fd = libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                        let wrote = fd >= 0 && libc::write(fd, text.as_ptr().cast(), text.len()) == text.len() as isize;
+                        libc::close(fd);
+                        if !wrote {
+                            return fail();
+                        }
+                    }
+                }
+                let private = libc::MS_REC | libc::MS_PRIVATE;
+                if libc::mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), private, std::ptr::null()) != 0
+                    || libc::mount(
+                        c"overlay".as_ptr(),
+                        merged.as_ptr(),
+                        c"overlay".as_ptr(),
+                        0,
+                        options.as_ptr().cast(),
+                    ) != 0
+                {
+                    return fail();
+                }
+                Ok(())
+            });
+        }
+        match cmd.status() {
+            Ok(s) if s.success() => Ok(()),
+            Ok(s) => Err(format!("probe exited with {s}")),
+            Err(e) => Err(e.to_string()),
+        }
+    });
+    // overlayfs leaves `work/work` mode 0, which stops an ordinary user's removal.
+    use std::os::unix::fs::PermissionsExt as _;
+    let _ = std::fs::set_permissions(sub[2].join("work"), std::fs::Permissions::from_mode(0o700));
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }
 
 fn kvm_check(user: Option<&User>) -> Check {
