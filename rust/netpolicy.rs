@@ -452,6 +452,20 @@ impl NetworkPolicy {
         }
     }
 
+    /// Whether some name could change the verdict of a flow to `dst` that
+    /// [`NetworkPolicy::check`] allowed by its address and pinned names: a
+    /// deny domain rule covers its port, or it got in only through a domain
+    /// allow rule (no CIDR allow rule covers it). Only then must the name the
+    /// flow's bytes carry (TLS SNI, HTTP Host) be read and checked; without
+    /// any domain rule no name matters and flows pass uninspected.
+    pub fn name_decides(&self, dst: SocketAddr) -> bool {
+        let (ip, port) = (canonical(dst.ip()), dst.port());
+        let denied_by_name = self.deny.iter().any(|r| r.is_domain() && r.port_matches(port));
+        let allowed_by_name =
+            !self.allow.is_empty() && !self.allow.iter().any(|r| !r.is_domain() && r.matches(ip, port, &[]));
+        denied_by_name || allowed_by_name
+    }
+
     /// Decides a DNS query for `name`: refused when a port-less deny domain
     /// rule matches it and, under a non-empty allow list, unless an allow
     /// domain rule matches it (so DNS cannot carry data out past the list).
@@ -677,6 +691,20 @@ mod tests {
         assert_eq!(p.check(sa("93.184.215.14:80"), &["good.com"], h), Verdict::Allow);
         // A v4 deny rule matches the v4-mapped form.
         assert!(!p.check(sa("[::ffff:198.51.100.7]:80"), &[], h).is_allow());
+    }
+
+    #[test]
+    fn a_name_decides_only_where_a_domain_rule_could_change_the_verdict() {
+        let dst = sa("93.184.215.14:443");
+        assert!(!NetworkPolicy::default().name_decides(dst), "no rules: names never matter");
+        assert!(!policy(&["0.0.0.0/0"], &["203.0.113.0/24"]).name_decides(dst), "CIDR rules only");
+        assert!(policy(&[], &["*.evil.com"]).name_decides(dst), "a deny name rule on any port");
+        assert!(policy(&[], &["evil.com:443"]).name_decides(dst), "a deny name rule on this port");
+        assert!(!policy(&[], &["evil.com:25"]).name_decides(dst), "a deny name rule on another port");
+        assert!(policy(&["*.example.com"], &[]).name_decides(dst), "in only by a domain allow rule");
+        assert!(!policy(&["*.example.com", "93.184.215.0/24"], &[]).name_decides(dst), "a CIDR rule opens it");
+        assert!(policy(&["*.example.com", "93.184.215.0/24:80"], &[]).name_decides(dst), "CIDR rule for another port");
+        assert!(policy(&["93.184.215.0/24"], &["bad.example.com"]).name_decides(dst), "CIDR allow, name deny");
     }
 
     #[test]

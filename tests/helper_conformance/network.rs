@@ -515,3 +515,109 @@ async fn connections_beyond_the_cap_are_refused_and_all_are_cleaned_up() {
     // And the VM connects again.
     assert_eq!(client(&mut h, &id, &["tcp", &host.addr(), "8080"]).await, "HTTP/1.0 200 OK hello from the test host");
 }
+
+/// In the sandbox: `HOST PORT CASE` opens one connection and sends CASE's
+/// bytes (a list is sent in parts half a second apart), then prints the
+/// first line of the answer, EMPTY, or the error's name. The cases hide the
+/// name `bad.sni.test` from a check that reads only the first TLS record or
+/// the first HTTP request; `plain` is an ordinary request for
+/// `good.sni.test`. ClientHellos are real ones (Python's ssl), re-split
+/// into several handshake records.
+const EVASIONS: &str = r#"
+import socket, ssl, sys, time
+host, port, case = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+def req(name, extra=b""):
+    return b"GET / HTTP/1.1\r\nHost: " + name + b"\r\n" + extra + b"\r\n"
+def hello(name):
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname=name)
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    record = outgoing.read()
+    return record[5:5 + int.from_bytes(record[3:5], "big")]
+def records(message, cuts):
+    b = [0] + cuts + [len(message)]
+    return b"".join(b"\x16\x03\x01" + (y - x).to_bytes(2, "big") + message[x:y] for x, y in zip(b, b[1:]))
+good, bad = b"good.sni.test", b"bad.sni.test"
+if case.startswith("tls"):
+    m = hello("bad.sni.test")
+    in_sni = m.find(bad) + 3
+cases = {
+    "plain": lambda: [req(good, b"Connection: close\r\n")],
+    "tls2": lambda: [records(m, [40])],
+    "tls5": lambda: [records(m, [10, 50, in_sni - 2, in_sni])],
+    "pipelined": lambda: [req(good) + req(bad)],
+    "keepalive": lambda: [req(good), req(bad)],
+    "crlf": lambda: [b"\r\n\r\n" + req(bad)],
+    "chunked": lambda: [b"POST / HTTP/1.1\r\nHost: good.sni.test\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n" + req(bad)],
+    "h2c": lambda: [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00"],
+    "upgrade": lambda: [req(good, b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n")],
+    "duphost": lambda: [b"GET / HTTP/1.1\r\nHost: good.sni.test\r\nHost: bad.sni.test\r\n\r\n"],
+    "absolute": lambda: [b"GET http://bad.sni.test/ HTTP/1.1\r\nHost: good.sni.test\r\n\r\n"],
+}
+try:
+    s = socket.create_connection((host, port), timeout=8)
+    for i, part in enumerate(cases[case]()):
+        if i:
+            time.sleep(0.5)
+        s.sendall(part)
+    data = b""
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        data += b
+    print(data.split(b"\r\n")[0].decode(errors="replace") if data else "EMPTY")
+except Exception as e:
+    print(type(e).__name__)
+"#;
+
+#[tokio::test]
+async fn names_hidden_past_the_first_record_or_request_are_still_refused() {
+    let Some(host) = TestHost::up() else { return };
+    let mut h = Harness::new("netsni").await;
+    // The test host is private: a CIDR rule opens it, the deny rule by name
+    // makes the name decide.
+    let allow = [host.addr(), "*.sni.test".to_string()];
+    let deny = ["bad.sni.test".to_string()];
+    let Some(id) = egress_vm(&mut h, "vm", &allow, &deny).await else { return };
+    let addr = host.addr();
+    let evade = async |h: &mut Harness, case: &str| {
+        let o = h.run(process(&id, &["python3", "-c", EVASIONS, &addr, "8080", case]), b"").await.unwrap();
+        o.out().trim().to_string()
+    };
+    assert_eq!(evade(&mut h, "plain").await, "HTTP/1.0 200 OK");
+    let denied = "denied by rule 'bad.sni.test'";
+    // Every case runs; the failures are listed together.
+    let mut passed = Vec::new();
+    for (case, name, reason) in [
+        ("tls2", "bad.sni.test", denied),
+        ("tls5", "bad.sni.test", denied),
+        ("pipelined", "bad.sni.test", denied),
+        ("keepalive", "bad.sni.test", denied),
+        ("crlf", "bad.sni.test", denied),
+        ("chunked", "bad.sni.test", denied),
+        ("h2c", "", "HTTP/2.0 without TLS"),
+        ("upgrade", "", "a protocol switch (Upgrade: h2c)"),
+        ("duphost", "", "several Host headers"),
+        ("absolute", "", "the request target names \"bad.sni.test\""),
+    ] {
+        let before = events(&mut h, &id).await.refused_total;
+        let got = evade(&mut h, case).await;
+        // Reset before anything reached the server, except where a first,
+        // allowed request was answered before the second came.
+        let answered_first = case == "keepalive" && got == "HTTP/1.0 200 OK";
+        let reset = got == "ConnectionResetError" || got == "EMPTY" || answered_first;
+        let ev = events(&mut h, &id).await;
+        let recorded = ev.refused_total == before + 1
+            && ev.refused.last().is_some_and(|e| e.protocol == "tcp" && e.name == name && e.reason.contains(reason));
+        if !(reset && recorded) {
+            passed.push(format!("{case}: got {got:?}, last refusal {:?}", ev.refused.last()));
+        }
+    }
+    assert!(passed.is_empty(), "evasions not refused as expected:\n{}", passed.join("\n"));
+    // Still reachable afterwards.
+    assert_eq!(evade(&mut h, "plain").await, "HTTP/1.0 200 OK");
+}

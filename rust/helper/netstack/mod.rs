@@ -17,8 +17,8 @@
 //! 0.12, the newest that builds with the crate's rust-version (1.88).
 //!
 //! Files: [`device`] the link, `stack` the poll loop and flow decisions,
-//! `tcp` the flow relay, `udp` NAT, [`dns`] forwarding and pinning, [`sni`]
-//! the name a flow's first bytes carry, [`events`] refusals and counters,
+//! `tcp` the flow relay, `udp` NAT, [`dns`] forwarding and pinning, [`inspect`]
+//! the names a flow's client bytes carry ([`tls`] SNI, [`http`] Host), [`events`] refusals and counters,
 //! [`wire`] the packets the stack writes itself.
 use std::net::Ipv4Addr;
 use std::os::fd::OwnedFd;
@@ -32,9 +32,11 @@ use crate::netpolicy::{HostAddrs, NetworkPolicy};
 pub mod device;
 pub mod dns;
 pub mod events;
-pub mod sni;
+pub mod http;
+pub mod inspect;
 mod stack;
 mod tcp;
+pub mod tls;
 mod udp;
 pub mod wire;
 
