@@ -517,12 +517,13 @@ async fn connections_beyond_the_cap_are_refused_and_all_are_cleaned_up() {
 }
 
 /// In the sandbox: `HOST PORT CASE` opens one connection and sends CASE's
-/// bytes (a list is sent in parts half a second apart), then prints the
-/// first line of the answer, EMPTY, or the error's name. The cases hide the
-/// name `bad.sni.test` from a check that reads only the first TLS record or
-/// the first HTTP request; `plain` is an ordinary request for
-/// `good.sni.test`. ClientHellos are real ones (Python's ssl), re-split
-/// into several handshake records.
+/// bytes (a list is sent in parts half a second apart), half-closes, then
+/// prints the first line of the answer, EMPTY, or the error's name. Most
+/// cases hide the name `bad.sni.test` from a check that reads only the
+/// first TLS record or the first HTTP request, or name nothing checkable;
+/// `plain`, `tlsgood`, `ssh` and `websocket` are ordinary traffic.
+/// ClientHellos are real ones (Python's ssl), re-split into several
+/// handshake records.
 const EVASIONS: &str = r#"
 import socket, ssl, sys, time
 host, port, case = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -541,7 +542,7 @@ def records(message, cuts):
     b = [0] + cuts + [len(message)]
     return b"".join(b"\x16\x03\x01" + (y - x).to_bytes(2, "big") + message[x:y] for x, y in zip(b, b[1:]))
 good, bad = b"good.sni.test", b"bad.sni.test"
-if case.startswith("tls"):
+if case in ("tls2", "tls5"):
     m = hello("bad.sni.test")
     in_sni = m.find(bad) + 3
 cases = {
@@ -556,6 +557,12 @@ cases = {
     "upgrade": lambda: [req(good, b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n")],
     "duphost": lambda: [b"GET / HTTP/1.1\r\nHost: good.sni.test\r\nHost: bad.sni.test\r\n\r\n"],
     "absolute": lambda: [b"GET http://bad.sni.test/ HTTP/1.1\r\nHost: good.sni.test\r\n\r\n"],
+    "nosni": lambda: [records(hello(None), [30])],
+    "bighead": lambda: [req(good, b"X: " + b"a" * 17000 + b"\r\n")],
+    "halfhead": lambda: [b"GET / HTTP/1.1\r\nHost: bad.sni"],
+    "tlsgood": lambda: [records(hello("good.sni.test"), [5, 100])],
+    "ssh": lambda: [b"SSH-2.0-OpenSSH_9.2\r\n"],
+    "websocket": lambda: [req(good, b"Upgrade: websocket\r\nConnection: Upgrade\r\n"), b"\x81\x82abcd\x09\x0b"],
 }
 try:
     s = socket.create_connection((host, port), timeout=8)
@@ -563,6 +570,10 @@ try:
         if i:
             time.sleep(0.5)
         s.sendall(part)
+    try:
+        s.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # already reset: recv says so
     data = b""
     while True:
         b = s.recv(65536)
@@ -603,6 +614,9 @@ async fn names_hidden_past_the_first_record_or_request_are_still_refused() {
         ("upgrade", "", "a protocol switch (Upgrade: h2c)"),
         ("duphost", "", "several Host headers"),
         ("absolute", "", "the request target names \"bad.sni.test\""),
+        ("nosni", "", "a TLS ClientHello without exactly one server name (SNI)"),
+        ("bighead", "", "an HTTP request head longer than 16 KiB"),
+        ("halfhead", "", "closed in the middle of a TLS ClientHello or HTTP request head"),
     ] {
         let before = events(&mut h, &id).await.refused_total;
         let got = evade(&mut h, case).await;
@@ -618,6 +632,14 @@ async fn names_hidden_past_the_first_record_or_request_are_still_refused() {
         }
     }
     assert!(passed.is_empty(), "evasions not refused as expected:\n{}", passed.join("\n"));
+    // Allowed names, other protocols and a websocket after its checked
+    // handshake go through unrefused.
+    for case in ["tlsgood", "ssh", "websocket"] {
+        let before = events(&mut h, &id).await.refused_total;
+        let got = evade(&mut h, case).await;
+        let ev = events(&mut h, &id).await;
+        assert_eq!(ev.refused_total, before, "{case}: {got}: {:?}", ev.refused.last());
+    }
     // Still reachable afterwards.
     assert_eq!(evade(&mut h, "plain").await, "HTTP/1.0 200 OK");
 }

@@ -7,7 +7,8 @@
 //! unnamed; the caller refuses it where a name decides.
 use super::inspect::Step;
 
-/// The largest request head (or chunk-size or trailer line) waited for.
+/// The largest request head (or chunk-size or trailer line) read: longer
+/// ones are unnamed, so [`Requests::next`] never waits on more bytes.
 pub const MAX_HEAD: usize = 16 * 1024;
 
 /// The requests of one connection, fed its client bytes in order.
@@ -99,7 +100,7 @@ impl Requests {
 
     /// Passes one line of a chunked body (without its CR LF) to `f`.
     fn line(&mut self, data: &[u8], f: impl FnOnce(&mut Self, &[u8]) -> Result<(), String>) -> Step {
-        let Some(end) = data.iter().position(|&b| b == b'\n') else {
+        let Some(end) = data.iter().position(|&b| b == b'\n').filter(|&end| end < MAX_HEAD) else {
             return if data.len() >= MAX_HEAD {
                 unnamed("a line of a chunked request body is too long")
             } else {
@@ -144,13 +145,13 @@ impl Requests {
             ["GET", _] => return unnamed("an HTTP/0.9 request names no host"),
             _ => return not_http(self.first),
         };
+        let too_long = || unnamed("an HTTP request head longer than 16 KiB");
         let Some(head_end) = head_end(rest) else {
-            return if data.len() >= MAX_HEAD {
-                unnamed("an HTTP request head longer than 16 KiB")
-            } else {
-                Step::NeedMore
-            };
+            return if data.len() >= MAX_HEAD { too_long() } else { Step::NeedMore };
         };
+        if skip + head_end > MAX_HEAD {
+            return too_long();
+        }
         let head = Head::parse(&rest[line_end + 1..head_end]);
         let head = match head.and_then(|h| h.check(method, target)) {
             Ok(head) => head,
@@ -363,6 +364,8 @@ mod tests {
         let mut big = b"GET / HTTP/1.1\r\nX: ".to_vec();
         big.resize(MAX_HEAD, b'a');
         assert!(matches!(run(&big).1, Step::Unnamed(_)), "an endless head is not waited for");
+        big.extend_from_slice(b"\r\nHost: a.example\r\n\r\n");
+        assert!(matches!(run(&big).1, Step::Unnamed(_)), "nor a complete one past the bound");
         let mut big = b"GET /".to_vec();
         big.resize(MAX_HEAD, b'a');
         assert!(matches!(run(&big).1, Step::Unnamed(_)), "nor an endless request line");

@@ -6,13 +6,11 @@
 use super::http::Requests;
 use super::tls::{self, Hello};
 
-/// The most client bytes held back while a name is awaited.
-pub const MAX_HOLD: usize = if tls::MAX_HELLO > super::http::MAX_HEAD { tls::MAX_HELLO } else { super::http::MAX_HEAD };
-
 /// What to do with the start of the bytes not yet passed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
-    /// Hold them: what decides is not complete yet.
+    /// Hold them: what decides is not complete yet (never past
+    /// [`tls::MAX_HELLO`] or [`super::http::MAX_HEAD`] bytes).
     NeedMore,
     /// Some bytes may go upstream once a name, if any, is allowed; then
     /// ask again about the rest.

@@ -6,8 +6,9 @@
 //! Where a name decides the flow's verdict, its client bytes are read before
 //! they go upstream ([`Inspector`]): each TLS SNI or HTTP Host is checked
 //! against the policy again, and bytes that name nothing checkable are
-//! refused. At most [`inspect::MAX_HOLD`] bytes are held back while a name
-//! is awaited. Upstream → client is never held, so server-speaks-first
+//! refused. At most 16 KiB are held back while a name is awaited (the
+//! parsers' bound, below [`CHUNK`], so a flow never waits on a full
+//! buffer). Upstream → client is never held, so server-speaks-first
 //! protocols are not delayed; flows where no name decides are not read.
 use std::net::{SocketAddr, SocketAddrV4};
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::inspect::{self, Inspector, Step};
+use super::inspect::{Inspector, Step};
 use super::stack::Ctx;
 
 /// Largest chunk moved at once between a socket and a channel.
@@ -139,16 +140,13 @@ impl Flow {
                         self.inspect = None;
                     }
                     Step::NeedMore => {
-                        let ended = !sock.may_recv() && !sock.can_recv();
-                        let why = if pending.len() >= inspect::MAX_HOLD {
-                            "a TLS ClientHello or HTTP request head that does not end within 16 KiB"
-                        } else if ended && !pending.is_empty() {
-                            "the connection was closed in the middle of a TLS ClientHello or HTTP request head"
-                        } else {
-                            break;
-                        };
-                        ctx.refuse_unnamed(dst, why);
-                        return None;
+                        if !pending.is_empty() && !sock.may_recv() && !sock.can_recv() {
+                            let why =
+                                "the connection was closed in the middle of a TLS ClientHello or HTTP request head";
+                            ctx.refuse_unnamed(dst, why);
+                            return None;
+                        }
+                        break;
                     }
                     Step::Unnamed(why) => {
                         ctx.refuse_unnamed(dst, &why);

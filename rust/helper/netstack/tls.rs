@@ -49,6 +49,9 @@ pub fn client_hello(data: &[u8]) -> Hello {
                 return Hello::Done { sni: client_hello_sni(&message[..need]), len: pos };
             }
         }
+        if pos + 5 >= MAX_HELLO {
+            return Hello::Bad("the ClientHello's records are larger than 16 KiB");
+        }
         let Some(header) = data.get(pos..pos + 5) else { return Hello::NeedMore };
         if header[0] != HANDSHAKE || header[1] != 3 {
             return Hello::Bad("a record other than a handshake record came before the ClientHello ended");
