@@ -17,9 +17,10 @@
 //! 0.12, the newest that builds with the crate's rust-version (1.88).
 //!
 //! Files: [`device`] the link, `stack` the poll loop and flow decisions,
-//! `tcp` the flow relay, `udp` NAT, [`dns`] forwarding and pinning, [`inspect`]
-//! the names a flow's client bytes carry ([`tls`] SNI, [`http`] Host), [`events`] refusals and counters,
-//! [`wire`] the packets the stack writes itself.
+//! `tcp` the flow relay, `udp` NAT, [`dns`] forwarding and pinning,
+//! [`inspect`] the names a flow's client bytes carry ([`tls`] SNI, [`http`]
+//! Host), [`events`] refusals and counters, [`wire`] the packets the stack
+//! writes itself.
 use std::net::Ipv4Addr;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
