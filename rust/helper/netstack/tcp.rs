@@ -48,6 +48,11 @@ pub struct Flow {
     /// `cleared` of them have passed the inspector.
     held: Vec<u8>,
     cleared: usize,
+    /// Bytes read into `held` so far, and that count when the inspector last
+    /// wanted more: it is not asked again (re-parsing up to 16 KiB on every
+    /// poll) until more arrive.
+    read: u64,
+    waiting_at: Option<u64>,
     reset: Arc<AtomicBool>,
     _relay: DropGuard,
 }
@@ -71,6 +76,8 @@ impl Flow {
             inspect: inspect.then(Inspector::default),
             held: Vec::new(),
             cleared: 0,
+            read: 0,
+            waiting_at: None,
             reset,
             _relay: cancel.drop_guard(),
         }
@@ -126,7 +133,8 @@ impl Flow {
         loop {
             while let Some(inspector) = &mut self.inspect {
                 let pending = &self.held[self.cleared..];
-                match inspector.next(pending) {
+                let step = if self.waiting_at == Some(self.read) { Step::NeedMore } else { inspector.next(pending) };
+                match step {
                     Step::Pass { len, name } => {
                         if let Some(name) = name
                             && !ctx.check_name(dst, &name)
@@ -146,6 +154,7 @@ impl Flow {
                             ctx.refuse_unnamed(dst, why);
                             return None;
                         }
+                        self.waiting_at = Some(self.read);
                         break;
                     }
                     Step::Unnamed(why) => {
@@ -177,6 +186,7 @@ impl Flow {
                     })
                     .unwrap_or(0);
                 moved += n;
+                self.read += n as u64;
                 progress |= n > 0;
             }
             if !progress {
