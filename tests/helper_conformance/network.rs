@@ -99,12 +99,20 @@ print("sent")
 struct TestHost {
     name: String,
     n: u32,
+    /// The first three octets of its /30 (`10.213.N` unless placed elsewhere).
+    net: String,
     server: Option<Child>,
 }
 
 impl TestHost {
     /// None (test skipped) when not root or `ip netns` is unavailable.
     fn up() -> Option<TestHost> {
+        Self::up_in(None)
+    }
+
+    /// A test host whose /30 starts at `net.0` (e.g. "198.51.100") instead
+    /// of the default 10.213.N.0.
+    fn up_in(net: Option<&str>) -> Option<TestHost> {
         static SEQ: AtomicU32 = AtomicU32::new(0);
         if !nix_is_root() {
             eprintln!("skipped: test hosts need root (ip netns)");
@@ -114,18 +122,19 @@ impl TestHost {
         let name = format!("smcp{n}");
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/test-host.sh");
         let _ = Command::new(script).args(["down", &name]).status();
-        let ok = Command::new(script).args(["up", &name, &n.to_string()]).status().is_ok_and(|s| s.success());
+        let net = net.map_or_else(|| format!("10.213.{n}"), str::to_string);
+        let ok = Command::new(script).args(["up", &name, &n.to_string(), &net]).status().is_ok_and(|s| s.success());
         if !ok {
             eprintln!("skipped: could not create a test host (ip netns)");
             return None;
         }
-        let addr = format!("10.213.{n}.2");
+        let addr = format!("{net}.2");
         let server = Command::new("ip")
             .args(["netns", "exec", &name, "python3", "-c", TEST_HOST_SERVER, &addr])
             .stdin(Stdio::null())
             .spawn()
             .expect("start the test host's server");
-        let host = TestHost { name, n, server: Some(server) };
+        let host = TestHost { name, n, net, server: Some(server) };
         // Wait until it serves.
         for _ in 0..100 {
             let up = Command::new("ip")
@@ -143,12 +152,12 @@ impl TestHost {
     }
 
     fn addr(&self) -> String {
-        format!("10.213.{}.2", self.n)
+        format!("{}.2", self.net)
     }
 
     /// The host's own end of the veth.
     fn host_side(&self) -> String {
-        format!("10.213.{}.1", self.n)
+        format!("{}.1", self.net)
     }
 }
 
@@ -237,6 +246,25 @@ async fn default_policy_refuses_the_private_test_host_at_once_and_says_why() {
     assert_eq!(last.destination, format!("{}:8080", host.addr()));
     assert!(last.reason.contains("private address"), "{last:?}");
     assert!(ev.refused_total >= 1);
+}
+
+#[tokio::test]
+async fn default_policy_refuses_a_test_host_on_a_documentation_range() {
+    // TEST-NET-2 (RFC 5737) is routed nowhere public: a host that answers
+    // there is a LAN neighbour (this machine's own LAN is TEST-NET-1, left
+    // alone here), so the default policy must not reach it.
+    let Some(host) = TestHost::up_in(Some("198.51.100")) else { return };
+    let mut h = Harness::new("netdoc").await;
+    let Some(id) = egress_vm(&mut h, "vm", &[], &[]).await else { return };
+    assert_eq!(client(&mut h, &id, &["tcp", &host.addr(), "8080"]).await, "ConnectionRefusedError");
+    let ev = events(&mut h, &id).await;
+    let last = ev.refused.last().expect("a refusal is recorded");
+    assert_eq!(last.destination, format!("{}:8080", host.addr()));
+    assert!(last.reason.contains("documentation (TEST-NET) address"), "{last:?}");
+    // The host is there: an explicit CIDR rule reaches it.
+    let Some(open) = egress_vm(&mut h, "open", &["198.51.100.0/30".to_string()], &[]).await else { return };
+    let got = client(&mut h, &open, &["tcp", &host.addr(), "8080"]).await;
+    assert_eq!(got, "HTTP/1.0 200 OK hello from the test host");
 }
 
 #[tokio::test]

@@ -65,7 +65,7 @@ async fn stats_count_egress_traffic() {
         return;
     }
     let id = h.running("vm", |s| s.network = pb::NetworkMode::Egress as i32).await;
-    // TEST-NET-1 is never answered; the datagrams still leave eth0.
+    // TEST-NET-1 is refused by the policy; the datagrams still leave eth0.
     let send = "python3 -c \"import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); \
                 [s.sendto(b'x' * 500, ('192.0.2.1', 9)) for _ in range(10)]\"";
     assert_eq!(h.sh(&id, send).await.code(), Some(0));
