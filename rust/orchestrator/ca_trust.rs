@@ -127,6 +127,9 @@ impl HostCaCache {
     }
 }
 
+/// An image's name and build time, which [`SeedCache`] keeps files for.
+pub type ImageBuild<'a> = (&'a str, i64);
+
 /// The files host CA trust wrote into a sandbox of one image, by image name.
 #[derive(Debug, Default)]
 pub struct SeedCache(Mutex<HashMap<String, Seed>>);
@@ -224,7 +227,7 @@ impl SandboxManager {
         &self,
         sandbox: &Sandbox,
         host: &Arc<HostCa>,
-        keep: Option<(&str, i64)>,
+        keep: Option<ImageBuild<'_>>,
     ) -> Result<(), OrchestratorError> {
         let image = self.image_bundle(sandbox).await?;
         let (bundle, extra) = host.merge(image.as_deref());

@@ -686,7 +686,7 @@ impl SandboxManager {
         sandbox: &Arc<Sandbox>,
         origin: &Origin,
         project: Option<&super::project::ProjectConfig>,
-        trust: Option<(&Arc<super::ca_trust::HostCa>, Option<(&str, i64)>)>,
+        trust: Option<(&Arc<super::ca_trust::HostCa>, Option<super::ca_trust::ImageBuild<'_>>)>,
     ) -> Result<(), OrchestratorError> {
         // First: the project's services may well speak TLS.
         if let Some((host_ca, image)) = trust {
