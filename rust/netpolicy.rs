@@ -11,8 +11,8 @@
 //! 2. user `deny` rules (CIDR rules on the address, domain rules on the
 //!    names the address is tied to);
 //! 3. with a non-empty `allow` list, only what an allow rule matches;
-//!    private, link-local, CGNAT, documentation, IPv6 transition and other
-//!    special ranges need a CIDR allow
+//!    private, link-local, CGNAT, IPv6 transition and other special
+//!    ranges, and the networks the host is attached to, need a CIDR allow
 //!    rule covering the address: a domain rule never opens them, since a
 //!    name's answer is chosen by whoever runs its DNS (rebinding);
 //! 4. with `allow` empty: the public internet, without those special ranges.
@@ -46,21 +46,54 @@ impl Verdict {
     }
 }
 
-/// The host's own addresses: never reachable from a sandbox.
+/// The host's own addresses, never reachable from a sandbox, and the
+/// networks its interfaces sit on, reachable only through a CIDR rule.
+///
+/// The attached networks are what "the LAN" means whatever it is numbered
+/// from: a fixed list of private ranges misses a LAN on public or
+/// documentation addresses (this project's own machines sit on 192.0.2.0/24
+/// and reach the internet through 203.0.113.80), and refusing those ranges
+/// by name would cut such hosts off the internet instead.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostAddrs {
     addrs: HashSet<IpAddr>,
+    networks: Vec<Cidr>,
 }
 
 impl HostAddrs {
     /// The set of `addrs` (v4-mapped v6 addresses are stored as v4).
     pub fn new(addrs: impl IntoIterator<Item = IpAddr>) -> Self {
-        HostAddrs { addrs: addrs.into_iter().map(canonical).collect() }
+        HostAddrs { addrs: addrs.into_iter().map(canonical).collect(), networks: Vec::new() }
+    }
+
+    /// The host's interface addresses with their prefix lengths: each
+    /// address, and its network when it has neighbours (a /32 or /128 has
+    /// none; a prefix of 0 would be the whole internet, never a LAN).
+    pub fn with_networks(interfaces: impl IntoIterator<Item = (IpAddr, u8)>) -> Self {
+        let mut host = HostAddrs::default();
+        for (ip, prefix) in interfaces {
+            let ip = canonical(ip);
+            host.addrs.insert(ip);
+            let width = if ip.is_ipv4() { 32 } else { 128 };
+            if prefix == 0 || prefix >= width || ip.is_loopback() {
+                continue;
+            }
+            let net = Cidr { addr: network_of(ip, prefix), prefix };
+            if !host.networks.contains(&net) {
+                host.networks.push(net);
+            }
+        }
+        host
     }
 
     /// Whether `ip` is one of the host's addresses.
     pub fn contains(&self, ip: IpAddr) -> bool {
         self.addrs.contains(&canonical(ip))
+    }
+
+    /// The network of one of the host's interfaces that holds `ip`.
+    fn attached_network(&self, ip: IpAddr) -> Option<Cidr> {
+        self.networks.iter().copied().find(|n| n.contains(ip))
     }
 
     /// How many addresses are known.
@@ -350,7 +383,7 @@ pub fn normalize_name(name: &str) -> String {
 /// The v4 address a v6 address stands for: v4-mapped (`::ffff:a.b.c.d`)
 /// or NAT64's well-known prefix (`64:ff9b::a.b.c.d`, RFC 6052), which a
 /// DNS64/NAT64 network translates to that v4 address, so it is judged as
-/// that address (a private or documentation v4 stays refused).
+/// that address (a private v4 stays refused).
 fn embedded_v4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
     let s = v6.segments();
     if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
@@ -380,13 +413,6 @@ const SOFT_DENY: &[(Cidr, &str)] = &[
     (Cidr::v4(192, 0, 0, 0, 24), "a reserved address"),
     (Cidr::v4(198, 18, 0, 0, 15), "a reserved (benchmarking) address"),
     (Cidr::v4(240, 0, 0, 0, 4), "a reserved address"),
-    // Documentation ranges (RFC 5737, RFC 3849) route nowhere public: a
-    // network that uses one anyway is a LAN (this is how a host's neighbours
-    // would be reached).
-    (Cidr::v4(192, 0, 2, 0, 24), "a documentation (TEST-NET) address"),
-    (Cidr::v4(198, 51, 100, 0, 24), "a documentation (TEST-NET) address"),
-    (Cidr::v4(203, 0, 113, 0, 24), "a documentation (TEST-NET) address"),
-    (Cidr::v6(0x2001, 0xdb8, 32), "a documentation address"),
     (Cidr::v4(192, 88, 99, 0, 24), "a reserved (deprecated 6to4 relay) address"),
     (Cidr::v6(0xfc00, 0, 7), "a private (ULA) address"),
     (Cidr::v6(0xfe80, 0, 10), "a link-local address"),
@@ -414,8 +440,11 @@ fn hard_deny(ip: IpAddr, host: &HostAddrs) -> Option<&'static str> {
     Some(what)
 }
 
-fn soft_deny(ip: IpAddr) -> Option<&'static str> {
-    SOFT_DENY.iter().find(|(c, _)| c.contains(ip)).map(|(_, what)| *what)
+fn soft_deny(ip: IpAddr, host: &HostAddrs) -> Option<String> {
+    if let Some((_, what)) = SOFT_DENY.iter().find(|(c, _)| c.contains(ip)) {
+        return Some((*what).to_string());
+    }
+    host.attached_network(ip).map(|net| format!("on {net}, a network this host is attached to (its LAN)"))
 }
 
 /// A sandbox's egress policy.
@@ -460,7 +489,7 @@ impl NetworkPolicy {
         if let Some(rule) = self.deny.iter().find(|r| r.matches(ip, port, names)) {
             return Verdict::Deny(format!("denied by rule '{rule}'"));
         }
-        let soft = soft_deny(ip);
+        let soft = soft_deny(ip, host);
         if !self.allow.is_empty() {
             let cidr_allows = self.allow.iter().any(|r| !r.is_domain() && r.matches(ip, port, names));
             if cidr_allows {
@@ -662,17 +691,13 @@ mod tests {
             ("fd00::1", "ULA", "fc00::/7"),
             ("fe80::1", "link-local", "fe80::/10"),
             ("::ffff:10.1.2.3", "10.1.2.3 is a private", "10.0.0.0/8"),
-            ("192.0.2.7", "documentation (TEST-NET)", "192.0.2.0/24"),
-            ("198.51.100.2", "documentation (TEST-NET)", "198.51.100.0/24"),
-            ("203.0.113.9", "documentation (TEST-NET)", "203.0.113.0/24"),
-            ("2001:db8::1", "a documentation address", "2001:db8::/32"),
             ("192.88.99.1", "6to4 relay", "192.88.99.0/24"),
             ("2002:c000:207::1", "6to4", "2002::/16"),
             ("2001:0:4136:e378::1", "Teredo", "2001::/32"),
             ("64:ff9b:1::a00:1", "local-use NAT64", "64:ff9b:1::/48"),
             // NAT64's well-known prefix is judged by the v4 address it holds.
             ("64:ff9b::10.1.2.3", "10.1.2.3 is a private", "10.0.0.0/8"),
-            ("64:ff9b::198.51.100.2", "198.51.100.2 is a documentation", "64:ff9b::198.51.100.0/120"),
+            ("64:ff9b::192.168.1.1", "192.168.1.1 is a private", "64:ff9b::192.168.1.0/120"),
         ];
         for (ip, what, cidr) in cases {
             let ip: IpAddr = ip.parse().unwrap();
@@ -699,6 +724,33 @@ mod tests {
             let dst = SocketAddr::new(ip.parse().unwrap(), 80);
             assert_eq!(NetworkPolicy::default().check(dst, &[], &none()), Verdict::Allow, "{ip}");
         }
+    }
+
+    #[test]
+    fn networks_the_host_is_attached_to_need_a_cidr_rule_whatever_their_numbers() {
+        // A LAN on documentation addresses, as on this project's machines,
+        // and one on public addresses: neighbours are refused, the rest of
+        // the same ranges (reached through the gateway) is the internet.
+        let host = HostAddrs::with_networks([
+            ("192.0.2.2".parse().unwrap(), 24),
+            ("8.8.4.9".parse().unwrap(), 29),
+            ("10.0.9.1".parse().unwrap(), 32),
+            ("127.0.0.1".parse().unwrap(), 8),
+            ("9.9.9.1".parse().unwrap(), 0),
+        ]);
+        let reason = deny_reason(NetworkPolicy::default().check(sa("192.0.2.1:80"), &[], &host));
+        assert!(reason.contains("192.0.2.1 is on 192.0.2.0/24, a network this host is attached to"), "{reason}");
+        assert!(reason.contains("allow it with a CIDR rule"), "{reason}");
+        assert!(!NetworkPolicy::default().check(sa("8.8.4.14:443"), &[], &host).is_allow());
+        for public in ["203.0.113.80:443", "198.51.100.7:80", "8.8.4.16:443", "9.9.9.9:53"] {
+            assert_eq!(NetworkPolicy::default().check(sa(public), &[], &host), Verdict::Allow, "{public}");
+        }
+        // The host's own addresses stay refused for good.
+        assert!(deny_reason(policy(&["192.0.2.0/24"], &[]).check(sa("192.0.2.2:22"), &[], &host)).contains("never"));
+        assert_eq!(policy(&["192.0.2.0/24"], &[]).check(sa("192.0.2.1:80"), &[], &host), Verdict::Allow);
+        // A domain rule never opens a neighbour (DNS rebinding).
+        let by_name = policy(&["router.example.com"], &[]);
+        assert!(deny_reason(by_name.check(sa("192.0.2.1:80"), &["router.example.com"], &host)).contains("rebinding"));
     }
 
     #[test]
