@@ -32,6 +32,17 @@ store=$home/test-images
 run=$(mktemp -d /tmp/smcp-test-user.XXXXXX)
 chown "$user:" "$run"
 trap 'rm -rf "$run"' EXIT
+# CI's clone may sit where the user cannot reach (under /root): the user runs
+# a copy of the tracked tree and of the binaries (sandbox-ctl beside
+# sandbox-mcp, which copies it into sandboxes).
+bin_dir=$(dirname "$SANDBOX_MCP_BIN")
+mkdir -p "$run/repo/target/bin"
+git ls-files -z | xargs -0 cp --parents -t "$run/repo"
+for b in sandbox-mcp sandbox-vm-helper sandbox-ctl; do cp "$bin_dir/$b" "$run/repo/target/bin/"; done
+chmod -R a+rX "$run/repo"
+SANDBOX_MCP_BIN=$run/repo/target/bin/sandbox-mcp
+SANDBOX_VM_HELPER_BIN=$run/repo/target/bin/sandbox-vm-helper
+cd "$run/repo"
 as_user=(runuser -u "$user" -- env -i PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin HOME="$home"
     USER="$user" LOGNAME="$user" TMPDIR="$run" XDG_RUNTIME_DIR="$run" XDG_DATA_HOME="$home/.local/share"
     XDG_STATE_HOME="$home/.local/state" XDG_CONFIG_HOME="$home/.config" XDG_CACHE_HOME="$home/.cache"
