@@ -156,16 +156,11 @@ fn user_namespaces() -> Check {
     }
     match cmd.status() {
         Ok(s) if s.success() => {
-            let mapping = if nix::unistd::geteuid().is_root() {
-                "root: maps ids directly"
-            } else if crate::helper::driver::userns::find_in_path("newuidmap").is_some() {
-                "maps ids with newuidmap/newgidmap"
-            } else {
-                return Check::fail(
-                    "userns",
-                    "unshare works but ids cannot be mapped (not root, no newuidmap)",
-                    "apt install uidmap and add ranges to /etc/subuid and /etc/subgid",
-                );
+            let mapping = match crate::helper::driver::userns::IdMapper::detect() {
+                Ok(mapper) => format!("sandboxes map {}", mapper.id_map().describe()),
+                Err(reason) => {
+                    return Check::fail("userns", reason, "run `sandbox-mcp host-setup --user $USER` as root");
+                }
             };
             Check::ok("userns", format!("unshare(user, mount, pid, ipc, uts, net, cgroup) works; {mapping}"))
         }

@@ -69,7 +69,9 @@ impl DriverError {
 pub struct Driver {
     /// This binary, re-executed as each VM's launcher.
     self_exe: PathBuf,
-    ids: userns::IdMapper,
+    /// The id map every VM gets and how to install it, or why VMs cannot
+    /// get a user namespace as this user.
+    ids: Result<userns::IdMapper, String>,
     cgroups: Option<cgroup::CgroupLayout>,
     /// Why EGRESS cannot be served, if it cannot.
     no_egress: Option<String>,
@@ -113,7 +115,7 @@ impl Driver {
         if let Some(cg) = &self.cgroups {
             caps.push(cg.capability());
         }
-        if self.ids.available() {
+        if self.ids.is_ok() {
             caps.push("userns");
         }
         caps.into_iter().map(String::from).collect()
@@ -121,10 +123,13 @@ impl Driver {
 
     /// Why VMs cannot run here at all, if they cannot.
     pub fn unavailable_reason(&self) -> Option<String> {
-        match &self.ids {
-            userns::IdMapper::Unavailable(reason) => Some(reason.clone()),
-            _ => None,
-        }
+        self.ids.as_ref().err().cloned()
+    }
+
+    /// The id map of this helper's VMs (and of the images they can run),
+    /// when it has one.
+    pub fn id_mapper(&self) -> Option<&userns::IdMapper> {
+        self.ids.as_ref().ok()
     }
 
     /// Why EGRESS networking cannot be provided, if it cannot.
