@@ -33,6 +33,14 @@ HTTP_STOP_TIMEOUT = 10.0
 SERVING_LINE = re.compile(r"serving MCP at (http://(\S+)/mcp)")
 
 
+# cgroup limits, and the counters `stats` and `health` show, need a root helper or cgroups delegated to the
+# user (what `sandbox-mcp host-setup` sets up): an ordinary user's sandboxes otherwise start without them.
+needs_cgroup_limits = pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="cgroup limits and counters: an ordinary user's sandboxes run without them unless cgroups are delegated",
+)
+
+
 def required_env(name: str) -> str:
     """The value of an environment variable `make test` sets, or a test failure."""
     value = os.environ.get(name, "")

@@ -716,6 +716,27 @@ async fn workspace_mount_is_shared_and_owned_by_the_mapped_root() {
     }
 }
 
+/// Files the VM's other ids keep private (apt's `_apt`, a service user)
+/// are the helper's to remove with the VM: for an ordinary user's helper
+/// they belong to subordinate ids the user cannot touch outside the VM's
+/// user namespace.
+#[tokio::test]
+async fn delete_removes_files_of_every_id_in_the_vm() {
+    let mut h = Harness::new("delids").await;
+    let id = h.running("vm", |_| {}).await;
+    let o = h
+        .sh(
+            &id,
+            "mkdir -p /var/tmp/p/q && echo x > /var/tmp/p/q/f && chown -R 42:42 /var/tmp/p && chmod -R go= /var/tmp/p",
+        )
+        .await;
+    assert_eq!(o.code(), Some(0), "{}", o.err());
+    let dir = h.tmp.0.join("state/sandbox-mcp/vms").join(&id);
+    assert!(dir.join("upper/var/tmp/p").exists());
+    h.delete(&id).await.expect("delete a vm holding files of another id");
+    assert!(!dir.exists(), "the vm's directory is gone");
+}
+
 #[tokio::test]
 async fn hostname_and_network_none() {
     let mut h = Harness::new("net").await;

@@ -54,7 +54,8 @@ pub async fn connect(vm: &str, ns: Arc<VmNamespaces>, port: u32) -> Result<TcpSt
 }
 
 fn connect_in(ns: &VmNamespaces, port: u16) -> std::io::Result<StdTcpStream> {
-    let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::Datagram, None, SockFlag::SOCK_CLOEXEC)?;
+    // Seqpacket: a child that dies without answering reads as end of file.
+    let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)?;
     // SAFETY: sockaddr_in is plain data; zeroed is a valid value.
     let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
     addr.sin_family = libc::AF_INET as libc::sa_family_t;

@@ -132,6 +132,33 @@ impl Driver {
         self.ids.as_ref().ok()
     }
 
+    /// Copies a running VM's writable layer `src` to `dst` with the rights of
+    /// the VM's root over its files (reading 0600 files of any of its ids,
+    /// giving the copies their owners). A root helper has those rights
+    /// itself; an ordinary user's helper runs the copy in a child that
+    /// joined the VM's user namespace.
+    pub fn copy_layer(
+        &self,
+        ns: &launch::VmNamespaces,
+        src: &std::path::Path,
+        dst: &std::path::Path,
+    ) -> Result<(), crate::image::ImageError> {
+        if nix::unistd::geteuid().is_root() {
+            return crate::image::copy_tree(src, dst);
+        }
+        let failed = |detail: String| crate::image::ImageError::CopyFailed {
+            what: format!("{} to {}", src.display(), dst.display()),
+            detail,
+        };
+        let mut cmd = std::process::Command::new(&self.self_exe);
+        cmd.arg("__copy-layer").arg(src).arg(dst).env_clear().stdin(std::process::Stdio::null());
+        let out = userns::run_joined(&ns.user, cmd).map_err(|e| failed(e.to_string()))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(failed(format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim())))
+    }
+
     /// Why EGRESS networking cannot be provided, if it cannot.
     pub fn egress_unavailable(&self) -> Option<&str> {
         self.no_egress.as_deref()

@@ -17,7 +17,7 @@
 //! Images are extracted through the same map ([`run_mapped`]), so the ids
 //! their files carry on the host are exactly the ones the sandbox maps.
 use std::io::{Read as _, Write as _};
-use std::os::fd::AsRawFd as _;
+use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -307,6 +307,30 @@ pub fn run_mapped(mapper: &IdMapper, mut cmd: Command) -> Result<std::process::O
     output.map_err(|e| DriverError::io("run a command in a mapped user namespace", e))
 }
 
+/// Runs `cmd` as root (0:0, no supplementary groups) of the existing user
+/// namespace `userns` (a VM's), and waits for it: it then has the rights of
+/// the VM's root over the VM's files, which an ordinary user's helper lacks
+/// outside the namespace. Only a single-threaded process may join a user
+/// namespace: the forked child does, before exec.
+pub fn run_joined(userns: &OwnedFd, mut cmd: Command) -> Result<std::process::Output, DriverError> {
+    let fd = userns.as_raw_fd();
+    // SAFETY: between fork and exec only async-signal-safe system calls on
+    // an fd and integers.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWUSER) != 0
+                || libc::setresgid(0, 0, 0) != 0
+                || libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setresuid(0, 0, 0) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.output().map_err(|e| DriverError::io("run a command in the vm's user namespace", e))
+}
+
 /// Removes the tree at `path` (a symlink itself, never its target). An
 /// ordinary user cannot remove what its sandboxes' other ids own (apt's
 /// `_apt` dirs, say): that part is retried as root of a namespace with this
@@ -383,6 +407,37 @@ mod tests {
         // A range merely touching either end does not overlap.
         assert_eq!(root_map(&parse_ranges("a:34464:65536\nb:165536:9\n")), [ext(0, 100_000, 65_536)]);
         assert_eq!(root_map(&parse_ranges("a:34465:65536\n")), [ext(0, 131_072, 65_536)]);
+    }
+
+    #[test]
+    fn run_mapped_runs_as_root_of_the_map_and_its_files_get_the_mapped_ids() {
+        let mapper = IdMapper::detect().expect("an id map for the test user");
+        let dir = std::env::temp_dir().join(format!("smcp-userns-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        let (uid, gid) = mapper.id_map().host_root();
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).unwrap();
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "id -u; id -g; touch \"$0/root\"; touch \"$0/other\" && chown 42:42 \"$0/other\""]).arg(&dir);
+        let out = run_mapped(&mapper, cmd).unwrap();
+        let owner = |name: &str| {
+            use std::os::unix::fs::MetadataExt as _;
+            let m = std::fs::metadata(dir.join(name)).unwrap();
+            (m.uid(), m.gid())
+        };
+        let (root, other) = (owner("root"), owner("other"));
+        remove_tree(&dir).unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "0\n0\n", "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success());
+        assert_eq!(root, (uid, gid));
+        let map = mapper.id_map();
+        assert_eq!(other, (host_id(&map.uids, 42).unwrap(), host_id(&map.gids, 42).unwrap()));
+    }
+
+    #[test]
+    fn run_mapped_reports_a_program_that_cannot_start() {
+        let mapper = IdMapper::detect().expect("an id map for the test user");
+        let err = run_mapped(&mapper, Command::new("/nonexistent/program")).unwrap_err();
+        assert!(err.to_string().contains("mapped user namespace"), "{err}");
     }
 
     #[test]
