@@ -41,3 +41,58 @@ pub(super) fn unpack(mapper: &IdMapper, tarball: &Path, rootfs: &Path) -> Result
     let tail: Vec<&str> = stderr.lines().rev().take(TAIL_LINES).collect();
     Err(ImageError::Unpack(format!("tar {}: {}", out.status, tail.into_iter().rev().collect::<Vec<_>>().join("\n"))))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt as _;
+
+    use super::*;
+    use crate::image::store::test_dir::TempDir;
+
+    fn mapper() -> IdMapper {
+        IdMapper::detect().expect("an id map for the test user")
+    }
+
+    #[test]
+    fn files_get_the_host_ids_the_map_gives_their_owners() {
+        let t = TempDir::new("unpack");
+        let tarball = t.path().join("t.tar");
+        let mut b = tar::Builder::new(std::fs::File::create(&tarball).unwrap());
+        for (name, uid, gid, mode) in
+            [("./", 0, 0, 0o755), ("./root-file", 0, 0, 0o600), ("./apt-file", 42, 42, 0o4750)]
+        {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(if name.ends_with('/') { tar::EntryType::Directory } else { tar::EntryType::Regular });
+            h.set_size(0);
+            h.set_uid(uid);
+            h.set_gid(gid);
+            h.set_mode(mode);
+            b.append_data(&mut h, name, std::io::empty()).unwrap();
+        }
+        b.into_inner().unwrap();
+        let (m, rootfs) = (mapper(), t.path().join("rootfs"));
+        unpack(&m, &tarball, &rootfs).unwrap();
+        let map = m.id_map();
+        let owner = |p: &Path| std::fs::symlink_metadata(p).map(|md| (md.uid(), md.gid(), md.mode() & 0o7777)).unwrap();
+        let (ruid, rgid) = map.host_root();
+        assert_eq!(owner(&rootfs), (ruid, rgid, 0o755));
+        assert_eq!(owner(&rootfs.join("root-file")), (ruid, rgid, 0o600));
+        let host = |ids: &[crate::helper::driver::userns::IdExtent]| {
+            ids.iter().find(|e| e.inside <= 42 && 42 - e.inside < e.count).map(|e| e.outside + 42 - e.inside).unwrap()
+        };
+        assert_eq!(owner(&rootfs.join("apt-file")), (host(&map.uids), host(&map.gids), 0o4750), "setuid kept");
+    }
+
+    #[test]
+    fn a_broken_tarball_fails_with_tars_complaint() {
+        let t = TempDir::new("unpackbad");
+        let tarball = t.path().join("t.tar");
+        std::fs::write(&tarball, b"not a tarball at all").unwrap();
+        let err = unpack(&mapper(), &tarball, &t.path().join("rootfs")).unwrap_err();
+        assert!(matches!(err, ImageError::Unpack(_)), "{err}");
+        assert!(
+            err.to_string().starts_with("unpacking the image as the sandbox's ids failed: tar exit status"),
+            "{err}"
+        );
+    }
+}

@@ -72,14 +72,19 @@ impl IdMap {
     pub fn for_current_user() -> Result<Self, String> {
         let uid = nix::unistd::geteuid();
         let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-        let (subuid, subgid) = (read(SUBUID), read(SUBGID));
-        if uid.is_root() {
-            return Ok(IdMap { uids: root_map(&parse_ranges(&subuid)), gids: root_map(&parse_ranges(&subgid)) });
+        let user = User { uid: uid.as_raw(), gid: nix::unistd::getegid().as_raw(), name: user_name() };
+        IdMap::for_user(&user, &read(SUBUID), &read(SUBGID))
+    }
+
+    /// The map of `user`'s helper, given the contents of /etc/subuid and
+    /// /etc/subgid.
+    fn for_user(user: &User, subuid: &str, subgid: &str) -> Result<Self, String> {
+        if user.uid == 0 {
+            return Ok(IdMap { uids: root_map(&parse_ranges(subuid)), gids: root_map(&parse_ranges(subgid)) });
         }
-        let name = nix::unistd::User::from_uid(uid).ok().flatten().map(|u| u.name).unwrap_or_default();
-        let gid = nix::unistd::getegid().as_raw();
+        let name = &user.name;
         let range = |content: &str, file: &str| {
-            own_range(&parse_ranges(content), &name, uid.as_raw()).ok_or_else(|| {
+            own_range(&parse_ranges(content), name, user.uid).ok_or_else(|| {
                 format!(
                     "user {name:?} has no subordinate id range in {file}, which a sandbox needs for ids other than \
                      root: {FIX} {name}` as root (it adds ranges to /etc/subuid and /etc/subgid)"
@@ -87,8 +92,8 @@ impl IdMap {
             })
         };
         Ok(IdMap {
-            uids: rootless_map(uid.as_raw(), range(&subuid, SUBUID)?),
-            gids: rootless_map(gid, range(&subgid, SUBGID)?),
+            uids: rootless_map(user.uid, range(subuid, SUBUID)?),
+            gids: rootless_map(user.gid, range(subgid, SUBGID)?),
         })
     }
 
@@ -104,6 +109,18 @@ impl IdMap {
         };
         format!("uids {}; gids {}", list(&self.uids), list(&self.gids))
     }
+}
+
+/// Who a helper runs as.
+struct User {
+    uid: u32,
+    gid: u32,
+    name: String,
+}
+
+/// The current user's login name ("" if it has none).
+fn user_name() -> String {
+    nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten().map(|u| u.name).unwrap_or_default()
 }
 
 fn host_id(map: &[IdExtent], inside: u32) -> Option<u32> {
@@ -186,16 +203,22 @@ impl IdMapper {
         if nix::unistd::geteuid().is_root() {
             return Ok(IdMapper { map, tools: None });
         }
-        match (find_in_path("newuidmap"), find_in_path("newgidmap")) {
+        IdMapper::with_tools(map, find_in_path("newuidmap"), find_in_path("newgidmap"), &user_name())
+    }
+
+    /// An ordinary user's mapper, given where newuidmap and newgidmap are.
+    fn with_tools(
+        map: IdMap,
+        newuidmap: Option<PathBuf>,
+        newgidmap: Option<PathBuf>,
+        name: &str,
+    ) -> Result<Self, String> {
+        match (newuidmap, newgidmap) {
             (Some(u), Some(g)) => Ok(IdMapper { map, tools: Some((u, g)) }),
-            _ => {
-                let name = nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten().map(|u| u.name);
-                Err(format!(
-                    "cannot map user ids: the helper is not root and newuidmap/newgidmap are missing: install the \
-                     uidmap package or {FIX} {}` as root",
-                    name.unwrap_or_default()
-                ))
-            }
+            _ => Err(format!(
+                "cannot map user ids: the helper is not root and newuidmap/newgidmap are missing: install the \
+                 uidmap package or {FIX} {name}` as root"
+            )),
         }
     }
 
@@ -254,11 +277,16 @@ pub fn run_mapped(mapper: &IdMapper, mut cmd: Command) -> Result<std::process::O
     let (pid_r, pid_w) = pipe()?;
     let (go_r, go_w) = pipe()?;
     let (pid_wfd, go_rfd) = (pid_w.as_raw_fd(), go_r.as_raw_fd());
+    let (pid_rfd, go_wfd) = (pid_r.as_raw_fd(), go_w.as_raw_fd());
     // SAFETY: between fork and exec only async-signal-safe system calls on
-    // fds and integers: unshare, getpid, write, read, setresgid, setgroups,
-    // setresuid.
+    // fds and integers: close, unshare, getpid, write, read, setresgid,
+    // setgroups, setresuid.
     unsafe {
         cmd.pre_exec(move || {
+            // Our copy of the parent's ends: the go pipe must read as end of
+            // file once the parent gives up on mapping us.
+            libc::close(pid_rfd);
+            libc::close(go_wfd);
             let fail = || Err(std::io::Error::last_os_error());
             if libc::unshare(libc::CLONE_NEWUSER) != 0 {
                 return fail();
@@ -431,6 +459,47 @@ mod tests {
         assert_eq!(root, (uid, gid));
         let map = mapper.id_map();
         assert_eq!(other, (host_id(&map.uids, 42).unwrap(), host_id(&map.gids, 42).unwrap()));
+    }
+
+    #[test]
+    fn a_user_gets_its_own_ranges_for_uids_and_gids() {
+        let alice = User { uid: 1001, gid: 1005, name: "alice".into() };
+        let map = IdMap::for_user(&alice, "bob:100000:65536\nalice:165536:65536\n", "1001:300000:70000\n").unwrap();
+        assert_eq!(map.uids, [ext(0, 1001, 1), ext(1, 165_536, 65_535)]);
+        assert_eq!(map.gids, [ext(0, 1005, 1), ext(1, 300_000, 65_535)]);
+        let root = User { uid: 0, gid: 0, name: "root".into() };
+        assert_eq!(IdMap::for_user(&root, "", "").unwrap(), IdMap::shifted(100_000, 65_536));
+    }
+
+    #[test]
+    fn a_user_without_a_range_is_told_to_run_host_setup() {
+        let carol = User { uid: 1002, gid: 1002, name: "carol".into() };
+        let err = IdMap::for_user(&carol, "alice:100000:65536\n", "carol:100000:65536\n").unwrap_err();
+        assert!(err.contains("no subordinate id range in /etc/subuid"), "{err}");
+        assert!(err.contains("run `sandbox-mcp host-setup --user carol` as root"), "{err}");
+        let err = IdMap::for_user(&carol, "carol:100000:65536\n", "").unwrap_err();
+        assert!(err.contains("/etc/subgid"), "{err}");
+    }
+
+    #[test]
+    fn a_user_without_newuidmap_is_told_what_to_install() {
+        let map = IdMap::shifted(1, 1);
+        let err = IdMapper::with_tools(map.clone(), None, Some("/usr/bin/newgidmap".into()), "dave").unwrap_err();
+        assert!(err.contains("install the uidmap package or run `sandbox-mcp host-setup --user dave`"), "{err}");
+        assert!(IdMapper::with_tools(map, Some("/a".into()), Some("/b".into()), "dave").is_ok());
+    }
+
+    #[test]
+    fn a_refused_map_stops_the_child_before_it_runs() {
+        // newuidmap failing (no range for the user, say): the command must never run unmapped.
+        let map = IdMapper::detect().expect("an id map for the test user").map;
+        let mapper = IdMapper { map, tools: Some(("/bin/false".into(), "/bin/false".into())) };
+        let marker = std::env::temp_dir().join(format!("smcp-unmapped-{}", std::process::id()));
+        let mut touch = Command::new("touch");
+        touch.arg(&marker);
+        let err = run_mapped(&mapper, touch).unwrap_err();
+        assert!(err.to_string().contains("/etc/subuid and /etc/subgid must list the range"), "{err}");
+        assert!(!marker.exists(), "the command ran without its map");
     }
 
     #[test]
