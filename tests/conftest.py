@@ -64,6 +64,16 @@ def new_env_dir() -> str:
     return tempfile.mkdtemp(prefix="smcp-", dir="/tmp")
 
 
+def remove_env_dir(base: str) -> None:
+    """Removes a test's state dir. What an ordinary user's sandboxes leave there is not all removable by the
+    user as itself (files of its subordinate ids, overlayfs's mode-0 work dirs): the rest goes as root of a
+    user namespace with the same map as the sandboxes'."""
+    shutil.rmtree(base, ignore_errors=True)
+    if os.path.lexists(base) and os.geteuid() != 0:
+        subprocess.run(["unshare", "--map-root-user", "--map-auto", "rm", "-rf", "--one-file-system", base],
+                       check=False)
+
+
 def isolated_env(base: str) -> dict[str, str]:
     """Environment for a server (and the helper it starts) confined to `base`."""
     env = {
@@ -139,7 +149,7 @@ def env() -> Iterator[dict[str, str]]:
         yield e
     finally:
         stop_helper(e)
-        shutil.rmtree(base, ignore_errors=True)
+        remove_env_dir(base)
 
 
 class HttpServer:

@@ -59,7 +59,9 @@ impl TempDir {
 
 impl Drop for TempDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        // Through the helper's own removal: as an ordinary user, VM
+        // directories hold files only the sandbox's id map reaches.
+        let _ = sandbox_mcp::helper::driver::userns::remove_tree(&self.0);
     }
 }
 

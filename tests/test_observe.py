@@ -98,9 +98,8 @@ def test_helpers_with_separate_state_do_not_share_cgroups(server):
     run's XDG dirs) with a sandbox of the same name must not see this one's
     counters."""
     import os
-    import shutil
 
-    from conftest import isolated_env, new_env_dir, stop_helper
+    from conftest import isolated_env, new_env_dir, remove_env_dir, stop_helper
     from mcp_client import McpClient
 
     server.tool("exec", command="python3 -c 'x = bytearray(900 * 1024 * 1024)'", timeout=60)
@@ -115,4 +114,4 @@ def test_helpers_with_separate_state_do_not_share_cgroups(server):
     finally:
         other.close()
         stop_helper(env)
-        shutil.rmtree(base, ignore_errors=True)
+        remove_env_dir(base)
