@@ -15,7 +15,12 @@ TEST_PACKAGES := python3,git,curl,python3-pip,ca-certificates
 DEBUG_BIN := $(CURDIR)/target/debug
 RELEASE_BIN := $(CURDIR)/target/release
 
-.PHONY: deps build install test test-image venv bench clean-test
+# `make test` runs pytest a second time as this unprivileged user (created
+# if missing, set up with `sandbox-mcp host-setup`), on these test paths.
+TEST_USER ?= smcp-test
+USER_TESTS ?= tests/
+
+.PHONY: deps build install test test-user test-image venv bench clean-test
 
 deps:
 	@scripts/install-deps.sh
@@ -26,6 +31,8 @@ build:
 # Binaries go in through a temp name and a rename, so a running helper
 # (ETXTBSY on overwrite) does not block an upgrade. sandbox-ctl sits next to
 # sandbox-mcp, which copies it into sandboxes whose spawn policy has inject_ctl.
+# An ordinary user installs into ~/.local; sudo runs only apt-get (deps) and
+# `sandbox-mcp host-setup` (when it would change something), each printed.
 install: deps build
 	@install -d "$(PREFIX)/bin"
 	@for b in sandbox-mcp sandbox-vm-helper sandbox-ctl; do \
@@ -33,6 +40,7 @@ install: deps build
 	    mv -f "$(PREFIX)/bin/.$$b.new" "$(PREFIX)/bin/$$b" && \
 	    echo "install: $(PREFIX)/bin/$$b"; \
 	done
+	@scripts/host-setup.sh "$(PREFIX)/bin/sandbox-mcp"
 	"$(PREFIX)/bin/sandbox-mcp" image build
 	@scripts/print-registration.sh "$(abspath $(PREFIX))/bin/sandbox-mcp"
 
@@ -49,7 +57,16 @@ test: export SANDBOX_VM_HELPER_BIN := $(DEBUG_BIN)/sandbox-vm-helper
 test: deps venv
 	$(CARGO) build --quiet
 	@$(MAKE) --no-print-directory test-image
-	@scripts/run-tests.sh $(VENV)
+	@status=0; scripts/run-tests.sh $(VENV) || status=1; \
+	    $(MAKE) --no-print-directory test-user || status=1; exit $$status
+
+# The unprivileged pass (scripts/test-user.sh); needs root to set the user up.
+test-user: export SANDBOX_MCP_TEST_IMAGE := $(TEST_IMAGE)
+test-user: export SANDBOX_MCP_BIN := $(DEBUG_BIN)/sandbox-mcp
+test-user: export SANDBOX_VM_HELPER_BIN := $(DEBUG_BIN)/sandbox-vm-helper
+test-user:
+	$(CARGO) build --quiet
+	@scripts/test-user.sh $(TEST_USER) $(TEST_PACKAGES) $(USER_TESTS)
 
 # Benchmarks the release build on the test image (built if missing).
 bench: export SANDBOX_MCP_BIN := $(RELEASE_BIN)/sandbox-mcp

@@ -4,7 +4,9 @@
 Measures, on an isolated server (fresh XDG dirs, helper stopped at the end):
   (a) warm `exec echo hi` in one sandbox: p50/p99 over 500 calls after 5 warm-up calls;
   (b) sandbox create: p50 over 20 first calls (`exec true` in a new sandbox, which
-      creates it), each sandbox destroyed afterwards (not timed);
+      creates it), each sandbox destroyed afterwards (not timed); with the defaults
+      (egress + host CA trust), with `trust_host_ca = false`, and with network `none`
+      and no CA trust (profiles of the run's config file);
   (c) baseline: this Python process running `sh -c 'echo hi'` with subprocess, p50/p99;
   (d) port forward throughput: a server in the sandbox (bg, python3) sends FORWARD_MIB MiB
       of zeros through expose(); this process reads them from localhost, FORWARD_RUNS times (MB/s);
@@ -21,10 +23,11 @@ Measures, on an isolated server (fresh XDG dirs, helper stopped at the end):
 Environment: SANDBOX_MCP_BIN (default target/release/sandbox-mcp),
 SANDBOX_VM_HELPER_BIN (passed through), SANDBOX_MCP_BENCH_IMAGE_STORE and
 SANDBOX_MCP_BENCH_IMAGE (default: the server's own store and default image).
-`make bench` sets them all.
+`make bench` sets them all. `--only create` runs (b) alone.
 """
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import math
@@ -89,6 +92,13 @@ n = int(c.recv(100))
 print(n / (time.monotonic() - t) / 1e6)
 """
 LIFECYCLE_SAMPLES = 10
+# Create variants: sandbox name prefix, its profile in the run's config file (None:
+# the defaults), the row's label.
+CREATE_VARIANTS = [
+    ("bench", None, "sandbox create (egress + CA trust)"),
+    ("bench-notrust", "trust_host_ca = false", "sandbox create (egress, no CA trust)"),
+    ("bench-none", 'network = "none"\ntrust_host_ca = false', "sandbox create (none, no CA trust)"),
+]
 
 
 def percentile(samples: list[float], p: float) -> float:
@@ -125,6 +135,12 @@ def server_env(base: str) -> dict[str, str]:
     os.makedirs(env["SANDBOX_MCP_HOST_ROOTS"], exist_ok=True)
     for key in ("XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME"):
         os.makedirs(env[key], mode=0o700, exist_ok=True)
+    # Profiles are per sandbox name: one per create variant and sample.
+    config = Path(env["XDG_CONFIG_HOME"]) / "sandbox-mcp" / "config.toml"
+    config.parent.mkdir(mode=0o700)
+    config.write_text("".join(
+        f"[profiles.{prefix}-{n}]\n{profile}\n"
+        for prefix, profile, _ in CREATE_VARIANTS if profile for n in range(CREATES)))
     passthrough = {
         "SANDBOX_VM_HELPER_BIN": "SANDBOX_VM_HELPER_BIN",
         "SANDBOX_MCP_BENCH_IMAGE_STORE": "SANDBOX_MCP_IMAGE_STORE",
@@ -169,10 +185,10 @@ def bench_warm_exec(client: McpClient) -> list[float]:
     return [timed(lambda: checked(client, "exec", command="echo hi", sandbox="bench")) for _ in range(WARM_CALLS)]
 
 
-def bench_create(client: McpClient) -> list[float]:
+def bench_create(client: McpClient, prefix: str) -> list[float]:
     samples = []
     for n in range(CREATES):
-        name = f"bench-{n}"
+        name = f"{prefix}-{n}"
         samples.append(timed(lambda: checked(client, "exec", timeout=CREATE_TIMEOUT, command="true", sandbox=name)))
         checked(client, "destroy", sandbox=name)
     return samples
@@ -394,7 +410,14 @@ def row(label: str, samples: list[float]) -> str:
             f"{percentile(samples, 99):>9.2f} {max(samples):>9.2f}")
 
 
+def create_rows(client: McpClient) -> list[str]:
+    return [row(label, bench_create(client, prefix)) for prefix, _, label in CREATE_VARIANTS]
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--only", choices=["create"], help="run only this part")
+    only = parser.parse_args().only
     binary = os.environ.get("SANDBOX_MCP_BIN") or str(ROOT / "target/release/sandbox-mcp")
     if not os.access(binary, os.X_OK):
         print(f"bench: {binary} is not executable: run `make bench`", file=sys.stderr)
@@ -405,8 +428,14 @@ def main() -> int:
     extra: list[str] = []
     try:
         with McpClient(binary, env=env, stderr_path=f"{base}/server.log") as client:
+            if only == "create":
+                # The helper's first start is not a create: take it out of the samples.
+                checked(client, "exec", timeout=CREATE_TIMEOUT, command="true", sandbox="warmup")
+                checked(client, "destroy", sandbox="warmup")
+                rows.extend(create_rows(client))
+                return report(binary, rows, [])
             rows.append(row("exec `echo hi` (warm, MCP)", bench_warm_exec(client)))
-            rows.append(row("sandbox create (egress, `exec true`)", bench_create(client)))
+            rows.extend(create_rows(client))
             checked(client, "destroy", sandbox="bench")
             extra = [
                 throughput_row(f"forward {FORWARD_MIB} MiB (expose)", bench_forward(client)),
@@ -418,6 +447,10 @@ def main() -> int:
         stop_helper(env)
         shutil.rmtree(base, ignore_errors=True)
     rows.append(row("baseline subprocess sh -c echo", bench_baseline()))
+    return report(binary, rows, extra)
+
+
+def report(binary: str, rows: list[str], extra: list[str]) -> int:
     print(f"sandbox-mcp bench: {binary}")
     print(f"{'measure':<34} {'n':>5} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}")
     for r in rows:

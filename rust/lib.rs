@@ -12,6 +12,7 @@
 //! - [`mcp`]: the MCP tool surface, a thin layer over the orchestrator.
 //! - [`netpolicy`]: the egress policy (parse and decide), shared by helper and orchestrator.
 //! - [`doctor`]: host checks behind `sandbox-mcp doctor`.
+//! - [`hostsetup`]: what root does once for ordinary users (`sandbox-mcp host-setup`).
 //! - [`ctl`]: the sandbox-ctl protocol and the in-sandbox CLI.
 #![warn(missing_docs)]
 
@@ -19,6 +20,7 @@ pub mod agent;
 pub mod ctl;
 pub mod doctor;
 pub mod helper;
+pub mod hostsetup;
 pub mod image;
 pub mod mcp;
 pub mod netpolicy;

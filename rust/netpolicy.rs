@@ -11,7 +11,8 @@
 //! 2. user `deny` rules (CIDR rules on the address, domain rules on the
 //!    names the address is tied to);
 //! 3. with a non-empty `allow` list, only what an allow rule matches;
-//!    private, link-local, CGNAT and other special ranges need a CIDR allow
+//!    private, link-local, CGNAT, IPv6 transition and other special
+//!    ranges, and the networks the host is attached to, need a CIDR allow
 //!    rule covering the address: a domain rule never opens them, since a
 //!    name's answer is chosen by whoever runs its DNS (rebinding);
 //! 4. with `allow` empty: the public internet, without those special ranges.
@@ -45,21 +46,54 @@ impl Verdict {
     }
 }
 
-/// The host's own addresses: never reachable from a sandbox.
+/// The host's own addresses, never reachable from a sandbox, and the
+/// networks its interfaces sit on, reachable only through a CIDR rule.
+///
+/// The attached networks are what "the LAN" means whatever it is numbered
+/// from: a fixed list of private ranges misses a LAN on public or
+/// documentation addresses (this project's own machines sit on 192.0.2.0/24
+/// and reach the internet through 203.0.113.80), and refusing those ranges
+/// by name would cut such hosts off the internet instead.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostAddrs {
     addrs: HashSet<IpAddr>,
+    networks: Vec<Cidr>,
 }
 
 impl HostAddrs {
     /// The set of `addrs` (v4-mapped v6 addresses are stored as v4).
     pub fn new(addrs: impl IntoIterator<Item = IpAddr>) -> Self {
-        HostAddrs { addrs: addrs.into_iter().map(canonical).collect() }
+        HostAddrs { addrs: addrs.into_iter().map(canonical).collect(), networks: Vec::new() }
+    }
+
+    /// The host's interface addresses with their prefix lengths: each
+    /// address, and its network when it has neighbours (a /32 or /128 has
+    /// none; a prefix of 0 would be the whole internet, never a LAN).
+    pub fn with_networks(interfaces: impl IntoIterator<Item = (IpAddr, u8)>) -> Self {
+        let mut host = HostAddrs::default();
+        for (ip, prefix) in interfaces {
+            let ip = canonical(ip);
+            host.addrs.insert(ip);
+            let width = if ip.is_ipv4() { 32 } else { 128 };
+            if prefix == 0 || prefix >= width || ip.is_loopback() {
+                continue;
+            }
+            let net = Cidr { addr: network_of(ip, prefix), prefix };
+            if !host.networks.contains(&net) {
+                host.networks.push(net);
+            }
+        }
+        host
     }
 
     /// Whether `ip` is one of the host's addresses.
     pub fn contains(&self, ip: IpAddr) -> bool {
         self.addrs.contains(&canonical(ip))
+    }
+
+    /// The network of one of the host's interfaces that holds `ip`.
+    fn attached_network(&self, ip: IpAddr) -> Option<Cidr> {
+        self.networks.iter().copied().find(|n| n.contains(ip))
     }
 
     /// How many addresses are known.
@@ -85,8 +119,8 @@ impl Cidr {
         Cidr { addr: IpAddr::V4(Ipv4Addr::new(a, b, c, d)), prefix }
     }
 
-    const fn v6(first: u16, prefix: u8) -> Cidr {
-        Cidr { addr: IpAddr::V6(Ipv6Addr::new(first, 0, 0, 0, 0, 0, 0, 0)), prefix }
+    const fn v6(first: u16, second: u16, prefix: u8) -> Cidr {
+        Cidr { addr: IpAddr::V6(Ipv6Addr::new(first, second, 0, 0, 0, 0, 0, 0)), prefix }
     }
 
     /// Whether `ip` (canonical: v4-mapped v6 already turned into v4) is inside.
@@ -278,16 +312,17 @@ fn parse_cidr(addr: &str, prefix: &str) -> Result<Cidr, String> {
     Ok(cidr)
 }
 
-/// Parses the prefix and, for a v4-mapped v6 block, turns it into v4.
+/// Parses the prefix and, for a v4-mapped or NAT64 v6 block, turns it into v4.
 fn canonical_with_prefix(ip: IpAddr, prefix: &str) -> Result<(IpAddr, u8), String> {
     if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_digit()) || prefix.len() > 3 {
         return Err(format!("prefix '/{prefix}' is not a number"));
     }
     let n: u8 = prefix.parse().map_err(|_| format!("prefix '/{prefix}' is not a number"))?;
     match ip {
-        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some() && n >= 96 => {
-            Ok((IpAddr::V4(v6.to_ipv4_mapped().unwrap_or(Ipv4Addr::UNSPECIFIED)), n - 96))
-        }
+        IpAddr::V6(v6) if n >= 96 => match embedded_v4(v6) {
+            Some(v4) => Ok((IpAddr::V4(v4), n - 96)),
+            None => Ok((ip, n)),
+        },
         _ => Ok((ip, n)),
     }
 }
@@ -345,10 +380,22 @@ pub fn normalize_name(name: &str) -> String {
     name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase()
 }
 
-/// v4-mapped v6 (`::ffff:a.b.c.d`) as the v4 address it stands for.
+/// The v4 address a v6 address stands for: v4-mapped (`::ffff:a.b.c.d`)
+/// or NAT64's well-known prefix (`64:ff9b::a.b.c.d`, RFC 6052), which a
+/// DNS64/NAT64 network translates to that v4 address, so it is judged as
+/// that address (a private v4 stays refused).
+fn embedded_v4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = v6.segments();
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        return Some(Ipv4Addr::from((u32::from(s[6]) << 16) | u32::from(s[7])));
+    }
+    v6.to_ipv4_mapped()
+}
+
+/// An address as the policy judges it: see [`embedded_v4`].
 fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        IpAddr::V6(v6) => embedded_v4(v6).map_or(ip, IpAddr::V4),
         v4 => v4,
     }
 }
@@ -366,8 +413,16 @@ const SOFT_DENY: &[(Cidr, &str)] = &[
     (Cidr::v4(192, 0, 0, 0, 24), "a reserved address"),
     (Cidr::v4(198, 18, 0, 0, 15), "a reserved (benchmarking) address"),
     (Cidr::v4(240, 0, 0, 0, 4), "a reserved address"),
-    (Cidr::v6(0xfc00, 7), "a private (ULA) address"),
-    (Cidr::v6(0xfe80, 10), "a link-local address"),
+    (Cidr::v4(192, 88, 99, 0, 24), "a reserved (deprecated 6to4 relay) address"),
+    (Cidr::v6(0xfc00, 0, 7), "a private (ULA) address"),
+    (Cidr::v6(0xfe80, 0, 10), "a link-local address"),
+    // IPv6 transition addresses that carry a v4 address the policy does not
+    // decode (NAT64's well-known prefix is decoded, see `embedded_v4`): 6to4
+    // and Teredo tunnel to whatever v4 address they embed, and the local-use
+    // NAT64 prefix (RFC 8215) translates to v4 addresses of a local network.
+    (Cidr::v6(0x2002, 0, 16), "a 6to4 address (it tunnels to an embedded IPv4 address)"),
+    (Cidr::v6(0x2001, 0, 32), "a Teredo address (it tunnels to an embedded IPv4 address)"),
+    (Cidr { addr: IpAddr::V6(Ipv6Addr::new(0x64, 0xff9b, 1, 0, 0, 0, 0, 0)), prefix: 48 }, "a local-use NAT64 address"),
 ];
 
 fn hard_deny(ip: IpAddr, host: &HostAddrs) -> Option<&'static str> {
@@ -385,8 +440,11 @@ fn hard_deny(ip: IpAddr, host: &HostAddrs) -> Option<&'static str> {
     Some(what)
 }
 
-fn soft_deny(ip: IpAddr) -> Option<&'static str> {
-    SOFT_DENY.iter().find(|(c, _)| c.contains(ip)).map(|(_, what)| *what)
+fn soft_deny(ip: IpAddr, host: &HostAddrs) -> Option<String> {
+    if let Some((_, what)) = SOFT_DENY.iter().find(|(c, _)| c.contains(ip)) {
+        return Some((*what).to_string());
+    }
+    host.attached_network(ip).map(|net| format!("on {net}, a network this host is attached to (its LAN)"))
 }
 
 /// A sandbox's egress policy.
@@ -431,7 +489,7 @@ impl NetworkPolicy {
         if let Some(rule) = self.deny.iter().find(|r| r.matches(ip, port, names)) {
             return Verdict::Deny(format!("denied by rule '{rule}'"));
         }
-        let soft = soft_deny(ip);
+        let soft = soft_deny(ip, host);
         if !self.allow.is_empty() {
             let cidr_allows = self.allow.iter().any(|r| !r.is_domain() && r.matches(ip, port, names));
             if cidr_allows {
@@ -450,6 +508,20 @@ impl NetworkPolicy {
             Some(what) => Verdict::Deny(format!("{ip} is {what}: allow it with a CIDR rule")),
             None => Verdict::Allow,
         }
+    }
+
+    /// Whether some name could change the verdict of a flow to `dst` that
+    /// [`NetworkPolicy::check`] allowed by its address and pinned names: a
+    /// deny domain rule covers its port, or it got in only through a domain
+    /// allow rule (no CIDR allow rule covers it). Only then must the name the
+    /// flow's bytes carry (TLS SNI, HTTP Host) be read and checked; without
+    /// any domain rule no name matters and flows pass uninspected.
+    pub fn name_decides(&self, dst: SocketAddr) -> bool {
+        let (ip, port) = (canonical(dst.ip()), dst.port());
+        let denied_by_name = self.deny.iter().any(|r| r.is_domain() && r.port_matches(port));
+        let allowed_by_name =
+            !self.allow.is_empty() && !self.allow.iter().any(|r| !r.is_domain() && r.matches(ip, port, &[]));
+        denied_by_name || allowed_by_name
     }
 
     /// Decides a DNS query for `name`: refused when a port-less deny domain
@@ -511,6 +583,7 @@ mod tests {
             ("[2001:db8::/32]:443", "[2001:db8::/32]:443"),
             ("::ffff:10.0.0.1", "10.0.0.1"),
             ("::ffff:10.0.0.0/104", "10.0.0.0/8"),
+            ("64:ff9b::10.0.0.0/104", "10.0.0.0/8"),
             ("under_score.example", "under_score.example"),
         ] {
             let rule: Rule = given.parse().unwrap_or_else(|e| panic!("{given}: {e}"));
@@ -585,6 +658,10 @@ mod tests {
             ("255.255.255.255:80", "broadcast"),
             ("224.0.0.1:80", "multicast"),
             ("[ff02::1]:80", "multicast"),
+            ("[ff0e::1]:80", "multicast"),
+            ("239.1.2.3:80", "multicast"),
+            ("[64:ff9b::127.0.0.1]:80", "127.0.0.1 is loopback"),
+            ("[64:ff9b::10.213.1.1]:80", "an address of this host"),
             ("10.213.1.1:80", "10.213.1.1 is an address of this host"),
             ("[::ffff:10.213.1.1]:80", "an address of this host"),
             ("[2001:db8::5]:80", "an address of this host"),
@@ -614,6 +691,13 @@ mod tests {
             ("fd00::1", "ULA", "fc00::/7"),
             ("fe80::1", "link-local", "fe80::/10"),
             ("::ffff:10.1.2.3", "10.1.2.3 is a private", "10.0.0.0/8"),
+            ("192.88.99.1", "6to4 relay", "192.88.99.0/24"),
+            ("2002:c000:207::1", "6to4", "2002::/16"),
+            ("2001:0:4136:e378::1", "Teredo", "2001::/32"),
+            ("64:ff9b:1::a00:1", "local-use NAT64", "64:ff9b:1::/48"),
+            // NAT64's well-known prefix is judged by the v4 address it holds.
+            ("64:ff9b::10.1.2.3", "10.1.2.3 is a private", "10.0.0.0/8"),
+            ("64:ff9b::192.168.1.1", "192.168.1.1 is a private", "64:ff9b::192.168.1.0/120"),
         ];
         for (ip, what, cidr) in cases {
             let ip: IpAddr = ip.parse().unwrap();
@@ -623,10 +707,50 @@ mod tests {
             assert_eq!(policy(&[cidr], &[]).check(dst, &[], &none()), Verdict::Allow, "{ip} via {cidr}");
         }
         // Just outside the ranges is public.
-        for ip in ["172.32.0.1", "100.128.0.1", "11.0.0.1", "198.20.0.1", "192.0.1.1"] {
+        for ip in [
+            "172.32.0.1",
+            "100.128.0.1",
+            "11.0.0.1",
+            "198.20.0.1",
+            "192.0.1.1",
+            "192.0.3.1",
+            "198.51.101.1",
+            "203.0.114.1",
+            "2001:db9::1",
+            "2001:1::1",
+            "2003::1",
+            "64:ff9b::93.184.215.14",
+        ] {
             let dst = SocketAddr::new(ip.parse().unwrap(), 80);
             assert_eq!(NetworkPolicy::default().check(dst, &[], &none()), Verdict::Allow, "{ip}");
         }
+    }
+
+    #[test]
+    fn networks_the_host_is_attached_to_need_a_cidr_rule_whatever_their_numbers() {
+        // A LAN on documentation addresses, as on this project's machines,
+        // and one on public addresses: neighbours are refused, the rest of
+        // the same ranges (reached through the gateway) is the internet.
+        let host = HostAddrs::with_networks([
+            ("192.0.2.2".parse().unwrap(), 24),
+            ("8.8.4.9".parse().unwrap(), 29),
+            ("10.0.9.1".parse().unwrap(), 32),
+            ("127.0.0.1".parse().unwrap(), 8),
+            ("9.9.9.1".parse().unwrap(), 0),
+        ]);
+        let reason = deny_reason(NetworkPolicy::default().check(sa("192.0.2.1:80"), &[], &host));
+        assert!(reason.contains("192.0.2.1 is on 192.0.2.0/24, a network this host is attached to"), "{reason}");
+        assert!(reason.contains("allow it with a CIDR rule"), "{reason}");
+        assert!(!NetworkPolicy::default().check(sa("8.8.4.14:443"), &[], &host).is_allow());
+        for public in ["203.0.113.80:443", "198.51.100.7:80", "8.8.4.16:443", "9.9.9.9:53"] {
+            assert_eq!(NetworkPolicy::default().check(sa(public), &[], &host), Verdict::Allow, "{public}");
+        }
+        // The host's own addresses stay refused for good.
+        assert!(deny_reason(policy(&["192.0.2.0/24"], &[]).check(sa("192.0.2.2:22"), &[], &host)).contains("never"));
+        assert_eq!(policy(&["192.0.2.0/24"], &[]).check(sa("192.0.2.1:80"), &[], &host), Verdict::Allow);
+        // A domain rule never opens a neighbour (DNS rebinding).
+        let by_name = policy(&["router.example.com"], &[]);
+        assert!(deny_reason(by_name.check(sa("192.0.2.1:80"), &["router.example.com"], &host)).contains("rebinding"));
     }
 
     #[test]
@@ -640,7 +764,7 @@ mod tests {
 
     #[test]
     fn allow_list_admits_only_what_it_names() {
-        let p = policy(&["example.org", "*.example.com:443", "203.0.113.0/24:22", "[2001:db8::1]:443"], &[]);
+        let p = policy(&["example.org", "*.example.com:443", "8.8.4.0/24:22", "[2606:4700::1]:443"], &[]);
         let h = &none();
         assert_eq!(p.check(sa("93.184.215.14:80"), &["example.org"], h), Verdict::Allow);
         assert_eq!(p.check(sa("93.184.215.14:80"), &["EXAMPLE.org."], h), Verdict::Allow);
@@ -649,34 +773,46 @@ mod tests {
         assert!(!p.check(sa("93.184.215.14:443"), &["example.com"], h).is_allow(), "apex is not a subdomain");
         assert!(!p.check(sa("93.184.215.14:443"), &["badexample.com"], h).is_allow());
         assert!(!p.check(sa("93.184.215.14:443"), &["sub.example.org"], h).is_allow(), "exact only");
-        assert_eq!(p.check(sa("203.0.113.9:22"), &[], h), Verdict::Allow);
-        assert_eq!(
-            p.check(sa("203.0.113.9:443"), &[], h),
-            Verdict::Deny("203.0.113.9:443 is not in the allow list".into())
-        );
-        assert_eq!(p.check(sa("[2001:db8::1]:443"), &[], h), Verdict::Allow);
-        assert!(!p.check(sa("[2001:db8::1]:80"), &[], h).is_allow());
+        assert_eq!(p.check(sa("8.8.4.9:22"), &[], h), Verdict::Allow);
+        assert_eq!(p.check(sa("8.8.4.9:443"), &[], h), Verdict::Deny("8.8.4.9:443 is not in the allow list".into()));
+        assert_eq!(p.check(sa("[2606:4700::1]:443"), &[], h), Verdict::Allow);
+        assert!(!p.check(sa("[2606:4700::1]:80"), &[], h).is_allow());
         assert!(!p.check(sa("1.1.1.1:443"), &[], h).is_allow(), "no name, not listed");
     }
 
     #[test]
     fn deny_comes_before_allow() {
-        let p = policy(&["0.0.0.0/0", "*.example.com"], &["*.evil.com", "203.0.113.0/24", "example.com:25"]);
+        let p = policy(&["0.0.0.0/0", "*.example.com"], &["*.evil.com", "9.9.9.0/24", "example.com:25"]);
         let h = &none();
         assert_eq!(
             p.check(sa("93.184.215.14:443"), &["x.evil.com"], h),
             Verdict::Deny("denied by rule '*.evil.com'".into())
         );
-        assert_eq!(p.check(sa("203.0.113.1:443"), &[], h), Verdict::Deny("denied by rule '203.0.113.0/24'".into()));
+        assert_eq!(p.check(sa("9.9.9.1:443"), &[], h), Verdict::Deny("denied by rule '9.9.9.0/24'".into()));
         assert!(!p.check(sa("93.184.215.14:25"), &["example.com"], h).is_allow());
         assert_eq!(p.check(sa("93.184.215.14:443"), &["example.com"], h), Verdict::Allow);
         // Deny rules apply without an allow list too.
-        let p = policy(&[], &["198.51.100.7", "*.evil.com"]);
-        assert!(!p.check(sa("198.51.100.7:80"), &[], h).is_allow());
+        let p = policy(&[], &["1.0.0.7", "*.evil.com"]);
+        assert!(!p.check(sa("1.0.0.7:80"), &[], h).is_allow());
         assert!(!p.check(sa("93.184.215.14:80"), &["a.evil.com"], h).is_allow());
         assert_eq!(p.check(sa("93.184.215.14:80"), &["good.com"], h), Verdict::Allow);
         // A v4 deny rule matches the v4-mapped form.
-        assert!(!p.check(sa("[::ffff:198.51.100.7]:80"), &[], h).is_allow());
+        assert!(!p.check(sa("[::ffff:1.0.0.7]:80"), &[], h).is_allow());
+        assert!(!p.check(sa("[64:ff9b::1.0.0.7]:80"), &[], h).is_allow());
+    }
+
+    #[test]
+    fn a_name_decides_only_where_a_domain_rule_could_change_the_verdict() {
+        let dst = sa("93.184.215.14:443");
+        assert!(!NetworkPolicy::default().name_decides(dst), "no rules: names never matter");
+        assert!(!policy(&["0.0.0.0/0"], &["203.0.113.0/24"]).name_decides(dst), "CIDR rules only");
+        assert!(policy(&[], &["*.evil.com"]).name_decides(dst), "a deny name rule on any port");
+        assert!(policy(&[], &["evil.com:443"]).name_decides(dst), "a deny name rule on this port");
+        assert!(!policy(&[], &["evil.com:25"]).name_decides(dst), "a deny name rule on another port");
+        assert!(policy(&["*.example.com"], &[]).name_decides(dst), "in only by a domain allow rule");
+        assert!(!policy(&["*.example.com", "93.184.215.0/24"], &[]).name_decides(dst), "a CIDR rule opens it");
+        assert!(policy(&["*.example.com", "93.184.215.0/24:80"], &[]).name_decides(dst), "CIDR rule for another port");
+        assert!(policy(&["93.184.215.0/24"], &["bad.example.com"]).name_decides(dst), "CIDR allow, name deny");
     }
 
     #[test]

@@ -30,7 +30,8 @@ else
         fi
         sudo=(sudo)
     fi
-    echo "deps: installing ${missing[*]}"
+    # Says what runs as root (issue 10: an ordinary user's install uses sudo for apt only).
+    echo "deps: ${sudo[*]}${sudo:+ }apt-get install ${missing[*]}"
     log=$(mktemp)
     trap 'rm -f "$log"' EXIT
     if ! "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive sh -c \

@@ -9,6 +9,7 @@ without it fails loudly rather than skipping.
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -31,14 +32,6 @@ HELPER_STOP_TIMEOUT = 5.0
 HTTP_STOP_TIMEOUT = 10.0
 # The line `serve --http` prints once it listens (port 0 gets a free port).
 SERVING_LINE = re.compile(r"serving MCP at (http://(\S+)/mcp)")
-
-
-# cgroup limits, and the counters `stats` and `health` show, need a root helper or cgroups delegated to the
-# user (what `sandbox-mcp host-setup` sets up): an ordinary user's sandboxes otherwise start without them.
-needs_cgroup_limits = pytest.mark.skipif(
-    os.geteuid() != 0,
-    reason="cgroup limits and counters: an ordinary user's sandboxes run without them unless cgroups are delegated",
-)
 
 
 def required_env(name: str) -> str:
@@ -388,3 +381,79 @@ while not buf.endswith(b"\n"):
     buf += chunk
 sys.stdout.write(buf.decode())
 """
+
+
+# --- Ordinary users (issue 10) -------------------------------------------------
+# Root-only tests create throwaway login users to run things as; `host-setup`
+# leaves a delegated cgroup per v1 controller for them, removed with the user.
+
+
+def run_as(
+    user: str, argv: list[str], env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    """Runs `argv` as `user` through runuser, with exactly `env` (plus PATH)."""
+    clean = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", **(env or {})}
+    return subprocess.run(
+        ["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in clean.items()), *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def delegated_cgroups(user: str) -> list[Path]:
+    """The `sandbox-mcp.<user>` groups host-setup may have made (v1 layout)."""
+    root = Path("/sys/fs/cgroup")
+    return [d / f"sandbox-mcp.{user}" for d in root.iterdir() if (d / f"sandbox-mcp.{user}").is_dir()]
+
+
+# cgroup limits, and the counters `stats` and `health` show, need a root helper or cgroups delegated to the
+# user (what `sandbox-mcp host-setup` sets up): an ordinary user's sandboxes otherwise start without them.
+needs_cgroup_limits = pytest.mark.skipif(
+    os.geteuid() != 0 and not delegated_cgroups(pwd.getpwuid(os.geteuid()).pw_name),
+    reason="cgroup limits and counters: this user's sandboxes run without them (no cgroups delegated to it)",
+)
+
+
+def _remove_cgroup_tree(top: Path) -> None:
+    for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        d.rmdir()
+    top.rmdir()
+
+
+@pytest.fixture
+def new_user() -> Iterator[Callable[..., str]]:
+    """Creates throwaway users (`subids=False`: without subordinate id
+    ranges); skips unless root. Each is deleted afterwards with its home,
+    delegated cgroups and subordinate ranges (tests stop what they start as it)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create users")
+    made: list[str] = []
+
+    def create(subids: bool = True) -> str:
+        name = f"smcp-t{os.getpid() % 10000}{len(made)}"
+        extra = [] if subids else ["-K", "SUB_UID_COUNT=0", "-K", "SUB_GID_COUNT=0"]
+        subprocess.run(["useradd", "-m", *extra, name], check=True, capture_output=True)
+        made.append(name)
+        return name
+
+    try:
+        yield create
+    finally:
+        for name in made:
+            for top in delegated_cgroups(name):
+                _remove_cgroup_tree(top)
+            subprocess.run(["userdel", "-r", "-f", name], capture_output=True)
+
+
+def user_env(user: str) -> dict[str, str]:
+    """An isolated environment (see `isolated_env`) owned by `user`, for a
+    server or doctor run as that user."""
+    base = new_env_dir()
+    env = isolated_env(base)
+    shutil.chown(base, user)
+    for key in ("XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME"):
+        shutil.chown(env[key], user)
+    env["SANDBOX_MCP_TEST_TMP"] = base
+    env["HOME"] = base
+    return env

@@ -38,6 +38,8 @@ mod images;
 mod network;
 #[path = "helper_conformance/quota.rs"]
 mod quota;
+#[path = "helper_conformance/seed.rs"]
+mod seed;
 #[path = "helper_conformance/stats.rs"]
 mod stats;
 

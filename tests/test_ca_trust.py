@@ -13,6 +13,7 @@ from conftest import write_config
 
 BUNDLE = "/etc/sandbox-mcp/ca-bundle.crt"
 SYSTEM = "/etc/ssl/certs/ca-certificates.crt"
+LOCAL = "/usr/local/share/ca-certificates/sandbox-mcp-host.crt"
 VARIABLES = ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO", "CURL_CA_BUNDLE"]
 CURL = "curl -sSf https://pypi.org/simple/six/ -o /dev/null"
 PIP = "python3 -m pip download --no-deps --no-cache-dir --disable-pip-version-check -d /tmp/x six"
@@ -168,3 +169,39 @@ def test_a_symlinked_store_is_replaced_not_followed(server_factory, image_store,
     assert out.splitlines()[:2] == ["regular file", SYSTEM], out
     assert "planted" not in out, out
     assert set(host_certs()) <= set(digests(srv, SYSTEM, "victim"))
+
+
+def fake_cert(body: str) -> str:
+    return f"-----BEGIN CERTIFICATE-----\n{body}\n-----END CERTIFICATE-----\n"
+
+
+def test_later_sandboxes_of_an_image_get_the_same_trust(server_factory, image_store, roots):
+    """The first sandbox of an image merges its bundle after its start; later
+    ones get the files placed before they start. Both must hold the same
+    store, and a snapshot rebuilt under the same name must not get the files
+    made for its old build."""
+    srv = server_factory(SANDBOX_MCP_IMAGE_STORE=image_store, SANDBOX_MCP_HOST_ROOTS=str(roots))
+    show = f"stat -c '%a %u %F' {SYSTEM}; readlink {BUNDLE}; cat {LOCAL} | sha256sum; sha256sum {SYSTEM} {BUNDLE}"
+    first, err, code = sh(srv, show)
+    assert code == 0, err
+    for name in ("second", "third"):
+        out, err, code = sh(srv, show, name)
+        assert code == 0 and out == first, (name, out, first, err)
+    assert first.splitlines()[:2] == ["644 0 regular file", SYSTEM], first
+    assert set(host_certs()) <= set(digests(srv, SYSTEM, "third"))
+    # A snapshot "rebuilt": same name, another bundle in its layer.
+    for n, cert in enumerate(["Zmlyc3Q=", "c2Vjb25k"]):
+        sh(srv, f"printf '%s' '{fake_cert(cert)}' >> {SYSTEM}", "default")
+        if n:
+            text, err = srv.tool("delete_snapshot", snapshot_name="rebuilt")
+            assert not err, text
+        text, err = srv.tool("snapshot", snapshot_name="rebuilt", sandbox="default")
+        assert not err, text
+        text, err = srv.call("restore", snapshot_name="rebuilt", sandbox=f"from-{n}", call_timeout=120)
+        assert not err, text
+    got = digests(srv, SYSTEM, "from-1")
+    want = certs(fake_cert("Zmlyc3Q=") + fake_cert("c2Vjb25k"))
+    assert set(want) <= set(got), "the second build's bundle is what the sandbox has"
+    assert set(host_certs()) <= set(got)
+    out, _, _ = sh(srv, f"readlink {BUNDLE}", "from-1")
+    assert out == f"{SYSTEM}\n", out

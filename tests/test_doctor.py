@@ -8,7 +8,10 @@ import subprocess
 
 from conftest import required_env
 
-CHECKS = ("helper", "userns", "cgroups", "seccomp", "overlayfs", "kvm", "tun", "image", "sandbox-ctl", "disk", "quota")
+CHECKS = (
+    "helper", "userns", "subids", "cgroups", "seccomp", "overlayfs", "kvm", "tun", "apparmor", "image", "sandbox-ctl",
+    "disk", "quota",
+)
 
 
 def run(env: dict[str, str], *args: str, **extra: str) -> subprocess.CompletedProcess:

@@ -213,6 +213,45 @@ def test_a_command_cannot_stop_being_a_subreaper_to_escape_kill(stdio):
     assert wait_for_escapers(server, 0), f"{escapers_running(server)} sleepers survived kill"
 
 
+# A command that makes its child a sibling with a raw clone(CLONE_PARENT):
+# the child's parent would be the agent, outside the tree a timeout or `kill`
+# walks, and after setsid nothing else would find it.
+SIBLING = r"""
+import ctypes, os, platform, time
+libc = ctypes.CDLL(None, use_errno=True)
+SYS_clone = {"x86_64": 56, "aarch64": 220}[platform.machine()]
+CLONE_PARENT, SIGCHLD = 0x8000, 17
+zero = ctypes.c_long(0)
+pid = libc.syscall(ctypes.c_long(SYS_clone), ctypes.c_long(CLONE_PARENT | SIGCHLD), zero, zero, zero, zero)
+if pid == 0:
+    os.setsid()
+    os.execvp("sleep", ["sleep", "1001"])
+print("clone parent:", "ok" if pid > 0 else os.strerror(ctypes.get_errno()), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_command_cannot_hand_a_child_to_the_agent_to_escape_a_timeout(stdio):
+    server = stdio()
+    server.tool("write_file", path="/tmp/sibling.py", content=SIBLING)
+    text, err = server.tool("exec", command="exec python3 /tmp/sibling.py", timeout=3)
+    assert "timed out" in text.lower(), text
+    assert wait_for_escapers(server, 0), f"{escapers_running(server)} sleepers survived the timeout"
+    assert "clone parent: Operation not permitted" in text, text
+
+
+def test_a_command_cannot_hand_a_child_to_the_agent_to_escape_kill(stdio):
+    server = stdio()
+    server.tool("write_file", path="/tmp/sibling.py", content=SIBLING)
+    text, err = server.tool("bg", command="exec python3 /tmp/sibling.py", name="sibling")
+    assert not err, text
+    logs = poll(lambda: server.tool("logs", name="sibling")[0], lambda t: "clone parent:" in t)
+    text, err = server.tool("kill", name="sibling")
+    assert not err, text
+    assert wait_for_escapers(server, 0), f"{escapers_running(server)} sleepers survived kill"
+    assert logs is not None and "clone parent: Operation not permitted" in logs, logs
+
+
 def test_a_cancelled_exec_ends_every_process_the_command_started(stdio):
     server = stdio()
     server.tool("exec", command="true")

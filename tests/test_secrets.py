@@ -146,6 +146,13 @@ def test_history_and_state_file_redact_secrets(server_factory, env):
         ("git ls-remote https://bob:S3cretD@127.0.0.1:9/r.git || true",
          "git ls-remote https://bob:***@127.0.0.1:9/r.git || true"),
         ("echo --password S3cretE token=S3cretF", "echo --password *** token=***"),
+        ("curl -s -u alice:S3cretI http://127.0.0.1:9/ || true", "curl -s -u alice:*** http://127.0.0.1:9/ || true"),
+        ("sshpass -pS3cretJ true || true", "sshpass -p*** true || true"),
+        ("git ls-remote https://S3cretK@127.0.0.1:9/r.git || true", "git ls-remote https://***@127.0.0.1:9/r.git || true"),
+        ("curl -s -H 'Cookie: sid=S3cretL; x=S3cretM' http://127.0.0.1:9/ || true",
+         "curl -s -H 'Cookie: ***' http://127.0.0.1:9/ || true"),
+        ("GH_PAT=S3cretN echo eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.S3cretO",
+         "GH_PAT=*** echo ***"),
     ]
     for command, _ in commands:
         assert not srv.tool("exec", command=command)[1]

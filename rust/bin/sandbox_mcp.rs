@@ -3,7 +3,7 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use sandbox_mcp::{
-    doctor,
+    doctor, hostsetup,
     image::{self, BuildRequest, ImageStore},
     mcp::{
         SandboxServer,
@@ -39,6 +39,19 @@ enum Cmd {
     },
     /// Check this host and print one line per check with its fix.
     Doctor,
+    /// As root: prepare this host for an ordinary user's sandboxes (subordinate ids, /dev/net/tun, cgroup
+    /// delegation, AppArmor profile), printing one line per step. Safe to rerun.
+    HostSetup {
+        /// The user to set up (default: $SUDO_USER).
+        #[arg(long, value_name = "NAME")]
+        user: Option<String>,
+        /// The helper binary the AppArmor profile is for (default: sandbox-vm-helper next to this binary).
+        #[arg(long, value_name = "PATH")]
+        helper: Option<PathBuf>,
+        /// Print what would change without changing anything.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Manage local images.
     #[command(subcommand)]
     Image(ImageCmd),
@@ -221,6 +234,11 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             };
+        }
+        Cmd::HostSetup { user, helper, dry_run } => {
+            let helper = helper.unwrap_or_else(helper_bin);
+            let helper = helper.canonicalize().unwrap_or(helper);
+            hostsetup::run(&hostsetup::Options { user, helper, dry_run }).map_err(|e| e.to_string())
         }
         Cmd::Image(cmd) => image_cmd(cmd),
     };

@@ -6,6 +6,7 @@
 //! - [`vm`]: the registry and lifecycle state machine.
 //! - [`spec`]: validated VM specs with defaults.
 //! - [`storage`]: the VM's host files (layers, agent socket, shared dirs).
+//! - [`seed`]: files placed in a new VM's writable layer before it starts.
 //! - [`exec`]: the helper's side of an Exec (agent client).
 //! - [`freeze`]: stopping a VM's processes while its layer is copied.
 //! - [`guest`]: the helper's side of copies and background processes.
@@ -22,6 +23,7 @@ pub mod freeze;
 pub mod guest;
 pub mod netstack;
 pub mod quota;
+pub mod seed;
 pub mod server;
 pub mod service;
 pub mod spec;

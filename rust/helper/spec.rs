@@ -133,7 +133,8 @@ impl VmConfig {
     }
 }
 
-fn is_normal_absolute(p: &Path) -> bool {
+/// An absolute path below / made of normal parts only.
+pub(crate) fn is_normal_absolute(p: &Path) -> bool {
     let mut comps = p.components();
     comps.next() == Some(Component::RootDir)
         && p.components().count() > 1

@@ -21,6 +21,7 @@ use super::driver::{Driver, network};
 use super::error::HelperError;
 use super::netstack::events::{Events, Snapshot};
 use super::quota;
+use super::seed::{self, SeedFile};
 use super::spec::{Network, VmConfig};
 use super::storage::{agent_socket, prepare_dir, share_mounts, vm_dir};
 use crate::image::{ImageError, ImageInfo, ImageStore};
@@ -80,6 +81,10 @@ pub struct VmInfo {
     pub shell: String,
     /// Why it stopped on its own; empty otherwise.
     pub stop_reason: String,
+    /// When its image (a clone's: its source's) was built, Unix ms.
+    pub image_created_at_ms: i64,
+    /// Why its current or last run has no cgroup limits; empty otherwise.
+    pub limits_not_enforced: String,
 }
 
 /// What Exec needs to reach a running VM's agent.
@@ -176,13 +181,17 @@ impl VmManager {
     }
 
     /// Registers a VM and prepares its writable layer (a copy of another
-    /// VM's with `clone_from`).
-    pub async fn create(&self, config: VmConfig) -> Result<VmInfo, HelperError> {
+    /// VM's with `clone_from`), with `files` placed in it.
+    pub async fn create(&self, config: VmConfig, files: Vec<SeedFile>) -> Result<VmInfo, HelperError> {
         let config = config.validate()?;
+        seed::validate(&files)?;
         if self.slot(&config.id).is_ok() {
             return Err(HelperError::AlreadyExists(config.id));
         }
         if !config.clone_from.is_empty() {
+            if !files.is_empty() {
+                return Err(HelperError::invalid("spec.files", "not with spec.clone_from"));
+            }
             return self.create_clone(config).await;
         }
         // Held until the VM is registered, so a layer collection in between
@@ -197,6 +206,15 @@ impl VmManager {
         }
         let dir = vm_dir(&config.id);
         prepare_dir(&dir, &image)?;
+        if !files.is_empty() {
+            let mut layers = self.images.layer_paths(&image.layers());
+            layers.reverse();
+            let owner = nix::unistd::geteuid().is_root().then_some(image.id_map.host_root().0);
+            if let Err(e) = seed::place(&dir.join("upper"), &layers, owner, &files) {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        }
         share_mounts(&config, &image);
         self.register(config, image, dir)
     }
@@ -211,6 +229,8 @@ impl VmManager {
             created_at_ms: now_ms(),
             started_at_ms: 0,
             stop_reason: String::new(),
+            image_created_at_ms: image.created_at_ms,
+            limits_not_enforced: String::new(),
         };
         let slot = Arc::new(Slot {
             id: info.config.id.clone(),
@@ -288,6 +308,7 @@ impl VmManager {
             started: Instant::now(),
             quota,
         };
+        let limits_not_enforced = self.driver.limits_not_enforced(handles.usage.is_some());
         let generation = {
             let mut d = slot.data();
             d.run = Some(handles);
@@ -296,6 +317,7 @@ impl VmManager {
             d.info.state = VmState::Running;
             d.info.started_at_ms = now_ms();
             d.info.stop_reason.clear();
+            d.info.limits_not_enforced = limits_not_enforced;
             d.generation
         };
         *op = Some(Run { instance, _quota: quota_task, exited: rx });

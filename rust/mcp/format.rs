@@ -123,6 +123,8 @@ pub struct StatsOutput {
     pub quota_limit_bytes: Option<u64>,
     /// Why the sandbox's writers were last stopped for the quota, if they were.
     pub quota_exceeded: Option<String>,
+    /// Why cpu, memory and pids limits are not enforced, if they are not.
+    pub limits_not_enforced: Option<String>,
     /// Seconds since the sandbox started.
     pub uptime_seconds: Option<u64>,
     /// A process was killed for exceeding the memory limit.
@@ -151,6 +153,7 @@ impl StatsOutput {
             quota_used_bytes: st.filter(|x| x.disk_limit > 0).map(|x| x.disk_used),
             quota_limit_bytes: st.map(|x| x.disk_limit).filter(|&l| l > 0),
             quota_exceeded: st.and_then(|x| x.disk_quota_exceeded.clone()),
+            limits_not_enforced: st.and_then(|x| x.limits_not_enforced.clone()),
             uptime_seconds: st.map(|x| x.uptime.as_secs()),
             oom_killed: st.is_some_and(|x| x.oom_killed),
             background: bg.iter().filter(|b| b.running).map(|b| b.name.clone()).collect(),
@@ -206,8 +209,9 @@ pub fn memory(bytes: u64) -> String {
     if mib >= 1024 && mib.is_multiple_of(1024) { format!("{}G", mib / 1024) } else { format!("{mib}M") }
 }
 
-/// One `status` line for a sandbox.
-pub fn status_line(s: &Sandbox, alive: bool) -> String {
+/// One `status` line for a sandbox; `unlimited` says why its cpu, memory
+/// and pids limits are not enforced, if they are not.
+pub fn status_line(s: &Sandbox, alive: bool, unlimited: Option<&str>) -> String {
     let mut fields = vec![
         format!("  {:<12} {}", s.name, s.name),
         format!("shell:{}", if alive { "alive" } else { "dead" }),
@@ -223,6 +227,9 @@ pub fn status_line(s: &Sandbox, alive: bool) -> String {
     }
     if let Some(left) = s.lease_remaining() {
         fields.push(format!("lease:{}m{}s", left.as_secs() / 60, left.as_secs() % 60));
+    }
+    if let Some(why) = unlimited {
+        fields.push(limits_not_enforced(why));
     }
     fields.join("  ")
 }
@@ -387,6 +394,11 @@ fn uptime(d: Duration) -> String {
     format!("{}m {}s", d.as_secs() / 60, d.as_secs() % 60)
 }
 
+/// How `status`, `stats` and `health` say a sandbox has no cgroup limits.
+fn limits_not_enforced(why: &str) -> String {
+    format!("limits: not enforced ({why})")
+}
+
 /// The `stats` text.
 pub fn stats(s: &Sandbox, obs: &Observation, bg: &[BackgroundInfo]) -> String {
     let mut lines = vec![format!("Sandbox: {} ('{}', {}cpu/{})", s.name, s.name, s.cpus, memory(s.memory_bytes))];
@@ -406,6 +418,9 @@ pub fn stats(s: &Sandbox, obs: &Observation, bg: &[BackgroundInfo]) -> String {
             }
             if let Some(reason) = &st.disk_quota_exceeded {
                 lines.push(format!("Quota:   {reason}"));
+            }
+            if let Some(why) = &st.limits_not_enforced {
+                lines.push(format!("Limits:  {}", limits_not_enforced(why)));
             }
         }
         None => lines.push("Stats:   unavailable".to_string()),
@@ -464,6 +479,9 @@ pub fn health(rows: &[(std::sync::Arc<Sandbox>, Observation)]) -> String {
         if let Some(st) = &obs.stats {
             fields.push(format!("up={}m{}s", st.uptime.as_secs() / 60, st.uptime.as_secs() % 60));
             fields.push(format!("procs={}", st.pids));
+            if let Some(why) = &st.limits_not_enforced {
+                fields.push(limits_not_enforced(why));
+            }
         }
         lines.push(fields.join("  "));
     }

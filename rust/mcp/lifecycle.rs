@@ -53,9 +53,13 @@ impl SandboxServer {
                 return Ok("No active sandboxes (boot on first use)".to_string());
             }
             let running = m.running().await?;
+            let unlimited = m.unenforced_limits().await?;
             let mut lines: Vec<String> = sandboxes
                 .iter()
-                .map(|s| format::status_line(s, running.get(&s.name).copied().unwrap_or(false)))
+                .map(|s| {
+                    let alive = running.get(&s.name).copied().unwrap_or(false);
+                    format::status_line(s, alive, unlimited.get(&s.name).map(String::as_str))
+                })
                 .collect();
             lines.extend(format::status_footer(m.config()));
             lines.extend(format::status_blocks(&self.forwards.list(), &self.syncs.list(), &lost));

@@ -2,8 +2,7 @@
 //! networks, re-sign TLS with a CA the host trusts and images do not: without
 //! this, `pip` and `curl` over HTTPS fail inside a sandbox while they work on
 //! the host. At creation the sandbox's trust store becomes the image's bundle
-//! plus the host's certificates it lacks, read with one CopyOut and written
-//! with one CopyIn (no exec; nothing is written on the host):
+//! plus the host's certificates it lacks (nothing is written on the host):
 //! - [`SYSTEM`], the Debian/Alpine system store most programs read (a
 //!   regular file, replacing a symlink there);
 //! - [`BUNDLE`], a symlink to it, which the variables of [`env`] (pip,
@@ -11,6 +10,13 @@
 //! - [`LOCAL`], the host's extra certificates alone, so an
 //!   `update-ca-certificates` inside (a package install may run it)
 //!   rebuilds [`SYSTEM`] with them, and [`BUNDLE`] follows.
+//!
+//! The first sandbox of an image reads the image's bundle with one CopyOut
+//! after its start and writes the files with one CopyIn (~6 ms). What it
+//! wrote is kept per image ([`SeedCache`]; images do not change under their
+//! name without a new build time): later sandboxes of that image get the
+//! same files placed in their writable layer by the helper before they start
+//! (`VmSpec.files`), at no cost on the create path.
 //!
 //! A restored snapshot or clone already holds them: certificates are added
 //! only if missing, so doing it again changes nothing.
@@ -24,7 +30,7 @@ use std::{
 
 use super::{
     error::OrchestratorError,
-    helper_client::HelperError,
+    helper_client::{HelperError, RootfsFile},
     sandbox::{Sandbox, SandboxManager},
 };
 
@@ -45,6 +51,11 @@ const VARIABLES: [&str; 6] =
 const MAX_BUNDLE_BYTES: u64 = 16 << 20;
 /// Symlinks followed to the image's bundle (Fedora-like images chain two).
 const MAX_LINKS: usize = 4;
+/// Images whose files are kept ([`SeedCache`]): ~250 KB each.
+const SEED_IMAGES: usize = 16;
+/// Larger merged bundles are copied in after the start each time rather
+/// than sent in a CreateVm (whose message size the helper bounds).
+const MAX_SEED_BYTES: usize = 2 << 20;
 
 const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
 const END: &str = "-----END CERTIFICATE-----";
@@ -116,6 +127,60 @@ impl HostCaCache {
     }
 }
 
+/// An image's name and build time, which [`SeedCache`] keeps files for.
+pub type ImageBuild<'a> = (&'a str, i64);
+
+/// The files host CA trust wrote into a sandbox of one image, by image name.
+#[derive(Debug, Default)]
+pub struct SeedCache(Mutex<HashMap<String, Seed>>);
+
+/// The files for sandboxes of one image build and one host bundle.
+#[derive(Debug, Clone)]
+pub struct Seed {
+    /// The image's build time ([`super::helper_client::VmInfo::image_created_at_ms`]).
+    pub image_created_at_ms: i64,
+    host: Arc<HostCa>,
+    /// What to place.
+    pub files: Arc<Vec<RootfsFile>>,
+}
+
+impl SeedCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Seed>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The files for a sandbox of `image` trusting `host`, if a sandbox of
+    /// that image was given them since the host's bundle last changed.
+    pub fn get(&self, image: &str, host: &Arc<HostCa>) -> Option<Seed> {
+        self.lock().get(image).filter(|s| Arc::ptr_eq(&s.host, host)).cloned()
+    }
+
+    /// `image` was rebuilt since its files were kept.
+    pub fn forget(&self, image: &str) {
+        self.lock().remove(image);
+    }
+
+    fn put(&self, image: &str, image_created_at_ms: i64, host: &Arc<HostCa>, files: &[(&str, &[u8])]) {
+        if files.iter().map(|(_, data)| data.len()).sum::<usize>() > MAX_SEED_BYTES {
+            return;
+        }
+        let mut files: Vec<RootfsFile> = files
+            .iter()
+            .map(|(path, data)| RootfsFile::File { path: path.to_string(), content: data.to_vec() })
+            .collect();
+        files.push(RootfsFile::Link { path: BUNDLE.into(), target: SYSTEM.into() });
+        let mut seeds = self.lock();
+        if seeds.len() >= SEED_IMAGES && !seeds.contains_key(image) {
+            // Any one: a sandbox of it pays the CopyOut once more.
+            if let Some(old) = seeds.keys().next().cloned() {
+                seeds.remove(&old);
+            }
+        }
+        let seed = Seed { image_created_at_ms, host: host.clone(), files: Arc::new(files) };
+        seeds.insert(image.to_string(), seed);
+    }
+}
+
 impl HostCa {
     fn load(path: PathBuf, stamp: (u64, Option<SystemTime>)) -> Option<Self> {
         let text = match std::fs::File::open(&path).and_then(|f| {
@@ -156,7 +221,14 @@ impl HostCa {
 impl SandboxManager {
     /// Give a booted sandbox the host's CA certificates: read the image's
     /// system bundle (CopyOut, no exec), write the merged one (one CopyIn).
-    pub(super) async fn trust_host_ca(&self, sandbox: &Sandbox, host: &HostCa) -> Result<(), OrchestratorError> {
+    /// With `keep` (the image's name and build time; not for a clone, whose
+    /// layer is its source's), what was written is kept for its next sandboxes.
+    pub(super) async fn trust_host_ca(
+        &self,
+        sandbox: &Sandbox,
+        host: &Arc<HostCa>,
+        keep: Option<ImageBuild<'_>>,
+    ) -> Result<(), OrchestratorError> {
         let image = self.image_bundle(sandbox).await?;
         let (bundle, extra) = host.merge(image.as_deref());
         let mut files = vec![(SYSTEM, bundle.as_bytes())];
@@ -171,6 +243,9 @@ impl SandboxManager {
         };
         let archive = archive(&files).map_err(|e| failed(&e))?;
         self.helper.copy_in_archive(&sandbox.name, "/", archive).await.map_err(|e| failed(&e))?;
+        if let Some((image, built)) = keep {
+            self.ca_seeds.put(image, built, host, &files);
+        }
         tracing::debug!(sandbox = %sandbox.name, host = %host.path.display(), "trusting the host's CA certificates");
         Ok(())
     }

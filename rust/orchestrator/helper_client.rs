@@ -89,6 +89,37 @@ pub struct VmConfig {
     pub labels: HashMap<String, String>,
     /// Start from a copy of this running VM's writable layer and image.
     pub clone_from: Option<String>,
+    /// Files placed in the new VM's root filesystem before it starts (not
+    /// with `clone_from`).
+    pub files: Vec<RootfsFile>,
+}
+
+/// A file for [`VmConfig::files`], owned by the VM's root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootfsFile {
+    /// A regular file (0644).
+    File {
+        /// Absolute path inside the VM.
+        path: String,
+        /// Its bytes.
+        content: Vec<u8>,
+    },
+    /// A symlink.
+    Link {
+        /// Absolute path inside the VM.
+        path: String,
+        /// Where it points.
+        target: String,
+    },
+}
+
+impl From<RootfsFile> for pb::RootfsFile {
+    fn from(f: RootfsFile) -> Self {
+        match f {
+            RootfsFile::File { path, content } => Self { path, content, ..Default::default() },
+            RootfsFile::Link { path, target } => Self { path, symlink_target: target, ..Default::default() },
+        }
+    }
 }
 
 /// Lifecycle state reported by the helper.
@@ -126,6 +157,11 @@ pub struct VmInfo {
     pub network: Network,
     /// Unix ms of the last start.
     pub started_at_ms: i64,
+    /// When its image was built (Unix ms): tells a rebuilt image of the
+    /// same name.
+    pub image_created_at_ms: i64,
+    /// Why its current or last run has no cpu/memory/pids limits.
+    pub limits_not_enforced: Option<String>,
 }
 
 /// An image the helper can boot.
@@ -479,6 +515,7 @@ impl From<VmConfig> for pb::VmSpec {
             labels: cfg.labels,
             clone_from: cfg.clone_from.unwrap_or_default(),
             disk_bytes: cfg.disk_bytes,
+            files: cfg.files.into_iter().map(pb::RootfsFile::from).collect(),
         }
     }
 }
@@ -572,6 +609,8 @@ fn vm_info(vm: Option<pb::Vm>) -> Result<VmInfo, HelperError> {
         cpus: spec.cpus,
         memory_bytes: spec.memory_bytes,
         started_at_ms: vm.started_at_ms,
+        image_created_at_ms: vm.image_created_at_ms,
+        limits_not_enforced: Some(vm.limits_not_enforced).filter(|r| !r.is_empty()),
     })
 }
 
@@ -632,6 +671,8 @@ pub struct VmStats {
     pub disk_limit: u64,
     /// Why the helper last stopped the sandbox's writers for the quota, if it did.
     pub disk_quota_exceeded: Option<String>,
+    /// Why the sandbox runs without cpu/memory/pids limits, if it does.
+    pub limits_not_enforced: Option<String>,
 }
 
 /// A background process owned by a VM.
@@ -776,6 +817,7 @@ impl HelperClient {
             disk_used: s.disk_used_bytes,
             disk_limit: s.disk_limit_bytes,
             disk_quota_exceeded: Some(s.disk_quota_exceeded).filter(|r| !r.is_empty()),
+            limits_not_enforced: Some(s.limits_not_enforced).filter(|r| !r.is_empty()),
         })
     }
 
@@ -936,6 +978,7 @@ mod tests {
             disk_bytes: 20 << 30,
             labels: HashMap::new(),
             clone_from: None,
+            files: Vec::new(),
         }
     }
 

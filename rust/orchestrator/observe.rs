@@ -64,6 +64,19 @@ fn parse_df(out: &[u8]) -> Option<Disk> {
 }
 
 impl SandboxManager {
+    /// Why each running sandbox that has no cpu/memory/pids limits runs
+    /// without them, by name (for `status`).
+    pub async fn unenforced_limits(&self) -> Result<std::collections::HashMap<String, String>, OrchestratorError> {
+        Ok(self
+            .helper
+            .list_vms()
+            .await?
+            .into_iter()
+            .filter(|v| v.state == super::helper_client::VmState::Running)
+            .filter_map(|v| Some((v.id, v.limits_not_enforced?)))
+            .collect())
+    }
+
     /// Figures for one sandbox. Probes are not audited and do not count as activity.
     pub async fn observe(&self, sandbox: &Sandbox) -> Result<Observation, OrchestratorError> {
         let stats = self.helper.stats(&sandbox.name).await.ok();

@@ -277,3 +277,71 @@ async fn image_built_for_another_id_map_is_refused_with_the_rebuild_command() {
     // The image this helper built itself still runs.
     h.running("ok", |_| {}).await;
 }
+
+/// Issue 9: code in the VM swaps a directory of its layer for a symlink to a
+/// host directory in a tight loop while CommitVm and clone_from copy the
+/// layer. No copy may ever hold the host file: each either succeeds without
+/// it or fails naming the change. (The freeze usually stops the swapper; the
+/// copy itself is proven immune by the attack test in rust/image/copy.rs.)
+#[tokio::test]
+async fn commit_and_clone_never_copy_host_files_through_a_swapped_directory() {
+    const MARKER: &str = "host-secret-marker";
+    let mut h = Harness::with_own_store("snaprace").await;
+    let host = h.tmp.0.join("host-dir");
+    std::fs::create_dir(&host).unwrap();
+    std::fs::write(host.join("SECRET"), MARKER).unwrap();
+    let vm = h.running("swapper", |_| {}).await;
+    // One process that never forks: the freeze refuses to copy while new
+    // processes keep appearing, so a shell loop of mv/ln would never be copied.
+    let script = format!(
+        "import os\nos.makedirs('/root/d')\nopen('/root/d/SECRET', 'w').write('sandbox')\n\
+         open('/root/started', 'w').close()\nwhile True:\n    os.rename('/root/d', '/root/d.x')\n    \
+         os.symlink('{}', '/root/d')\n    os.remove('/root/d')\n    os.rename('/root/d.x', '/root/d')\n",
+        host.display()
+    );
+    let swapper =
+        pb::StartBackgroundRequest { process: Some(process(&vm, &["python3", "-c", &script])), name: "swap".into() };
+    h.client.start_background(swapper).await.unwrap();
+    let started = h.sh(&vm, "for i in $(seq 100); do test -e /root/started && exit 0; sleep 0.1; done; exit 1").await;
+    assert_eq!(started.code(), Some(0), "the swapper never started: {}", started.err());
+
+    let refused = |e: &tonic::Status| assert!(e.message().contains("changed while being copied"), "{}", e.message());
+    for i in 0..10 {
+        let image = unique(&h, &format!("race{i}"));
+        if let Err(e) = commit(&mut h, &vm, &image).await {
+            refused(&e);
+        }
+    }
+    if let Some(store) = h.own_store() {
+        assert_no_file_holds(&store.join("layers"), MARKER);
+    }
+    for i in 0..3 {
+        let mut spec = h.spec(&format!("race-clone{i}"));
+        spec.image.clear();
+        spec.clone_from = vm.clone();
+        let id = spec.id.clone();
+        match h.create(spec).await {
+            Ok(_) => {
+                h.start(&id).await.unwrap();
+                // grep -r does not follow symlinks: it reads only what was copied.
+                let found = h.sh(&id, &format!("grep -rl {MARKER} /root; true")).await;
+                assert_eq!(found.out(), "", "host file copied into the clone");
+                h.delete(&id).await.unwrap();
+            }
+            Err(e) => refused(&e),
+        }
+    }
+}
+
+/// Fails if any regular file under `dir` (symlinks not followed) is `marker`.
+fn assert_no_file_holds(dir: &Path, marker: &str) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let ty = std::fs::symlink_metadata(&path).unwrap().file_type();
+        if ty.is_dir() {
+            assert_no_file_holds(&path, marker);
+        } else if ty.is_file() {
+            assert!(std::fs::read(&path).unwrap() != marker.as_bytes(), "host file copied into {}", path.display());
+        }
+    }
+}

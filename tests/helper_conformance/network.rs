@@ -99,12 +99,20 @@ print("sent")
 struct TestHost {
     name: String,
     n: u32,
+    /// The first three octets of its /30 (`10.213.N` unless placed elsewhere).
+    net: String,
     server: Option<Child>,
 }
 
 impl TestHost {
     /// None (test skipped) when not root or `ip netns` is unavailable.
     fn up() -> Option<TestHost> {
+        Self::up_in(None)
+    }
+
+    /// A test host whose /30 starts at `net.0` (e.g. "198.51.100") instead
+    /// of the default 10.213.N.0.
+    fn up_in(net: Option<&str>) -> Option<TestHost> {
         static SEQ: AtomicU32 = AtomicU32::new(0);
         if !nix_is_root() {
             eprintln!("skipped: test hosts need root (ip netns)");
@@ -114,18 +122,19 @@ impl TestHost {
         let name = format!("smcp{n}");
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/test-host.sh");
         let _ = Command::new(script).args(["down", &name]).status();
-        let ok = Command::new(script).args(["up", &name, &n.to_string()]).status().is_ok_and(|s| s.success());
+        let net = net.map_or_else(|| format!("10.213.{n}"), str::to_string);
+        let ok = Command::new(script).args(["up", &name, &n.to_string(), &net]).status().is_ok_and(|s| s.success());
         if !ok {
             eprintln!("skipped: could not create a test host (ip netns)");
             return None;
         }
-        let addr = format!("10.213.{n}.2");
+        let addr = format!("{net}.2");
         let server = Command::new("ip")
             .args(["netns", "exec", &name, "python3", "-c", TEST_HOST_SERVER, &addr])
             .stdin(Stdio::null())
             .spawn()
             .expect("start the test host's server");
-        let host = TestHost { name, n, server: Some(server) };
+        let host = TestHost { name, n, net, server: Some(server) };
         // Wait until it serves.
         for _ in 0..100 {
             let up = Command::new("ip")
@@ -143,12 +152,12 @@ impl TestHost {
     }
 
     fn addr(&self) -> String {
-        format!("10.213.{}.2", self.n)
+        format!("{}.2", self.net)
     }
 
     /// The host's own end of the veth.
     fn host_side(&self) -> String {
-        format!("10.213.{}.1", self.n)
+        format!("{}.1", self.net)
     }
 }
 
@@ -237,6 +246,27 @@ async fn default_policy_refuses_the_private_test_host_at_once_and_says_why() {
     assert_eq!(last.destination, format!("{}:8080", host.addr()));
     assert!(last.reason.contains("private address"), "{last:?}");
     assert!(ev.refused_total >= 1);
+}
+
+#[tokio::test]
+async fn default_policy_refuses_a_neighbour_on_a_network_the_host_is_attached_to() {
+    // The test host sits on 198.51.100.0/30 (documentation addresses, not a
+    // private range), beside the host's end of the veth: a LAN numbered
+    // from any range is refused because the host is attached to it, while
+    // the same range beyond a gateway stays internet (this machine reaches
+    // its package mirrors at 203.0.113.80).
+    let Some(host) = TestHost::up_in(Some("198.51.100")) else { return };
+    let mut h = Harness::new("netdoc").await;
+    let Some(id) = egress_vm(&mut h, "vm", &[], &[]).await else { return };
+    assert_eq!(client(&mut h, &id, &["tcp", &host.addr(), "8080"]).await, "ConnectionRefusedError");
+    let ev = events(&mut h, &id).await;
+    let last = ev.refused.last().expect("a refusal is recorded");
+    assert_eq!(last.destination, format!("{}:8080", host.addr()));
+    assert!(last.reason.contains("a network this host is attached to"), "{last:?}");
+    // The host is there: an explicit CIDR rule reaches it.
+    let Some(open) = egress_vm(&mut h, "open", &["198.51.100.0/30".to_string()], &[]).await else { return };
+    let got = client(&mut h, &open, &["tcp", &host.addr(), "8080"]).await;
+    assert_eq!(got, "HTTP/1.0 200 OK hello from the test host");
 }
 
 #[tokio::test]
@@ -514,4 +544,132 @@ async fn connections_beyond_the_cap_are_refused_and_all_are_cleaned_up() {
     }
     // And the VM connects again.
     assert_eq!(client(&mut h, &id, &["tcp", &host.addr(), "8080"]).await, "HTTP/1.0 200 OK hello from the test host");
+}
+
+/// In the sandbox: `HOST PORT CASE` opens one connection and sends CASE's
+/// bytes (a list is sent in parts half a second apart), half-closes, then
+/// prints the first line of the answer, EMPTY, or the error's name. Most
+/// cases hide the name `bad.sni.test` from a check that reads only the
+/// first TLS record or the first HTTP request, or name nothing checkable;
+/// `plain`, `tlsgood`, `ssh` and `websocket` are ordinary traffic.
+/// ClientHellos are real ones (Python's ssl), re-split into several
+/// handshake records.
+const EVASIONS: &str = r#"
+import socket, ssl, sys, time
+host, port, case = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+def req(name, extra=b""):
+    return b"GET / HTTP/1.1\r\nHost: " + name + b"\r\n" + extra + b"\r\n"
+def hello(name):
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname=name)
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    record = outgoing.read()
+    return record[5:5 + int.from_bytes(record[3:5], "big")]
+def records(message, cuts):
+    b = [0] + cuts + [len(message)]
+    return b"".join(b"\x16\x03\x01" + (y - x).to_bytes(2, "big") + message[x:y] for x, y in zip(b, b[1:]))
+good, bad = b"good.sni.test", b"bad.sni.test"
+if case in ("tls2", "tls5"):
+    m = hello("bad.sni.test")
+    in_sni = m.find(bad) + 3
+cases = {
+    "plain": lambda: [req(good, b"Connection: close\r\n")],
+    "tls2": lambda: [records(m, [40])],
+    "tls5": lambda: [records(m, [10, 50, in_sni - 2, in_sni])],
+    "pipelined": lambda: [req(good) + req(bad)],
+    "keepalive": lambda: [req(good), req(bad)],
+    "crlf": lambda: [b"\r\n\r\n" + req(bad)],
+    "chunked": lambda: [b"POST / HTTP/1.1\r\nHost: good.sni.test\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n" + req(bad)],
+    "h2c": lambda: [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00"],
+    "upgrade": lambda: [req(good, b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n")],
+    "duphost": lambda: [b"GET / HTTP/1.1\r\nHost: good.sni.test\r\nHost: bad.sni.test\r\n\r\n"],
+    "absolute": lambda: [b"GET http://bad.sni.test/ HTTP/1.1\r\nHost: good.sni.test\r\n\r\n"],
+    "nosni": lambda: [records(hello(None), [30])],
+    "bighead": lambda: [req(good, b"X: " + b"a" * 17000 + b"\r\n")],
+    "halfhead": lambda: [b"GET / HTTP/1.1\r\nHost: bad.sni"],
+    "tlsgood": lambda: [records(hello("good.sni.test"), [5, 100])],
+    "ssh": lambda: [b"SSH-2.0-OpenSSH_9.2\r\n"],
+    "websocket": lambda: [req(good, b"Upgrade: websocket\r\nConnection: Upgrade\r\n"), b"\x81\x82abcd\x09\x0b"],
+}
+try:
+    s = socket.create_connection((host, port), timeout=8)
+    for i, part in enumerate(cases[case]()):
+        if i:
+            time.sleep(0.5)
+        s.sendall(part)
+    try:
+        s.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # already reset: recv says so
+    data = b""
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        data += b
+    print(data.split(b"\r\n")[0].decode(errors="replace") if data else "EMPTY")
+except Exception as e:
+    print(type(e).__name__)
+"#;
+
+#[tokio::test]
+async fn names_hidden_past_the_first_record_or_request_are_still_refused() {
+    let Some(host) = TestHost::up() else { return };
+    let mut h = Harness::new("netsni").await;
+    // The test host is private: a CIDR rule opens it, the deny rule by name
+    // makes the name decide.
+    let allow = [host.addr(), "*.sni.test".to_string()];
+    let deny = ["bad.sni.test".to_string()];
+    let Some(id) = egress_vm(&mut h, "vm", &allow, &deny).await else { return };
+    let addr = host.addr();
+    let evade = async |h: &mut Harness, case: &str| {
+        let o = h.run(process(&id, &["python3", "-c", EVASIONS, &addr, "8080", case]), b"").await.unwrap();
+        o.out().trim().to_string()
+    };
+    assert_eq!(evade(&mut h, "plain").await, "HTTP/1.0 200 OK");
+    let denied = "denied by rule 'bad.sni.test'";
+    // Every case runs; the failures are listed together.
+    let mut passed = Vec::new();
+    for (case, name, reason) in [
+        ("tls2", "bad.sni.test", denied),
+        ("tls5", "bad.sni.test", denied),
+        ("pipelined", "bad.sni.test", denied),
+        ("keepalive", "bad.sni.test", denied),
+        ("crlf", "bad.sni.test", denied),
+        ("chunked", "bad.sni.test", denied),
+        ("h2c", "", "HTTP/2.0 without TLS"),
+        ("upgrade", "", "a protocol switch (Upgrade: h2c)"),
+        ("duphost", "", "several Host headers"),
+        ("absolute", "", "the request target names \"bad.sni.test\""),
+        ("nosni", "", "a TLS ClientHello without exactly one server name (SNI)"),
+        ("bighead", "", "an HTTP request head longer than 16 KiB"),
+        ("halfhead", "", "closed in the middle of a TLS ClientHello or HTTP request head"),
+    ] {
+        let before = events(&mut h, &id).await.refused_total;
+        let got = evade(&mut h, case).await;
+        // Reset before anything reached the server, except where a first,
+        // allowed request was answered before the second came.
+        let answered_first = case == "keepalive" && got == "HTTP/1.0 200 OK";
+        let reset = got == "ConnectionResetError" || got == "EMPTY" || answered_first;
+        let ev = events(&mut h, &id).await;
+        let recorded = ev.refused_total == before + 1
+            && ev.refused.last().is_some_and(|e| e.protocol == "tcp" && e.name == name && e.reason.contains(reason));
+        if !(reset && recorded) {
+            passed.push(format!("{case}: got {got:?}, last refusal {:?}", ev.refused.last()));
+        }
+    }
+    assert!(passed.is_empty(), "evasions not refused as expected:\n{}", passed.join("\n"));
+    // Allowed names, other protocols and a websocket after its checked
+    // handshake go through unrefused.
+    for case in ["tlsgood", "ssh", "websocket"] {
+        let before = events(&mut h, &id).await.refused_total;
+        let got = evade(&mut h, case).await;
+        let ev = events(&mut h, &id).await;
+        assert_eq!(ev.refused_total, before, "{case}: {got}: {:?}", ev.refused.last());
+    }
+    // Still reachable afterwards.
+    assert_eq!(evade(&mut h, "plain").await, "HTTP/1.0 200 OK");
 }

@@ -24,6 +24,10 @@ async fn stats_follow_memory_pids_cpu_and_time() {
     assert_eq!(h.sh(&id, alloc).await.code(), Some(0));
     let mut now = stats(&mut h, &id).await.unwrap();
     assert!(now.uptime_ms > first.uptime_ms, "{first:?} then {now:?}");
+    // Limits are enforced exactly when the helper has cgroups; otherwise it says why not.
+    assert_eq!(now.limits_not_enforced.is_empty(), cgroups, "{now:?}");
+    let vm = h.get(&id).await.unwrap();
+    assert_eq!(vm.limits_not_enforced, now.limits_not_enforced, "GetVm and Stats agree");
     if !cgroups {
         eprintln!("skipped the cgroup counters: helper has no cgroups");
         return;
@@ -65,9 +69,10 @@ async fn stats_count_egress_traffic() {
         return;
     }
     let id = h.running("vm", |s| s.network = pb::NetworkMode::Egress as i32).await;
-    // TEST-NET-1 is never answered; the datagrams still leave eth0.
+    // A private address: the policy refuses the datagrams in the helper's
+    // stack (nothing reaches a network), yet they left the sandbox's eth0.
     let send = "python3 -c \"import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); \
-                [s.sendto(b'x' * 500, ('192.0.2.1', 9)) for _ in range(10)]\"";
+                [s.sendto(b'x' * 500, ('10.255.255.1', 9)) for _ in range(10)]\"";
     assert_eq!(h.sh(&id, send).await.code(), Some(0));
     let now = stats(&mut h, &id).await.unwrap();
     assert!(now.net_tx_bytes >= 5000, "{now:?}");

@@ -4,11 +4,26 @@
 //! pure v1, hybrid (v1 controllers plus an empty v2 mount, as on the CI
 //! machines) and pure v2. Hybrid is treated as v1, since its v2 mount has no
 //! controllers to delegate.
+//!
+//! Root creates its groups anywhere. An ordinary user can only create them
+//! in a subtree delegated to it: on v1 the `sandbox-mcp.<user>` group under
+//! each controller that `sandbox-mcp host-setup` creates and chowns; on v2 its
+//! own cgroup when that is delegated (a `systemd-run --user --scope -p
+//! Delegate=yes` scope, or a `sandbox-mcp.<user>` group it was started in).
+//! Without one, VMs run without limits and [`CgroupLayout::detect`] says why.
 use std::path::{Path, PathBuf};
 
 use super::DriverError;
 
 const GROUP: &str = "sandbox-mcp";
+
+/// The controllers VMs are limited by.
+const CONTROLLERS: [&str; 3] = ["memory", "cpu", "pids"];
+
+/// v2: the leaf an unprivileged helper moves its delegated cgroup's
+/// processes into, since a cgroup with processes cannot enable controllers
+/// for its children (the "no internal processes" rule).
+const V2_LEAF: &str = "sandbox-mcp-procs";
 
 /// The parent group of this helper's VMs: `sandbox-mcp-<hash of the state
 /// dir>`. cgroup paths are global to the host, so two helpers (a user's and a
@@ -20,22 +35,153 @@ fn group_name() -> String {
     format!("{GROUP}-{:08x}", h.finish() as u32)
 }
 
+/// The group root delegates to `user` (`host-setup`), under each v1
+/// controller's mount or the v2 root.
+pub fn delegated_name(user: &str) -> String {
+    format!("{GROUP}.{user}")
+}
+
+/// The fix for a missing delegation, named for `user`.
+pub fn delegation_fix(user: &str) -> String {
+    format!("sudo sandbox-mcp host-setup --user {user}")
+}
+
+/// Why VMs get no cgroup limits here, and what would give them some.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}; fix: {fix}")]
+pub struct Unavailable {
+    /// What is missing.
+    pub reason: String,
+    /// The command or setting that provides it.
+    pub fix: String,
+}
+
+impl Unavailable {
+    fn new(reason: impl Into<String>, fix: impl Into<String>) -> Self {
+        Unavailable { reason: reason.into(), fix: fix.into() }
+    }
+
+    /// An unexpected failure (an unreadable /proc file, a failed mkdir).
+    fn failed(reason: impl Into<String>) -> Self {
+        Self::new(reason, "see the helper log; `sandbox-mcp doctor` probes the same")
+    }
+}
+
+/// The fix when the host has no usable hierarchy.
+const NO_HIERARCHY_FIX: &str = "mount the cgroup v1 memory, cpu and pids controllers, or boot with cgroup v2 \
+                                and those controllers enabled";
+
+/// The cgroup mounts of this host, from mountinfo.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Mounts {
+    /// The v1 hierarchy with the memory controller.
+    pub memory: Option<PathBuf>,
+    /// The v1 hierarchy with the cpu controller.
+    pub cpu: Option<PathBuf>,
+    /// The v1 hierarchy with the pids controller.
+    pub pids: Option<PathBuf>,
+    /// The v1 cpuacct hierarchy when it is not co-mounted with cpu.
+    pub cpuacct: Option<PathBuf>,
+    /// The cgroup2 mount.
+    pub v2: Option<PathBuf>,
+}
+
+impl Mounts {
+    /// Parses /proc/self/mountinfo text.
+    pub fn parse(mountinfo: &str) -> Self {
+        let mut m = Mounts::default();
+        for line in mountinfo.lines() {
+            let Some((left, right)) = line.split_once(" - ") else {
+                continue;
+            };
+            let Some(mount_point) = left.split(' ').nth(4) else {
+                continue;
+            };
+            let mut fields = right.split(' ');
+            let fstype = fields.next().unwrap_or_default();
+            let options = fields.nth(1).unwrap_or_default();
+            let has = |c: &str| options.split(',').any(|o| o == c);
+            match fstype {
+                "cgroup" => {
+                    let p = PathBuf::from(mount_point);
+                    if has("memory") {
+                        m.memory = Some(p.clone());
+                    }
+                    if has("cpu") {
+                        m.cpu = Some(p.clone());
+                    }
+                    if has("pids") {
+                        m.pids = Some(p.clone());
+                    }
+                    if has("cpuacct") && !has("cpu") {
+                        m.cpuacct = Some(p);
+                    }
+                }
+                "cgroup2" => m.v2 = Some(PathBuf::from(mount_point)),
+                _ => {}
+            }
+        }
+        m
+    }
+
+    /// The mounts of this process's mount namespace.
+    pub fn read() -> Result<Self, std::io::Error> {
+        std::fs::read_to_string("/proc/self/mountinfo").map(|s| Self::parse(&s))
+    }
+
+    /// The v1 hierarchies VM limits use (memory, cpu, pids, and cpuacct
+    /// when separate); `None` unless memory, cpu and pids all have one.
+    pub fn v1(&self) -> Option<Vec<&Path>> {
+        let (m, c, p) = (self.memory.as_deref()?, self.cpu.as_deref()?, self.pids.as_deref()?);
+        Some([m, c, p].into_iter().chain(self.cpuacct.as_deref()).collect())
+    }
+}
+
+/// Who the helper runs as: root makes its groups anywhere, a user only in
+/// its delegated subtree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Runner {
+    /// Root.
+    Root,
+    /// An ordinary user.
+    User {
+        /// Its uid.
+        uid: u32,
+        /// Its login name (names its v1 delegated subtree).
+        name: String,
+    },
+}
+
+impl Runner {
+    /// The current effective user.
+    pub fn current() -> Result<Self, Unavailable> {
+        let uid = nix::unistd::geteuid();
+        if uid.is_root() {
+            return Ok(Runner::Root);
+        }
+        let user = nix::unistd::User::from_uid(uid)
+            .map_err(|e| Unavailable::failed(format!("look up uid {uid}: {e}")))?
+            .ok_or_else(|| Unavailable::new(format!("uid {uid} has no passwd entry"), "add one (useradd)"))?;
+        Ok(Runner::User { uid: uid.as_raw(), name: user.name })
+    }
+}
+
 /// Where the VM cgroups live on this host.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CgroupLayout {
     /// One hierarchy per controller.
     V1 {
-        /// `<memory mount>/sandbox-mcp`.
+        /// `<memory mount>/[sandbox-mcp.<user>/]<group>`.
         memory: PathBuf,
-        /// `<cpu mount>/sandbox-mcp`.
+        /// `<cpu mount>/[sandbox-mcp.<user>/]<group>`.
         cpu: PathBuf,
-        /// `<pids mount>/sandbox-mcp`.
+        /// `<pids mount>/[sandbox-mcp.<user>/]<group>`.
         pids: PathBuf,
-        /// `<cpuacct mount>/sandbox-mcp`, when cpuacct has a hierarchy of
+        /// `<cpuacct mount>/...`, when cpuacct has a hierarchy of
         /// its own (co-mounted with cpu, the cpu group already counts).
         cpuacct: Option<PathBuf>,
     },
-    /// The unified hierarchy: `<our cgroup>/sandbox-mcp` with the three
+    /// The unified hierarchy: `<our cgroup>/<group>` with the three
     /// controllers enabled for its children.
     V2 {
         /// The parent of every VM cgroup.
@@ -54,58 +200,47 @@ pub struct Limits {
     pub pids: u32,
 }
 
-impl CgroupLayout {
-    /// Finds a usable layout and prepares its `sandbox-mcp` parent group;
-    /// `None` (with the reason) when limits cannot be enforced here.
-    pub fn detect() -> Result<Self, String> {
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("mountinfo: {e}"))?;
-        let mut v1 = (None, None, None);
-        let mut cpuacct = None;
-        let mut v2 = None;
-        for line in mountinfo.lines() {
-            let Some((left, right)) = line.split_once(" - ") else {
-                continue;
-            };
-            let Some(mount_point) = left.split(' ').nth(4) else {
-                continue;
-            };
-            let mut fields = right.split(' ');
-            let fstype = fields.next().unwrap_or_default();
-            let options = fields.nth(1).unwrap_or_default();
-            let has = |c: &str| options.split(',').any(|o| o == c);
-            match fstype {
-                "cgroup" => {
-                    let p = PathBuf::from(mount_point);
-                    if has("memory") {
-                        v1.0 = Some(p.clone());
-                    }
-                    if has("cpu") {
-                        v1.1 = Some(p.clone());
-                    }
-                    if has("pids") {
-                        v1.2 = Some(p.clone());
-                    }
-                    if has("cpuacct") && !has("cpu") {
-                        cpuacct = Some(p);
-                    }
-                }
-                "cgroup2" => v2 = Some(PathBuf::from(mount_point)),
-                _ => {}
-            }
-        }
-        let group = group_name();
-        let layout = match (v1, v2) {
-            ((Some(m), Some(c), Some(p)), _) => CgroupLayout::V1 {
-                memory: m.join(&group),
-                cpu: c.join(&group),
-                pids: p.join(&group),
-                cpuacct: cpuacct.map(|a| a.join(&group)),
-            },
-            (_, Some(root)) => CgroupLayout::V2 { base: v2_base(&root)? },
-            _ => return Err("no cgroup hierarchy with memory, cpu and pids controllers".into()),
+/// Where the groups would go, from the mounts and this process's own
+/// cgroup (/proc/self/cgroup text); no file system access.
+pub fn plan(mounts: &Mounts, self_cgroup: &str, runner: &Runner, group: &str) -> Result<CgroupLayout, Unavailable> {
+    if let Some(v1) = mounts.v1() {
+        let parent = |mount: &Path| match runner {
+            Runner::Root => mount.join(group),
+            Runner::User { name, .. } => mount.join(delegated_name(name)).join(group),
         };
-        layout.prepare()?;
+        let cpuacct = (v1.len() == 4).then(|| parent(v1[3]));
+        return Ok(CgroupLayout::V1 { memory: parent(v1[0]), cpu: parent(v1[1]), pids: parent(v1[2]), cpuacct });
+    }
+    let Some(root) = &mounts.v2 else {
+        return Err(Unavailable::new("no cgroup hierarchy with memory, cpu and pids controllers", NO_HIERARCHY_FIX));
+    };
+    let rel = self_cgroup
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .ok_or_else(|| Unavailable::new("this process is in no cgroup v2 group", NO_HIERARCHY_FIX))?;
+    Ok(CgroupLayout::V2 { base: root.join(rel.trim_start_matches('/')).join(group) })
+}
+
+impl CgroupLayout {
+    /// Finds a usable layout and prepares its parent group; the reason
+    /// when limits cannot be enforced here (for an ordinary user: naming
+    /// the `host-setup` or `systemd-run` fix).
+    pub fn detect() -> Result<Self, Unavailable> {
+        let mounts = Mounts::read().map_err(|e| Unavailable::failed(format!("/proc/self/mountinfo: {e}")))?;
+        let own = std::fs::read_to_string("/proc/self/cgroup")
+            .map_err(|e| Unavailable::failed(format!("/proc/self/cgroup: {e}")))?;
+        let runner = Runner::current()?;
+        let layout = plan(&mounts, &own, &runner, &group_name())?;
+        layout.prepare(&runner)?;
         Ok(layout)
+    }
+
+    /// The parent group of this helper's VMs (v1: in the memory hierarchy).
+    pub fn parent(&self) -> &Path {
+        match self {
+            CgroupLayout::V1 { memory, .. } => memory,
+            CgroupLayout::V2 { base } => base,
+        }
     }
 
     /// Capability name reported in GetInfo.
@@ -116,16 +251,41 @@ impl CgroupLayout {
         }
     }
 
-    fn prepare(&self) -> Result<(), String> {
+    fn prepare(&self, runner: &Runner) -> Result<(), Unavailable> {
         match self {
             CgroupLayout::V1 { memory, cpu, pids, cpuacct } => {
                 for dir in [memory, cpu, pids].into_iter().chain(cpuacct) {
-                    mkdir(dir)?;
+                    if let (Runner::User { name, .. }, Some(delegated)) = (runner, dir.parent())
+                        && !delegated.is_dir()
+                    {
+                        return Err(Unavailable::new(
+                            format!("no cgroup subtree delegated to {name} ({} is missing)", delegated.display()),
+                            delegation_fix(name),
+                        ));
+                    }
+                    mkdir(dir).map_err(|e| match runner {
+                        Runner::User { name, .. } => Unavailable::new(e, delegation_fix(name)),
+                        Runner::Root => Unavailable::failed(e),
+                    })?;
                 }
             }
             CgroupLayout::V2 { base } => {
-                mkdir(base)?;
-                write(&base.join("cgroup.subtree_control"), "+memory +cpu +pids").map_err(|e| e.to_string())?;
+                let own = base.parent().unwrap_or(Path::new("/"));
+                let controllers = std::fs::read_to_string(own.join("cgroup.controllers")).unwrap_or_default();
+                for c in CONTROLLERS {
+                    if !controllers.split_whitespace().any(|x| x == c) {
+                        return Err(Unavailable::new(
+                            format!("cgroup v2 has no {c} controller in {}", own.display()),
+                            V2_SCOPE_FIX,
+                        ));
+                    }
+                }
+                if let Runner::User { uid, .. } = runner {
+                    v2_take_delegated(own, *uid)?;
+                }
+                mkdir(base).map_err(Unavailable::failed)?;
+                write(&base.join("cgroup.subtree_control"), "+memory +cpu +pids")
+                    .map_err(|e| Unavailable::failed(e.to_string()))?;
             }
         }
         Ok(())
@@ -194,6 +354,40 @@ impl CgroupLayout {
     }
 }
 
+/// Proves that limits work for the current user, as a VM would get them:
+/// creates a group in this helper's parent group, moves a child process
+/// into it, then removes both. The parent group stays: a running helper of
+/// the same state dir may be using it.
+pub fn probe() -> Result<CgroupLayout, Unavailable> {
+    let layout = CgroupLayout::detect()?;
+    let fix = match Runner::current()? {
+        Runner::User { name, .. } => delegation_fix(&name),
+        Runner::Root => "see the helper log".to_string(),
+    };
+    let id = format!("doctor-probe-{}", std::process::id());
+    let limits = Limits { cpus: 1, memory_bytes: 64 << 20, pids: 16 };
+    let cg = layout.create(&id, limits).map_err(|e| Unavailable::new(e.to_string(), fix.clone()))?;
+    let child = std::process::Command::new("sleep")
+        .arg("60")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    let added = match child {
+        Ok(mut child) => {
+            let added = i32::try_from(child.id())
+                .map_err(|e| e.to_string())
+                .and_then(|pid| cg.add(pid).map_err(|e| e.to_string()));
+            let _ = child.kill();
+            let _ = child.wait();
+            added
+        }
+        Err(e) => Err(format!("spawn sleep: {e}")),
+    };
+    cg.remove();
+    added.map(|()| layout).map_err(|e| Unavailable::new(e, fix))
+}
+
 /// The cgroup of one VM (one dir per v1 controller, or one v2 dir).
 #[derive(Debug)]
 pub struct VmCgroup {
@@ -260,17 +454,42 @@ impl VmCgroup {
     }
 }
 
-fn v2_base(root: &Path) -> Result<PathBuf, String> {
-    let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("/proc/self/cgroup: {e}"))?;
-    let rel = own.lines().find_map(|l| l.strip_prefix("0::")).ok_or("not in a cgroup v2 hierarchy")?;
-    let controllers = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
-    for c in ["memory", "cpu", "pids"] {
-        if !controllers.split_whitespace().any(|x| x == c) {
-            return Err(format!("cgroup v2 has no {c} controller"));
+/// Makes an unprivileged helper's own v2 cgroup `own` ready for VM groups:
+/// it must be delegated to `uid` (owned by it, as systemd's `Delegate=yes`
+/// and `host-setup` leave it); its processes move to a leaf so that
+/// controllers can be enabled for its children.
+fn v2_take_delegated(own: &Path, uid: u32) -> Result<(), Unavailable> {
+    use std::os::unix::fs::MetadataExt as _;
+    let owner = std::fs::metadata(own.join("cgroup.subtree_control")).map(|m| m.uid()).unwrap_or(u32::MAX);
+    if owner != uid {
+        return Err(Unavailable::new(
+            format!("this process's cgroup {} is not delegated to uid {uid}", own.display()),
+            V2_SCOPE_FIX,
+        ));
+    }
+    let enabled = std::fs::read_to_string(own.join("cgroup.subtree_control")).unwrap_or_default();
+    if CONTROLLERS.iter().all(|c| enabled.split_whitespace().any(|x| x == *c)) {
+        return Ok(());
+    }
+    let leaf = own.join(V2_LEAF);
+    mkdir(&leaf).map_err(Unavailable::failed)?;
+    let procs = std::fs::read_to_string(own.join("cgroup.procs"))
+        .map_err(|e| Unavailable::failed(format!("{}: {e}", own.display())))?;
+    for pid in procs.split_whitespace() {
+        // A process may exit between the read and the move.
+        match std::fs::write(leaf.join("cgroup.procs"), pid) {
+            Err(e) if e.raw_os_error() != Some(libc::ESRCH) => {
+                return Err(Unavailable::failed(format!("move pid {pid} into {}: {e}", leaf.display())));
+            }
+            _ => {}
         }
     }
-    Ok(root.join(rel.trim_start_matches('/')).join(group_name()))
+    write(&own.join("cgroup.subtree_control"), "+memory +cpu +pids").map_err(|e| Unavailable::failed(e.to_string()))
 }
+
+/// The fix on v2: a scope systemd delegates to the user.
+const V2_SCOPE_FIX: &str =
+    "start the server in a delegated scope: `systemd-run --user --scope -p Delegate=yes sandbox-mcp`";
 
 fn mkdir(dir: &Path) -> Result<(), String> {
     match std::fs::create_dir(dir) {
@@ -287,6 +506,67 @@ fn write(path: &Path, value: &str) -> Result<(), DriverError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const HYBRID: &str = "\
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+    const V2: &str = "35 24 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
+    const SCOPE: &str = "0::/user.slice/user-1000.slice/user@1000.service/app.slice/run-r1.scope\n";
+
+    fn alice() -> Runner {
+        Runner::User { uid: 1000, name: "alice".into() }
+    }
+
+    #[test]
+    fn v1_groups_go_in_the_users_delegated_subtree() {
+        let layout = plan(&Mounts::parse(HYBRID), "0::/\n", &alice(), "g").unwrap();
+        let at = |c: &str| PathBuf::from(format!("/sys/fs/cgroup/{c}/sandbox-mcp.alice/g"));
+        assert_eq!(
+            layout,
+            CgroupLayout::V1 { memory: at("memory"), cpu: at("cpu"), pids: at("pids"), cpuacct: Some(at("cpuacct")) }
+        );
+    }
+
+    #[test]
+    fn root_keeps_its_groups_at_the_top() {
+        let layout = plan(&Mounts::parse(HYBRID), "0::/\n", &Runner::Root, "g").unwrap();
+        assert_eq!(layout.parent(), Path::new("/sys/fs/cgroup/memory/g"));
+    }
+
+    #[test]
+    fn v2_groups_go_under_the_own_delegated_scope() {
+        let layout = plan(&Mounts::parse(V2), SCOPE, &alice(), "g").unwrap();
+        let scope = "/sys/fs/cgroup/user.slice/user-1000.slice/user@1000.service/app.slice/run-r1.scope";
+        assert_eq!(layout, CgroupLayout::V2 { base: PathBuf::from(scope).join("g") });
+    }
+
+    #[test]
+    fn no_hierarchy_says_why_and_how() {
+        let e = plan(&Mounts::parse(""), "", &alice(), "g").unwrap_err();
+        assert!(e.reason.contains("no cgroup hierarchy"), "{e}");
+        let e = plan(&Mounts::parse(V2), "1:name=systemd:/\n", &alice(), "g").unwrap_err();
+        assert!(e.reason.contains("no cgroup v2 group") && e.to_string().contains("; fix: "), "{e}");
+    }
+
+    #[test]
+    fn a_user_without_delegation_gets_the_host_setup_fix() {
+        // A v1 layout whose delegated dirs do not exist (a fresh temp root).
+        let root = std::env::temp_dir().join(format!("cgroup-plan-{}", std::process::id()));
+        let layout = CgroupLayout::V1 {
+            memory: root.join("memory/sandbox-mcp.alice/g"),
+            cpu: root.join("cpu/sandbox-mcp.alice/g"),
+            pids: root.join("pids/sandbox-mcp.alice/g"),
+            cpuacct: None,
+        };
+        let e = layout.prepare(&alice()).unwrap_err();
+        assert!(e.reason.contains("no cgroup subtree delegated to alice"), "{e}");
+        assert_eq!(e.fix, "sudo sandbox-mcp host-setup --user alice");
+        assert!(!root.exists(), "nothing is created without the delegation");
+    }
 
     #[test]
     fn limits_are_written_and_the_group_removed() {

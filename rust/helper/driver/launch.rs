@@ -4,7 +4,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, recv, send, socketpair};
 use tokio::io::AsyncWriteExt as _;
@@ -146,7 +146,9 @@ pub async fn launch(driver: &Driver, spec: &LaunchSpec) -> Result<(Instance, Chi
             Ok(())
         });
     }
+    let spawned = Instant::now();
     let mut child = cmd.spawn().map_err(io("spawn vm launcher"))?;
+    let spawn = spawned.elapsed();
     drop(listener);
     drop(theirs);
     let launcher_pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
@@ -162,6 +164,7 @@ pub async fn launch(driver: &Driver, spec: &LaunchSpec) -> Result<(Instance, Chi
 
     let mut state = Partial { cgroup: None, net: None, pid1: None };
     let result = tokio::time::timeout(START_TIMEOUT, handshake(driver, spec, ours, launcher_pid, &mut state)).await;
+    tracing::debug!(vm = %spec.id, ?spawn, "launcher spawned");
     match result {
         Ok(Ok(control)) => match state {
             Partial { cgroup, net, pid1: Some((pid1, pid1fd)) } => {
@@ -221,15 +224,19 @@ async fn handshake(
     let control = unsafe { AsyncFd::register(control) }
         .map_err(|e| DriverError::io("register control socket", std::io::Error::from(e)))?;
 
+    let begun = Instant::now();
     if let Some((policy, events)) = &spec.egress {
         let tun = recv_tun(&control).await?;
         let net = NetStack::start(tun, policy.clone(), events.clone())
             .map_err(|e| DriverError::io("start the vm's network stack", e))?;
         state.net = Some(net);
     }
+    let t0 = Instant::now();
     expect(&control, b"userns").await?;
+    let t1 = Instant::now();
     let mapper = driver.ids.as_ref().map_err(|reason| DriverError::UserNs(reason.clone()))?;
     mapper.map(launcher_pid)?;
+    let t2 = Instant::now();
     if let Some(layout) = &driver.cgroups {
         let cg = layout.create(&spec.id, spec.limits)?;
         let added = cg.add(launcher_pid);
@@ -239,6 +246,7 @@ async fn handshake(
     send(control.get_ref().as_raw_fd(), b"go", MsgFlags::MSG_DONTWAIT)
         .map_err(|source| DriverError::Sys { what: "control socket send".into(), source })?;
 
+    let t3 = Instant::now();
     let mut ready = false;
     while !ready || state.pid1.is_none() {
         let msg = recv_async(&control).await?;
@@ -257,7 +265,13 @@ async fn handshake(
     if let Some((pid1, _)) = &state.pid1 {
         protect_from_oom(launcher_pid, *pid1);
     }
+    let t4 = Instant::now();
     ping(spec).await?;
+    // Where start time goes: waits on the launcher, our own steps, the agent.
+    tracing::debug!(
+        vm = %spec.id, tun = ?(t0 - begun), userns = ?(t1 - t0), idmap = ?(t2 - t1), cgroup = ?(t3 - t2), ready = ?(t4 - t3), ping = ?t4.elapsed(),
+        "start steps"
+    );
     Ok(control.into_inner())
 }
 

@@ -73,6 +73,8 @@ pub struct Driver {
     /// get a user namespace as this user.
     ids: Result<userns::IdMapper, String>,
     cgroups: Option<cgroup::CgroupLayout>,
+    /// Why VMs run without cpu/memory/pids limits, if they do.
+    no_limits: Option<String>,
     /// Why EGRESS cannot be served, if it cannot.
     no_egress: Option<String>,
 }
@@ -81,11 +83,11 @@ impl Driver {
     /// Probes the host: id mapping, cgroups, the tun device.
     pub fn detect() -> Result<Self, DriverError> {
         let self_exe = std::env::current_exe().map_err(|e| DriverError::io("locate own binary", e))?;
-        let cgroups = match cgroup::CgroupLayout::detect() {
-            Ok(layout) => Some(layout),
+        let (cgroups, no_limits) = match cgroup::CgroupLayout::detect() {
+            Ok(layout) => (Some(layout), None),
             Err(reason) => {
                 tracing::warn!(%reason, "cgroups unavailable: VMs run without cpu/memory/pids limits");
-                None
+                (None, Some(reason.to_string()))
             }
         };
         let no_egress = match std::fs::metadata("/dev/net/tun") {
@@ -95,7 +97,7 @@ impl Driver {
                 Some(format!("/dev/net/tun: {e}"))
             }
         };
-        Ok(Driver { self_exe, ids: userns::IdMapper::detect(), cgroups, no_egress })
+        Ok(Driver { self_exe, ids: userns::IdMapper::detect(), cgroups, no_limits, no_egress })
     }
 
     /// Releases host-wide resources once no VM runs (the helper is exiting).
@@ -157,6 +159,13 @@ impl Driver {
             return Ok(());
         }
         Err(failed(format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim())))
+    }
+
+    /// Why a VM runs without cpu/memory/pids limits, as the contract's
+    /// `limits_not_enforced` says it: empty when it has its cgroup (which
+    /// every VM has whenever the host has cgroups: launch fails otherwise).
+    pub fn limits_not_enforced(&self, has_cgroup: bool) -> String {
+        if has_cgroup { String::new() } else { self.no_limits.clone().unwrap_or_default() }
     }
 
     /// Why EGRESS networking cannot be provided, if it cannot.

@@ -76,6 +76,15 @@ const CLONE_NS_FLAGS: &[i32] = &[
     libc::CLONE_NEWCGROUP,
 ];
 
+/// clone(CLONE_PARENT) makes the new process a sibling of its caller: a
+/// command the agent started would give its child to the agent itself, out
+/// of the tree a timeout or `kill` ends (the child subreaper only catches
+/// orphans, and this child is no orphan). Nothing ordinary asks for it:
+/// glibc's fork, vfork and posix_spawn, musl and Go's runtime never pass it.
+/// With CLONE_THREAD the flag is harmless (a thread shares its caller's
+/// process), so only the process-making form is refused.
+const CLONE_PARENT_PROCESS: (u64, u64) = ((libc::CLONE_PARENT | libc::CLONE_THREAD) as u64, libc::CLONE_PARENT as u64);
+
 /// io_uring: its submitted operations (open, connect, read, write…) run in
 /// the kernel without passing through seccomp, so a ring would reopen every
 /// door this filter closes. Refused with ENOSYS, what a kernel built without
@@ -155,6 +164,9 @@ pub fn install() -> Result<(), DriverError> {
             SeccompCondition::new(0, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(flag), flag).map_err(err)?;
         clone_rules.push(SeccompRule::new(vec![cond]).map_err(err)?);
     }
+    let (mask, value) = CLONE_PARENT_PROCESS;
+    let cond = SeccompCondition::new(0, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(mask), value).map_err(err)?;
+    clone_rules.push(SeccompRule::new(vec![cond]).map_err(err)?);
     eperm.insert(libc::SYS_clone, clone_rules);
     eperm.insert(libc::SYS_socket, socket_rules().map_err(err)?);
     eperm.insert(libc::SYS_prctl, prctl_rules().map_err(err)?);
@@ -222,6 +234,13 @@ mod tests {
                 assert_eq!(errno_of(libc::syscall(libc::SYS_setns, -1, 0)), Some(libc::EPERM));
                 assert_eq!(errno_of(libc::syscall(libc::SYS_bpf, 0, 0, 0)), Some(libc::EPERM));
                 assert_eq!(errno_of(libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0)), Some(libc::ENOSYS));
+                // A sibling process is refused; CLONE_PARENT on a thread passes
+                // the filter (the kernel then answers EINVAL: CLONE_THREAD
+                // without CLONE_SIGHAND), so no child is ever made here.
+                let sibling = (libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_long;
+                assert_eq!(errno_of(libc::syscall(libc::SYS_clone, sibling, 0, 0, 0, 0)), Some(libc::EPERM));
+                let thread = (libc::CLONE_PARENT | libc::CLONE_THREAD) as libc::c_long;
+                assert_eq!(errno_of(libc::syscall(libc::SYS_clone, thread, 0, 0, 0, 0)), Some(libc::EINVAL));
                 let none = std::ptr::null::<libc::c_char>();
                 assert_eq!(
                     errno_of(libc::mount(none, c"/".as_ptr(), none, 0, std::ptr::null()).into()),

@@ -17,9 +17,10 @@
 //! 0.12, the newest that builds with the crate's rust-version (1.88).
 //!
 //! Files: [`device`] the link, `stack` the poll loop and flow decisions,
-//! `tcp` the flow relay, `udp` NAT, [`dns`] forwarding and pinning, [`sni`]
-//! the name a flow's first bytes carry, [`events`] refusals and counters,
-//! [`wire`] the packets the stack writes itself.
+//! `tcp` the flow relay, `udp` NAT, [`dns`] forwarding and pinning,
+//! [`inspect`] the names a flow's client bytes carry ([`tls`] SNI, [`http`]
+//! Host), [`events`] refusals and counters, [`wire`] the packets the stack
+//! writes itself.
 use std::net::Ipv4Addr;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
@@ -32,9 +33,11 @@ use crate::netpolicy::{HostAddrs, NetworkPolicy};
 pub mod device;
 pub mod dns;
 pub mod events;
-pub mod sni;
+pub mod http;
+pub mod inspect;
 mod stack;
 mod tcp;
+pub mod tls;
 mod udp;
 pub mod wire;
 
@@ -88,23 +91,27 @@ pub fn host_addrs() -> Arc<HostAddrs> {
     {
         return addrs.clone();
     }
-    let addrs = Arc::new(HostAddrs::new(read_host_addrs()));
+    let addrs = Arc::new(HostAddrs::with_networks(read_host_interfaces()));
     *cache = Some((Instant::now(), addrs.clone()));
     addrs
 }
 
-fn read_host_addrs() -> Vec<std::net::IpAddr> {
+/// Every interface address with its prefix length (from the netmask).
+fn read_host_interfaces() -> Vec<(std::net::IpAddr, u8)> {
     let Ok(ifaddrs) = nix::ifaddrs::getifaddrs() else {
         tracing::warn!("getifaddrs failed: only loopback is known as the host's");
         return Vec::new();
     };
     ifaddrs
-        .filter_map(|i| i.address)
-        .filter_map(|a| {
-            if let Some(v4) = a.as_sockaddr_in() {
-                Some(std::net::IpAddr::V4(v4.ip()))
+        .filter_map(|i| {
+            let (addr, mask) = (i.address?, i.netmask);
+            if let Some(v4) = addr.as_sockaddr_in() {
+                let prefix = mask.and_then(|m| m.as_sockaddr_in().map(|m| u32::from(m.ip()).count_ones()));
+                Some((std::net::IpAddr::V4(v4.ip()), prefix.unwrap_or(32) as u8))
             } else {
-                a.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip()))
+                let v6 = addr.as_sockaddr_in6()?;
+                let prefix = mask.and_then(|m| m.as_sockaddr_in6().map(|m| u128::from(m.ip()).count_ones()));
+                Some((std::net::IpAddr::V6(v6.ip()), prefix.unwrap_or(128) as u8))
             }
         })
         .collect()

@@ -95,8 +95,8 @@ impl Ctx {
         }
     }
 
-    /// The second check of a TCP flow, against the name its first bytes
-    /// carry (TLS SNI or HTTP Host).
+    /// The second check of a TCP flow, against a name its client bytes
+    /// carry (a TLS SNI or the Host of each HTTP request).
     pub fn check_name(&self, dst: SocketAddr, name: &str) -> bool {
         match self.policy.check(dst, &[name], &super::host_addrs()) {
             Verdict::Allow => true,
@@ -105,6 +105,16 @@ impl Ctx {
                 false
             }
         }
+    }
+
+    /// Records the refusal of a flow whose verdict depends on a name when
+    /// its bytes carry none we can check (`why`).
+    pub fn refuse_unnamed(&self, dst: SocketAddr, why: &str) {
+        let reason = format!(
+            "{why}: the policy allows {dst} only for some names, so every connection to it must name its host \
+             where the sandbox can check it (one TLS SNI, one Host per HTTP/1 request)"
+        );
+        self.events.refused("tcp", dst.to_string(), None, reason);
     }
 }
 
@@ -376,7 +386,8 @@ impl Stack {
                     return;
                 }
                 let handle = self.sockets.add(sock);
-                self.flows.insert(handle, Flow::start(key, stream, self.wake.clone()));
+                let inspect = self.ctx.policy.name_decides(SocketAddr::V4(key.1));
+                self.flows.insert(handle, Flow::start(key, stream, inspect, self.wake.clone()));
                 self.tuples.insert(key, Tuple::Open);
                 // The held SYN, now that a socket listens for it; polled at
                 // once so no other flow's SYN can reach this socket first.

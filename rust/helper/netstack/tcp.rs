@@ -3,10 +3,13 @@
 //! slow side stalls the other (backpressure through both TCP windows).
 //! Half-close travels both ways; a reset on either side aborts the other.
 //!
-//! Before anything the client sent goes upstream, its first bytes are held
-//! (at most [`sni::MAX_PEEK`]) until a TLS SNI or HTTP Host can be read and
-//! checked against the policy again. Upstream → client is never held, so
-//! server-speaks-first protocols are not delayed.
+//! Where a name decides the flow's verdict, its client bytes are read before
+//! they go upstream ([`Inspector`]): each TLS SNI or HTTP Host is checked
+//! against the policy again, and bytes that name nothing checkable are
+//! refused. At most 16 KiB are held back while a name is awaited (the
+//! parsers' bound, below [`CHUNK`], so a flow never waits on a full
+//! buffer). Upstream → client is never held, so server-speaks-first
+//! protocols are not delayed; flows where no name decides are not read.
 use std::net::{SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +20,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::sni::{self, Peek};
+use super::inspect::{Inspector, Step};
 use super::stack::Ctx;
 
 /// Largest chunk moved at once between a socket and a channel.
@@ -39,15 +42,25 @@ pub struct Flow {
     pending: Vec<u8>,
     sent: usize,
     fin_sent: bool,
-    /// The client's first bytes while waiting for a name to check.
-    inspect: Option<Vec<u8>>,
+    /// Reads the client's bytes while a name may still decide.
+    inspect: Option<Inspector>,
+    /// Client bytes taken from the socket but not yet upstream; the first
+    /// `cleared` of them have passed the inspector.
+    held: Vec<u8>,
+    cleared: usize,
+    /// Bytes read into `held` so far, and that count when the inspector last
+    /// wanted more: it is not asked again (re-parsing up to 16 KiB on every
+    /// poll) until more arrive.
+    read: u64,
+    waiting_at: Option<u64>,
     reset: Arc<AtomicBool>,
     _relay: DropGuard,
 }
 
 impl Flow {
-    /// Starts the relay for a connected `stream`.
-    pub fn start(key: Key, stream: TcpStream, wake: Arc<Notify>) -> Flow {
+    /// Starts the relay for a connected `stream`; `inspect` when a name
+    /// the client's bytes carry may change the flow's verdict.
+    pub fn start(key: Key, stream: TcpStream, inspect: bool, wake: Arc<Notify>) -> Flow {
         let (up_tx, up_rx) = mpsc::channel(DEPTH);
         let (down_tx, down_rx) = mpsc::channel(DEPTH);
         let reset = Arc::new(AtomicBool::new(false));
@@ -60,7 +73,11 @@ impl Flow {
             pending: Vec::new(),
             sent: 0,
             fin_sent: false,
-            inspect: Some(Vec::new()),
+            inspect: inspect.then(Inspector::default),
+            held: Vec::new(),
+            cleared: 0,
+            read: 0,
+            waiting_at: None,
             reset,
             _relay: cancel.drop_guard(),
         }
@@ -73,32 +90,20 @@ impl Flow {
             return 0;
         }
         let mut moved = 0;
-        if let Some(head) = &mut self.inspect {
-            while sock.can_recv() && head.len() < sni::MAX_PEEK {
-                let room = sni::MAX_PEEK - head.len();
-                moved += sock
-                    .recv(|b| {
-                        let n = b.len().min(room);
-                        head.extend_from_slice(&b[..n]);
-                        (n, n)
-                    })
-                    .unwrap_or(0);
+        if self.inspect.is_some() || !self.held.is_empty() {
+            match self.pump_inspected(sock, ctx) {
+                Some(n) => moved += n,
+                None => {
+                    sock.abort();
+                    return 0;
+                }
             }
-            let name = match sni::peek(head) {
-                Peek::NeedMore if sock.may_recv() && head.len() < sni::MAX_PEEK => return moved + self.pump_down(sock),
-                Peek::Name(name) => Some(name),
-                _ => None,
-            };
-            if let Some(name) = name
-                && !ctx.check_name(SocketAddr::V4(self.key.1), &name)
-            {
-                sock.abort();
-                return moved;
-            }
-            let head = self.inspect.take().unwrap_or_default();
-            if let (false, Some(up)) = (head.is_empty(), &self.up) {
-                // The channel is fresh: it has room for this first chunk.
-                let _ = up.try_send(head);
+            // Bytes read past the inspector must not overtake those held.
+            if self.inspect.is_some() || !self.held.is_empty() {
+                if self.held.is_empty() && !sock.may_recv() && !sock.can_recv() {
+                    self.up = None;
+                }
+                return moved + self.pump_down(sock);
             }
         }
         if let Some(up) = &self.up {
@@ -117,6 +122,77 @@ impl Flow {
             }
         }
         moved + self.pump_down(sock)
+    }
+
+    /// Moves client bytes through the inspector: reads them into `held`,
+    /// checks each name found, sends what passed. None: refused (the
+    /// refusal is recorded), the flow must be reset.
+    fn pump_inspected(&mut self, sock: &mut tcp::Socket<'_>, ctx: &Ctx) -> Option<usize> {
+        let dst = SocketAddr::V4(self.key.1);
+        let mut moved = 0;
+        loop {
+            while let Some(inspector) = &mut self.inspect {
+                let pending = &self.held[self.cleared..];
+                let step = if self.waiting_at == Some(self.read) { Step::NeedMore } else { inspector.next(pending) };
+                match step {
+                    Step::Pass { len, name } => {
+                        if let Some(name) = name
+                            && !ctx.check_name(dst, &name)
+                        {
+                            return None;
+                        }
+                        self.cleared += len.min(pending.len());
+                    }
+                    Step::Rest => {
+                        self.cleared = self.held.len();
+                        self.inspect = None;
+                    }
+                    Step::NeedMore => {
+                        if !pending.is_empty() && !sock.may_recv() && !sock.can_recv() {
+                            let why =
+                                "the connection was closed in the middle of a TLS ClientHello or HTTP request head";
+                            ctx.refuse_unnamed(dst, why);
+                            return None;
+                        }
+                        self.waiting_at = Some(self.read);
+                        break;
+                    }
+                    Step::Unnamed(why) => {
+                        ctx.refuse_unnamed(dst, &why);
+                        return None;
+                    }
+                }
+            }
+            let mut progress = false;
+            if self.cleared > 0
+                && let Some(up) = &self.up
+                && let Ok(permit) = up.try_reserve()
+            {
+                let rest = self.held.split_off(self.cleared);
+                permit.send(std::mem::replace(&mut self.held, rest));
+                self.cleared = 0;
+                progress = true;
+            }
+            // Once the inspector is gone, what is left here goes first,
+            // then the plain path takes over.
+            if self.inspect.is_some() && self.held.len() < CHUNK && sock.can_recv() {
+                let room = CHUNK - self.held.len();
+                let held = &mut self.held;
+                let n = sock
+                    .recv(|b| {
+                        let n = b.len().min(room);
+                        held.extend_from_slice(&b[..n]);
+                        (n, n)
+                    })
+                    .unwrap_or(0);
+                moved += n;
+                self.read += n as u64;
+                progress |= n > 0;
+            }
+            if !progress {
+                return Some(moved);
+            }
+        }
     }
 
     fn pump_down(&mut self, sock: &mut tcp::Socket<'_>) -> usize {

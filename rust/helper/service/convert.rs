@@ -1,6 +1,7 @@
 //! Proto ⇄ domain conversions for the service: VM specs, process specs,
 //! exit statuses and background-process records.
 use super::super::error::HelperError;
+use super::super::seed::{SeedFile, SeedKind};
 use super::super::spec::{MountSpec, Network, VmConfig, check_env_key};
 use super::super::vm::{VmInfo, VmManager, VmState};
 use crate::agent::protocol::{BackgroundRecord, ExitStatus, StartSpec};
@@ -69,6 +70,24 @@ pub(super) fn exited(st: ExitStatus) -> pb::Exited {
             ExitStatus::Signal(s) => pb::exited::Status::Signal(s),
         }),
     }
+}
+
+/// A spec's files (`VmSpec.files`), kept apart from the config the VM keeps.
+pub(super) fn seed_files(files: Vec<pb::RootfsFile>) -> Result<Vec<SeedFile>, HelperError> {
+    files
+        .into_iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let kind = if f.symlink_target.is_empty() {
+                SeedKind::File { content: f.content, mode: f.mode }
+            } else if f.content.is_empty() {
+                SeedKind::Link(f.symlink_target.into())
+            } else {
+                return Err(HelperError::invalid(format!("spec.files[{i}].content"), "must be empty for a symlink"));
+            };
+            Ok(SeedFile { path: f.path.into(), kind })
+        })
+        .collect()
 }
 
 pub(super) fn config_from_proto(spec: pb::VmSpec) -> Result<VmConfig, HelperError> {
@@ -140,6 +159,7 @@ pub(super) fn vm_to_proto(vm: VmInfo) -> pb::Vm {
                 deny: c.network_policy.deny().iter().map(ToString::to_string).collect(),
             }),
             disk_bytes: c.disk_bytes,
+            files: Vec::new(),
         }),
         state: match vm.state {
             VmState::Created => pb::VmState::Created,
@@ -150,6 +170,8 @@ pub(super) fn vm_to_proto(vm: VmInfo) -> pb::Vm {
         started_at_ms: vm.started_at_ms,
         shell: vm.shell,
         stop_reason: vm.stop_reason,
+        image_created_at_ms: vm.image_created_at_ms,
+        limits_not_enforced: vm.limits_not_enforced,
     }
 }
 

@@ -21,7 +21,7 @@ mod convert;
 mod images;
 mod streams;
 
-use convert::{background_to_proto, config_from_proto, start_spec, vm_to_proto};
+use convert::{background_to_proto, config_from_proto, seed_files, start_spec, vm_to_proto};
 use streams::RpcStream;
 
 /// What this helper does with images and VMs on top of the driver's
@@ -115,9 +115,10 @@ impl VmHelper for HelperService {
     }
 
     async fn create_vm(&self, req: Request<pb::CreateVmRequest>) -> Result<Response<pb::CreateVmResponse>, Status> {
-        let spec = req.into_inner().spec.ok_or_else(|| status(HelperError::invalid("spec", "required")))?;
+        let mut spec = req.into_inner().spec.ok_or_else(|| status(HelperError::invalid("spec", "required")))?;
+        let files = seed_files(std::mem::take(&mut spec.files)).map_err(status)?;
         let config = config_from_proto(spec).map_err(status)?;
-        let vm = self.completing(move |vms| async move { vms.create(config).await }).await?;
+        let vm = self.completing(move |vms| async move { vms.create(config, files).await }).await?;
         Ok(Response::new(pb::CreateVmResponse { vm: Some(vm_to_proto(vm)) }))
     }
 
@@ -223,6 +224,7 @@ impl VmHelper for HelperService {
             net_tx_bytes: u.net_tx_bytes,
             uptime_ms: u.uptime_ms,
             oom_killed: u.oom_killed,
+            limits_not_enforced: self.vms.driver().limits_not_enforced(run.usage.is_some()),
         }))
     }
 

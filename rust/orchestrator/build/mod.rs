@@ -192,6 +192,7 @@ impl Job {
                 (OWNER_LABEL.to_string(), owner::me()),
             ]),
             clone_from: None,
+            files: Vec::new(),
         };
         self.helper.create_vm(cfg).await?;
         self.vm = Some(id.clone());

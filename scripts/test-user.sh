@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Runs pytest as an unprivileged user, the way people run the server (issue 10):
+#   scripts/test-user.sh USER PACKAGES TEST_PATH...
+# As root: creates USER (useradd -m) if missing, runs `sandbox-mcp host-setup`
+# for it, builds the test image AS USER into a store of its own, then runs
+# pytest AS USER (runuser) with its own HOME, XDG and TMP dirs and the
+# environment `make test` exports (SANDBOX_MCP_BIN, SANDBOX_VM_HELPER_BIN,
+# SANDBOX_MCP_TEST_IMAGE). The venv is made from the system python in a path
+# every user can read (root's pyenv is not).
+set -uo pipefail
+
+user=$1
+packages=$2
+shift 2
+venv=${SMCP_USER_VENV:-/var/tmp/smcp-test-venv}
+: "${SANDBOX_MCP_BIN:?run through make test-user}" "${SANDBOX_VM_HELPER_BIN:?}" "${SANDBOX_MCP_TEST_IMAGE:?}"
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "== test-user: skipped (creating the test user needs root)"
+    exit 0
+fi
+set -e
+if ! id -u "$user" >/dev/null 2>&1; then
+    useradd -m "$user"
+    echo "test-user: created $user"
+fi
+"$SANDBOX_MCP_BIN" host-setup --user "$user" | { grep -v '^ok ' || true; }
+PATH=/usr/bin:/bin:$PATH scripts/venv.sh "$venv" tests/requirements.txt
+
+home=$(getent passwd "$user" | cut -d: -f6)
+store=$home/test-images
+run=$(mktemp -d /tmp/smcp-test-user.XXXXXX)
+chown "$user:" "$run"
+trap 'rm -rf "$run"' EXIT
+as_user=(runuser -u "$user" -- env -i PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin HOME="$home"
+    USER="$user" LOGNAME="$user" TMPDIR="$run" XDG_RUNTIME_DIR="$run" XDG_DATA_HOME="$home/.local/share"
+    XDG_STATE_HOME="$home/.local/state" XDG_CONFIG_HOME="$home/.config" XDG_CACHE_HOME="$home/.cache"
+    PYTHONDONTWRITEBYTECODE=1 RUST_LOG="${RUST_LOG:-info}"
+    SANDBOX_MCP_BIN="$SANDBOX_MCP_BIN" SANDBOX_VM_HELPER_BIN="$SANDBOX_VM_HELPER_BIN"
+    SANDBOX_MCP_TEST_IMAGE="$SANDBOX_MCP_TEST_IMAGE" SANDBOX_MCP_TEST_IMAGE_STORE="$store")
+set +e
+
+status=0
+echo "== test image as $user"
+if ! "${as_user[@]}" scripts/test-image.sh "$SANDBOX_MCP_BIN" "$store" "$SANDBOX_MCP_TEST_IMAGE" "$packages"; then
+    echo "== test image as $user FAILED"
+    status=1
+fi
+echo "== pytest as $user: $*"
+if ! "${as_user[@]}" "$venv/bin/python" -m pytest -q -ra -p no:cacheprovider "$@"; then
+    echo "== pytest as $user FAILED"
+    status=1
+fi
+if [ $status -eq 0 ]; then echo "== all tests as $user passed"; fi
+exit $status

@@ -1,0 +1,48 @@
+"""`sandbox-mcp doctor` run as an ordinary user (root creates the user): it
+reports what it really tried as that user, and each non-ok names the fix."""
+from __future__ import annotations
+
+import subprocess
+
+from conftest import required_env, run_as, stop_helper, user_env
+from test_doctor import lines_by_check
+
+
+def doctor_as(user: str) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
+    env = user_env(user)
+    try:
+        out = run_as(user, [required_env("SANDBOX_MCP_BIN"), "doctor"], env)
+    finally:
+        stop_helper(env)
+    return out, lines_by_check(out.stdout)
+
+
+def test_doctor_as_a_set_up_user_says_ok_for_what_it_tried(new_user):
+    user = new_user()
+    setup = subprocess.run(
+        [required_env("SANDBOX_MCP_BIN"), "host-setup", "--user", user], capture_output=True, text=True
+    )
+    assert setup.returncode == 0, setup.stderr
+    out, checks = doctor_as(user)
+    assert checks["helper"].startswith("ok"), checks["helper"]
+    assert checks["userns"].startswith("ok") and "newuidmap/newgidmap mapped a child's ids (0 " in checks["userns"]
+    assert checks["subids"].startswith("ok") and f"{user} has subordinate ids" in checks["subids"]
+    cgroups = checks["cgroups"]
+    assert cgroups.startswith("ok") and f"sandbox-mcp.{user}/" in cgroups and "moved a process" in cgroups, cgroups
+    assert checks["tun"].startswith("ok"), checks["tun"]
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_doctor_as_a_user_without_setup_warns_and_fails_with_the_fix(new_user):
+    user = new_user(subids=False)
+    out, checks = doctor_as(user)
+    fix = f"fix: sudo sandbox-mcp host-setup --user {user}"
+    cgroups = checks["cgroups"]
+    assert cgroups.startswith("WARN  cgroups    limits not enforced: no cgroup subtree delegated to " + user), cgroups
+    assert cgroups.endswith(fix), cgroups
+    subids = checks["subids"]
+    assert subids.startswith("FAIL") and f"no range of 65536 ids for {user} in /etc/subuid" in subids, subids
+    assert checks["subids"].endswith(fix), checks["subids"]
+    assert checks["userns"].startswith("FAIL") and "ids cannot be mapped" in checks["userns"], checks["userns"]
+    assert checks["userns"].endswith(fix), checks["userns"]
+    assert out.returncode == 1
