@@ -38,8 +38,9 @@ trap 'rm -rf "$run"' EXIT
 bin_dir=$(dirname "$SANDBOX_MCP_BIN")
 mkdir -p "$run/repo/target/bin"
 git ls-files -z | xargs -0 cp --parents -t "$run/repo"
+cp -a .git "$run/repo/"  # tests that ask git about the checkout
 for b in sandbox-mcp sandbox-vm-helper sandbox-ctl; do cp "$bin_dir/$b" "$run/repo/target/bin/"; done
-chmod -R a+rX "$run/repo"
+chown -R "$user:" "$run/repo"
 SANDBOX_MCP_BIN=$run/repo/target/bin/sandbox-mcp
 SANDBOX_VM_HELPER_BIN=$run/repo/target/bin/sandbox-vm-helper
 cd "$run/repo"

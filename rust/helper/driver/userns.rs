@@ -9,9 +9,11 @@
 //!   same user share that range, as two Podman instances of one user do;
 //!   two users never share ids, because their ranges are distinct.
 //! - root: `0..65536 -> BASE`, BASE being root's own /etc/subuid range if it
-//!   has one, else 100000 unless a user's range overlaps it (`useradd` gives
-//!   the first user 100000), else the first 65536-aligned range above every
-//!   listed range, so root's sandboxes never share host ids with a user's.
+//!   has one, else 1000000000 unless a listed range overlaps it, else the
+//!   first 65536-aligned range above every listed range, so root's sandboxes
+//!   never share host ids with a user's. 1000000000 lies above what `useradd`
+//!   hands out (login.defs' SUB_UID_MAX, 600100000): adding users never moves
+//!   root's range, which would make every image root built stale.
 //!   root writes /proc/PID/{uid,gid}_map itself.
 //!
 //! Images are extracted through the same map ([`run_mapped`]), so the ids
@@ -33,8 +35,8 @@ const SUBGID: &str = "/etc/subgid";
 /// Ids a sandbox maps when the helper is root: a full 16-bit range, so
 /// `nobody` (65534) still maps.
 const ROOT_ID_COUNT: u32 = 65_536;
-/// The base root's sandboxes use unless a user's range is there.
-const ROOT_DEFAULT_BASE: u32 = 100_000;
+/// The base root's sandboxes use unless a listed range is there.
+const ROOT_DEFAULT_BASE: u32 = 1_000_000_000;
 /// The most subordinate ids a rootless sandbox maps (inside 1..=65535).
 const MAX_SUB_IDS: u32 = 65_535;
 /// What an unprivileged user runs (as root) to get ranges and newuidmap.
@@ -143,7 +145,7 @@ fn rootless_map(own: u32, (start, count): (u32, u32)) -> Vec<IdExtent> {
     ]
 }
 
-/// root's map: its own range, else 100000 if free, else above every range.
+/// root's map: its own range, else [`ROOT_DEFAULT_BASE`] if free, else above every range.
 fn root_map(ranges: &[Entry]) -> Vec<IdExtent> {
     if let Some((start, count)) = own_range(ranges, "root", 0) {
         return vec![IdExtent { inside: 0, outside: start, count: count.min(ROOT_ID_COUNT) }];
@@ -403,16 +405,18 @@ mod tests {
     }
 
     #[test]
-    fn root_keeps_100000_only_when_no_user_range_overlaps_it() {
-        assert_eq!(root_map(&[]), [ext(0, 100_000, 65_536)]);
-        assert_eq!(root_map(&parse_ranges("bob:300000:65536\nc:10:1000\n")), [ext(0, 100_000, 65_536)]);
-        // useradd's first user: root moves above every listed range, aligned.
-        assert_eq!(root_map(&parse_ranges("alice:100000:65536\n")), [ext(0, 196_608, 65_536)]);
-        let r = parse_ranges("alice:100000:65536\nbob:165536:65536\nc:165535:2\n");
-        assert_eq!(root_map(&r), [ext(0, 262_144, 65_536)]);
+    fn root_keeps_its_default_range_unless_a_listed_range_overlaps_it() {
+        let base = 1_000_000_000;
+        assert_eq!(root_map(&[]), [ext(0, base, 65_536)]);
+        // useradd's users (from 100000 up) never move root's range.
+        let users = parse_ranges("alice:100000:65536\nbob:165536:65536\nc:600000000:65536\n");
+        assert_eq!(root_map(&users), [ext(0, base, 65_536)]);
+        // A range over the default: root moves above every listed range, aligned.
+        let r = parse_ranges("alice:100000:65536\nx:1000000005:10\n");
+        assert_eq!(root_map(&r), [ext(0, 1_000_013_824, 65_536)]);
         // A range merely touching either end does not overlap.
-        assert_eq!(root_map(&parse_ranges("a:34464:65536\nb:165536:9\n")), [ext(0, 100_000, 65_536)]);
-        assert_eq!(root_map(&parse_ranges("a:34465:65536\n")), [ext(0, 131_072, 65_536)]);
+        let touching = parse_ranges("a:999934464:65536\nb:1000065536:9\n");
+        assert_eq!(root_map(&touching), [ext(0, base, 65_536)]);
     }
 
     #[test]
@@ -446,7 +450,7 @@ mod tests {
         assert_eq!(map.uids, [ext(0, 1001, 1), ext(1, 165_536, 65_535)]);
         assert_eq!(map.gids, [ext(0, 1005, 1), ext(1, 300_000, 65_535)]);
         let root = User { uid: 0, gid: 0, name: "root".into() };
-        assert_eq!(IdMap::for_user(&root, "", "").unwrap(), IdMap::shifted(100_000, 65_536));
+        assert_eq!(IdMap::for_user(&root, "", "").unwrap(), IdMap::shifted(1_000_000_000, 65_536));
     }
 
     #[test]
