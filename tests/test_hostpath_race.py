@@ -30,7 +30,7 @@ from waiting import wait_for
 # Rounds of every tool call against the racing sandbox, and a cap on the
 # time they may take (whichever ends first).
 ROUNDS = 25
-ROUND_BUDGET_S = 120.0
+ROUND_BUDGET_S = 240.0
 OWN_DATA = "inside sandbox-mcp's own data"
 
 # Swaps /workspace/d between a real directory (with decoy files) and a
@@ -122,6 +122,11 @@ def attack_round(srv: McpClient, volume: Path, i: int) -> list[tuple[str, str, b
     return results
 
 
+def refused_calls(results: list[tuple[str, str, bool]]) -> list[str]:
+    """The texts of calls that met the swapped-in symlink and were refused."""
+    return [t for _, t, e in results if e and "is a symlink; host-path tools do not follow symlinks" in t]
+
+
 def prepare_payloads(srv: McpClient) -> None:
     out, err = srv.tool("exec", command="mkdir -p /tmp/payloaddir/sub && echo planted > /tmp/payload"
                         " && echo planted > /tmp/payloaddir/sub/f")
@@ -159,14 +164,15 @@ def test_race_through_another_servers_volume(env, roots, outside):
         prepare_payloads(srv)
         results = []
         deadline = time.monotonic() + ROUND_BUDGET_S
-        for i in range(ROUNDS):
+        # ROUNDS at least, and on until the race has been met once: on a
+        # loaded machine the swapper may lose every early round.
+        i = 0
+        while (i < ROUNDS or not refused_calls(results)) and time.monotonic() < deadline:
             results += attack_round(srv, volume, i)
-            if time.monotonic() > deadline:
-                break
+            i += 1
         stop_swapping(attacker, "attacker")
         # The sandbox did race: some calls met the symlink and were refused.
-        refused = [t for _, t, e in results if e and "is a symlink; host-path tools do not follow symlinks" in t]
-        assert refused, results[:12]
+        assert refused_calls(results), results[:12]
         assert_no_leak(srv, results, outside_dir, secret, roots)
     finally:
         srv.close()

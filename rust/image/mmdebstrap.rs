@@ -75,10 +75,43 @@ pub(super) fn args(mode: Mode, suite: &str, packages: &[String], target: &Path, 
     a
 }
 
+/// Where mmdebstrap may keep its chroot in `mode`: `None` keeps the
+/// environment's temp dir.
+///
+/// In unshare mode the chroot is built by the user's subordinate root,
+/// which is "other" to every directory of the user: a temp dir behind a
+/// 0700 directory (a private `TMPDIR`, a home without o+x) makes every write
+/// fail with "Permission denied". Such a temp dir is swapped for the first
+/// of `fallbacks` that everyone may enter (/var/tmp, then /tmp).
+pub(super) fn tmpdir(mode: Mode, current: &Path, fallbacks: &[&Path]) -> Option<PathBuf> {
+    if mode == Mode::Root || others_can_enter(current) {
+        return None;
+    }
+    fallbacks.iter().find(|d| others_can_enter(d)).map(|d| d.to_path_buf())
+}
+
+/// Whether a user outside every group may reach `dir` and work in it: each
+/// ancestor searchable by others, `dir` itself open to them (o+wx).
+fn others_can_enter(dir: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = |p: &Path| fs::metadata(p).map(|m| m.permissions().mode()).unwrap_or(0);
+    mode(dir) & 0o003 == 0o003 && dir.ancestors().skip(1).all(|a| mode(a) & 0o001 != 0)
+}
+
 /// Runs `program args`, handing each stderr line (mmdebstrap's progress) to
-/// `progress`. On failure the error carries the last lines of stderr.
-pub(super) fn run(program: &str, args: &[OsString], progress: &mut dyn FnMut(&str)) -> Result<(), ImageError> {
-    let mut child = Command::new(program)
+/// `progress`, with `TMPDIR` set to `tmpdir` when given. On failure the error
+/// carries the last lines of stderr.
+pub(super) fn run(
+    program: &str,
+    args: &[OsString],
+    tmpdir: Option<&Path>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(), ImageError> {
+    let mut command = Command::new(program);
+    if let Some(dir) = tmpdir {
+        command.env("TMPDIR", dir);
+    }
+    let mut child = command
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -129,6 +162,32 @@ mod tests {
     }
 
     #[test]
+    fn a_temp_dir_the_sub_ids_cannot_enter_is_swapped_for_a_shared_one() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let t = TempDir::new("tmpdir");
+        let chmod = |p: &Path, m: u32| fs::set_permissions(p, fs::Permissions::from_mode(m)).unwrap();
+        let (private, shared, open) = (t.path().join("private"), t.path().join("shared"), t.path().join("open"));
+        for d in [&private, &shared, &open] {
+            fs::create_dir(d).unwrap();
+        }
+        chmod(t.path(), 0o711);
+        chmod(&private, 0o700);
+        chmod(&shared, 0o1777);
+        chmod(&open, 0o755);
+        let fallbacks = [open.as_path(), shared.as_path()];
+        assert_eq!(tmpdir(Mode::Unshare, &private, &fallbacks), Some(shared.clone()), "0755 is no place to write");
+        assert_eq!(tmpdir(Mode::Unshare, &shared, &fallbacks), None, "an open temp dir is kept");
+        assert_eq!(tmpdir(Mode::Root, &private, &fallbacks), None, "root's chroot is built by root");
+        // Behind a directory others cannot search, an open temp dir is closed
+        // too; with no better place the environment's is kept (mmdebstrap
+        // then names the problem).
+        chmod(t.path(), 0o700);
+        assert_eq!(tmpdir(Mode::Unshare, &shared, &[shared.as_path(), Path::new("/tmp")]), Some("/tmp".into()));
+        assert_eq!(tmpdir(Mode::Unshare, &shared, &[shared.as_path()]), None);
+        chmod(t.path(), 0o711);
+    }
+
+    #[test]
     fn args_put_options_before_suite_target_and_mirrors() {
         let a = args(
             Mode::Root,
@@ -155,7 +214,7 @@ mod tests {
 
     #[test]
     fn missing_program_names_the_package() {
-        let err = run("/nonexistent/mmdebstrap", &[], &mut |_| {}).unwrap_err();
+        let err = run("/nonexistent/mmdebstrap", &[], None, &mut |_| {}).unwrap_err();
         assert!(matches!(err, ImageError::MmdebstrapMissing));
         assert!(err.to_string().contains("apt-get install mmdebstrap"));
     }
@@ -164,7 +223,7 @@ mod tests {
     fn failure_streams_progress_and_keeps_the_stderr_tail() {
         let script = "for i in $(seq 1 40); do echo \"I: step $i\" >&2; done; echo 'E: boom' >&2; exit 3";
         let mut lines = Vec::new();
-        let err = run("sh", &["-c".into(), script.into()], &mut |l| lines.push(l.to_string())).unwrap_err();
+        let err = run("sh", &["-c".into(), script.into()], None, &mut |l| lines.push(l.to_string())).unwrap_err();
         assert_eq!(lines.len(), 41);
         assert_eq!(lines[0], "I: step 1");
         let ImageError::BuildFailed { status, stderr_tail } = &err else { panic!("{err}") };

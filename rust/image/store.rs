@@ -129,8 +129,10 @@ impl ImageStore {
         let tarball = work.0.join(TARBALL);
         let sources = mmdebstrap::host_sources(Path::new("/etc/apt"));
         progress(&format!("building image {} ({suite}: {})", req.name, packages.join(" ")));
-        let args = mmdebstrap::args(Mode::current(), suite, &packages, &tarball, &sources);
-        mmdebstrap::run("mmdebstrap", &args, progress)?;
+        let mode = Mode::current();
+        let args = mmdebstrap::args(mode, suite, &packages, &tarball, &sources);
+        let tmpdir = mmdebstrap::tmpdir(mode, &std::env::temp_dir(), &[Path::new("/var/tmp"), Path::new("/tmp")]);
+        mmdebstrap::run("mmdebstrap", &args, tmpdir.as_deref(), progress)?;
         progress(&format!("unpacking for the sandbox's ids ({})", mapper.id_map().describe()));
         unpack::unpack(mapper, &tarball, &rootfs)?;
         fs::remove_file(&tarball).map_err(|e| ImageError::io(format!("removing {}", tarball.display()), e))?;
