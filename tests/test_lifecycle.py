@@ -1,4 +1,8 @@
 """status, list_all, destroy, reset, history and install through a real MCP client."""
+import os
+import subprocess
+
+from conftest import isolated_env, new_env_dir, remove_env_dir, required_env
 from waiting import poll
 
 
@@ -111,3 +115,20 @@ def test_a_dead_sandbox_is_reported_not_replaced(server):
     server.tool("reset")
     out, _ = server.tool("exec", command="cat /workspace/k")
     assert out.startswith("keep\n")
+
+
+def test_a_runtime_dir_too_long_for_a_socket_is_named_at_once():
+    """A helper socket path over the kernel's 107 bytes cannot be bound: the
+    server says so and what to change, instead of waiting for a helper that
+    can never answer."""
+    base = new_env_dir()
+    try:
+        env = {**os.environ, **isolated_env(base)}
+        env["XDG_RUNTIME_DIR"] = os.path.join(base, "r" * 110)
+        os.makedirs(env["XDG_RUNTIME_DIR"], mode=0o700)
+        r = subprocess.run([required_env("SANDBOX_MCP_BIN"), "serve"], env=env, stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0, r
+        assert "over the 107 a Unix socket allows: set XDG_RUNTIME_DIR to a shorter directory" in r.stderr, r.stderr
+    finally:
+        remove_env_dir(base)

@@ -124,9 +124,10 @@ fn helper_bin() -> PathBuf {
 }
 
 async fn serve(args: ServeArgs) -> Result<(), String> {
+    // The config first: a bad one stops the server before anything starts.
+    let config = Config::load().map_err(|e| e.to_string())?;
     let respawn = Respawn { socket: paths::helper_socket(), binary: helper_bin() };
     let helper = HelperClient::connect_or_spawn(&respawn.socket, &respawn.binary).await.map_err(|e| e.to_string())?;
-    let config = Config::load().map_err(|e| e.to_string())?;
     let manager = Arc::new(SandboxManager::start(helper, config).await.map_err(|e| e.to_string())?);
     let orchestrator = Arc::new(Orchestrator::new(manager));
     orchestrator.resume(state::path(), respawn).await;

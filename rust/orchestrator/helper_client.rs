@@ -19,6 +19,9 @@ use tonic::{Code, Streaming, transport::Channel};
 use super::network::{EgressPolicy, Network};
 use crate::proto::v1::{self as pb, vm_helper_client::VmHelperClient};
 
+/// Longest path a Unix socket binds (`sun_path` is 108 bytes with its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
 /// Failures talking to the helper, already phrased for a user.
 #[derive(Debug, thiserror::Error)]
 pub enum HelperError {
@@ -333,6 +336,14 @@ impl HelperClient {
             return Ok(c);
         }
         let unavailable = |reason: String| HelperError::Unavailable { socket: socket.to_path_buf(), reason };
+        // A path the kernel cannot bind would only show as a helper that
+        // never answers, 15 s later.
+        let len = socket.as_os_str().len();
+        if len > MAX_SOCKET_PATH {
+            return Err(unavailable(format!(
+                "the socket path is {len} bytes, over the {MAX_SOCKET_PATH} a Unix socket allows: set XDG_RUNTIME_DIR to a shorter directory"
+            )));
+        }
         // One orchestrator at a time decides to spawn: two MCP servers starting
         // together must not start two helpers fighting over one socket.
         let _lock = spawn_lock(socket).map_err(|e| unavailable(format!("lock: {e}")))?;
