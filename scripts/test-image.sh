@@ -9,25 +9,22 @@ store=$2
 name=$3
 packages=$4
 
-# The package list is remembered beside the image: a changed list rebuilds it.
+# The package list is remembered beside the image: a changed list rebuilds it. With the same list, `image build`
+# returns at once, unless the image was built for other ids than this user's sandboxes map (then it rebuilds it).
 stamp="$store/.$name.packages"
 force=()
-if [ -f "$store/$name/image.json" ]; then
-    if [ "$(cat "$stamp" 2>/dev/null)" = "$packages" ]; then
-        echo "image: $name present in $store"
-        exit 0
-    fi
+if [ -f "$store/$name/image.json" ] && [ "$(cat "$stamp" 2>/dev/null)" != "$packages" ]; then
     force=(--force)
 fi
 
 mkdir -p "$store"
 log="$store/.$name.build.log"
 start=$SECONDS
-echo "image: building $name ($packages) into $store"
+echo "image: $name ($packages) in $store"
 if ! "$bin" image build --name "$name" --packages "$packages" --store "$store" "${force[@]}" >"$log" 2>&1; then
     tail -n 40 "$log" >&2
     echo "image: building $name failed (full log: $log)" >&2
     exit 1
 fi
 echo "$packages" >"$stamp"
-echo "image: $name built in $(( SECONDS - start )) s"
+echo "image: $name ready in $(( SECONDS - start )) s"

@@ -9,6 +9,7 @@ without it fails loudly rather than skipping.
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -54,6 +55,16 @@ def new_env_dir() -> str:
     """A fresh, short temp dir: the runtime dir holds Unix sockets, whose
     paths are limited to 107 bytes."""
     return tempfile.mkdtemp(prefix="smcp-", dir="/tmp")
+
+
+def remove_env_dir(base: str) -> None:
+    """Removes a test's state dir. What an ordinary user's sandboxes leave there is not all removable by the
+    user as itself (files of its subordinate ids, overlayfs's mode-0 work dirs): the rest goes as root of a
+    user namespace with the same map as the sandboxes'."""
+    shutil.rmtree(base, ignore_errors=True)
+    if os.path.lexists(base) and os.geteuid() != 0:
+        subprocess.run(["unshare", "--map-root-user", "--map-auto", "rm", "-rf", "--one-file-system", base],
+                       check=False)
 
 
 def isolated_env(base: str) -> dict[str, str]:
@@ -131,7 +142,7 @@ def env() -> Iterator[dict[str, str]]:
         yield e
     finally:
         stop_helper(e)
-        shutil.rmtree(base, ignore_errors=True)
+        remove_env_dir(base)
 
 
 class HttpServer:
@@ -394,6 +405,14 @@ def delegated_cgroups(user: str) -> list[Path]:
     """The `sandbox-mcp.<user>` groups host-setup may have made (v1 layout)."""
     root = Path("/sys/fs/cgroup")
     return [d / f"sandbox-mcp.{user}" for d in root.iterdir() if (d / f"sandbox-mcp.{user}").is_dir()]
+
+
+# cgroup limits, and the counters `stats` and `health` show, need a root helper or cgroups delegated to the
+# user (what `sandbox-mcp host-setup` sets up): an ordinary user's sandboxes otherwise start without them.
+needs_cgroup_limits = pytest.mark.skipif(
+    os.geteuid() != 0 and not delegated_cgroups(pwd.getpwuid(os.geteuid()).pw_name),
+    reason="cgroup limits and counters: this user's sandboxes run without them (no cgroups delegated to it)",
+)
 
 
 def _remove_cgroup_tree(top: Path) -> None:

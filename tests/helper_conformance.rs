@@ -61,7 +61,9 @@ impl TempDir {
 
 impl Drop for TempDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        // Through the helper's own removal: as an ordinary user, VM
+        // directories hold files only the sandbox's id map reaches.
+        let _ = sandbox_mcp::helper::driver::userns::remove_tree(&self.0);
     }
 }
 
@@ -89,8 +91,9 @@ struct Harness {
     helper: Option<HelperProcess>,
     client: VmHelperClient<Channel>,
     image: String,
-    /// uid_base of the test image, when we know the store.
-    uid_base: Option<u32>,
+    /// The host uid of root inside per the test image's id map, when we know
+    /// the store.
+    host_root: Option<u32>,
     tmp: TempDir,
     /// The helper's socket, for tests that open channels of their own.
     socket: PathBuf,
@@ -175,7 +178,7 @@ impl Harness {
             return Harness {
                 client,
                 image,
-                uid_base: None,
+                host_root: None,
                 tmp,
                 socket: PathBuf::from(&socket),
                 prefix,
@@ -188,10 +191,13 @@ impl Harness {
             "SANDBOX_MCP_TEST_IMAGE_STORE is not set: run `make test`, which builds the test image and sets it \
              (or set SANDBOX_MCP_CONFORMANCE_SOCKET to test a running helper)",
         );
-        let uid_base = std::fs::read_to_string(Path::new(&store).join(&image).join("image.json"))
+        let host_root = std::fs::read_to_string(Path::new(&store).join(&image).join("image.json"))
             .ok()
             .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
-            .and_then(|v| v.get("uid_base").and_then(|u| u.as_u64()))
+            .and_then(|v| {
+                let uids = v.pointer("/id_map/uids")?.as_array()?.clone();
+                uids.iter().find(|e| e["inside"] == 0).and_then(|e| e["outside"].as_u64())
+            })
             .map(|u| u as u32);
         let store = if own_store {
             let own = tmp.0.join("images");
@@ -230,7 +236,7 @@ impl Harness {
         Harness {
             client,
             image,
-            uid_base,
+            host_root,
             tmp,
             socket,
             prefix,
@@ -688,10 +694,51 @@ async fn workspace_mount_is_shared_and_owned_by_the_mapped_root() {
     let created = ws.join("from-guest");
     assert_eq!(std::fs::read_to_string(&created).unwrap(), "guest\n");
     let owner = std::fs::metadata(&created).unwrap().uid();
-    if let Some(base) = h.uid_base {
-        assert_eq!(owner, base, "root inside is uid_base outside");
+    if let Some(root) = h.host_root {
+        assert_eq!(owner, root, "root inside is the image's mapped root outside");
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if me != 0 {
+        assert_eq!(owner, me, "an ordinary user's sandbox writes /workspace files as that user");
+        std::fs::remove_file(&created).expect("the user deletes what its sandbox's root wrote");
+        return;
     }
     assert_ne!(owner, 0, "root inside must not be root on the host");
+    // root's sandboxes never use a user's subordinate ids.
+    let subuid = std::fs::read_to_string("/etc/subuid").unwrap_or_default();
+    for line in subuid.lines() {
+        let f: Vec<&str> = line.split(':').collect();
+        if let [user, start, count] = f[..]
+            && let (Ok(start), Ok(count)) = (start.parse::<u64>(), count.parse::<u64>())
+            && user != "root"
+            && user != "0"
+        {
+            let owner = u64::from(owner);
+            assert!(!(start..start + count).contains(&owner), "root's sandbox uses {owner}, in {user}'s range {line}");
+        }
+    }
+}
+
+/// Files the VM's other ids keep private (apt's `_apt`, a service user)
+/// are the helper's to remove with the VM: for an ordinary user's helper
+/// they belong to subordinate ids the user cannot touch outside the VM's
+/// user namespace.
+#[tokio::test]
+async fn delete_removes_files_of_every_id_in_the_vm() {
+    let mut h = Harness::new("delids").await;
+    let id = h.running("vm", |_| {}).await;
+    let o = h
+        .sh(
+            &id,
+            "mkdir -p /var/tmp/p/q && echo x > /var/tmp/p/q/f && chown -R 42:42 /var/tmp/p && chmod -R go= /var/tmp/p",
+        )
+        .await;
+    assert_eq!(o.code(), Some(0), "{}", o.err());
+    let dir = h.tmp.0.join("state/sandbox-mcp/vms").join(&id);
+    assert!(dir.join("upper/var/tmp/p").exists());
+    h.delete(&id).await.expect("delete a vm holding files of another id");
+    assert!(!dir.exists(), "the vm's directory is gone");
 }
 
 #[tokio::test]

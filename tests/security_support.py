@@ -13,12 +13,11 @@ import base64
 import contextlib
 import json
 import re
-import shutil
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-from conftest import isolated_env, new_env_dir, required_env, shared_image_store, stop_helper
+from conftest import isolated_env, new_env_dir, remove_env_dir, required_env, shared_image_store, stop_helper
 from mcp_client import McpClient
 
 # A sandbox that attacks never touch: it must keep answering, with the file
@@ -109,7 +108,7 @@ def sec_server(config: str | None = None, own_images: bool = False, **extra_env:
         if srv is not None:
             srv.client.close()
         stop_helper(env)
-        shutil.rmtree(base, ignore_errors=True)
+        remove_env_dir(base)
 
 
 def assert_unaffected(srv: SecServer, *also: str) -> None:

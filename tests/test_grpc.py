@@ -17,7 +17,7 @@ from typing import Iterator
 
 import pytest
 
-from conftest import isolated_env, new_env_dir, required_env
+from conftest import isolated_env, new_env_dir, remove_env_dir, required_env
 
 SERVICE = "sandbox_mcp.helper.v1.VmHelper"
 SOCKET_WAIT = 30.0
@@ -88,7 +88,7 @@ def helper() -> Iterator[Helper]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        shutil.rmtree(base, ignore_errors=True)
+        remove_env_dir(base)
 
 
 def test_reflection_lists_the_helper_and_health_services(helper: Helper) -> None:

@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from conftest import required_env
+from conftest import needs_cgroup_limits, required_env
 from mcp_client import McpClient
 from waiting import poll
 
@@ -278,6 +278,7 @@ def test_what_a_finished_exec_leaves_running_keeps_running(stdio):
 # ---------------------------------------------------------- out of memory
 
 
+@needs_cgroup_limits
 def test_filling_dev_shm_and_memory_kills_the_workload_not_the_sandbox(stdio):
     server = stdio()
     text, err = server.tool("exec", command="df -k --output=size /dev/shm | tail -1")

@@ -322,6 +322,8 @@ def test_dotdot_and_absolute_paths(srv1, roots, outside):
 
 def test_fifos_and_devices(srv1, roots):
     """A fifo never blocks a tool, a device node is never read or written."""
+    if os.geteuid() != 0:
+        pytest.skip("making the device node on the host needs root")
     os.mkfifo(roots / "fifo")
     os.mknod(roots / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))
     (roots / "tree").mkdir()

@@ -1,8 +1,9 @@
 """The test image as `make test` built it: what sandboxes rely on being there.
 
 Checks the real mmdebstrap result (the Rust unit tests cover the builder's
-parts on small trees): metadata, shifted ownership, and the packages apt
-inside a sandbox needs.
+parts on small trees): metadata, ownership through the recorded id map, and
+the packages apt inside a sandbox needs. Runs as root and as an ordinary
+user alike (each with an image it built).
 """
 from __future__ import annotations
 
@@ -30,28 +31,49 @@ def test_metadata_describes_the_tree(image: tuple[dict, Path]) -> None:
     assert info["shell"] == "/bin/bash"
     assert info["package_manager"] == "apt"
     assert info["size_bytes"] > 50_000_000
-    assert info["id_count"] >= 65_536
+    for ids in ("uids", "gids"):
+        assert sum(e["count"] for e in info["id_map"][ids]) >= 65_536, info["id_map"]
     assert rootfs.is_dir()
 
 
-def test_ownership_is_shifted_once(image: tuple[dict, Path]) -> None:
+def host_id(extents: list[dict], inside: int) -> int:
+    """The host id the map gives `inside`."""
+    for e in extents:
+        if e["inside"] <= inside < e["inside"] + e["count"]:
+            return e["outside"] + inside - e["inside"]
+    raise AssertionError(f"{inside} is not mapped by {extents}")
+
+
+def outside_the_map(flag: str, extents: list[dict]) -> list[str]:
+    """A find(1) expression matching files whose `flag` id is no host id of the map."""
+    expr = ["!", "("]
+    for i, e in enumerate(extents):
+        expr += (["-o"] if i else []) + ["(", flag, f"+{e['outside'] - 1}", flag, f"-{e['outside'] + e['count']}", ")"]
+    return expr + [")"]
+
+
+def test_owners_are_the_ids_the_sandbox_maps(image: tuple[dict, Path]) -> None:
     info, rootfs = image
-    base, count = info["uid_base"], info["id_count"]
+    uids, gids = info["id_map"]["uids"], info["id_map"]["gids"]
     st = rootfs.stat()
-    assert (st.st_uid, st.st_gid) == (base, base)
-    # apt's `_apt` user owns its partial dir: shifted like root, not double-shifted.
+    assert (st.st_uid, st.st_gid) == (host_id(uids, 0), host_id(gids, 0))
+    if os.geteuid() != 0:
+        assert st.st_uid == os.geteuid(), "root inside is the user who built the image"
+    # apt's `_apt` user owns its partial dir: mapped like every id, not shifted twice.
     partial = (rootfs / "var/lib/apt/lists/partial").stat()
-    assert base < partial.st_uid < base + count
-    # Nothing may fall outside the range the sandbox maps.
-    out = subprocess.run(
-        ["find", str(rootfs), "-xdev", "(", "-uid", f"-{base}", "-o", "-gid", f"-{base}",
-         "-o", "-uid", f"+{base + count - 1}", "-o", "-gid", f"+{base + count - 1}", ")", "-print", "-quit"],
-        capture_output=True, text=True, check=True,
-    ).stdout
-    assert out == "", f"file owned outside {base}..{base + count}: {out}"
+    apt_uid = int(subprocess.run(["awk", "-F:", "$1 == \"_apt\" {print $3}", str(rootfs / "etc/passwd")],
+                                 capture_output=True, text=True, check=True).stdout)
+    assert partial.st_uid == host_id(uids, apt_uid)
+    # Nothing may fall outside the ids the sandbox maps.
+    expr = ["("] + outside_the_map("-uid", uids) + ["-o"] + outside_the_map("-gid", gids) + [")"]
+    found = subprocess.run(["find", str(rootfs), "-xdev", *expr, "-print", "-quit"], capture_output=True, text=True)
+    assert found.stdout == "", f"file owned outside {info['id_map']}: {found.stdout}"
+    # An ordinary user cannot list directories its sandboxes' other ids keep private (apt's partial dirs).
+    unreadable = [line for line in found.stderr.splitlines() if not line.endswith("Permission denied")]
+    assert found.returncode == 0 or (os.geteuid() != 0 and not unreadable), found.stderr
 
 
-def test_setuid_bits_survive_the_shift(image: tuple[dict, Path]) -> None:
+def test_setuid_bits_survive_the_unpacking(image: tuple[dict, Path]) -> None:
     _, rootfs = image
     assert os.stat(rootfs / "usr/bin/su").st_mode & 0o4000
 

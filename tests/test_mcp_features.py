@@ -80,6 +80,10 @@ def test_stats_and_history_structured_output(server):
     stats = server.call_raw("stats").structured_content
     jsonschema.validate(stats, tools["stats"].output_schema)
     assert stats["sandbox"] == "default" and stats["memory_limit_bytes"] == 512 << 20
-    assert stats["memory_used_bytes"] > 0 and stats["history_commands"] == 2
+    assert stats["history_commands"] == 2
+    # Memory counters come from the sandbox's cgroup, which an ordinary user only has where cgroups are
+    # delegated to it (without, its sandboxes run without limits, and say so).
+    if not stats.get("limits_not_enforced"):
+        assert stats["memory_used_bytes"] > 0
     empty = server.call_raw("history", sandbox="nobody").structured_content
     assert empty == {"sandbox": "nobody", "entries": []}

@@ -3,9 +3,10 @@ import re
 import socket
 import time
 
-from conftest import write_config
+from conftest import needs_cgroup_limits, write_config
 
 
+@needs_cgroup_limits
 def test_stats(server):
     server.tool("bg", command="sleep 300", name="sleeper")
     text, err = server.tool("stats")
@@ -22,6 +23,7 @@ def test_stats(server):
     assert lines[-1].startswith("History: ")
 
 
+@needs_cgroup_limits
 def test_health(server):
     assert server.tool("health") == ("No active sandboxes", False)
     server.tool("exec", command="true")
@@ -49,6 +51,7 @@ def test_stats_and_health_show_a_disk_quota_stop(server_factory, env):
     srv.tool("exec", command="rm -f /workspace/big")
 
 
+@needs_cgroup_limits
 def test_health_flags_oom(server):
     server.tool("exec", command="python3 -c 'x = bytearray(900 * 1024 * 1024)'", timeout=60)
     text, _ = server.tool("health")
@@ -89,14 +92,14 @@ def test_reaping_stops_the_sandboxes_forwards(server_factory):
     assert err and text.startswith("Error: no forward on localhost:18931"), text
 
 
+@needs_cgroup_limits
 def test_helpers_with_separate_state_do_not_share_cgroups(server):
     """cgroup paths are host-global: a second helper (another user's or test
     run's XDG dirs) with a sandbox of the same name must not see this one's
     counters."""
     import os
-    import shutil
 
-    from conftest import isolated_env, new_env_dir, stop_helper
+    from conftest import isolated_env, new_env_dir, remove_env_dir, stop_helper
     from mcp_client import McpClient
 
     server.tool("exec", command="python3 -c 'x = bytearray(900 * 1024 * 1024)'", timeout=60)
@@ -111,4 +114,4 @@ def test_helpers_with_separate_state_do_not_share_cgroups(server):
     finally:
         other.close()
         stop_helper(env)
-        shutil.rmtree(base, ignore_errors=True)
+        remove_env_dir(base)

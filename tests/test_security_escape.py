@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import needs_cgroup_limits
 from security_support import BYSTANDER, assert_unaffected, sec_server
 from waiting import wait_for
 
@@ -361,6 +362,7 @@ print("bomb over")
 """
 
 
+@needs_cgroup_limits
 @pytest.mark.heavy
 def test_fork_bomb_hits_the_pids_limit_and_everything_stays_up(srv):
     srv.sh("mkdir -p /workspace/bomb; rm -f /workspace/bomb/*", sandbox="bomb")
@@ -396,6 +398,7 @@ def test_fork_bomb_hits_the_pids_limit_and_everything_stays_up(srv):
     assert_unaffected(srv, "bomb")
 
 
+@needs_cgroup_limits
 @pytest.mark.heavy
 def test_memory_limit_holds_and_the_sandbox_survives(srv):
     # 1 GiB written in a sandbox limited to 512 MiB: the kernel kills the

@@ -195,7 +195,8 @@ fn image_cmd(cmd: ImageCmd) -> Result<(), String> {
         ImageCmd::Build { name, packages, suite, store, force } => {
             let store = store_at(store);
             let req = BuildRequest { name, suite, packages: packages.unwrap_or_else(image::default_packages), force };
-            let info = store.build(&req, &mut |line| eprintln!("{line}")).map_err(|e| e.to_string())?;
+            let mapper = sandbox_mcp::helper::driver::userns::IdMapper::detect()?;
+            let info = store.build(&req, &mapper, &mut |line| eprintln!("{line}")).map_err(|e| e.to_string())?;
             println!("image {} ready in {} ({} MB)", info.name, store.root().display(), info.size_bytes >> 20);
         }
         ImageCmd::List { store } => {

@@ -1,6 +1,7 @@
 //! `sandbox-vm-helper`: the Linux VM helper. `serve` runs the gRPC service in
-//! the foreground (the orchestrator daemonizes it); `__vm-init` is internal:
-//! the helper re-executes itself with it to launch each VM.
+//! the foreground (the orchestrator daemonizes it); `__vm-init` and
+//! `__copy-layer` are internal: the helper re-executes itself with them to
+//! launch each VM and, when not root, to copy a VM's layer as the VM's root.
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -24,6 +25,15 @@ enum Command {
     /// Launch one VM (internal; started by `serve`, config on stdin).
     #[command(name = "__vm-init", hide = true)]
     VmInit,
+    /// Copy a VM's writable layer (internal; run by `serve` inside the VM's
+    /// user namespace when the helper is not root).
+    #[command(name = "__copy-layer", hide = true)]
+    CopyLayer {
+        /// The layer.
+        src: PathBuf,
+        /// The copy, which must not exist.
+        dst: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -32,6 +42,13 @@ fn main() -> ExitCode {
         // No runtime and no threads before this point: the launcher must be
         // single-threaded to enter a new user namespace.
         Command::VmInit => ExitCode::from(u8::try_from(sandbox_mcp::helper::vm_init()).unwrap_or(1)),
+        Command::CopyLayer { src, dst } => match sandbox_mcp::image::copy_tree(&src, &dst) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Serve { socket } => {
             tracing_subscriber::fmt()
                 .with_writer(std::io::stderr)

@@ -24,10 +24,11 @@ pub fn prepare_dir(dir: &Path, image: &ImageInfo) -> Result<(), HelperError> {
     use std::os::unix::fs::{DirBuilderExt as _, chown};
     if dir.exists() {
         // Left behind by an earlier helper: a new VM starts from the image.
-        std::fs::remove_dir_all(dir).map_err(|e| HelperError::io(format!("remove stale {}", dir.display()), e))?;
+        crate::helper::driver::userns::remove_tree(dir)
+            .map_err(|e| HelperError::io(format!("remove stale {}", dir.display()), e))?;
     }
-    // 0711: the VM's root (an unmapped "other" here) must be able to pass
-    // through to its layers, but not list them.
+    // 0711: the VM's root (when the helper is root, an unmapped "other"
+    // here) must be able to pass through to its layers, but not list them.
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o711)
@@ -40,11 +41,10 @@ pub fn prepare_dir(dir: &Path, image: &ImageInfo) -> Result<(), HelperError> {
             .create(&p)
             .map_err(|e| HelperError::io(format!("create {}", p.display()), e))?;
         // Root inside the VM must own its layers (overlayfs in a user
-        // namespace checks ownership against the mapped ids).
-        if nix::unistd::geteuid().is_root() {
-            chown(&p, Some(image.uid_base), Some(image.uid_base))
-                .map_err(|e| HelperError::io(format!("chown {}", p.display()), e))?;
-        }
+        // namespace checks ownership against the mapped ids). For an
+        // ordinary user that is the user itself, so this changes nothing.
+        let (uid, gid) = image.id_map.host_root();
+        chown(&p, Some(uid), Some(gid)).map_err(|e| HelperError::io(format!("chown {}", p.display()), e))?;
     }
     Ok(())
 }
@@ -52,8 +52,14 @@ pub fn prepare_dir(dir: &Path, image: &ImageInfo) -> Result<(), HelperError> {
 /// Hands each shared directory's top level to the VM's root, so root
 /// inside can write there. Only directories the helper's user owns, never
 /// read-only ones, and never a top-level system directory such as /tmp.
+/// Only a root helper does anything: an ordinary user's VMs have the user
+/// as their root, who owns those directories already.
 pub fn share_mounts(config: &VmConfig, image: &ImageInfo) {
-    let me = nix::unistd::geteuid().as_raw();
+    let me = nix::unistd::geteuid();
+    if !me.is_root() {
+        return;
+    }
+    let (uid, gid) = image.id_map.host_root();
     for m in config.mounts.iter().filter(|m| !m.read_only) {
         let Ok(canonical) = m.host_path.canonicalize() else {
             continue;
@@ -62,8 +68,8 @@ pub fn share_mounts(config: &VmConfig, image: &ImageInfo) {
             continue;
         }
         match canonical.metadata() {
-            Ok(meta) if meta.uid() == me => {
-                if let Err(e) = std::os::unix::fs::chown(&canonical, Some(image.uid_base), Some(image.uid_base)) {
+            Ok(meta) if meta.uid() == me.as_raw() => {
+                if let Err(e) = std::os::unix::fs::chown(&canonical, Some(uid), Some(gid)) {
                     tracing::warn!(path = %canonical.display(), error = %e, "cannot hand the mount to the vm's root");
                 }
             }

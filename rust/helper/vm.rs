@@ -8,7 +8,6 @@
 //! A VM keeps its own copy of its image's record (layers, config), so it
 //! runs on after the image is deleted, and its layers count as used until
 //! the VM is deleted. Commit and clone live in [`images`].
-use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -17,7 +16,7 @@ use tokio::sync::watch;
 
 use super::driver::cgroup::{Limits, UsageFiles};
 use super::driver::init::{BindMount, InitConfig};
-use super::driver::launch::{Instance, LaunchSpec, launch};
+use super::driver::launch::{Instance, LaunchSpec, VmNamespaces, launch};
 use super::driver::{Driver, network};
 use super::error::HelperError;
 use super::netstack::events::{Events, Snapshot};
@@ -105,8 +104,8 @@ pub struct ExecTarget {
 pub struct RunHandles {
     /// Host pid of the VM's PID 1.
     pub pid1: i32,
-    /// The VM's network namespace.
-    pub netns: Arc<OwnedFd>,
+    /// The VM's user and network namespaces.
+    pub ns: Arc<VmNamespaces>,
     /// Its cgroup counters, if it has a cgroup.
     pub usage: Option<UsageFiles>,
     /// When this run started.
@@ -202,12 +201,15 @@ impl VmManager {
             ImageError::NotFound(name) => HelperError::ImageNotFound(name),
             other => HelperError::Image(other),
         })?;
+        if let Some(mapper) = self.driver.id_mapper() {
+            image.check_id_map(mapper.id_map())?;
+        }
         let dir = vm_dir(&config.id);
         prepare_dir(&dir, &image)?;
         if !files.is_empty() {
             let mut layers = self.images.layer_paths(&image.layers());
             layers.reverse();
-            let owner = nix::unistd::geteuid().is_root().then_some(image.uid_base);
+            let owner = nix::unistd::geteuid().is_root().then_some(image.id_map.host_root().0);
             if let Err(e) = seed::place(&dir.join("upper"), &layers, owner, &files) {
                 let _ = std::fs::remove_dir_all(&dir);
                 return Err(e);
@@ -291,8 +293,6 @@ impl VmManager {
                 shm_bytes: super::driver::oom::shm_bytes(config.memory_bytes),
                 egress,
             },
-            uid_base: slot.image.uid_base,
-            id_count: slot.image.id_count,
             limits: Limits { cpus: config.cpus, memory_bytes: config.memory_bytes, pids: config.pids_limit },
             egress: egress.then(|| (config.network_policy.clone(), events.clone())),
             agent_socket: agent_socket(id),
@@ -303,7 +303,7 @@ impl VmManager {
             quota::watch(config.disk_bytes, disk_parts(&slot.dir, &config), instance.pid1, instance.agent);
         let handles = RunHandles {
             pid1: instance.pid1,
-            netns: instance.netns.clone(),
+            ns: instance.ns.clone(),
             usage: instance.usage_files(),
             started: Instant::now(),
             quota,
@@ -386,7 +386,7 @@ impl VmManager {
         // A writable layer can hold many files: keep the walk off the
         // runtime's worker threads.
         let dir = slot.dir.clone();
-        let removed = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&dir))
+        let removed = tokio::task::spawn_blocking(move || crate::helper::driver::userns::remove_tree(&dir))
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(e)));
         match removed {

@@ -11,7 +11,7 @@ use std::fs;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
-use super::store::{INFO_FILE, ROOTFS_DIR, remove_tree, write_info};
+use super::store::{INFO_FILE, ROOTFS_DIR, parse_info, remove_tree, write_info};
 use super::{ImageError, ImageInfo, ImageStore, validate_name};
 
 /// Directory of committed layers under the store root; not usable as an
@@ -197,8 +197,7 @@ impl ImageStore {
                 }
                 Err(e) => return Err(ImageError::io(format!("reading {}", path.display()), e)),
             };
-            let info: ImageInfo =
-                serde_json::from_str(&text).map_err(|source| ImageError::Metadata { path, source })?;
+            let info = parse_info(&path, &text)?;
             used.extend(info.layers());
         }
         Ok(used)
@@ -216,10 +215,11 @@ fn random_hex() -> Result<String, ImageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::image::IdMap;
     use crate::image::store::test_dir::TempDir;
 
     fn base(store: &ImageStore, name: &str) -> ImageInfo {
-        let info = ImageInfo { name: name.into(), uid_base: 100_000, id_count: 65_536, ..ImageInfo::default() };
+        let info = ImageInfo { name: name.into(), id_map: IdMap::shifted(100_000, 65_536), ..ImageInfo::default() };
         fs::create_dir_all(store.rootfs(name)).unwrap();
         write_info(&store.root().join(name).join(INFO_FILE), &info).unwrap();
         info
@@ -247,6 +247,7 @@ mod tests {
         fs::write(store.root().join("old").join(INFO_FILE), old).unwrap();
         let info = store.get("old").unwrap();
         assert_eq!(info.layers(), ["old/rootfs"]);
+        assert_eq!(info.id_map, IdMap::shifted(100_000, 65_536), "the old single range, uids and gids alike");
         assert!(info.parent.is_empty() && info.labels.is_empty() && info.config.env.is_empty());
         assert_eq!(store.layer_paths(&info.layers()), [store.rootfs("old")]);
     }

@@ -1,7 +1,8 @@
 //! Running mmdebstrap: the argument list, the mirrors (the host's own apt
 //! sources, so no mirror host name lives in this repository and builds use
-//! whatever mirror or proxy the host is configured for), the id range of the
-//! result, and streaming its progress.
+//! whatever mirror or proxy the host is configured for), and streaming its
+//! progress. It writes a tarball whose owners are the ids inside the chroot;
+//! the store unpacks it through the sandbox's id map.
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::fs;
@@ -9,52 +10,25 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::{ImageError, ROOT_ID_COUNT, ROOT_UID_BASE};
+use super::ImageError;
 
 /// Lines of mmdebstrap's stderr kept for the error message of a failed build.
 const TAIL_LINES: usize = 25;
 
-/// How the tree gets its owners.
+/// How mmdebstrap gets root's powers for the chroot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Mode {
-    /// Built as real root (ids 0..): we shift ownership afterwards.
+    /// We are root.
     Root,
-    /// Built in a user namespace: mmdebstrap already wrote the files as the
-    /// user's subordinate ids, starting at `base`.
+    /// An ordinary user: mmdebstrap maps the user's subordinate ids itself.
     Unshare,
 }
 
-/// The mode, first host id and id count of a build by the current user.
-pub(super) fn id_range() -> Result<(Mode, u32, u32), ImageError> {
-    let uid = nix::unistd::geteuid();
-    if uid.is_root() {
-        return Ok((Mode::Root, ROOT_UID_BASE, ROOT_ID_COUNT));
+impl Mode {
+    /// The mode for the current user.
+    pub(super) fn current() -> Self {
+        if nix::unistd::geteuid().is_root() { Mode::Root } else { Mode::Unshare }
     }
-    let user = nix::unistd::User::from_uid(uid).ok().flatten().map(|u| u.name).unwrap_or_default();
-    let read = |p: &str| fs::read_to_string(p).unwrap_or_default();
-    let uids = parse_subid(&read("/etc/subuid"), &user, uid.as_raw());
-    let gids = parse_subid(&read("/etc/subgid"), &user, uid.as_raw());
-    match (uids, gids) {
-        // One base describes both, as the sandbox maps uids and gids alike.
-        (Some((ub, uc)), Some((gb, gc))) if ub == gb => Ok((Mode::Unshare, ub, uc.min(gc))),
-        (Some(_), Some(_)) => {
-            Err(ImageError::SubordinateIds(format!("user {user:?} has different /etc/subuid and /etc/subgid starts")))
-        }
-        _ => Err(ImageError::SubordinateIds(format!("no range for user {user:?} in /etc/subuid and /etc/subgid"))),
-    }
-}
-
-/// The first `name:start:count` (or `uid:start:count`) entry for the user,
-/// which is the one mmdebstrap and newuidmap use.
-fn parse_subid(content: &str, user: &str, uid: u32) -> Option<(u32, u32)> {
-    content.lines().find_map(|line| {
-        let mut f = line.trim().split(':');
-        let (owner, start, count) = (f.next()?, f.next()?, f.next()?);
-        if owner != user && owner != uid.to_string() {
-            return None;
-        }
-        Some((start.parse().ok()?, count.parse().ok()?))
-    })
 }
 
 /// The host's apt source files under `etc_apt`, in the order apt reads them.
@@ -81,7 +55,8 @@ pub(super) fn host_sources(etc_apt: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The argument list for building `suite` with `packages` into `target`.
+/// The argument list for building `suite` with `packages` into the tarball
+/// `target`.
 /// Package lists are kept (`--skip=cleanup/apt/lists`) so `apt-get install`
 /// works in a fresh sandbox without first downloading them again.
 pub(super) fn args(mode: Mode, suite: &str, packages: &[String], target: &Path, sources: &[PathBuf]) -> Vec<OsString> {
@@ -89,7 +64,7 @@ pub(super) fn args(mode: Mode, suite: &str, packages: &[String], target: &Path, 
         Mode::Root => "--mode=root",
         Mode::Unshare => "--mode=unshare",
     };
-    let mut a: Vec<OsString> = [mode, "--variant=minbase", "--format=directory", "--skip=cleanup/apt/lists"]
+    let mut a: Vec<OsString> = [mode, "--variant=minbase", "--format=tar", "--skip=cleanup/apt/lists"]
         .into_iter()
         .map(OsString::from)
         .collect();
@@ -139,15 +114,6 @@ mod tests {
     use crate::image::store::test_dir::TempDir;
 
     #[test]
-    fn subid_entry_by_name_or_uid() {
-        let c = "# comment\nalice:200000:65536\n1001:300000:1000\nalice:900000:5\n";
-        assert_eq!(parse_subid(c, "alice", 1000), Some((200_000, 65_536)));
-        assert_eq!(parse_subid(c, "bob", 1001), Some((300_000, 1000)));
-        assert_eq!(parse_subid(c, "carol", 1002), None);
-        assert_eq!(parse_subid("carol:x:1\n", "carol", 1002), None);
-    }
-
-    #[test]
     fn host_sources_takes_list_and_sources_files_only() {
         let t = TempDir::new("apt");
         let d = t.path().join("sources.list.d");
@@ -168,7 +134,7 @@ mod tests {
             Mode::Root,
             "bookworm",
             &["python3".into(), "gpgv".into()],
-            Path::new("/s/.x/rootfs"),
+            Path::new("/s/.x/rootfs.tar"),
             &[PathBuf::from("/etc/apt/sources.list.d/debian.sources")],
         );
         let a: Vec<_> = a.iter().map(|s| s.to_str().unwrap()).collect();
@@ -177,11 +143,11 @@ mod tests {
             [
                 "--mode=root",
                 "--variant=minbase",
-                "--format=directory",
+                "--format=tar",
                 "--skip=cleanup/apt/lists",
                 "--include=python3,gpgv",
                 "bookworm",
-                "/s/.x/rootfs",
+                "/s/.x/rootfs.tar",
                 "/etc/apt/sources.list.d/debian.sources"
             ]
         );

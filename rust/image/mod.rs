@@ -15,13 +15,16 @@
 //! directory may be a symlink to a shared prebuilt image: it is read through
 //! the link, and deleting the image removes only the link.
 //!
-//! Ownership is shifted at build time (uid/gid + `uid_base`) so a sandbox's
-//! user namespace can map `0..id_count` onto it without touching the files
-//! again: root inside a sandbox is never root on the host.
+//! A build unpacks mmdebstrap's tarball as root of a user namespace carrying
+//! the helper's id map ([`IdMap`]), so the files get exactly the host ids a
+//! sandbox maps and nothing is chowned by host id: root inside a sandbox is
+//! never root on the host. The map is recorded in `image.json`; an image
+//! unpacked for another map (another user, or root before a user took its
+//! range) is refused with the advice to rebuild it.
 //!
 //! - `store`: listing, lookup and the build sequence (temp dir, atomic rename).
 //! - `mmdebstrap`: running mmdebstrap with the host's apt sources as mirrors.
-//! - `ownership`: the one-pass uid/gid shift of a built tree.
+//! - `unpack`: unpacking mmdebstrap's tarball through the sandbox's id map.
 //! - `inspect`: what a built tree provides (shell, package manager, size).
 //! - `layers`: committing layers, deleting images and layer garbage collection.
 //! - `copy`: copying a writable layer exactly (owners, xattrs, whiteouts).
@@ -30,12 +33,14 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::helper::driver::userns::IdMap;
+
 mod copy;
 mod inspect;
 mod layers;
 mod mmdebstrap;
-mod ownership;
 mod store;
+mod unpack;
 
 pub use copy::copy_tree;
 pub use inspect::disk_usage;
@@ -47,14 +52,6 @@ pub const DEFAULT_IMAGE: &str = "mcp-dev";
 
 /// Debian suite images are built from unless the request names another.
 pub const DEFAULT_SUITE: &str = "bookworm";
-
-/// First host uid/gid of an image built as root: far above any real account,
-/// and the same base the sandbox user namespaces map from.
-pub const ROOT_UID_BASE: u32 = 100_000;
-
-/// Number of ids an image built as root is shifted into (a full 16-bit range,
-/// so `nobody` (65534) still maps).
-pub const ROOT_ID_COUNT: u32 = 65_536;
 
 /// Packages of the default image `mcp-dev`: enough for agents to run Python and
 /// Node projects, clone repositories and install more with apt.
@@ -84,11 +81,10 @@ pub struct ImageInfo {
     pub shell: String,
     /// Package manager the image carries: "apt", "apk", "dnf" or "".
     pub package_manager: String,
-    /// Host uid/gid that root (0) inside the image is owned by; a sandbox maps
-    /// its ids `0..id_count` onto `uid_base..uid_base+id_count`.
-    pub uid_base: u32,
-    /// Size of the id range the tree's owners fall into.
-    pub id_count: u32,
+    /// The user-namespace id map the tree was unpacked through: its files
+    /// carry the host ids this map gives their ids inside, so only a sandbox
+    /// with the same map sees them with their right owners.
+    pub id_map: IdMap,
     /// Image this one was committed on top of; empty for a base image.
     #[serde(default)]
     pub parent: String,
@@ -108,6 +104,23 @@ impl ImageInfo {
     /// The layers the image stacks, relative to the store root, bottom first.
     pub fn layers(&self) -> Vec<String> {
         if self.layers.is_empty() { vec![format!("{}/rootfs", self.name)] } else { self.layers.clone() }
+    }
+
+    /// Refuses an image whose files were unpacked for another id map than
+    /// `map`: its owners would be wrong (or unmapped) in the sandbox.
+    pub fn check_id_map(&self, map: &IdMap) -> Result<(), ImageError> {
+        if &self.id_map == map {
+            return Ok(());
+        }
+        // The bottom layer is `<base image>/rootfs`.
+        let layers = self.layers();
+        let base = layers.first().and_then(|l| l.split('/').next()).unwrap_or(&self.name);
+        Err(ImageError::OtherIdMap {
+            name: self.name.clone(),
+            base: base.to_string(),
+            built: self.id_map.describe(),
+            wanted: map.describe(),
+        })
     }
 }
 
@@ -205,19 +218,26 @@ pub enum ImageError {
         /// The last lines it wrote to stderr.
         stderr_tail: String,
     },
-    /// Building without root needs one subordinate id range for the user.
-    #[error("cannot build without root: {0}")]
-    SubordinateIds(String),
-    /// A file in a built tree has an owner that the id range cannot hold.
-    #[error("{path}: owner id {id} is outside 0..{count}; cannot shift it into the image id range")]
-    IdOutOfRange {
-        /// The offending file.
-        path: PathBuf,
-        /// Its uid or gid.
-        id: u32,
-        /// Size of the range.
-        count: u32,
+    /// The image's files were unpacked for another id map than this user's
+    /// sandboxes use.
+    #[error(
+        "image '{name}' was built for other ids ({built}) than this user's sandboxes map ({wanted}), e.g. by \
+         another user or before the id ranges changed: rebuild it with `sandbox-mcp image build --name {base} \
+         --force` (then commit again what was committed on it)"
+    )]
+    OtherIdMap {
+        /// The image.
+        name: String,
+        /// Its base image, the one to rebuild.
+        base: String,
+        /// The map it was built for.
+        built: String,
+        /// The map of this user's sandboxes.
+        wanted: String,
     },
+    /// Unpacking the built tree through the id map failed.
+    #[error("unpacking the image as the sandbox's ids failed: {0}")]
+    Unpack(String),
     /// `image.json` is unreadable or malformed.
     #[error("{path}: bad image metadata: {source}")]
     Metadata {

@@ -9,10 +9,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::mmdebstrap::{self, Mode};
-use super::{BuildRequest, DEFAULT_SUITE, ImageError, ImageInfo, inspect, ownership, package_list, validate_name};
+use super::{BuildRequest, DEFAULT_SUITE, IdMap, ImageError, ImageInfo, inspect, package_list, unpack, validate_name};
+use crate::helper::driver::userns::{self, IdMapper};
 
 pub(super) const INFO_FILE: &str = "image.json";
 pub(super) const ROOTFS_DIR: &str = "rootfs";
+/// mmdebstrap's output in a build directory, removed once unpacked.
+const TARBALL: &str = "rootfs.tar";
 
 /// A directory of images, `<root>/<name>/{rootfs,image.json}`.
 #[derive(Debug, Clone)]
@@ -80,7 +83,7 @@ impl ImageStore {
             }
             Err(e) => return Err(ImageError::io(format!("reading {}", path.display()), e)),
         };
-        serde_json::from_str(&text).map_err(|source| ImageError::Metadata { path, source })
+        parse_info(&path, &text)
     }
 
     /// Root filesystem directory of an image (whether or not it exists).
@@ -88,16 +91,32 @@ impl ImageStore {
         self.root.join(name).join(ROOTFS_DIR)
     }
 
-    /// Builds an image with mmdebstrap, or returns the existing one unless
-    /// `req.force`. Each line mmdebstrap prints, and each step of ours, goes to
-    /// `progress`. Blocks for the whole build (tens of seconds to minutes).
-    pub fn build(&self, req: &BuildRequest, progress: &mut dyn FnMut(&str)) -> Result<ImageInfo, ImageError> {
+    /// Builds an image with mmdebstrap for sandboxes mapped by `mapper`, or
+    /// returns the existing one unless `req.force` (or it was built for
+    /// another map, which no sandbox here could use). Each line mmdebstrap
+    /// prints, and each step of ours, goes to `progress`. Blocks for the
+    /// whole build (tens of seconds to minutes).
+    pub fn build(
+        &self,
+        req: &BuildRequest,
+        mapper: &IdMapper,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<ImageInfo, ImageError> {
         req.check()?;
         let suite = if req.suite.is_empty() { DEFAULT_SUITE } else { req.suite.as_str() };
         let packages = package_list(&req.packages)?;
-        if !req.force {
+        let mut force = req.force;
+        if !force {
             match self.get(&req.name) {
-                Ok(info) => return Ok(info),
+                Ok(info) if info.check_id_map(mapper.id_map()).is_ok() => return Ok(info),
+                Ok(info) => {
+                    progress(&format!(
+                        "rebuilding image {}: it was built for other ids ({})",
+                        info.name,
+                        info.id_map.describe()
+                    ));
+                    force = true;
+                }
                 Err(ImageError::NotFound(_)) => {}
                 Err(e) => return Err(e),
             }
@@ -107,28 +126,27 @@ impl ImageStore {
 
         let work = BuildDir::create(self.root.join(format!(".{}.building-{}", req.name, std::process::id())))?;
         let rootfs = work.0.join(ROOTFS_DIR);
-        let (mode, uid_base, id_count) = mmdebstrap::id_range()?;
+        let tarball = work.0.join(TARBALL);
         let sources = mmdebstrap::host_sources(Path::new("/etc/apt"));
         progress(&format!("building image {} ({suite}: {})", req.name, packages.join(" ")));
-        mmdebstrap::run("mmdebstrap", &mmdebstrap::args(mode, suite, &packages, &rootfs, &sources), progress)?;
-        if mode == Mode::Root {
-            progress(&format!("shifting ownership to {uid_base}..{}", uid_base as u64 + id_count as u64));
-            ownership::shift_tree(&rootfs, uid_base, id_count)?;
-        }
+        let args = mmdebstrap::args(Mode::current(), suite, &packages, &tarball, &sources);
+        mmdebstrap::run("mmdebstrap", &args, progress)?;
+        progress(&format!("unpacking for the sandbox's ids ({})", mapper.id_map().describe()));
+        unpack::unpack(mapper, &tarball, &rootfs)?;
+        fs::remove_file(&tarball).map_err(|e| ImageError::io(format!("removing {}", tarball.display()), e))?;
         let info = ImageInfo {
             name: req.name.clone(),
             size_bytes: inspect::disk_usage(&rootfs),
             created_at_ms: now_ms(),
             shell: inspect::shell(&rootfs),
             package_manager: inspect::package_manager(&rootfs),
-            uid_base,
-            id_count,
+            id_map: mapper.id_map().clone(),
             ..ImageInfo::default()
         };
         write_info(&work.0.join(INFO_FILE), &info)?;
-        self.install(work, &req.name, req.force)?;
+        self.install(work, &req.name, force)?;
         progress(&format!("image {} ready ({} MB)", info.name, info.size_bytes / 1_000_000));
-        if req.force { Ok(info) } else { self.get(&req.name) }
+        if force { Ok(info) } else { self.get(&req.name) }
     }
 
     /// Moves a finished build into place. With `force` the old image is moved
@@ -206,11 +224,24 @@ impl Drop for BuildDir {
 /// only costs disk space, and the next build of that name (or the next layer
 /// collection) removes it if its process is gone.
 pub(super) fn remove_tree(path: &Path) {
-    if let Err(e) = fs::remove_dir_all(path)
-        && e.kind() != std::io::ErrorKind::NotFound
-    {
+    if let Err(e) = userns::remove_tree(path) {
         tracing::warn!(path = %path.display(), error = %e, "cannot remove");
     }
+}
+
+/// Reads `image.json`. One written before id maps were recorded describes
+/// its single range as `uid_base`/`id_count`, uids and gids alike.
+pub(super) fn parse_info(path: &Path, text: &str) -> Result<ImageInfo, ImageError> {
+    let bad = |source| ImageError::Metadata { path: path.to_path_buf(), source };
+    let mut value: serde_json::Value = serde_json::from_str(text).map_err(bad)?;
+    if let Some(obj) = value.as_object_mut()
+        && !obj.contains_key("id_map")
+    {
+        let id = |key: &str| obj.get(key).and_then(serde_json::Value::as_u64).and_then(|v| u32::try_from(v).ok());
+        let map = IdMap::shifted(id("uid_base").unwrap_or(0), id("id_count").unwrap_or(0));
+        obj.insert("id_map".into(), serde_json::to_value(map).map_err(bad)?);
+    }
+    serde_json::from_value(value).map_err(bad)
 }
 
 /// Writes `image.json` through a temp file and a rename, so a reader (or a
@@ -275,10 +306,15 @@ mod tests {
             created_at_ms: 1_700_000_000_000,
             shell: "/bin/bash".into(),
             package_manager: "apt".into(),
-            uid_base: 100_000,
-            id_count: 65_536,
+            id_map: IdMap::shifted(100_000, 65_536),
             ..ImageInfo::default()
         }
+    }
+
+    /// This user's mapper (the unit tests run as root or as a user with a
+    /// subordinate range).
+    fn mapper() -> IdMapper {
+        IdMapper::detect().expect("an id map for the test user")
     }
 
     fn put(store: &ImageStore, i: &ImageInfo) {
@@ -329,10 +365,12 @@ mod tests {
     fn build_of_existing_image_returns_it_without_building() {
         let t = TempDir::new("idem");
         let store = ImageStore::new(t.path().to_path_buf());
-        put(&store, &info("mcp-dev"));
+        let mapper = mapper();
+        let built = ImageInfo { id_map: mapper.id_map().clone(), ..info("mcp-dev") };
+        put(&store, &built);
         let req = BuildRequest { name: "mcp-dev".into(), suite: String::new(), packages: vec![], force: false };
         let mut lines = 0;
-        assert_eq!(store.build(&req, &mut |_| lines += 1).unwrap(), info("mcp-dev"));
+        assert_eq!(store.build(&req, &mapper, &mut |_| lines += 1).unwrap(), built);
         assert_eq!(lines, 0);
     }
 
@@ -346,10 +384,10 @@ mod tests {
             packages: vec![pkg.into()],
             force: true,
         };
-        let mut p = |_: &str| {};
-        assert!(matches!(store.build(&req("Bad", "", "x"), &mut p), Err(ImageError::InvalidName(_))));
-        assert!(matches!(store.build(&req("ok", "../s", "x"), &mut p), Err(ImageError::InvalidSuite(_))));
-        assert!(matches!(store.build(&req("ok", "", "-o=x"), &mut p), Err(ImageError::InvalidPackage(_))));
+        let (mut p, m) = (|_: &str| {}, mapper());
+        assert!(matches!(store.build(&req("Bad", "", "x"), &m, &mut p), Err(ImageError::InvalidName(_))));
+        assert!(matches!(store.build(&req("ok", "../s", "x"), &m, &mut p), Err(ImageError::InvalidSuite(_))));
+        assert!(matches!(store.build(&req("ok", "", "-o=x"), &m, &mut p), Err(ImageError::InvalidPackage(_))));
         assert!(!store.root().exists());
     }
 
@@ -367,7 +405,7 @@ mod tests {
             packages: vec!["no-such-package-sandbox-mcp".into()],
             force: false,
         };
-        let err = store.build(&req, &mut |_| {}).unwrap_err();
+        let err = store.build(&req, &mapper(), &mut |_| {}).unwrap_err();
         assert!(matches!(err, ImageError::BuildFailed { .. }), "{err}");
         assert!(err.to_string().contains("no-such-package-sandbox-mcp"), "{err}");
         assert_eq!(fs::read_dir(store.root()).unwrap().count(), 0, "temp build dir must be removed");

@@ -250,6 +250,34 @@ async fn build_image_rejects_bad_requests_up_front() {
     assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
 }
 
+/// An image unpacked for other host ids than this helper's sandboxes map
+/// (built by another user, or before the id ranges changed) would show wrong
+/// or unmapped owners inside: CreateVm refuses it and names the rebuild.
+#[tokio::test]
+async fn image_built_for_another_id_map_is_refused_with_the_rebuild_command() {
+    let mut h = Harness::with_own_store("imgmap").await;
+    let store = h.own_store().expect("own store");
+    let shared = std::fs::canonicalize(store.join(&h.image)).unwrap();
+    let name = unique(&h, "othermap");
+    std::fs::create_dir(store.join(&name)).unwrap();
+    std::os::unix::fs::symlink(shared.join("rootfs"), store.join(&name).join("rootfs")).unwrap();
+    // image.json as written before id maps were recorded: one range.
+    let info = format!(
+        r#"{{"name":"{name}","size_bytes":1,"created_at_ms":1,"shell":"/bin/bash","package_manager":"apt",
+            "uid_base":3000000,"id_count":65536}}"#
+    );
+    std::fs::write(store.join(&name).join("image.json"), info).unwrap();
+    let mut spec = h.spec("vm");
+    spec.image = name.clone();
+    let err = h.create(spec).await.expect_err("an image for another id map must be refused");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    let msg = err.message();
+    assert!(msg.contains(&format!("sandbox-mcp image build --name {name} --force")), "{msg}");
+    assert!(msg.contains("0->3000000 (65536)"), "names the map it was built for: {msg}");
+    // The image this helper built itself still runs.
+    h.running("ok", |_| {}).await;
+}
+
 /// Issue 9: code in the VM swaps a directory of its layer for a symlink to a
 /// host directory in a tight loop while CommitVm and clone_from copy the
 /// layer. No copy may ever hold the host file: each either succeeds without

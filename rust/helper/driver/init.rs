@@ -2,9 +2,10 @@
 //! on stdin) and the sandbox's PID 1.
 //!
 //! The launcher is a fresh exec of the helper binary, so it is
-//! single-threaded and may unshare a user namespace. It waits for the helper
-//! to write its id maps (and put it in the VM's cgroups), becomes root,
-//! unshares the other namespaces and forks PID 1; then it only waits for PID 1
+//! single-threaded and may unshare a user namespace. It unshares that first,
+//! waits for the helper to write its id maps (and put it in the VM's
+//! cgroups), stages the VM's host paths, becomes root, unshares the other
+//! namespaces and forks PID 1; then it only waits for PID 1
 //! and exits with its status, which is how the helper learns the VM ended.
 //!
 //! PID 1 builds the filesystem, locks the sandbox down (no_new_privs,
@@ -93,8 +94,10 @@ pub fn run() -> i32 {
 fn launcher(control: &OwnedFd, config_json: &str) -> Result<i32, DriverError> {
     let config: InitConfig =
         serde_json::from_str(config_json).map_err(|e| DriverError::InitFailed(format!("bad init config: {e}")))?;
-    rootfs::stage(&config)?;
     let sys = |what: &'static str| move |source| DriverError::Sys { what: what.into(), source };
+    // The user namespace comes first and everything else is made inside it:
+    // an ordinary user has no rights to make any other namespace, and root
+    // needs none of its host privileges past this point.
     unshare(CloneFlags::CLONE_NEWUSER).map_err(sys("unshare user namespace"))?;
     if config.egress {
         super::network::create_tun(control)?;
@@ -103,6 +106,7 @@ fn launcher(control: &OwnedFd, config_json: &str) -> Result<i32, DriverError> {
     if recv_msg(control)?.as_slice() != b"go" {
         return Err(DriverError::InitFailed("the helper did not map ids".into()));
     }
+    let host_paths = rootfs::open_host_paths(&config)?;
     nix::unistd::setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0)).map_err(sys("setresgid 0"))?;
     nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0)).map_err(sys("setresuid 0"))?;
     let _ = nix::unistd::setgroups(&[]);
@@ -112,6 +116,7 @@ fn launcher(control: &OwnedFd, config_json: &str) -> Result<i32, DriverError> {
     // regardless.
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1) };
+    rootfs::stage(host_paths)?;
     let mut namespaces = CloneFlags::CLONE_NEWNS
         | CloneFlags::CLONE_NEWPID
         | CloneFlags::CLONE_NEWIPC

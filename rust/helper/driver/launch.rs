@@ -32,16 +32,23 @@ pub struct LaunchSpec {
     pub id: String,
     /// What the launcher builds inside.
     pub init: InitConfig,
-    /// Host uid/gid that root inside maps to.
-    pub uid_base: u32,
-    /// How many ids are mapped.
-    pub id_count: u32,
     /// cgroup limits.
     pub limits: Limits,
     /// EGRESS: the policy its stack enforces and where it records refusals.
     pub egress: Option<(NetworkPolicy, Arc<Events>)>,
     /// Where the agent's listening socket is created (outside the VM).
     pub agent_socket: PathBuf,
+}
+
+/// A running VM's namespaces, as fds.
+#[derive(Debug)]
+pub struct VmNamespaces {
+    /// Its user namespace: joining it gives a process the rights of the
+    /// VM's root over the VM's files (and lets an ordinary user's helper
+    /// enter the VM's other namespaces at all).
+    pub user: OwnedFd,
+    /// Its network namespace.
+    pub net: OwnedFd,
 }
 
 /// A running VM's host-side resources.
@@ -51,9 +58,10 @@ pub struct Instance {
     pub pid1: i32,
     /// Host pid of its agent (0 if it could not be told).
     pub agent: i32,
-    /// The sandbox's network namespace, opened once at start so Dial never
-    /// has to trust a pid that may have been reused.
-    pub netns: Arc<OwnedFd>,
+    /// The sandbox's user and network namespaces, opened once at start so
+    /// Dial and layer copies never have to trust a pid that may have been
+    /// reused.
+    pub ns: Arc<VmNamespaces>,
     pid1fd: OwnedFd,
     /// Our end of the control socket; closing it is the lifeline cut.
     control: OwnedFd,
@@ -160,17 +168,21 @@ pub async fn launch(driver: &Driver, spec: &LaunchSpec) -> Result<(Instance, Chi
     match result {
         Ok(Ok(control)) => match state {
             Partial { cgroup, net, pid1: Some((pid1, pid1fd)) } => {
-                let netns = match std::fs::File::open(format!("/proc/{pid1}/ns/net")) {
-                    Ok(f) => Arc::new(OwnedFd::from(f)),
+                let open = |kind: &str| {
+                    std::fs::File::open(format!("/proc/{pid1}/ns/{kind}"))
+                        .map(OwnedFd::from)
+                        .map_err(|e| DriverError::io(format!("open the vm's {kind} namespace"), e))
+                };
+                let ns = match open("user").and_then(|user| Ok(VmNamespaces { user, net: open("net")? })) {
+                    Ok(ns) => Arc::new(ns),
                     Err(e) => {
                         let state = Partial { cgroup, net, pid1: Some((pid1, pid1fd)) };
-                        let e = DriverError::io("open the vm's network namespace", e);
                         return Err(abort(state, child, spec, e).await);
                     }
                 };
                 let agent = agent_pid(pid1);
                 let agent_socket = spec.agent_socket.clone();
-                Ok((Instance { pid1, agent, netns, pid1fd, control, cgroup, net, agent_socket }, child))
+                Ok((Instance { pid1, agent, ns, pid1fd, control, cgroup, net, agent_socket }, child))
             }
             _ => Err(DriverError::InitFailed("PID 1 never reported its pid".into())),
         },
@@ -222,7 +234,8 @@ async fn handshake(
     let t0 = Instant::now();
     expect(&control, b"userns").await?;
     let t1 = Instant::now();
-    driver.ids.map(launcher_pid, spec.uid_base, spec.id_count)?;
+    let mapper = driver.ids.as_ref().map_err(|reason| DriverError::UserNs(reason.clone()))?;
+    mapper.map(launcher_pid)?;
     let t2 = Instant::now();
     if let Some(layout) = &driver.cgroups {
         let cg = layout.create(&spec.id, spec.limits)?;

@@ -69,7 +69,9 @@ impl DriverError {
 pub struct Driver {
     /// This binary, re-executed as each VM's launcher.
     self_exe: PathBuf,
-    ids: userns::IdMapper,
+    /// The id map every VM gets and how to install it, or why VMs cannot
+    /// get a user namespace as this user.
+    ids: Result<userns::IdMapper, String>,
     cgroups: Option<cgroup::CgroupLayout>,
     /// Why VMs run without cpu/memory/pids limits, if they do.
     no_limits: Option<String>,
@@ -115,7 +117,7 @@ impl Driver {
         if let Some(cg) = &self.cgroups {
             caps.push(cg.capability());
         }
-        if self.ids.available() {
+        if self.ids.is_ok() {
             caps.push("userns");
         }
         caps.into_iter().map(String::from).collect()
@@ -123,10 +125,40 @@ impl Driver {
 
     /// Why VMs cannot run here at all, if they cannot.
     pub fn unavailable_reason(&self) -> Option<String> {
-        match &self.ids {
-            userns::IdMapper::Unavailable(reason) => Some(reason.clone()),
-            _ => None,
+        self.ids.as_ref().err().cloned()
+    }
+
+    /// The id map of this helper's VMs (and of the images they can run),
+    /// when it has one.
+    pub fn id_mapper(&self) -> Option<&userns::IdMapper> {
+        self.ids.as_ref().ok()
+    }
+
+    /// Copies a running VM's writable layer `src` to `dst` with the rights of
+    /// the VM's root over its files (reading 0600 files of any of its ids,
+    /// giving the copies their owners). A root helper has those rights
+    /// itself; an ordinary user's helper runs the copy in a child that
+    /// joined the VM's user namespace.
+    pub fn copy_layer(
+        &self,
+        ns: &launch::VmNamespaces,
+        src: &std::path::Path,
+        dst: &std::path::Path,
+    ) -> Result<(), crate::image::ImageError> {
+        if nix::unistd::geteuid().is_root() {
+            return crate::image::copy_tree(src, dst);
         }
+        let failed = |detail: String| crate::image::ImageError::CopyFailed {
+            what: format!("{} to {}", src.display(), dst.display()),
+            detail,
+        };
+        let mut cmd = std::process::Command::new(&self.self_exe);
+        cmd.arg("__copy-layer").arg(src).arg(dst).env_clear().stdin(std::process::Stdio::null());
+        let out = userns::run_joined(&ns.user, cmd).map_err(|e| failed(e.to_string()))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(failed(format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim())))
     }
 
     /// Why a VM runs without cpu/memory/pids limits, as the contract's

@@ -2,14 +2,17 @@
 //! /dev, /sys, resolv.conf, then pivot_root so nothing of the host tree stays
 //! reachable.
 //!
-//! Two steps, because the mapped root may not be able to reach the VM's
-//! host paths (e.g. under /root, mode 0700), and mounts can only be used
-//! from the mount namespace they live in:
-//! - [`stage`] runs in the launcher while it is still host root, in a
-//!   private mount namespace of its own: it binds every host path the VM
-//!   needs onto fixed, world-traversable points under a tmpfs at /tmp.
-//! - [`setup`] runs as the sandbox's PID 1 (root of the user namespace, in
-//!   the copy of that mount table) and builds the root from those points.
+//! Everything happens inside the VM's user namespace (which is what lets an
+//! ordinary user do it at all), in steps, because the mapped root may not be
+//! able to reach the VM's host paths (e.g. under /root, mode 0700), and
+//! mounts can only be used from the mount namespace they live in:
+//! - [`open_host_paths`] runs in the launcher while it still has the
+//!   helper's host ids, in a private mount namespace of its own.
+//! - [`stage`] runs in the launcher as root of the user namespace: it binds
+//!   every opened path onto fixed, world-traversable points under a tmpfs
+//!   at /tmp.
+//! - [`setup`] runs as the sandbox's PID 1 (in a copy of that mount table)
+//!   and builds the root from those points.
 use std::path::{Component, Path, PathBuf};
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
@@ -47,9 +50,22 @@ fn lowerdir(count: usize) -> String {
     (0..count).rev().map(|i| lower(i).display().to_string()).collect::<Vec<_>>().join(":")
 }
 
-/// Launcher step, as host root: a private mount namespace with every host
-/// path of `config` bound under the staging tmpfs.
-pub fn stage(config: &InitConfig) -> Result<(), DriverError> {
+/// The host paths a VM needs, opened (`O_PATH`) in the launcher's staging
+/// mount namespace.
+pub struct HostPaths {
+    lowers: Vec<std::fs::File>,
+    vm: std::fs::File,
+    mounts: Vec<std::fs::File>,
+    resolv: Option<std::fs::File>,
+}
+
+/// Launcher step, in the VM's user namespace but still with the helper's
+/// host ids: a private mount namespace of the launcher's own, and every host
+/// path of `config` opened in it. Opening happens here because the helper's
+/// ids may reach paths the VM's root cannot (a root helper's state under
+/// /root, mode 0700), and a bind mount's source must live in the mount
+/// namespace it is mounted into.
+pub fn open_host_paths(config: &InitConfig) -> Result<HostPaths, DriverError> {
     let none: Option<&str> = None;
     let sys = |what: &'static str| move |source| DriverError::Sys { what: what.into(), source };
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(sys("unshare staging mount namespace"))?;
@@ -59,32 +75,38 @@ pub fn stage(config: &InitConfig) -> Result<(), DriverError> {
         .parent()
         .filter(|p| Some(*p) == config.work.parent())
         .ok_or_else(|| DriverError::InitFailed("upper and work must share a parent dir".into()))?;
-    // Held open across the tmpfs mount, which may hide the paths (tests
-    // keep their state under /tmp).
     if config.lowers.is_empty() {
         return Err(DriverError::InitFailed("the image has no layers".into()));
     }
-    let lowers: Vec<_> = config.lowers.iter().map(|l| open_path(l)).collect::<Result<_, _>>()?;
-    let vm = open_path(vm_dir)?;
-    let mounts: Vec<_> = config.mounts.iter().map(|m| open_path(&m.host)).collect::<Result<_, _>>()?;
-    let resolv = config.resolv_conf.as_deref().map(open_path).transpose()?;
+    Ok(HostPaths {
+        lowers: config.lowers.iter().map(|l| open_path(l)).collect::<Result<_, _>>()?,
+        vm: open_path(vm_dir)?,
+        mounts: config.mounts.iter().map(|m| open_path(&m.host)).collect::<Result<_, _>>()?,
+        resolv: config.resolv_conf.as_deref().map(open_path).transpose()?,
+    })
+}
 
+/// Launcher step, as root of the VM's user namespace: binds every opened
+/// path onto fixed, world-traversable points under a tmpfs at /tmp. The fds
+/// stay usable across the tmpfs mount, which may hide their paths (tests
+/// keep their state under /tmp).
+pub fn stage(paths: HostPaths) -> Result<(), DriverError> {
     // Only empty mount points live here (an inode each), whatever the
     // number of layers and mounts.
     mnt(Some("tmpfs"), STAGE, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755,size=64k"))?;
     for dir in [VM, NEW_ROOT] {
         mkdir(Path::new(dir))?;
     }
-    for (i, fd) in lowers.iter().enumerate() {
+    for (i, fd) in paths.lowers.iter().enumerate() {
         mkdir(&lower(i))?;
         bind(&fd_path(fd), &lower(i), false)?;
     }
-    bind(&fd_path(&vm), Path::new(VM), false)?;
-    for (i, fd) in mounts.iter().enumerate() {
+    bind(&fd_path(&paths.vm), Path::new(VM), false)?;
+    for (i, fd) in paths.mounts.iter().enumerate() {
         mkdir(&shared(i))?;
         bind(&fd_path(fd), &shared(i), false)?;
     }
-    if let Some(fd) = resolv {
+    if let Some(fd) = paths.resolv {
         std::fs::File::create(RESOLV).map_err(|e| DriverError::io("create staged resolv.conf", e))?;
         bind(&fd_path(&fd), Path::new(RESOLV), false)?;
     }

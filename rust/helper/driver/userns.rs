@@ -1,71 +1,262 @@
-//! User-namespace id maps: inside ids 0..count become host ids base.. so
-//! root in the sandbox owns the image's shifted files and nothing on the host.
+//! User-namespace id maps, chosen once per helper the way rootless Podman
+//! chooses them, and how they are installed.
 //!
-//! As root the helper writes /proc/PID/{uid,gid}_map itself. Otherwise the
-//! setuid helpers newuidmap/newgidmap (package uidmap) must vouch for the
-//! range through /etc/subuid and /etc/subgid.
-use std::path::PathBuf;
+//! - An ordinary user: root in the sandbox is the user (`0 -> uid`, one id),
+//!   so files the sandbox's root writes in a shared directory belong to the
+//!   user on the host; ids `1..=N` come from the user's subordinate range in
+//!   /etc/subuid and /etc/subgid (N at most 65535). newuidmap/newgidmap
+//!   (package uidmap) install it, vouching for the range. Two helpers of the
+//!   same user share that range, as two Podman instances of one user do;
+//!   two users never share ids, because their ranges are distinct.
+//! - root: `0..65536 -> BASE`, BASE being root's own /etc/subuid range if it
+//!   has one, else 100000 unless a user's range overlaps it (`useradd` gives
+//!   the first user 100000), else the first 65536-aligned range above every
+//!   listed range, so root's sandboxes never share host ids with a user's.
+//!   root writes /proc/PID/{uid,gid}_map itself.
+//!
+//! Images are extracted through the same map ([`run_mapped`]), so the ids
+//! their files carry on the host are exactly the ones the sandbox maps.
+use std::io::{Read as _, Write as _};
+use std::os::fd::{AsRawFd as _, OwnedFd};
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use serde::{Deserialize, Serialize};
 
 use super::DriverError;
 
-/// How this helper can install id maps.
+/// Where the subordinate ranges are listed.
+const SUBUID: &str = "/etc/subuid";
+const SUBGID: &str = "/etc/subgid";
+/// Ids a sandbox maps when the helper is root: a full 16-bit range, so
+/// `nobody` (65534) still maps.
+const ROOT_ID_COUNT: u32 = 65_536;
+/// The base root's sandboxes use unless a user's range is there.
+const ROOT_DEFAULT_BASE: u32 = 100_000;
+/// The most subordinate ids a rootless sandbox maps (inside 1..=65535).
+const MAX_SUB_IDS: u32 = 65_535;
+/// What an unprivileged user runs (as root) to get ranges and newuidmap.
+const FIX: &str = "run `sandbox-mcp host-setup --user";
+
+/// One contiguous run of ids: `inside..inside+count` in the namespace are
+/// `outside..outside+count` on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdExtent {
+    /// First id in the namespace.
+    pub inside: u32,
+    /// First id on the host.
+    pub outside: u32,
+    /// Number of ids.
+    pub count: u32,
+}
+
+/// A user namespace's uid and gid maps.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdMap {
+    /// The uid map, one line of /proc/PID/uid_map per extent.
+    pub uids: Vec<IdExtent>,
+    /// The gid map.
+    pub gids: Vec<IdExtent>,
+}
+
+impl IdMap {
+    /// `0..count -> base..` for uids and gids alike (how images built before
+    /// maps were recorded describe themselves).
+    pub fn shifted(base: u32, count: u32) -> Self {
+        let e = vec![IdExtent { inside: 0, outside: base, count }];
+        IdMap { uids: e.clone(), gids: e }
+    }
+
+    /// The map of a helper running as the current user.
+    pub fn for_current_user() -> Result<Self, String> {
+        let uid = nix::unistd::geteuid();
+        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+        let user = User { uid: uid.as_raw(), gid: nix::unistd::getegid().as_raw(), name: user_name() };
+        IdMap::for_user(&user, &read(SUBUID), &read(SUBGID))
+    }
+
+    /// The map of `user`'s helper, given the contents of /etc/subuid and
+    /// /etc/subgid.
+    fn for_user(user: &User, subuid: &str, subgid: &str) -> Result<Self, String> {
+        if user.uid == 0 {
+            return Ok(IdMap { uids: root_map(&parse_ranges(subuid)), gids: root_map(&parse_ranges(subgid)) });
+        }
+        let name = &user.name;
+        let range = |content: &str, file: &str| {
+            own_range(&parse_ranges(content), name, user.uid).ok_or_else(|| {
+                format!(
+                    "user {name:?} has no subordinate id range in {file}, which a sandbox needs for ids other than \
+                     root: {FIX} {name}` as root (it adds ranges to /etc/subuid and /etc/subgid)"
+                )
+            })
+        };
+        Ok(IdMap {
+            uids: rootless_map(user.uid, range(subuid, SUBUID)?),
+            gids: rootless_map(user.gid, range(subgid, SUBGID)?),
+        })
+    }
+
+    /// The host uid and gid of root inside.
+    pub fn host_root(&self) -> (u32, u32) {
+        (host_id(&self.uids, 0).unwrap_or(u32::MAX), host_id(&self.gids, 0).unwrap_or(u32::MAX))
+    }
+
+    /// A readable form for messages: `uids 0->1001 (1), 1->100000 (65535); gids …`.
+    pub fn describe(&self) -> String {
+        let list = |m: &[IdExtent]| {
+            m.iter().map(|e| format!("{}->{} ({})", e.inside, e.outside, e.count)).collect::<Vec<_>>().join(", ")
+        };
+        format!("uids {}; gids {}", list(&self.uids), list(&self.gids))
+    }
+}
+
+/// Who a helper runs as.
+struct User {
+    uid: u32,
+    gid: u32,
+    name: String,
+}
+
+/// The current user's login name ("" if it has none).
+fn user_name() -> String {
+    nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten().map(|u| u.name).unwrap_or_default()
+}
+
+fn host_id(map: &[IdExtent], inside: u32) -> Option<u32> {
+    map.iter().find(|e| inside >= e.inside && inside - e.inside < e.count).map(|e| e.outside + (inside - e.inside))
+}
+
+/// One line of /etc/subuid: `owner:start:count`, owner a name or a uid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SubRange {
+    owner: String,
+    start: u32,
+    count: u32,
+}
+
+impl SubRange {
+    fn end(&self) -> u64 {
+        u64::from(self.start) + u64::from(self.count)
+    }
+}
+
+fn parse_ranges(content: &str) -> Vec<SubRange> {
+    content
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.trim().split(':');
+            let (owner, start, count) = (f.next()?, f.next()?, f.next()?);
+            Some(SubRange { owner: owner.to_string(), start: start.parse().ok()?, count: count.parse().ok()? })
+        })
+        .filter(|r| r.count > 0)
+        .collect()
+}
+
+/// The first entry for the user (by name or uid): the one newuidmap and
+/// mmdebstrap use too.
+fn own_range(ranges: &[SubRange], name: &str, uid: u32) -> Option<(u32, u32)> {
+    let uid = uid.to_string();
+    ranges.iter().find(|r| r.owner == name || r.owner == uid).map(|r| (r.start, r.count))
+}
+
+fn rootless_map(own: u32, (start, count): (u32, u32)) -> Vec<IdExtent> {
+    vec![
+        IdExtent { inside: 0, outside: own, count: 1 },
+        IdExtent { inside: 1, outside: start, count: count.min(MAX_SUB_IDS) },
+    ]
+}
+
+/// root's map: its own range, else 100000 if free, else above every range.
+fn root_map(ranges: &[SubRange]) -> Vec<IdExtent> {
+    if let Some((start, count)) = own_range(ranges, "root", 0) {
+        return vec![IdExtent { inside: 0, outside: start, count: count.min(ROOT_ID_COUNT) }];
+    }
+    let default_end = u64::from(ROOT_DEFAULT_BASE) + u64::from(ROOT_ID_COUNT);
+    let overlaps = ranges.iter().any(|r| u64::from(r.start) < default_end && r.end() > u64::from(ROOT_DEFAULT_BASE));
+    let base = if overlaps {
+        let top = ranges.iter().map(SubRange::end).max().unwrap_or(0);
+        let aligned = top.div_ceil(u64::from(ROOT_ID_COUNT)) * u64::from(ROOT_ID_COUNT);
+        // Host ids are 32 bits with u32::MAX invalid; a table reaching that
+        // high is broken, and the default is the least surprising fallback.
+        u32::try_from(aligned).ok().filter(|b| b.checked_add(ROOT_ID_COUNT).is_some()).unwrap_or(ROOT_DEFAULT_BASE)
+    } else {
+        ROOT_DEFAULT_BASE
+    };
+    vec![IdExtent { inside: 0, outside: base, count: ROOT_ID_COUNT }]
+}
+
+/// How this helper installs its map into a new user namespace.
 #[derive(Debug, Clone)]
-pub enum IdMapper {
-    /// We are root: write the map files directly.
-    Direct,
-    /// Unprivileged: go through these newuidmap/newgidmap binaries.
-    Setuid {
-        /// Path of newuidmap.
-        newuidmap: PathBuf,
-        /// Path of newgidmap.
-        newgidmap: PathBuf,
-    },
-    /// Neither is possible; the reason is reported when a VM starts.
-    Unavailable(String),
+pub struct IdMapper {
+    map: IdMap,
+    /// newuidmap and newgidmap; `None` when we are root and write the map
+    /// files ourselves.
+    tools: Option<(PathBuf, PathBuf)>,
 }
 
 impl IdMapper {
-    /// Picks the mechanism for the current user.
-    pub fn detect() -> Self {
+    /// The map for the current user and the way to install it, or why
+    /// sandboxes cannot get a user namespace as this user.
+    pub fn detect() -> Result<Self, String> {
+        let map = IdMap::for_current_user()?;
         if nix::unistd::geteuid().is_root() {
-            return IdMapper::Direct;
+            return Ok(IdMapper { map, tools: None });
         }
-        match (find_in_path("newuidmap"), find_in_path("newgidmap")) {
-            (Some(newuidmap), Some(newgidmap)) => IdMapper::Setuid { newuidmap, newgidmap },
-            _ => IdMapper::Unavailable(
-                "cannot map user ids: the helper is not root and newuidmap/newgidmap are missing (install the uidmap package and add a range to /etc/subuid and /etc/subgid)"
-                    .into(),
-            ),
+        IdMapper::with_tools(map, find_in_path("newuidmap"), find_in_path("newgidmap"), &user_name())
+    }
+
+    /// An ordinary user's mapper, given where newuidmap and newgidmap are.
+    fn with_tools(
+        map: IdMap,
+        newuidmap: Option<PathBuf>,
+        newgidmap: Option<PathBuf>,
+        name: &str,
+    ) -> Result<Self, String> {
+        match (newuidmap, newgidmap) {
+            (Some(u), Some(g)) => Ok(IdMapper { map, tools: Some((u, g)) }),
+            _ => Err(format!(
+                "cannot map user ids: the helper is not root and newuidmap/newgidmap are missing: install the \
+                 uidmap package or {FIX} {name}` as root"
+            )),
         }
     }
 
-    /// Whether VMs can get a user namespace at all.
-    pub fn available(&self) -> bool {
-        !matches!(self, IdMapper::Unavailable(_))
+    /// The map this helper gives every sandbox.
+    pub fn id_map(&self) -> &IdMap {
+        &self.map
     }
 
-    /// Maps `0..count` inside the user namespace of `pid` to `base..` outside.
-    pub fn map(&self, pid: i32, base: u32, count: u32) -> Result<(), DriverError> {
-        let line = format!("0 {base} {count}\n");
-        match self {
-            IdMapper::Direct => {
-                for file in ["uid_map", "gid_map"] {
+    /// Installs the map into the user namespace of `pid`, which must have
+    /// unshared it and not yet changed its ids.
+    pub fn map(&self, pid: i32) -> Result<(), DriverError> {
+        let tables = [("uid_map", &self.map.uids), ("gid_map", &self.map.gids)];
+        match &self.tools {
+            None => {
+                for (file, extents) in tables {
+                    let text: String =
+                        extents.iter().map(|e| format!("{} {} {}\n", e.inside, e.outside, e.count)).collect();
                     let path = format!("/proc/{pid}/{file}");
-                    std::fs::write(&path, &line).map_err(|e| DriverError::UserNs(format!("write {path}: {e}")))?;
+                    std::fs::write(&path, text).map_err(|e| DriverError::UserNs(format!("write {path}: {e}")))?;
                 }
                 Ok(())
             }
-            IdMapper::Setuid { newuidmap, newgidmap } => {
-                for tool in [newuidmap, newgidmap] {
+            Some((newuidmap, newgidmap)) => {
+                for ((_, extents), tool) in tables.into_iter().zip([newuidmap, newgidmap]) {
+                    let mut args = vec![pid.to_string()];
+                    for e in extents {
+                        args.extend([e.inside.to_string(), e.outside.to_string(), e.count.to_string()]);
+                    }
                     let out = Command::new(tool)
-                        .args([pid.to_string(), "0".into(), base.to_string(), count.to_string()])
+                        .args(&args)
                         .output()
                         .map_err(|e| DriverError::UserNs(format!("run {}: {e}", tool.display())))?;
                     if !out.status.success() {
                         return Err(DriverError::UserNs(format!(
-                            "{} {pid} 0 {base} {count} failed ({}): {}; the range must be listed for this user in /etc/subuid and /etc/subgid",
+                            "{} {} failed ({}): {}; /etc/subuid and /etc/subgid must list the range for this user \
+                             ({FIX} NAME` as root)",
                             tool.display(),
+                            args.join(" "),
                             out.status,
                             String::from_utf8_lossy(&out.stderr).trim()
                         )));
@@ -73,9 +264,124 @@ impl IdMapper {
                 }
                 Ok(())
             }
-            IdMapper::Unavailable(reason) => Err(DriverError::UserNs(reason.clone())),
         }
     }
+}
+
+/// Runs `cmd` as root (0:0, no supplementary groups) of a new user namespace
+/// carrying `mapper`'s map, and waits for it. This is how files get exactly
+/// the host ids a sandbox maps without chowning by host id, and how an
+/// ordinary user reaches files its sandboxes' other ids own.
+pub fn run_mapped(mapper: &IdMapper, mut cmd: Command) -> Result<std::process::Output, DriverError> {
+    let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|source| sys("pipe", source));
+    let (pid_r, pid_w) = pipe()?;
+    let (go_r, go_w) = pipe()?;
+    let (pid_wfd, go_rfd) = (pid_w.as_raw_fd(), go_r.as_raw_fd());
+    let (pid_rfd, go_wfd) = (pid_r.as_raw_fd(), go_w.as_raw_fd());
+    // SAFETY: between fork and exec only async-signal-safe system calls on
+    // fds and integers: close, unshare, getpid, write, read, setresgid,
+    // setgroups, setresuid.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Our copy of the parent's ends: the go pipe must read as end of
+            // file once the parent gives up on mapping us.
+            libc::close(pid_rfd);
+            libc::close(go_wfd);
+            let fail = || Err(std::io::Error::last_os_error());
+            if libc::unshare(libc::CLONE_NEWUSER) != 0 {
+                return fail();
+            }
+            let pid = libc::getpid().to_ne_bytes();
+            if libc::write(pid_wfd, pid.as_ptr().cast(), pid.len()) != pid.len() as isize {
+                return fail();
+            }
+            let mut go = [0u8; 1];
+            if libc::read(go_rfd, go.as_mut_ptr().cast(), 1) != 1 {
+                return Err(std::io::Error::other("the id map was not installed"));
+            }
+            if libc::setresgid(0, 0, 0) != 0
+                || libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setresuid(0, 0, 0) != 0
+            {
+                return fail();
+            }
+            Ok(())
+        });
+    }
+    // spawn() returns only after exec, which waits for our map: it runs on
+    // its own thread, and only that thread holds the write end of the pid
+    // pipe, so a child that dies early shows up here as end of file.
+    let spawner = std::thread::spawn(move || {
+        let child = cmd.output();
+        drop(pid_w);
+        drop(go_r);
+        child
+    });
+    let mut pid = [0u8; 4];
+    let got_pid = std::fs::File::from(pid_r).read_exact(&mut pid);
+    let mapped = match got_pid {
+        Ok(()) => mapper.map(i32::from_ne_bytes(pid)),
+        Err(e) => Err(DriverError::io("learn the pid of the mapped child", e)),
+    };
+    let mut go = std::fs::File::from(go_w);
+    let released = match &mapped {
+        Ok(()) => go.write_all(b"g").map_err(|e| DriverError::io("release the mapped child", e)),
+        Err(_) => Ok(()),
+    };
+    drop(go);
+    let output = spawner.join().map_err(|_| DriverError::UserNs("the spawning thread panicked".into()))?;
+    mapped?;
+    released?;
+    output.map_err(|e| DriverError::io("run a command in a mapped user namespace", e))
+}
+
+/// Runs `cmd` as root (0:0, no supplementary groups) of the existing user
+/// namespace `userns` (a VM's), and waits for it: it then has the rights of
+/// the VM's root over the VM's files, which an ordinary user's helper lacks
+/// outside the namespace. Only a single-threaded process may join a user
+/// namespace: the forked child does, before exec.
+pub fn run_joined(userns: &OwnedFd, mut cmd: Command) -> Result<std::process::Output, DriverError> {
+    let fd = userns.as_raw_fd();
+    // SAFETY: between fork and exec only async-signal-safe system calls on
+    // an fd and integers.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWUSER) != 0
+                || libc::setresgid(0, 0, 0) != 0
+                || libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setresuid(0, 0, 0) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.output().map_err(|e| DriverError::io("run a command in the vm's user namespace", e))
+}
+
+/// Removes the tree at `path` (a symlink itself, never its target). An
+/// ordinary user cannot remove what its sandboxes' other ids own (apt's
+/// `_apt` dirs, say): that part is retried as root of a namespace with this
+/// user's map, which owns those ids.
+pub fn remove_tree(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied && !nix::unistd::geteuid().is_root() => {
+            let Ok(mapper) = IdMapper::detect() else { return Err(e) };
+            let mut rm = Command::new("rm");
+            rm.args(["-rf", "--one-file-system", "--"]).arg(path).stdin(std::process::Stdio::null());
+            let out = run_mapped(&mapper, rm).map_err(std::io::Error::other)?;
+            if out.status.success() {
+                return Ok(());
+            }
+            Err(std::io::Error::other(format!("rm {}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim())))
+        }
+        other => other,
+    }
+}
+
+fn sys(what: &str, source: nix::errno::Errno) -> DriverError {
+    DriverError::Sys { what: what.into(), source }
 }
 
 /// First executable called `name` on PATH.
@@ -85,4 +391,131 @@ pub fn find_in_path(name: &str) -> Option<PathBuf> {
         use std::os::unix::fs::PermissionsExt as _;
         p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ext(inside: u32, outside: u32, count: u32) -> IdExtent {
+        IdExtent { inside, outside, count }
+    }
+
+    #[test]
+    fn subid_entries_by_name_or_uid_first_wins() {
+        let r = parse_ranges("# comment\nalice:200000:65536\n1001:300000:1000\nalice:900000:5\nbad:x:1\nz:5:0\n");
+        assert_eq!(own_range(&r, "alice", 1000), Some((200_000, 65_536)));
+        assert_eq!(own_range(&r, "bob", 1001), Some((300_000, 1000)));
+        assert_eq!(own_range(&r, "carol", 1002), None);
+        assert_eq!(r.len(), 3, "malformed and empty entries are ignored");
+    }
+
+    #[test]
+    fn rootless_maps_root_to_the_user_and_the_rest_to_its_range() {
+        assert_eq!(rootless_map(1001, (100_000, 65_536)), [ext(0, 1001, 1), ext(1, 100_000, 65_535)]);
+        assert_eq!(rootless_map(1001, (300_000, 1000)), [ext(0, 1001, 1), ext(1, 300_000, 1000)]);
+    }
+
+    #[test]
+    fn root_uses_its_own_range_first() {
+        let r = parse_ranges("alice:100000:65536\nroot:500000:70000\n");
+        assert_eq!(root_map(&r), [ext(0, 500_000, 65_536)]);
+        let r = parse_ranges("0:400000:65536\n");
+        assert_eq!(root_map(&r), [ext(0, 400_000, 65_536)]);
+    }
+
+    #[test]
+    fn root_keeps_100000_only_when_no_user_range_overlaps_it() {
+        assert_eq!(root_map(&[]), [ext(0, 100_000, 65_536)]);
+        assert_eq!(root_map(&parse_ranges("bob:300000:65536\nc:10:1000\n")), [ext(0, 100_000, 65_536)]);
+        // useradd's first user: root moves above every listed range, aligned.
+        assert_eq!(root_map(&parse_ranges("alice:100000:65536\n")), [ext(0, 196_608, 65_536)]);
+        let r = parse_ranges("alice:100000:65536\nbob:165536:65536\nc:165535:2\n");
+        assert_eq!(root_map(&r), [ext(0, 262_144, 65_536)]);
+        // A range merely touching either end does not overlap.
+        assert_eq!(root_map(&parse_ranges("a:34464:65536\nb:165536:9\n")), [ext(0, 100_000, 65_536)]);
+        assert_eq!(root_map(&parse_ranges("a:34465:65536\n")), [ext(0, 131_072, 65_536)]);
+    }
+
+    #[test]
+    fn run_mapped_runs_as_root_of_the_map_and_its_files_get_the_mapped_ids() {
+        let mapper = IdMapper::detect().expect("an id map for the test user");
+        let dir = std::env::temp_dir().join(format!("smcp-userns-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        let (uid, gid) = mapper.id_map().host_root();
+        std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).unwrap();
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "id -u; id -g; touch \"$0/root\"; touch \"$0/other\" && chown 42:42 \"$0/other\""]).arg(&dir);
+        let out = run_mapped(&mapper, cmd).unwrap();
+        let owner = |name: &str| {
+            use std::os::unix::fs::MetadataExt as _;
+            let m = std::fs::metadata(dir.join(name)).unwrap();
+            (m.uid(), m.gid())
+        };
+        let (root, other) = (owner("root"), owner("other"));
+        remove_tree(&dir).unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "0\n0\n", "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success());
+        assert_eq!(root, (uid, gid));
+        let map = mapper.id_map();
+        assert_eq!(other, (host_id(&map.uids, 42).unwrap(), host_id(&map.gids, 42).unwrap()));
+    }
+
+    #[test]
+    fn a_user_gets_its_own_ranges_for_uids_and_gids() {
+        let alice = User { uid: 1001, gid: 1005, name: "alice".into() };
+        let map = IdMap::for_user(&alice, "bob:100000:65536\nalice:165536:65536\n", "1001:300000:70000\n").unwrap();
+        assert_eq!(map.uids, [ext(0, 1001, 1), ext(1, 165_536, 65_535)]);
+        assert_eq!(map.gids, [ext(0, 1005, 1), ext(1, 300_000, 65_535)]);
+        let root = User { uid: 0, gid: 0, name: "root".into() };
+        assert_eq!(IdMap::for_user(&root, "", "").unwrap(), IdMap::shifted(100_000, 65_536));
+    }
+
+    #[test]
+    fn a_user_without_a_range_is_told_to_run_host_setup() {
+        let carol = User { uid: 1002, gid: 1002, name: "carol".into() };
+        let err = IdMap::for_user(&carol, "alice:100000:65536\n", "carol:100000:65536\n").unwrap_err();
+        assert!(err.contains("no subordinate id range in /etc/subuid"), "{err}");
+        assert!(err.contains("run `sandbox-mcp host-setup --user carol` as root"), "{err}");
+        let err = IdMap::for_user(&carol, "carol:100000:65536\n", "").unwrap_err();
+        assert!(err.contains("/etc/subgid"), "{err}");
+    }
+
+    #[test]
+    fn a_user_without_newuidmap_is_told_what_to_install() {
+        let map = IdMap::shifted(1, 1);
+        let err = IdMapper::with_tools(map.clone(), None, Some("/usr/bin/newgidmap".into()), "dave").unwrap_err();
+        assert!(err.contains("install the uidmap package or run `sandbox-mcp host-setup --user dave`"), "{err}");
+        assert!(IdMapper::with_tools(map, Some("/a".into()), Some("/b".into()), "dave").is_ok());
+    }
+
+    #[test]
+    fn a_refused_map_stops_the_child_before_it_runs() {
+        // newuidmap failing (no range for the user, say): the command must never run unmapped.
+        let map = IdMapper::detect().expect("an id map for the test user").map;
+        let mapper = IdMapper { map, tools: Some(("/bin/false".into(), "/bin/false".into())) };
+        let marker = std::env::temp_dir().join(format!("smcp-unmapped-{}", std::process::id()));
+        let mut touch = Command::new("touch");
+        touch.arg(&marker);
+        let err = run_mapped(&mapper, touch).unwrap_err();
+        assert!(err.to_string().contains("/etc/subuid and /etc/subgid must list the range"), "{err}");
+        assert!(!marker.exists(), "the command ran without its map");
+    }
+
+    #[test]
+    fn run_mapped_reports_a_program_that_cannot_start() {
+        let mapper = IdMapper::detect().expect("an id map for the test user");
+        let err = run_mapped(&mapper, Command::new("/nonexistent/program")).unwrap_err();
+        assert!(err.to_string().contains("mapped user namespace"), "{err}");
+    }
+
+    #[test]
+    fn root_of_the_map_and_description() {
+        let m = IdMap { uids: vec![ext(0, 1001, 1), ext(1, 100_000, 65_535)], gids: vec![ext(0, 1002, 1)] };
+        assert_eq!(m.host_root(), (1001, 1002));
+        assert_eq!(host_id(&m.uids, 42), Some(100_041));
+        assert_eq!(host_id(&m.uids, 65_536), None);
+        assert_eq!(m.describe(), "uids 0->1001 (1), 1->100000 (65535); gids 0->1002 (1)");
+        assert_eq!(IdMap::shifted(100_000, 65_536).host_root(), (100_000, 100_000));
+    }
 }

@@ -61,8 +61,15 @@ pub(super) async fn build(
 ) -> Result<Response<RpcStream<pb::BuildImageResponse>>, Status> {
     let req = BuildRequest { name: req.name, suite: req.release, packages: req.packages, force: req.force };
     req.check().map_err(|e| status(e.into()))?;
+    let mapper = vms
+        .driver()
+        .id_mapper()
+        .cloned()
+        .ok_or_else(|| status(HelperError::Unavailable(vms.driver().unavailable_reason().unwrap_or_default())))?;
     if !req.force {
         match vms.images().get(&req.name) {
+            // One built for another map is of no use here: the build replaces it.
+            Ok(info) if info.check_id_map(mapper.id_map()).is_err() => {}
             Ok(_) => return Err(status(ImageError::AlreadyExists(req.name).into())),
             Err(ImageError::NotFound(_)) => {}
             Err(e) => return Err(status(e.into())),
@@ -78,7 +85,7 @@ pub(super) async fn build(
             let _ = tx.blocking_send(Ok(pb::BuildImageResponse { msg: Some(msg) }));
         };
         let mut log = log;
-        let last = match store.build(&req, &mut log) {
+        let last = match store.build(&req, &mapper, &mut log) {
             Ok(image) => {
                 Ok(pb::BuildImageResponse { msg: Some(pb::build_image_response::Msg::Image(image_to_proto(image))) })
             }

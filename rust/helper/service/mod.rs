@@ -87,7 +87,9 @@ pub fn status(e: HelperError) -> Status {
             }
             ImageError::NotFound(_) => Status::not_found(msg),
             ImageError::AlreadyExists(_) => Status::already_exists(msg),
-            ImageError::HasChildren { .. } | ImageError::TooManyLayers { .. } => Status::failed_precondition(msg),
+            ImageError::HasChildren { .. } | ImageError::TooManyLayers { .. } | ImageError::OtherIdMap { .. } => {
+                Status::failed_precondition(msg)
+            }
             _ => Status::internal(msg),
         },
         HelperError::Driver(_) | HelperError::Agent(_) | HelperError::Io { .. } => Status::internal(msg),

@@ -160,7 +160,7 @@ pub async fn dial(
         }
     };
     let run = vms.run_handles(&start.vm_id, "dial into").map_err(status)?;
-    let stream = dial::connect(&start.vm_id, run.netns, start.port).await.map_err(status)?;
+    let stream = dial::connect(&start.vm_id, run.ns, start.port).await.map_err(status)?;
     let (guest_rd, guest_wr) = stream.into_split();
     let (tx, rx) = mpsc::channel::<Result<pb::DialResponse, Status>>(8);
     let connected = pb::DialResponse { msg: Some(pb::dial_response::Msg::Connected(pb::Connected {})) };

@@ -7,9 +7,12 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
-use super::{HelperError, Slot, VmConfig, VmInfo, VmManager, VmState, now_ms, prepare_dir, share_mounts, vm_dir};
+use super::{
+    HelperError, RunHandles, Slot, VmConfig, VmInfo, VmManager, VmState, now_ms, prepare_dir, share_mounts, vm_dir,
+};
+use crate::helper::driver::Driver;
 use crate::helper::freeze::freeze;
-use crate::image::{ImageConfig, ImageError, ImageInfo, MAX_LAYERS, copy_tree, disk_usage, validate_name};
+use crate::image::{ImageConfig, ImageError, ImageInfo, MAX_LAYERS, disk_usage, validate_name};
 
 /// What to commit.
 #[derive(Debug, Clone, Default)]
@@ -36,7 +39,7 @@ impl VmManager {
         }
         let slot = self.slot(&req.vm_id)?;
         let _op = slot.op.lock().await;
-        let pid1 = running_pid1(&slot, "commit")?;
+        let run = running(&slot, "commit")?;
         match self.images.get(&req.image) {
             Ok(_) => return Err(ImageError::AlreadyExists(req.image).into()),
             Err(ImageError::NotFound(_)) => {}
@@ -47,8 +50,9 @@ impl VmManager {
         }
         let staged = self.images.stage_layer()?;
         let (upper, copy) = (slot.dir.join("upper"), staged.path().to_path_buf());
+        let me = self.me.upgrade().ok_or_else(|| HelperError::Unavailable("shutting down".into()))?;
         let size = blocking(move || {
-            copy_frozen(pid1, &upper, &copy)?;
+            copy_frozen(me.driver(), &run, &upper, &copy)?;
             Ok(disk_usage(&copy))
         })
         .await?;
@@ -59,8 +63,7 @@ impl VmManager {
             created_at_ms: now_ms(),
             shell: base.shell.clone(),
             package_manager: base.package_manager.clone(),
-            uid_base: base.uid_base,
-            id_count: base.id_count,
+            id_map: base.id_map.clone(),
             parent: if req.parent.is_empty() { base.name.clone() } else { req.parent },
             layers: base.layers(),
             config: req.config.unwrap_or_else(|| base.config.clone()),
@@ -83,14 +86,15 @@ impl VmManager {
         }
         config.image = image.name.clone();
         let _op = source.op.lock().await;
-        let pid1 = running_pid1(&source, "clone")?;
+        let run = running(&source, "clone")?;
         let dir = vm_dir(&config.id);
         prepare_dir(&dir, &image)?;
         let (from, to) = (source.dir.join("upper"), dir.join("upper"));
+        let me = self.me.upgrade().ok_or_else(|| HelperError::Unavailable("shutting down".into()))?;
         let copied = blocking(move || {
             // The copy brings the source's upper dir itself (owner, mode).
             std::fs::remove_dir(&to).map_err(|e| HelperError::io(format!("remove {}", to.display()), e))?;
-            copy_frozen(pid1, &from, &to)
+            copy_frozen(me.driver(), &run, &from, &to)
         })
         .await;
         let registered = copied.and_then(|()| {
@@ -99,7 +103,7 @@ impl VmManager {
             self.register(config, image, dir.clone())
         });
         if registered.is_err() {
-            let _ = std::fs::remove_dir_all(&dir);
+            let _ = crate::helper::driver::userns::remove_tree(&dir);
         }
         registered
     }
@@ -131,20 +135,20 @@ impl VmManager {
     }
 }
 
-/// PID 1 of `slot` if it is running, for `op` (named in the error).
-fn running_pid1(slot: &Slot, op: &'static str) -> Result<i32, HelperError> {
+/// The handles of `slot` if it is running, for `op` (named in the error).
+fn running(slot: &Slot, op: &'static str) -> Result<RunHandles, HelperError> {
     let d = slot.data();
     match &d.run {
-        Some(run) if d.info.state == VmState::Running => Ok(run.pid1),
+        Some(run) if d.info.state == VmState::Running => Ok(run.clone()),
         _ => Err(HelperError::WrongState { op, id: slot.id.clone(), state: d.info.state }),
     }
 }
 
-/// Copies `upper` to `to` with the VM of `pid1` frozen; it thaws whatever
+/// Copies `upper` to `to` with the VM of `run` frozen; it thaws whatever
 /// the copy does.
-fn copy_frozen(pid1: i32, upper: &Path, to: &Path) -> Result<(), HelperError> {
-    let frozen = freeze(pid1)?;
-    let copied = copy_tree(upper, to);
+fn copy_frozen(driver: &Driver, run: &RunHandles, upper: &Path, to: &Path) -> Result<(), HelperError> {
+    let frozen = freeze(run.pid1)?;
+    let copied = driver.copy_layer(&run.ns, upper, to);
     drop(frozen);
     Ok(copied?)
 }
