@@ -93,8 +93,8 @@ fn launcher(control: &OwnedFd, eth0: bool) -> Result<i32, DriverError> {
     // (unshare makes the user namespace before the others it is given): an
     // ordinary user has no rights to make any other namespace, and root
     // needs none of its host privileges past this point. The network
-    // namespace is made now, for every VM, so that this launcher can be
-    // prepared before it knows its VM: eth0's tun belongs to it.
+    // namespace is made now, so that this launcher can be prepared before
+    // it knows its VM: eth0's tun belongs to it.
     unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNET)
         .map_err(sys("unshare user and network namespaces"))?;
     if eth0 {
@@ -118,11 +118,18 @@ fn launcher(control: &OwnedFd, eth0: bool) -> Result<i32, DriverError> {
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1) };
     rootfs::stage(host_paths)?;
-    let namespaces = CloneFlags::CLONE_NEWNS
+    let mut namespaces = CloneFlags::CLONE_NEWNS
         | CloneFlags::CLONE_NEWPID
         | CloneFlags::CLONE_NEWIPC
         | CloneFlags::CLONE_NEWUTS
         | CloneFlags::CLONE_NEWCGROUP;
+    if !config.egress {
+        // A VM without EGRESS gets a network namespace of its own, without
+        // the tun made ahead: deleting that device on the start path would
+        // cost RCU grace periods; the kernel takes the old namespace and its
+        // device down in the background once we leave it.
+        namespaces |= CloneFlags::CLONE_NEWNET;
+    }
     unshare(namespaces).map_err(sys("unshare namespaces"))?;
     // SAFETY: this process is single-threaded (a fresh exec, no runtime).
     match unsafe { fork() }.map_err(sys("fork PID 1"))? {

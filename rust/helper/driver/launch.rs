@@ -323,18 +323,18 @@ async fn handshake(
         cg.rename(&spec.id);
         cg.limit(spec.limits)?;
     }
-    match (&spec.egress, tun) {
+    let unused_tun = match (&spec.egress, tun) {
         (Some((policy, events)), Some(tun)) => {
             let net = NetStack::start(tun, policy.clone(), events.clone())
                 .map_err(|e| DriverError::io("start the vm's network stack", e))?;
             state.net = Some(net);
+            None
         }
         (Some(_), None) => {
             return Err(DriverError::InitFailed("EGRESS needs eth0's tun, which this helper cannot create".into()));
         }
-        // Closing the last fd of a VM without EGRESS deletes its eth0.
-        (None, tun) => drop(tun),
-    }
+        (None, tun) => tun,
+    };
     let init_json = serde_json::to_string(&spec.init).map_err(|e| DriverError::InitFailed(e.to_string()))?;
     // A few hundred bytes: fits the pipe buffer, never blocks for long.
     stdin.write_all(init_json.as_bytes()).await.map_err(|e| DriverError::io("send init config", e))?;
@@ -363,6 +363,11 @@ async fn handshake(
     }
     let t2 = Instant::now();
     ping(spec).await?;
+    // Closing the last fd of a tun deletes the device, which waits for RCU
+    // grace periods: not on the start path, nor on a runtime thread.
+    if let Some(tun) = unused_tun {
+        tokio::task::spawn_blocking(move || drop(tun));
+    }
     // Where start time goes: our own steps, the launcher, the agent.
     tracing::debug!(
         vm = %spec.id, launcher = launcher_pid, config = ?(t1 - begun), ready = ?(t2 - t1), ping = ?t2.elapsed(),

@@ -48,8 +48,8 @@ const IFF_NO_PI: libc::c_short = 0x1000;
 /// The launcher, right after unsharing its user and network namespaces:
 /// creates eth0 as a tun in the latter and sends the tun's fd to the helper
 /// (message `tun` with SCM_RIGHTS), keeping no copy. A VM without EGRESS
-/// never sees the device: the helper closes its fd, the last one, which
-/// deletes it.
+/// never sees the device: its launcher moves to a network namespace of its
+/// own (see [`super::init`]).
 ///
 /// The open of /dev/net/tun is checked against the launcher's host
 /// credentials, which it still has here (ids are mapped later); the tun
