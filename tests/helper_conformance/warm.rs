@@ -121,3 +121,19 @@ async fn no_launcher_or_its_cgroup_outlives_the_helper() {
         assert!(!d.exists(), "{} outlived the helper", d.display());
     }
 }
+
+#[tokio::test]
+async fn a_start_after_the_warm_launcher_died_prepares_another() {
+    let mut h = Harness::new("warmdead").await;
+    if h.helper.is_none() {
+        eprintln!("skipped: an external helper's processes are not ours to inspect");
+        return;
+    }
+    let warm = warm_launcher(&mut h).await.expect("the helper keeps a launcher ready");
+    // SAFETY: signalling a process of the helper under test.
+    unsafe { libc::kill(warm, libc::SIGKILL) };
+    let id = h.running("vm", |_| {}).await;
+    assert_eq!(h.sh(&id, "echo alive").await.out(), "alive\n");
+    assert!(!has_child(warm), "the dead launcher got no vm");
+    assert!(warm_launcher(&mut h).await.is_some(), "and the helper prepares the next one");
+}

@@ -126,10 +126,9 @@ impl Driver {
         &self,
         spec: &launch::LaunchSpec,
     ) -> Result<(launch::Instance, tokio::process::Child), DriverError> {
-        let launchers = match (&self.launchers, &self.ids) {
-            (Some(l), _) => l,
-            (None, Err(reason)) => return Err(DriverError::UserNs(reason.clone())),
-            (None, Ok(_)) => return Err(DriverError::UserNs("no launcher for this helper's id map".into())),
+        // Launchers exist exactly when VMs have an id map (see `detect`).
+        let Some(launchers) = &self.launchers else {
+            return Err(DriverError::UserNs(self.unavailable_reason().unwrap_or_default()));
         };
         let result = match launchers.take().await {
             Ok(prepared) => launch::launch(prepared, spec).await,
