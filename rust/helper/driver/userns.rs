@@ -25,6 +25,7 @@ use std::process::Command;
 use serde::{Deserialize, Serialize};
 
 use super::DriverError;
+use crate::hostsetup::subid::{Entry, parse as parse_ranges};
 
 /// Where the subordinate ranges are listed.
 const SUBUID: &str = "/etc/subuid";
@@ -127,37 +128,12 @@ fn host_id(map: &[IdExtent], inside: u32) -> Option<u32> {
     map.iter().find(|e| inside >= e.inside && inside - e.inside < e.count).map(|e| e.outside + (inside - e.inside))
 }
 
-/// One line of /etc/subuid: `owner:start:count`, owner a name or a uid.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct SubRange {
-    owner: String,
-    start: u32,
-    count: u32,
-}
-
-impl SubRange {
-    fn end(&self) -> u64 {
-        u64::from(self.start) + u64::from(self.count)
-    }
-}
-
-fn parse_ranges(content: &str) -> Vec<SubRange> {
-    content
-        .lines()
-        .filter_map(|line| {
-            let mut f = line.trim().split(':');
-            let (owner, start, count) = (f.next()?, f.next()?, f.next()?);
-            Some(SubRange { owner: owner.to_string(), start: start.parse().ok()?, count: count.parse().ok()? })
-        })
-        .filter(|r| r.count > 0)
-        .collect()
-}
-
 /// The first entry for the user (by name or uid): the one newuidmap and
-/// mmdebstrap use too.
-fn own_range(ranges: &[SubRange], name: &str, uid: u32) -> Option<(u32, u32)> {
+/// mmdebstrap use too. An empty range counts as none.
+fn own_range(ranges: &[Entry], name: &str, uid: u32) -> Option<(u32, u32)> {
     let uid = uid.to_string();
-    ranges.iter().find(|r| r.owner == name || r.owner == uid).map(|r| (r.start, r.count))
+    let entry = ranges.iter().find(|r| (r.owner == name || r.owner == uid) && r.count > 0)?;
+    Some((u32::try_from(entry.start).ok()?, u32::try_from(entry.count).ok()?))
 }
 
 fn rootless_map(own: u32, (start, count): (u32, u32)) -> Vec<IdExtent> {
@@ -168,14 +144,15 @@ fn rootless_map(own: u32, (start, count): (u32, u32)) -> Vec<IdExtent> {
 }
 
 /// root's map: its own range, else 100000 if free, else above every range.
-fn root_map(ranges: &[SubRange]) -> Vec<IdExtent> {
+fn root_map(ranges: &[Entry]) -> Vec<IdExtent> {
     if let Some((start, count)) = own_range(ranges, "root", 0) {
         return vec![IdExtent { inside: 0, outside: start, count: count.min(ROOT_ID_COUNT) }];
     }
     let default_end = u64::from(ROOT_DEFAULT_BASE) + u64::from(ROOT_ID_COUNT);
-    let overlaps = ranges.iter().any(|r| u64::from(r.start) < default_end && r.end() > u64::from(ROOT_DEFAULT_BASE));
+    let end = |r: &Entry| r.start.saturating_add(r.count);
+    let overlaps = ranges.iter().any(|r| r.start < default_end && end(r) > u64::from(ROOT_DEFAULT_BASE));
     let base = if overlaps {
-        let top = ranges.iter().map(SubRange::end).max().unwrap_or(0);
+        let top = ranges.iter().map(end).max().unwrap_or(0);
         let aligned = top.div_ceil(u64::from(ROOT_ID_COUNT)) * u64::from(ROOT_ID_COUNT);
         // Host ids are 32 bits with u32::MAX invalid; a table reaching that
         // high is broken, and the default is the least surprising fallback.
@@ -407,7 +384,8 @@ mod tests {
         assert_eq!(own_range(&r, "alice", 1000), Some((200_000, 65_536)));
         assert_eq!(own_range(&r, "bob", 1001), Some((300_000, 1000)));
         assert_eq!(own_range(&r, "carol", 1002), None);
-        assert_eq!(r.len(), 3, "malformed and empty entries are ignored");
+        assert_eq!(own_range(&r, "z", 1003), None, "an empty range is none");
+        assert!(!r.iter().any(|e| e.owner == "bad"), "malformed entries are ignored");
     }
 
     #[test]
