@@ -42,6 +42,8 @@ mod quota;
 mod seed;
 #[path = "helper_conformance/stats.rs"]
 mod stats;
+#[path = "helper_conformance/warm.rs"]
+mod warm;
 
 // ------------------------------------------------------------------ harness
 

@@ -24,7 +24,11 @@ enum Command {
     },
     /// Launch one VM (internal; started by `serve`, config on stdin).
     #[command(name = "__vm-init", hide = true)]
-    VmInit,
+    VmInit {
+        /// Create eth0 as a tun for the helper's network stack.
+        #[arg(long)]
+        eth0: bool,
+    },
     /// Copy a VM's writable layer (internal; run by `serve` inside the VM's
     /// user namespace when the helper is not root).
     #[command(name = "__copy-layer", hide = true)]
@@ -41,7 +45,7 @@ fn main() -> ExitCode {
     match cli.command {
         // No runtime and no threads before this point: the launcher must be
         // single-threaded to enter a new user namespace.
-        Command::VmInit => ExitCode::from(u8::try_from(sandbox_mcp::helper::vm_init()).unwrap_or(1)),
+        Command::VmInit { eth0 } => ExitCode::from(u8::try_from(sandbox_mcp::helper::vm_init(eth0)).unwrap_or(1)),
         Command::CopyLayer { src, dst } => match sandbox_mcp::image::copy_tree(&src, &dst) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -35,8 +35,8 @@ pub use error::HelperError;
 pub use server::serve;
 
 /// Entry point of the hidden `__vm-init` subcommand (a VM's launcher; its
-/// config arrives on stdin). Must run before anything starts a thread;
-/// returns the exit code.
-pub fn vm_init() -> i32 {
-    driver::init::run()
+/// config arrives on stdin); `eth0`: create eth0's tun. Must run before
+/// anything starts a thread; returns the exit code.
+pub fn vm_init(eth0: bool) -> i32 {
+    driver::init::run(eth0)
 }

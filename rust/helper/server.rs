@@ -49,6 +49,7 @@ pub async fn serve(socket: &Path) -> Result<(), HelperError> {
 
     raise_nofile_limit();
     let vms = VmManager::new(Driver::detect()?, ImageStore::new(crate::paths::image_store()));
+    vms.driver().keep_warm();
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<VmHelperServer<HelperService>>().await;
     let reflection = |b: tonic_reflection::server::Builder<'static>| {

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use super::driver::cgroup::{Limits, UsageFiles};
 use super::driver::init::{BindMount, InitConfig};
-use super::driver::launch::{Instance, LaunchSpec, VmNamespaces, launch};
+use super::driver::launch::{Instance, LaunchSpec, VmNamespaces};
 use super::driver::{Driver, network};
 use super::error::HelperError;
 use super::netstack::events::{Events, Snapshot};
@@ -297,7 +297,7 @@ impl VmManager {
             egress: egress.then(|| (config.network_policy.clone(), events.clone())),
             agent_socket: agent_socket(id),
         };
-        let (instance, mut child) = launch(&self.driver, &spec).await?;
+        let (instance, mut child) = self.driver.launch(&spec).await?;
         let (tx, rx) = watch::channel(None);
         let (quota, quota_task) =
             quota::watch(config.disk_bytes, disk_parts(&slot.dir, &config), instance.pid1, instance.agent);
@@ -454,7 +454,7 @@ impl VmManager {
                 d.info.state = VmState::Stopped;
             }
         }
-        self.driver.release();
+        self.driver.release().await;
     }
 }
 

@@ -306,14 +306,25 @@ impl CgroupLayout {
 
     /// Creates the VM's cgroup with its limits.
     pub fn create(&self, id: &str, limits: Limits) -> Result<VmCgroup, DriverError> {
+        let cg = self.create_unlimited(id)?;
+        if let Err(e) = cg.limit(limits) {
+            cg.remove();
+            return Err(e);
+        }
+        Ok(cg)
+    }
+
+    /// Creates a group named `name` without limits (a prepared launcher's,
+    /// before its VM's config is known).
+    pub fn create_unlimited(&self, name: &str) -> Result<VmCgroup, DriverError> {
         let cg = VmCgroup {
             dirs: match self {
                 CgroupLayout::V1 { memory, cpu, pids, cpuacct } => {
-                    let mut dirs = vec![memory.join(id), cpu.join(id), pids.join(id)];
-                    dirs.extend(cpuacct.iter().map(|a| a.join(id)));
+                    let mut dirs = vec![memory.join(name), cpu.join(name), pids.join(name)];
+                    dirs.extend(cpuacct.iter().map(|a| a.join(name)));
                     dirs
                 }
-                CgroupLayout::V2 { base } => vec![base.join(id)],
+                CgroupLayout::V2 { base } => vec![base.join(name)],
             },
             v2: matches!(self, CgroupLayout::V2 { .. }),
         };
@@ -322,33 +333,10 @@ impl CgroupLayout {
             // old OOM kill would show on the new VM): start from a fresh one.
             // Removal fails only while processes remain in it.
             let _ = std::fs::remove_dir(d);
-            mkdir(d).map_err(DriverError::Cgroup)?;
-        }
-        let quota = u64::from(limits.cpus) * 100_000;
-        let result = match self {
-            CgroupLayout::V1 { .. } => {
-                let (m, c, p) = (&cg.dirs[0], &cg.dirs[1], &cg.dirs[2]);
-                write(&m.join("memory.limit_in_bytes"), &limits.memory_bytes.to_string())
-                    .and_then(|()| {
-                        // Without this the limit only moves pages to swap.
-                        let memsw = m.join("memory.memsw.limit_in_bytes");
-                        if memsw.exists() { write(&memsw, &limits.memory_bytes.to_string()) } else { Ok(()) }
-                    })
-                    .and_then(|()| write(&c.join("cpu.cfs_period_us"), "100000"))
-                    .and_then(|()| write(&c.join("cpu.cfs_quota_us"), &quota.to_string()))
-                    .and_then(|()| write(&p.join("pids.max"), &limits.pids.to_string()))
+            if let Err(e) = mkdir(d) {
+                cg.remove();
+                return Err(DriverError::Cgroup(e));
             }
-            CgroupLayout::V2 { .. } => {
-                let d = &cg.dirs[0];
-                write(&d.join("memory.max"), &limits.memory_bytes.to_string())
-                    .and_then(|()| write(&d.join("memory.swap.max"), "0").or(Ok(())))
-                    .and_then(|()| write(&d.join("cpu.max"), &format!("{quota} 100000")))
-                    .and_then(|()| write(&d.join("pids.max"), &limits.pids.to_string()))
-            }
-        };
-        if let Err(e) = result {
-            cg.remove();
-            return Err(e);
         }
         Ok(cg)
     }
@@ -422,6 +410,43 @@ impl VmCgroup {
             memory: self.dirs[0].clone(),
             pids: self.dirs[2].clone(),
             cpu: self.dirs.get(3).unwrap_or(&self.dirs[1]).clone(),
+        }
+    }
+
+    /// Writes the VM's limits.
+    pub fn limit(&self, limits: Limits) -> Result<(), DriverError> {
+        let quota = u64::from(limits.cpus) * 100_000;
+        if self.v2 {
+            let d = &self.dirs[0];
+            return write(&d.join("memory.max"), &limits.memory_bytes.to_string())
+                .and_then(|()| write(&d.join("memory.swap.max"), "0").or(Ok(())))
+                .and_then(|()| write(&d.join("cpu.max"), &format!("{quota} 100000")))
+                .and_then(|()| write(&d.join("pids.max"), &limits.pids.to_string()));
+        }
+        let (m, c, p) = (&self.dirs[0], &self.dirs[1], &self.dirs[2]);
+        write(&m.join("memory.limit_in_bytes"), &limits.memory_bytes.to_string())
+            .and_then(|()| {
+                // Without this the limit only moves pages to swap.
+                let memsw = m.join("memory.memsw.limit_in_bytes");
+                if memsw.exists() { write(&memsw, &limits.memory_bytes.to_string()) } else { Ok(()) }
+            })
+            .and_then(|()| write(&c.join("cpu.cfs_period_us"), "100000"))
+            .and_then(|()| write(&c.join("cpu.cfs_quota_us"), &quota.to_string()))
+            .and_then(|()| write(&p.join("pids.max"), &limits.pids.to_string()))
+    }
+
+    /// Renames the group to `name` (a VM's id) where the hierarchy allows
+    /// it: v1 does, v2 refuses renames, and a dir that cannot be renamed
+    /// keeps its name (the group is tracked by its dirs, never by name).
+    pub fn rename(&mut self, name: &str) {
+        for d in &mut self.dirs {
+            let to = d.with_file_name(name);
+            // A group left by a crashed helper (see `create_unlimited`).
+            let _ = std::fs::remove_dir(&to);
+            match std::fs::rename(&*d, &to) {
+                Ok(()) => *d = to,
+                Err(e) => tracing::debug!(dir = %d.display(), error = %e, "cgroup keeps its name"),
+            }
         }
     }
 

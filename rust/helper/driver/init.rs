@@ -2,11 +2,15 @@
 //! on stdin) and the sandbox's PID 1.
 //!
 //! The launcher is a fresh exec of the helper binary, so it is
-//! single-threaded and may unshare a user namespace. It unshares that first,
-//! waits for the helper to write its id maps (and put it in the VM's
-//! cgroups), stages the VM's host paths, becomes root, unshares the other
-//! namespaces and forks PID 1; then it only waits for PID 1
-//! and exits with its status, which is how the helper learns the VM ended.
+//! single-threaded and may unshare a user namespace. It unshares that and
+//! its network namespace first (creating eth0's tun when asked to), then
+//! waits for the helper to write its id maps, put it in a cgroup and give it
+//! a VM: none of that depends on the VM, so the helper does it ahead of time
+//! (see [`super::warm`]). With `go` it receives the agent's listening socket;
+//! then it reads its config from stdin, stages the VM's host paths, becomes
+//! root, unshares the other namespaces and forks PID 1; then it only waits
+//! for PID 1 and exits with its status, which is how the helper learns the
+//! VM ended.
 //!
 //! PID 1 builds the filesystem, locks the sandbox down (no_new_privs,
 //! seccomp), forks the agent and reaps children until the agent dies, a stop
@@ -14,8 +18,8 @@
 //! a sandbox never outlives its helper).
 //!
 //! Control socket messages (SEQPACKET, one per datagram): to the helper
-//! `tun` (EGRESS only, carrying eth0's tun fd), `userns`, `pid:<host pid of PID 1>`, `ready`, `error:<text>`; from it `go`
-//! and `term`.
+//! `tun` (with `--eth0`, carrying eth0's tun fd), `userns`, `pid:<host pid of PID 1>`, `ready`, `error:<text>`; from it
+//! `go` (carrying the agent's listening socket) and `term`.
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
@@ -31,8 +35,6 @@ use serde::{Deserialize, Serialize};
 use super::DriverError;
 use super::rootfs;
 
-/// The agent's listening socket, inherited from the helper.
-pub const LISTENER_FD: RawFd = 3;
 /// The control socket to the helper, inherited from the helper.
 pub const CONTROL_FD: RawFd = 4;
 
@@ -70,19 +72,13 @@ pub struct BindMount {
     pub read_only: bool,
 }
 
-/// Entry point of `__vm-init`; reads the config from stdin and returns the
-/// process exit code.
-pub fn run() -> i32 {
+/// Entry point of `__vm-init`; `eth0`: create eth0's tun (the helper can
+/// serve EGRESS). Returns the process exit code.
+pub fn run(eth0: bool) -> i32 {
     // SAFETY: the helper placed the control socket on this fd for us.
     let control = unsafe { OwnedFd::from_raw_fd(CONTROL_FD) };
     set_cloexec(CONTROL_FD);
-    set_cloexec(LISTENER_FD);
-    let mut config_json = String::new();
-    if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut config_json) {
-        report(&control, &format!("error:read init config: {e}"));
-        return 1;
-    }
-    match launcher(&control, &config_json) {
+    match launcher(&control, eth0) {
         Ok(code) => code,
         Err(e) => {
             report(&control, &format!("error:{e}"));
@@ -91,21 +87,26 @@ pub fn run() -> i32 {
     }
 }
 
-fn launcher(control: &OwnedFd, config_json: &str) -> Result<i32, DriverError> {
-    let config: InitConfig =
-        serde_json::from_str(config_json).map_err(|e| DriverError::InitFailed(format!("bad init config: {e}")))?;
+fn launcher(control: &OwnedFd, eth0: bool) -> Result<i32, DriverError> {
     let sys = |what: &'static str| move |source| DriverError::Sys { what: what.into(), source };
-    // The user namespace comes first and everything else is made inside it:
-    // an ordinary user has no rights to make any other namespace, and root
-    // needs none of its host privileges past this point.
-    unshare(CloneFlags::CLONE_NEWUSER).map_err(sys("unshare user namespace"))?;
-    if config.egress {
+    // The user namespace comes first and everything else is made inside it
+    // (unshare makes the user namespace before the others it is given): an
+    // ordinary user has no rights to make any other namespace, and root
+    // needs none of its host privileges past this point. The network
+    // namespace is made now, so that this launcher can be prepared before
+    // it knows its VM: eth0's tun belongs to it.
+    unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNET)
+        .map_err(sys("unshare user and network namespaces"))?;
+    if eth0 {
         super::network::create_tun(control)?;
     }
     report(control, "userns");
-    if recv_msg(control)?.as_slice() != b"go" {
-        return Err(DriverError::InitFailed("the helper did not map ids".into()));
-    }
+    let listener = recv_go(control)?;
+    let mut config_json = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut config_json)
+        .map_err(|e| DriverError::io("read init config", e))?;
+    let config: InitConfig =
+        serde_json::from_str(&config_json).map_err(|e| DriverError::InitFailed(format!("bad init config: {e}")))?;
     let host_paths = rootfs::open_host_paths(&config)?;
     nix::unistd::setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0)).map_err(sys("setresgid 0"))?;
     nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0)).map_err(sys("setresuid 0"))?;
@@ -123,14 +124,17 @@ fn launcher(control: &OwnedFd, config_json: &str) -> Result<i32, DriverError> {
         | CloneFlags::CLONE_NEWUTS
         | CloneFlags::CLONE_NEWCGROUP;
     if !config.egress {
-        // An EGRESS VM's network namespace already exists: its tun is in it.
+        // A VM without EGRESS gets a network namespace of its own, without
+        // the tun made ahead: deleting that device on the start path would
+        // cost RCU grace periods; the kernel takes the old namespace and its
+        // device down in the background once we leave it.
         namespaces |= CloneFlags::CLONE_NEWNET;
     }
     unshare(namespaces).map_err(sys("unshare namespaces"))?;
     // SAFETY: this process is single-threaded (a fresh exec, no runtime).
     match unsafe { fork() }.map_err(sys("fork PID 1"))? {
         ForkResult::Child => {
-            let code = match pid1(control, &config) {
+            let code = match pid1(control, &config, listener) {
                 Ok(code) => code,
                 Err(e) => {
                     report(control, &format!("error:{e}"));
@@ -140,6 +144,7 @@ fn launcher(control: &OwnedFd, config_json: &str) -> Result<i32, DriverError> {
             std::process::exit(code);
         }
         ForkResult::Parent { child } => {
+            drop(listener);
             report(control, &format!("pid:{child}"));
             loop {
                 match waitpid(child, None) {
@@ -155,7 +160,7 @@ fn launcher(control: &OwnedFd, config_json: &str) -> Result<i32, DriverError> {
     }
 }
 
-fn pid1(control: &OwnedFd, config: &InitConfig) -> Result<i32, DriverError> {
+fn pid1(control: &OwnedFd, config: &InitConfig, listener: OwnedFd) -> Result<i32, DriverError> {
     let sys = |what: &'static str| move |source| DriverError::Sys { what: what.into(), source };
     // If the launcher dies, so does the sandbox.
     // SAFETY: prctl with integer arguments.
@@ -189,15 +194,13 @@ fn pid1(control: &OwnedFd, config: &InitConfig) -> Result<i32, DriverError> {
             // SAFETY: closing our copy of the control socket; the agent has
             // no business with the helper's lifeline.
             unsafe { libc::close(CONTROL_FD) };
-            // SAFETY: the helper put the listening socket on this fd.
-            let listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(LISTENER_FD) };
-            let _ = crate::agent::run(listener);
+            let _ = crate::agent::run(std::os::unix::net::UnixListener::from(listener));
             std::process::exit(1);
         }
         ForkResult::Parent { child } => child,
     };
-    // SAFETY: PID 1 does not use the listener; the agent owns it now.
-    unsafe { libc::close(LISTENER_FD) };
+    // PID 1 does not use the listener; the agent owns it now.
+    drop(listener);
     report(control, "ready");
     reap(control, &mut sigfd, agent)
 }
@@ -279,15 +282,35 @@ fn report(control: &OwnedFd, msg: &str) {
     let _ = send(control.as_raw_fd(), msg.as_bytes(), MsgFlags::empty());
 }
 
-fn recv_msg(control: &OwnedFd) -> Result<Vec<u8>, DriverError> {
+/// Waits for the helper's `go` and returns the agent's listening socket it
+/// carries. Anything else (the helper gone: end of file) ends the launcher.
+fn recv_go(control: &OwnedFd) -> Result<OwnedFd, DriverError> {
     let mut buf = [0u8; 64];
+    let mut cmsg = nix::cmsg_space!([RawFd; 1]);
     loop {
-        match recv(control.as_raw_fd(), &mut buf, MsgFlags::empty()) {
-            Ok(n) => return Ok(buf[..n].to_vec()),
+        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+        let msg = match nix::sys::socket::recvmsg::<()>(
+            control.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
             Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => {
-                return Err(DriverError::Sys { what: "read control socket".into(), source: e });
+            Err(e) => return Err(DriverError::Sys { what: "read control socket".into(), source: e }),
+            Ok(msg) => msg,
+        };
+        let mut fds = Vec::new();
+        for c in msg.cmsgs().map_err(|e| DriverError::Sys { what: "read control socket".into(), source: e })? {
+            if let nix::sys::socket::ControlMessageOwned::ScmRights(rights) = c {
+                fds.extend(rights);
             }
         }
+        let bytes = msg.bytes;
+        // SAFETY: SCM_RIGHTS just gave us these fds; we own them now.
+        let mut owned: Vec<OwnedFd> = fds.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }).collect();
+        if &buf[..bytes] == b"go" && owned.len() == 1 {
+            return Ok(owned.remove(0));
+        }
+        return Err(DriverError::InitFailed("the helper gave this launcher no vm".into()));
     }
 }

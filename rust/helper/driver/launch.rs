@@ -1,21 +1,23 @@
-//! The helper side of a VM's life: start the launcher, map its ids, put it in
-//! its cgroup, serve its network link, wait for the agent; later stop and clean up.
+//! The helper side of a VM's life: prepare a launcher (map its ids, put it
+//! in a cgroup), give it its VM (limits, network link, config), wait for the
+//! agent; later stop and clean up. [`super::warm`] prepares launchers ahead.
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, recv, send, socketpair};
+use nix::sys::socket::{AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, recv, send, sendmsg, socketpair};
 use tokio::io::AsyncWriteExt as _;
 use tokio::io::unix::AsyncFd;
 use tokio::net::UnixStream;
-use tokio::process::{Child, Command};
+use tokio::process::{Child, ChildStdin, Command};
 
-use super::cgroup::{Limits, UsageFiles, VmCgroup};
-use super::init::{CONTROL_FD, InitConfig, LISTENER_FD};
+use super::DriverError;
+use super::cgroup::{CgroupLayout, Limits, UsageFiles, VmCgroup};
+use super::init::{CONTROL_FD, InitConfig};
 use super::network::{pidfd_kill, pidfd_open};
-use super::{Driver, DriverError};
+use super::userns::IdMapper;
 use crate::agent::protocol::{Frame, FrameReader, write_frame};
 use crate::helper::netstack::NetStack;
 use crate::helper::netstack::events::Events;
@@ -97,76 +99,156 @@ impl Instance {
     }
 }
 
-/// Starts a VM and returns once its agent answers. The returned [`Child`] is
-/// the launcher: it exits when the VM is gone, with PID 1's status.
-pub async fn launch(driver: &Driver, spec: &LaunchSpec) -> Result<(Instance, Child), DriverError> {
+/// A launcher ready for any VM: it has unshared its user and network
+/// namespaces (made eth0's tun when the helper serves EGRESS), has this
+/// helper's id map and sits in a fresh cgroup without limits. It waits for
+/// `go`; until then it is no VM, and it dies with the helper like one.
+#[derive(Debug)]
+pub struct Prepared {
+    /// The launcher (killed when dropped).
+    child: Child,
+    pid: i32,
+    /// Where its config goes, once known.
+    stdin: ChildStdin,
+    /// Our end of the control socket.
+    control: AsyncFd<OwnedFd>,
+    /// eth0's tun (with `--eth0`).
+    tun: Option<OwnedFd>,
+    cgroup: Option<VmCgroup>,
+}
+
+impl Prepared {
+    /// The launcher exited (killed, say) while it waited for a VM.
+    pub fn is_dead(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Kills the launcher and removes its cgroup.
+    pub async fn discard(mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+        if let Some(cg) = &self.cgroup {
+            cg.remove();
+        }
+    }
+}
+
+/// What preparing a launcher needs: this binary, the id map, the cgroups.
+#[derive(Debug)]
+pub struct Spawner {
+    /// This binary, re-executed as the launcher.
+    pub self_exe: PathBuf,
+    /// Installs the id map.
+    pub mapper: IdMapper,
+    /// Where launchers' cgroups go, when the host has cgroups.
+    pub cgroups: Option<CgroupLayout>,
+    /// Launchers make eth0's tun (the helper can serve EGRESS).
+    pub eth0: bool,
+}
+
+impl Spawner {
+    /// Spawns a launcher and takes it through everything that does not
+    /// depend on its VM.
+    pub async fn prepare(&self) -> Result<Prepared, DriverError> {
+        let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
+            .map_err(|source| DriverError::Sys { what: "control socketpair".into(), source })?;
+        let mut cmd = Command::new(&self.self_exe);
+        // The launcher becomes the sandbox's PID 1, whose environment anything
+        // inside can read (/proc/1/environ): it must not inherit the helper's,
+        // which is the orchestrator's and may hold the user's tokens.
+        cmd.env_clear();
+        for key in ["PATH", "RUST_LOG"] {
+            if let Some(v) = std::env::var_os(key) {
+                cmd.env(key, v);
+            }
+        }
+        // A neutral argv[0]: /proc/1/cmdline inside the sandbox shows it.
+        cmd.arg0("sandbox-vm-init").arg("__vm-init");
+        if self.eth0 {
+            cmd.arg("--eth0");
+        }
+        cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::null()).kill_on_drop(true);
+        let cfd = theirs.as_raw_fd();
+        // SAFETY: only fcntl/dup2 (async-signal-safe) between fork and exec.
+        // The detour through an fd >= 10 keeps dup2 correct when the source
+        // already sits on CONTROL_FD, and dup2 clears CLOEXEC on the copy.
+        unsafe {
+            cmd.pre_exec(move || {
+                let b = libc::fcntl(cfd, libc::F_DUPFD_CLOEXEC, 10);
+                if b < 0 || libc::dup2(b, CONTROL_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|e| DriverError::io("spawn vm launcher", e))?;
+        drop(theirs);
+        let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+        let stdin = child.stdin.take().ok_or_else(|| DriverError::InitFailed("the launcher has no stdin".into()))?;
+        let set_nb = nix::fcntl::fcntl(&ours, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK));
+        set_nb.map_err(|source| DriverError::Sys { what: "control socket nonblocking".into(), source })?;
+        // SAFETY: we own the fd and it stays open for as long as the AsyncFd.
+        let control = unsafe { AsyncFd::register(ours) }
+            .map_err(|e| DriverError::io("register control socket", std::io::Error::from(e)))?;
+        let mut prepared = Prepared { child, pid, stdin, control, tun: None, cgroup: None };
+        match tokio::time::timeout(START_TIMEOUT, self.setup(&mut prepared)).await {
+            Ok(Ok(())) => Ok(prepared),
+            Ok(Err(e)) => {
+                prepared.discard().await;
+                Err(e)
+            }
+            Err(_) => {
+                prepared.discard().await;
+                Err(DriverError::Timeout("a vm launcher to get ready"))
+            }
+        }
+    }
+
+    async fn setup(&self, p: &mut Prepared) -> Result<(), DriverError> {
+        let begun = Instant::now();
+        if self.eth0 {
+            p.tun = Some(recv_tun(&p.control).await?);
+        }
+        let t0 = Instant::now();
+        expect(&p.control, b"userns").await?;
+        let t1 = Instant::now();
+        self.mapper.map(p.pid)?;
+        let t2 = Instant::now();
+        if let Some(layout) = &self.cgroups {
+            // Not a possible VM id (those start with a letter or digit): a VM
+            // can never be given a launcher's group.
+            p.cgroup = Some(layout.create_unlimited(&format!("_launcher-{}", p.pid))?);
+            p.cgroup.as_ref().map_or(Ok(()), |cg| cg.add(p.pid))?;
+        }
+        // Where preparing time goes; the cgroup step is a cgroup v1 attach,
+        // which waits for an RCU grace period unless another attach just
+        // happened (see README, Benchmarks).
+        tracing::debug!(
+            launcher = p.pid, tun = ?(t0 - begun), userns = ?(t1 - t0), idmap = ?(t2 - t1), cgroup = ?t2.elapsed(),
+            "launcher prepared"
+        );
+        Ok(())
+    }
+}
+
+/// Starts a VM in `prepared` (a warm launcher, or one prepared just now)
+/// and returns once its agent answers. The returned [`Child`] is the
+/// launcher: it exits when the VM is gone, with PID 1's status.
+pub async fn launch(prepared: Prepared, spec: &LaunchSpec) -> Result<(Instance, Child), DriverError> {
     let io = |what: &str| {
         let what = what.to_string();
         move |e| DriverError::io(what, e)
     };
-    if let Some(dir) = spec.agent_socket.parent() {
-        std::fs::create_dir_all(dir).map_err(io("create runtime dir"))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io("chmod runtime dir"))?;
-    }
-    let _ = std::fs::remove_file(&spec.agent_socket);
-    let listener = std::os::unix::net::UnixListener::bind(&spec.agent_socket).map_err(io("bind agent socket"))?;
-    std::fs::set_permissions(&spec.agent_socket, std::fs::Permissions::from_mode(0o600))
-        .map_err(io("chmod agent socket"))?;
-    let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
-        .map_err(|source| DriverError::Sys { what: "control socketpair".into(), source })?;
-
-    let init_json = serde_json::to_string(&spec.init).map_err(|e| DriverError::InitFailed(e.to_string()))?;
-    let mut cmd = Command::new(&driver.self_exe);
-    // A neutral argv[0]: /proc/1/cmdline inside the sandbox shows it.
-    // The launcher becomes the sandbox's PID 1, whose environment anything
-    // inside can read (/proc/1/environ): it must not inherit the helper's,
-    // which is the orchestrator's and may hold the user's tokens.
-    cmd.env_clear();
-    for key in ["PATH", "RUST_LOG"] {
-        if let Some(v) = std::env::var_os(key) {
-            cmd.env(key, v);
-        }
-    }
-    cmd.arg0("sandbox-vm-init")
-        .arg("__vm-init")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true);
-    let (lfd, cfd) = (listener.as_raw_fd(), theirs.as_raw_fd());
-    // SAFETY: only fcntl/dup2 (async-signal-safe) between fork and exec. The
-    // detour through fds >= 10 keeps dup2 correct when a source already sits
-    // on 3 or 4, and dup2 clears CLOEXEC on the copies the launcher needs.
-    unsafe {
-        cmd.pre_exec(move || {
-            let a = libc::fcntl(lfd, libc::F_DUPFD_CLOEXEC, 10);
-            let b = libc::fcntl(cfd, libc::F_DUPFD_CLOEXEC, 10);
-            if a < 0 || b < 0 || libc::dup2(a, LISTENER_FD) < 0 || libc::dup2(b, CONTROL_FD) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let spawned = Instant::now();
-    let mut child = cmd.spawn().map_err(io("spawn vm launcher"))?;
-    let spawn = spawned.elapsed();
-    drop(listener);
-    drop(theirs);
-    let launcher_pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
-    if let Some(mut stdin) = child.stdin.take() {
-        // A few hundred bytes: fits the pipe buffer, never blocks for long.
-        let written = stdin.write_all(init_json.as_bytes()).await;
-        drop(stdin);
-        if let Err(e) = written {
-            let state = Partial { cgroup: None, net: None, pid1: None };
-            return Err(abort(state, child, spec, DriverError::io("send init config", e)).await);
-        }
-    }
-
-    let mut state = Partial { cgroup: None, net: None, pid1: None };
-    let result = tokio::time::timeout(START_TIMEOUT, handshake(driver, spec, ours, launcher_pid, &mut state)).await;
-    tracing::debug!(vm = %spec.id, ?spawn, "launcher spawned");
+    let Prepared { child, pid, stdin, control, tun, cgroup } = prepared;
+    let mut state = Partial { cgroup, net: None, pid1: None };
+    let listener = match bind_agent_socket(&spec.agent_socket) {
+        Ok(l) => l,
+        Err(e) => return Err(abort(state, child, spec, io("bind agent socket")(e)).await),
+    };
+    let result =
+        tokio::time::timeout(START_TIMEOUT, handshake(spec, &control, stdin, tun, listener, pid, &mut state)).await;
     match result {
-        Ok(Ok(control)) => match state {
+        Ok(Ok(())) => match state {
             Partial { cgroup, net, pid1: Some((pid1, pid1fd)) } => {
                 let open = |kind: &str| {
                     std::fs::File::open(format!("/proc/{pid1}/ns/{kind}"))
@@ -182,6 +264,7 @@ pub async fn launch(driver: &Driver, spec: &LaunchSpec) -> Result<(Instance, Chi
                 };
                 let agent = agent_pid(pid1);
                 let agent_socket = spec.agent_socket.clone();
+                let control = control.into_inner();
                 Ok((Instance { pid1, agent, ns, pid1fd, control, cgroup, net, agent_socket }, child))
             }
             _ => Err(DriverError::InitFailed("PID 1 never reported its pid".into())),
@@ -189,6 +272,19 @@ pub async fn launch(driver: &Driver, spec: &LaunchSpec) -> Result<(Instance, Chi
         Ok(Err(e)) => Err(abort(state, child, spec, e).await),
         Err(_) => Err(abort(state, child, spec, DriverError::Timeout("the vm to start")).await),
     }
+}
+
+/// The agent's listening socket, created outside the VM in a directory only
+/// we can enter.
+fn bind_agent_socket(path: &std::path::Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    let _ = std::fs::remove_file(path);
+    let listener = std::os::unix::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
 }
 
 struct Partial {
@@ -211,45 +307,45 @@ async fn abort(state: Partial, mut child: Child, spec: &LaunchSpec, e: DriverErr
     e
 }
 
+/// Gives the launcher its VM: cgroup name and limits, network, config,
+/// agent socket; then waits for PID 1 and the agent.
 async fn handshake(
-    driver: &Driver,
     spec: &LaunchSpec,
-    control: OwnedFd,
+    control: &AsyncFd<OwnedFd>,
+    mut stdin: ChildStdin,
+    tun: Option<OwnedFd>,
+    listener: std::os::unix::net::UnixListener,
     launcher_pid: i32,
     state: &mut Partial,
-) -> Result<OwnedFd, DriverError> {
-    let set_nb = nix::fcntl::fcntl(&control, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK));
-    set_nb.map_err(|source| DriverError::Sys { what: "control socket nonblocking".into(), source })?;
-    // SAFETY: we own the fd and it stays open for as long as the AsyncFd.
-    let control = unsafe { AsyncFd::register(control) }
-        .map_err(|e| DriverError::io("register control socket", std::io::Error::from(e)))?;
-
+) -> Result<(), DriverError> {
     let begun = Instant::now();
-    if let Some((policy, events)) = &spec.egress {
-        let tun = recv_tun(&control).await?;
-        let net = NetStack::start(tun, policy.clone(), events.clone())
-            .map_err(|e| DriverError::io("start the vm's network stack", e))?;
-        state.net = Some(net);
+    if let Some(cg) = &mut state.cgroup {
+        cg.rename(&spec.id);
+        cg.limit(spec.limits)?;
     }
-    let t0 = Instant::now();
-    expect(&control, b"userns").await?;
-    let t1 = Instant::now();
-    let mapper = driver.ids.as_ref().map_err(|reason| DriverError::UserNs(reason.clone()))?;
-    mapper.map(launcher_pid)?;
-    let t2 = Instant::now();
-    if let Some(layout) = &driver.cgroups {
-        let cg = layout.create(&spec.id, spec.limits)?;
-        let added = cg.add(launcher_pid);
-        state.cgroup = Some(cg);
-        added?;
-    }
-    send(control.get_ref().as_raw_fd(), b"go", MsgFlags::MSG_DONTWAIT)
-        .map_err(|source| DriverError::Sys { what: "control socket send".into(), source })?;
+    let unused_tun = match (&spec.egress, tun) {
+        (Some((policy, events)), Some(tun)) => {
+            let net = NetStack::start(tun, policy.clone(), events.clone())
+                .map_err(|e| DriverError::io("start the vm's network stack", e))?;
+            state.net = Some(net);
+            None
+        }
+        (Some(_), None) => {
+            return Err(DriverError::InitFailed("EGRESS needs eth0's tun, which this helper cannot create".into()));
+        }
+        (None, tun) => tun,
+    };
+    let init_json = serde_json::to_string(&spec.init).map_err(|e| DriverError::InitFailed(e.to_string()))?;
+    // A few hundred bytes: fits the pipe buffer, never blocks for long.
+    stdin.write_all(init_json.as_bytes()).await.map_err(|e| DriverError::io("send init config", e))?;
+    drop(stdin);
+    send_go(control, &listener)?;
+    drop(listener);
 
-    let t3 = Instant::now();
+    let t1 = Instant::now();
     let mut ready = false;
     while !ready || state.pid1.is_none() {
-        let msg = recv_async(&control).await?;
+        let msg = recv_async(control).await?;
         let text = String::from_utf8_lossy(&msg);
         if let Some(pid) = text.strip_prefix("pid:") {
             let pid: i32 = pid.parse().map_err(|_| DriverError::InitFailed(format!("bad pid message {text:?}")))?;
@@ -265,14 +361,29 @@ async fn handshake(
     if let Some((pid1, _)) = &state.pid1 {
         protect_from_oom(launcher_pid, *pid1);
     }
-    let t4 = Instant::now();
+    let t2 = Instant::now();
     ping(spec).await?;
-    // Where start time goes: waits on the launcher, our own steps, the agent.
+    // Closing the last fd of a tun deletes the device, which waits for RCU
+    // grace periods: not on the start path, nor on a runtime thread.
+    if let Some(tun) = unused_tun {
+        tokio::task::spawn_blocking(move || drop(tun));
+    }
+    // Where start time goes: our own steps, the launcher, the agent.
     tracing::debug!(
-        vm = %spec.id, tun = ?(t0 - begun), userns = ?(t1 - t0), idmap = ?(t2 - t1), cgroup = ?(t3 - t2), ready = ?(t4 - t3), ping = ?t4.elapsed(),
+        vm = %spec.id, launcher = launcher_pid, config = ?(t1 - begun), ready = ?(t2 - t1), ping = ?t2.elapsed(),
         "start steps"
     );
-    Ok(control.into_inner())
+    Ok(())
+}
+
+/// `go`, carrying the agent's listening socket.
+fn send_go(control: &AsyncFd<OwnedFd>, listener: &std::os::unix::net::UnixListener) -> Result<(), DriverError> {
+    let fds = [listener.as_raw_fd()];
+    let cmsg = [ControlMessage::ScmRights(&fds)];
+    let iov = [std::io::IoSlice::new(b"go")];
+    sendmsg::<()>(control.get_ref().as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_DONTWAIT, None)
+        .map_err(|source| DriverError::Sys { what: "control socket send".into(), source })?;
+    Ok(())
 }
 
 /// The agent: PID 1's only child until the agent starts something (a VM

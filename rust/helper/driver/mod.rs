@@ -6,8 +6,9 @@
 //! pieces live in one file each: [`userns`] id maps, [`cgroup`] limits,
 //! [`rootfs`] the filesystem, [`seccomp`] the syscall filter, [`network`]
 //! loopback and the EGRESS tun, [`init`] the in-sandbox side, [`launch`] the helper
-//! side.
+//! side, [`warm`] the launcher kept ready for the next start.
 use std::path::PathBuf;
+use std::sync::Arc;
 
 pub mod cgroup;
 pub mod init;
@@ -17,6 +18,7 @@ pub mod oom;
 pub mod rootfs;
 pub mod seccomp;
 pub mod userns;
+pub mod warm;
 
 /// Why the driver could not start, stop or build a VM.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +75,8 @@ pub struct Driver {
     /// get a user namespace as this user.
     ids: Result<userns::IdMapper, String>,
     cgroups: Option<cgroup::CgroupLayout>,
+    /// Prepares VM launchers; `None` when VMs cannot run here (`ids`).
+    launchers: Option<Arc<warm::Launchers>>,
     /// Why VMs run without cpu/memory/pids limits, if they do.
     no_limits: Option<String>,
     /// Why EGRESS cannot be served, if it cannot.
@@ -97,11 +101,49 @@ impl Driver {
                 Some(format!("/dev/net/tun: {e}"))
             }
         };
-        Ok(Driver { self_exe, ids: userns::IdMapper::detect(), cgroups, no_limits, no_egress })
+        let ids = userns::IdMapper::detect();
+        let launchers = ids.as_ref().ok().map(|mapper| {
+            warm::Launchers::new(launch::Spawner {
+                self_exe: self_exe.clone(),
+                mapper: mapper.clone(),
+                cgroups: cgroups.clone(),
+                eth0: no_egress.is_none(),
+            })
+        });
+        Ok(Driver { self_exe, ids, cgroups, launchers, no_limits, no_egress })
     }
 
-    /// Releases host-wide resources once no VM runs (the helper is exiting).
-    pub fn release(&self) {
+    /// Prepares a launcher in the background for the next start.
+    pub fn keep_warm(&self) {
+        if let Some(launchers) = &self.launchers {
+            launchers.refill();
+        }
+    }
+
+    /// Starts a VM (see [`launch::launch`]) in the warm launcher when there
+    /// is one, and has the next one prepared once it is over.
+    pub async fn launch(
+        &self,
+        spec: &launch::LaunchSpec,
+    ) -> Result<(launch::Instance, tokio::process::Child), DriverError> {
+        // Launchers exist exactly when VMs have an id map (see `detect`).
+        let Some(launchers) = &self.launchers else {
+            return Err(DriverError::UserNs(self.unavailable_reason().unwrap_or_default()));
+        };
+        let result = match launchers.take().await {
+            Ok(prepared) => launch::launch(prepared, spec).await,
+            Err(e) => Err(e),
+        };
+        launchers.refill();
+        result
+    }
+
+    /// Releases host-wide resources once no VM runs (the helper is exiting):
+    /// the warm launcher and its cgroup, then the VMs' parent group.
+    pub async fn release(&self) {
+        if let Some(launchers) = &self.launchers {
+            launchers.close().await;
+        }
         if let Some(cgroups) = &self.cgroups {
             cgroups.remove_parent();
         }

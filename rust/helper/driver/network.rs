@@ -45,16 +45,17 @@ pub fn write_resolv_conf(dest: &Path) -> Result<(), DriverError> {
 const IFF_TUN: libc::c_short = 0x0001;
 const IFF_NO_PI: libc::c_short = 0x1000;
 
-/// The launcher, right after unsharing its user namespace: unshares the
-/// network namespace, creates eth0 as a tun in it and sends the tun's fd to
-/// the helper (message `tun` with SCM_RIGHTS), keeping no copy.
+/// The launcher, right after unsharing its user and network namespaces:
+/// creates eth0 as a tun in the latter and sends the tun's fd to the helper
+/// (message `tun` with SCM_RIGHTS), keeping no copy. A VM without EGRESS
+/// never sees the device: its launcher moves to a network namespace of its
+/// own (see [`super::init`]).
 ///
 /// The open of /dev/net/tun is checked against the launcher's host
 /// credentials, which it still has here (ids are mapped later); the tun
 /// belongs to the namespace of its opener, hence the unshare first.
 pub fn create_tun(control: &OwnedFd) -> Result<(), DriverError> {
     let sys = |what: &'static str| move |source| DriverError::Sys { what: what.into(), source };
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(sys("unshare network namespace"))?;
     let tun = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
