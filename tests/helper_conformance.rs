@@ -301,6 +301,11 @@ impl Harness {
         self.client.get_info(pb::GetInfoRequest {}).await.unwrap().into_inner().capabilities
     }
 
+    /// Whether the helper puts its VMs in cgroups (a `cgroups.*` capability).
+    async fn has_cgroups(&mut self) -> bool {
+        self.caps().await.iter().any(|c| c.starts_with("cgroups."))
+    }
+
     /// Opens an Exec stream; returns the request sender and the responses.
     async fn open(
         &mut self,
@@ -774,7 +779,7 @@ async fn network_egress_has_an_interface() {
 #[tokio::test]
 async fn memory_limit_is_enforced() {
     let mut h = Harness::new("mem").await;
-    if !h.caps().await.iter().any(|c| c.starts_with("cgroups.")) {
+    if !h.has_cgroups().await {
         eprintln!("skipped: helper has no cgroups");
         return;
     }
@@ -787,7 +792,7 @@ async fn memory_limit_is_enforced() {
 #[tokio::test]
 async fn pids_limit_is_enforced() {
     let mut h = Harness::new("pids").await;
-    if !h.caps().await.iter().any(|c| c.starts_with("cgroups.")) {
+    if !h.has_cgroups().await {
         eprintln!("skipped: helper has no cgroups");
         return;
     }

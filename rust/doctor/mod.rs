@@ -462,19 +462,15 @@ fn tun(user: Option<&User>) -> Check {
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/bin/true"));
     let mut cmd = Command::new(exe);
     cmd.arg("--version").stdout(Stdio::null()).stderr(Stdio::null());
-    // SAFETY: unshare, open and ioctl are async-signal-safe and touch no
-    // state shared with the parent; they run in the forked child before exec.
+    // SAFETY: unshare, open and ioctl are async-signal-safe, and the request
+    // is built without allocating; nothing touches state shared with the
+    // parent. They run in the forked child before exec.
     unsafe {
         cmd.pre_exec(move || {
             if libc::unshare(libc::CLONE_NEWUSER) != 0 || libc::unshare(libc::CLONE_NEWNET) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            // A zeroed ifreq is valid; name and flags filled in place.
-            let mut req: libc::ifreq = std::mem::zeroed();
-            for (dst, src) in req.ifr_name.iter_mut().zip(b"eth0\0") {
-                *dst = *src as libc::c_char;
-            }
-            req.ifr_ifru.ifru_flags = 0x0001 | 0x1000; // IFF_TUN | IFF_NO_PI
+            let req = crate::helper::driver::network::eth0_tun_request();
             let fd = libc::open(c"/dev/net/tun".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
             if fd < 0 || libc::ioctl(fd, libc::TUNSETIFF as _, &req) < 0 {
                 return Err(std::io::Error::last_os_error());

@@ -130,15 +130,7 @@ fn systemd_delegation(user: &User) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const HYBRID: &str = "\
-32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
-33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
-35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
-39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
-41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
-";
-    const V2: &str = "35 24 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
+    use crate::helper::driver::cgroup::mountinfo::{HYBRID, V2};
 
     #[test]
     fn hybrid_delegates_each_v1_hierarchy() {

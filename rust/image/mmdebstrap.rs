@@ -111,15 +111,12 @@ pub(super) fn run(
     if let Some(dir) = tmpdir {
         command.env("TMPDIR", dir);
     }
-    let mut child = command
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => ImageError::MmdebstrapMissing,
-            _ => ImageError::io(format!("starting {program}"), e),
+    let mut child =
+        command.args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().map_err(|e| {
+            match e.kind() {
+                std::io::ErrorKind::NotFound => ImageError::MmdebstrapMissing,
+                _ => ImageError::io(format!("starting {program}"), e),
+            }
         })?;
     let mut tail = VecDeque::with_capacity(TAIL_LINES);
     if let Some(stderr) = child.stderr.take() {

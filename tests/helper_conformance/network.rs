@@ -206,6 +206,17 @@ async fn dns_responder(addr: Ipv4Addr) -> (SocketAddr, tokio::task::JoinHandle<(
     (local, task)
 }
 
+/// A test host, its address, and a harness whose helper forwards DNS to a
+/// [`dns_responder`] answering every name with that address (keep the host
+/// and abort the responder at the end).
+async fn dns_harness(name: &str) -> Option<(TestHost, Ipv4Addr, Harness, tokio::task::JoinHandle<()>)> {
+    let host = TestHost::up()?;
+    let addr: Ipv4Addr = host.addr().parse().unwrap();
+    let (dns, responder) = dns_responder(addr).await;
+    let h = Harness::with_env(name, &[("SANDBOX_VM_HELPER_DNS_UPSTREAM", dns.to_string())]).await;
+    Some((host, addr, h, responder))
+}
+
 use std::net::SocketAddr;
 
 async fn egress_vm(h: &mut Harness, name: &str, allow: &[String], deny: &[String]) -> Option<String> {
@@ -359,10 +370,7 @@ async fn deny_rules_and_host_header_mismatch_are_refused() {
 
 #[tokio::test]
 async fn dns_is_answered_filtered_and_pinned() {
-    let Some(host) = TestHost::up() else { return };
-    let addr: Ipv4Addr = host.addr().parse().unwrap();
-    let (dns, responder) = dns_responder(addr).await;
-    let mut h = Harness::with_env("netdns", &[("SANDBOX_VM_HELPER_DNS_UPSTREAM", dns.to_string())]).await;
+    let Some((_host, addr, mut h, responder)) = dns_harness("netdns").await else { return };
     let allow = ["allowed.test".to_string()];
     let deny = ["*.evil.test".to_string()];
     let Some(id) = egress_vm(&mut h, "vm", &allow, &deny).await else { return };
@@ -465,10 +473,7 @@ fn fd_count(pid: u32) -> usize {
 
 #[tokio::test]
 async fn a_dns_query_with_two_questions_is_refused() {
-    let Some(host) = TestHost::up() else { return };
-    let addr: Ipv4Addr = host.addr().parse().unwrap();
-    let (dns, responder) = dns_responder(addr).await;
-    let mut h = Harness::with_env("netdns2", &[("SANDBOX_VM_HELPER_DNS_UPSTREAM", dns.to_string())]).await;
+    let Some((_host, addr, mut h, responder)) = dns_harness("netdns2").await else { return };
     let Some(id) = egress_vm(&mut h, "vm", &["allowed.test".to_string()], &[]).await else { return };
     // An allowed first question must not carry an unchecked second one.
     let o = h.run(process(&id, &["python3", "-c", DNS_CLIENT, "dns2", "allowed.test", "other.test"]), b"").await;

@@ -35,19 +35,12 @@ async fn a_writer_past_the_disk_quota_is_stopped_and_the_vm_says_why() {
     let (id, ws) = quota_vm(&mut h).await;
     assert_eq!(h.get(&id).await.unwrap().spec.unwrap().disk_bytes, QUOTA);
     // 16 MiB in the writable layer (/tmp is part of it), then a writer
-    // into /workspace that would go far past the quota: 1 MiB at a time,
-    // about 50 MB/s, synced so the blocks are allocated as it goes.
+    // into /workspace that would go far past the quota.
     let o = h.sh(&id, "head -c 16777216 /dev/urandom > /tmp/layer && echo ok").await;
     assert_eq!(o.out(), "ok\n", "{}", o.err());
-    let writer = "import os, time\n\
-                  f = open('/workspace/big', 'wb')\n\
-                  for i in range(1024):\n    f.write(os.urandom(1 << 20)); f.flush(); os.fsync(f.fileno()); time.sleep(0.02)\n\
-                  print('wrote 1 GiB')";
-    let o = h.run(process(&id, &["python3", "-c", writer]), b"").await.unwrap();
-    let stopped = o.status == Some(pb::exited::Status::Signal(libc::SIGKILL));
-    let enospc = o.err().contains("No space left on device");
-    assert!(stopped || enospc, "the writer was neither stopped nor refused: {o:?}");
-    assert!(!o.out().contains("wrote 1 GiB"), "{o:?}");
+    let writer = format!("import os, time\nf = open('/workspace/big', 'wb')\n{WRITE_1GIB}");
+    let o = h.run(process(&id, &["python3", "-c", &writer]), b"").await.unwrap();
+    let stopped = stopped_or_refused(&o);
     if stopped {
         let err = o.err();
         assert!(err.contains("disk quota exceeded: "), "{err}");
@@ -92,11 +85,7 @@ async fn the_disk_quota_defaults_to_ten_gibibytes() {
 async fn assert_writer_is_stopped(h: &mut Harness, writer: &str, reason: &str) -> String {
     let id = h.running("vm", |s| s.disk_bytes = QUOTA).await;
     let o = h.run(process(&id, &["python3", "-c", writer]), b"").await.unwrap();
-    let stopped = o.status == Some(pb::exited::Status::Signal(libc::SIGKILL));
-    let enospc = o.err().contains("No space left on device");
-    assert!(stopped || enospc, "the writer was neither stopped nor refused: {o:?}");
-    assert!(!o.out().contains("wrote 1 GiB"), "{o:?}");
-    if stopped {
+    if stopped_or_refused(&o) {
         assert!(o.err().contains("disk quota exceeded: "), "{o:?}");
         assert!(o.err().contains(reason), "{o:?}");
         let now = stats(h, &id).await;
@@ -105,6 +94,16 @@ async fn assert_writer_is_stopped(h: &mut Harness, writer: &str, reason: &str) -
     // The VM still answers.
     assert_eq!(h.sh(&id, "echo alive").await.out(), "alive\n");
     id
+}
+
+/// Asserts a 1 GiB writer was stopped (SIGKILL, the measured quota) or got
+/// ENOSPC before it finished; true when it was stopped.
+fn stopped_or_refused(o: &Output) -> bool {
+    let stopped = o.status == Some(pb::exited::Status::Signal(libc::SIGKILL));
+    let enospc = o.err().contains("No space left on device");
+    assert!(stopped || enospc, "the writer was neither stopped nor refused: {o:?}");
+    assert!(!o.out().contains("wrote 1 GiB"), "{o:?}");
+    stopped
 }
 
 /// 1 MiB at a time, about 50 MB/s, synced so the blocks are allocated as it

@@ -9,7 +9,7 @@ async fn stats(h: &mut Harness, id: &str) -> Result<pb::StatsResponse, tonic::St
 #[tokio::test]
 async fn stats_follow_memory_pids_cpu_and_time() {
     let mut h = Harness::new("stats").await;
-    let cgroups = h.caps().await.iter().any(|c| c.starts_with("cgroups."));
+    let cgroups = h.has_cgroups().await;
     let id = h
         .running("vm", |s| {
             s.memory_bytes = 256 << 20;
@@ -51,7 +51,7 @@ async fn stats_follow_memory_pids_cpu_and_time() {
 #[tokio::test]
 async fn stats_report_oom_kills() {
     let mut h = Harness::new("statsoom").await;
-    if !h.caps().await.iter().any(|c| c.starts_with("cgroups.")) {
+    if !h.has_cgroups().await {
         eprintln!("skipped: helper has no cgroups");
         return;
     }

@@ -5,6 +5,17 @@
 //! external helper.
 use super::*;
 
+/// A harness on a helper this test started (an external helper's processes
+/// are not ours to inspect: the test is skipped, saying so).
+async fn native_harness(name: &str) -> Option<Harness> {
+    let h = Harness::new(name).await;
+    if h.helper.is_none() {
+        eprintln!("skipped: an external helper's processes are not ours to inspect");
+        return None;
+    }
+    Some(h)
+}
+
 /// The helper's processes that are VM launchers (children of any of its
 /// threads).
 fn launchers(helper: u32) -> Vec<i32> {
@@ -48,7 +59,7 @@ fn cgroup_dirs(pid: i32) -> Vec<PathBuf> {
 /// cgroup (when the helper has cgroups). Waits (bounded) for one.
 async fn warm_launcher(h: &mut Harness) -> Option<i32> {
     let helper = h.helper.as_ref()?.0.id();
-    let cgroups = h.caps().await.iter().any(|c| c.starts_with("cgroups."));
+    let cgroups = h.has_cgroups().await;
     for _ in 0..400 {
         let warm = launchers(helper).into_iter().find(|&pid| {
             !has_child(pid)
@@ -65,14 +76,9 @@ async fn warm_launcher(h: &mut Harness) -> Option<i32> {
 
 #[tokio::test]
 async fn vms_started_in_warm_launchers_get_their_own_limits_and_network() {
-    let mut h = Harness::new("warm").await;
-    if h.helper.is_none() {
-        eprintln!("skipped: an external helper's processes are not ours to inspect");
-        return;
-    }
-    let caps = h.caps().await;
-    let cgroups = caps.iter().any(|c| c.starts_with("cgroups."));
-    let egress = caps.iter().any(|c| c == "network.egress");
+    let Some(mut h) = native_harness("warm").await else { return };
+    let cgroups = h.has_cgroups().await;
+    let egress = h.caps().await.iter().any(|c| c == "network.egress");
     let none = pb::NetworkMode::None as i32;
     let mut runs =
         vec![("a", none, 64u64 << 20), ("b", pb::NetworkMode::Egress as i32, 96 << 20), ("c", none, 128 << 20)];
@@ -97,18 +103,14 @@ async fn vms_started_in_warm_launchers_get_their_own_limits_and_network() {
 
 #[tokio::test]
 async fn no_launcher_or_its_cgroup_outlives_the_helper() {
-    let mut h = Harness::new("warmexit").await;
-    if h.helper.is_none() {
-        eprintln!("skipped: an external helper's processes are not ours to inspect");
-        return;
-    }
+    let Some(mut h) = native_harness("warmexit").await else { return };
     // One VM, so a launcher was taken and the next one prepared.
     let id = h.running("vm", |_| {}).await;
     let vm_launcher = launchers(h.helper.as_ref().unwrap().0.id()).into_iter().find(|&p| has_child(p));
     let warm = warm_launcher(&mut h).await.expect("the helper keeps a launcher ready");
     let dirs =
         cgroup_dirs(warm).into_iter().filter(|d| d.to_string_lossy().contains("/_launcher-")).collect::<Vec<_>>();
-    let cgroups = h.caps().await.iter().any(|c| c.starts_with("cgroups."));
+    let cgroups = h.has_cgroups().await;
     assert_eq!(!dirs.is_empty(), cgroups, "the warm launcher has a cgroup exactly when the helper has cgroups");
     assert!(dirs.iter().all(|d| d.is_dir()), "{dirs:?}");
     assert!(!dirs.iter().any(|d| d.to_string_lossy().contains(&id)), "the warm launcher is in no vm's cgroup");
@@ -124,11 +126,7 @@ async fn no_launcher_or_its_cgroup_outlives_the_helper() {
 
 #[tokio::test]
 async fn a_start_after_the_warm_launcher_died_prepares_another() {
-    let mut h = Harness::new("warmdead").await;
-    if h.helper.is_none() {
-        eprintln!("skipped: an external helper's processes are not ours to inspect");
-        return;
-    }
+    let Some(mut h) = native_harness("warmdead").await else { return };
     let warm = warm_launcher(&mut h).await.expect("the helper keeps a launcher ready");
     // SAFETY: signalling a process of the helper under test.
     unsafe { libc::kill(warm, libc::SIGKILL) };

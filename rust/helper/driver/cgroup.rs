@@ -528,18 +528,26 @@ fn write(path: &Path, value: &str) -> Result<(), DriverError> {
     std::fs::write(path, value).map_err(|e| DriverError::Cgroup(format!("write {value} to {}: {e}", path.display())))
 }
 
+/// mountinfo of the two layouts, for this module's tests and host-setup's.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const HYBRID: &str = "\
+pub(crate) mod mountinfo {
+    /// v1 controllers plus an empty v2 mount, as on the CI machines.
+    pub(crate) const HYBRID: &str = "\
 32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
 33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
 35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
 39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 ";
-    const V2: &str = "35 24 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
+    /// Pure v2.
+    pub(crate) const V2: &str = "35 24 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mountinfo::{HYBRID, V2};
+    use super::*;
+
     const SCOPE: &str = "0::/user.slice/user-1000.slice/user@1000.service/app.slice/run-r1.scope\n";
 
     fn alice() -> Runner {

@@ -62,16 +62,10 @@ pub fn create_tun(control: &OwnedFd) -> Result<(), DriverError> {
         .custom_flags(libc::O_CLOEXEC)
         .open("/dev/net/tun")
         .map_err(|e| DriverError::io("open /dev/net/tun", e))?;
-    // SAFETY: TUNSETIFF reads an ifreq we own, zeroed then filled.
-    unsafe {
-        let mut req: libc::ifreq = std::mem::zeroed();
-        for (dst, src) in req.ifr_name.iter_mut().zip(b"eth0\0") {
-            *dst = *src as libc::c_char;
-        }
-        req.ifr_ifru.ifru_flags = IFF_TUN | IFF_NO_PI;
-        if libc::ioctl(tun.as_raw_fd(), libc::TUNSETIFF as _, &req) < 0 {
-            return Err(DriverError::Sys { what: "TUNSETIFF eth0".into(), source: nix::errno::Errno::last() });
-        }
+    let req = eth0_tun_request();
+    // SAFETY: TUNSETIFF reads the ifreq we own.
+    if unsafe { libc::ioctl(tun.as_raw_fd(), libc::TUNSETIFF as _, &req) } < 0 {
+        return Err(DriverError::Sys { what: "TUNSETIFF eth0".into(), source: nix::errno::Errno::last() });
     }
     let fds = [tun.as_raw_fd()];
     let cmsg = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
@@ -79,6 +73,18 @@ pub fn create_tun(control: &OwnedFd) -> Result<(), DriverError> {
     nix::sys::socket::sendmsg::<()>(control.as_raw_fd(), &iov, &cmsg, nix::sys::socket::MsgFlags::empty(), None)
         .map_err(sys("send the tun to the helper"))?;
     Ok(())
+}
+
+/// The TUNSETIFF request that makes a tun `eth0` without packet info. It
+/// allocates nothing, so `doctor` can use it in a forked child before exec.
+pub fn eth0_tun_request() -> libc::ifreq {
+    // SAFETY: a zeroed ifreq is valid; name and flags are filled in place.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"eth0\0") {
+        *dst = *src as libc::c_char;
+    }
+    req.ifr_ifru.ifru_flags = IFF_TUN | IFF_NO_PI;
+    req
 }
 
 /// PID 1 of an EGRESS VM: eth0 up as 10.0.2.15/24 with MTU 65520 and the
