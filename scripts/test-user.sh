@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Runs pytest as an unprivileged user, the way people run the server (issue 10):
+# Runs the helper conformance tests and pytest as an unprivileged user, the
+# way people run the server (issue 10):
 #   scripts/test-user.sh USER PACKAGES TEST_PATH...
 # As root: creates USER (useradd -m) if missing, runs `sandbox-mcp host-setup`
 # for it, builds the test image AS USER into a store of its own, then runs
-# pytest AS USER (runuser) with its own HOME, XDG and TMP dirs and the
+# the tests AS USER (runuser) with its own HOME, XDG and TMP dirs and the
 # environment `make test` exports (SANDBOX_MCP_BIN, SANDBOX_VM_HELPER_BIN,
 # SANDBOX_MCP_TEST_IMAGE). The venv is made from the system python in a path
 # every user can read (root's pyenv is not).
@@ -40,6 +41,10 @@ mkdir -p "$run/repo/target/bin"
 git ls-files -z | xargs -0 cp --parents -t "$run/repo"
 cp -a .git "$run/repo/"  # tests that ask git about the checkout
 for b in sandbox-mcp sandbox-vm-helper sandbox-ctl; do cp "$bin_dir/$b" "$run/repo/target/bin/"; done
+# The helper conformance tests too (the attack tests on the helper itself).
+conformance=$(cargo test --quiet --no-run --test helper_conformance --message-format=json 2>/dev/null |
+    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+cp "$conformance" "$run/repo/target/bin/helper-conformance"
 chown -R "$user:" "$run/repo"
 SANDBOX_MCP_BIN=$run/repo/target/bin/sandbox-mcp
 SANDBOX_VM_HELPER_BIN=$run/repo/target/bin/sandbox-vm-helper
@@ -56,6 +61,11 @@ status=0
 echo "== test image as $user"
 if ! "${as_user[@]}" scripts/test-image.sh "$SANDBOX_MCP_BIN" "$store" "$SANDBOX_MCP_TEST_IMAGE" "$packages"; then
     echo "== test image as $user FAILED"
+    status=1
+fi
+echo "== helper conformance as $user"
+if ! "${as_user[@]}" target/bin/helper-conformance -q; then
+    echo "== helper conformance as $user FAILED"
     status=1
 fi
 echo "== pytest as $user: $*"

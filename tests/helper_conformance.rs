@@ -210,7 +210,11 @@ impl Harness {
             store
         };
         let socket = tmp.0.join("h.sock");
-        let child = Command::new(env!("CARGO_BIN_EXE_sandbox-vm-helper"))
+        // The build's helper, unless the run names a copy (an ordinary
+        // user's run may not reach the build tree: scripts/test-user.sh).
+        let helper =
+            std::env::var_os("SANDBOX_VM_HELPER_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_sandbox-vm-helper").into());
+        let child = Command::new(helper)
             .arg("serve")
             .arg("--socket")
             .arg(&socket)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -97,9 +98,10 @@ def stop_swapping(srv: McpClient, sandbox: str) -> None:
     srv.tool("kill", name="swap", sandbox=sandbox)
 
 
-def attack_round(srv: McpClient, volume: Path, i: int) -> list[tuple[str, str, bool]]:
-    """Every host-path tool once through /workspace/d of the racing sandbox
-    (whose host path is `volume`); returns (call, text, is_error) triples."""
+def attack_round(srv: McpClient, volume: Path, i: int, sandbox: str = "default") -> list[tuple[str, str, bool]]:
+    """Every host-path tool of `sandbox` once through /workspace/d of the
+    racing sandbox (whose host path is `volume`); returns (call, text,
+    is_error) triples."""
     d = volume / "d"
     calls = [
         ("upload file", dict(local_path=f"{d}/secret.txt", sandbox_path="/tmp/up/")),
@@ -112,7 +114,7 @@ def attack_round(srv: McpClient, volume: Path, i: int) -> list[tuple[str, str, b
     results = []
     for label, args in calls:
         tool = label.split()[0]
-        text, err = srv.tool(tool, **args)
+        text, err = srv.tool(tool, sandbox=sandbox, **args)
         results.append((label, text, err))
         if tool == "sync_start" and not err:
             job = re.match(r"Sync started \[(sync-[0-9a-f]{6})\]", text).group(1)
@@ -127,16 +129,19 @@ def refused_calls(results: list[tuple[str, str, bool]]) -> list[str]:
     return [t for _, t, e in results if e and "is a symlink; host-path tools do not follow symlinks" in t]
 
 
-def prepare_payloads(srv: McpClient) -> None:
+def prepare_payloads(srv: McpClient, sandbox: str = "default") -> None:
     out, err = srv.tool("exec", command="mkdir -p /tmp/payloaddir/sub && echo planted > /tmp/payload"
-                        " && echo planted > /tmp/payloaddir/sub/f")
+                        " && echo planted > /tmp/payloaddir/sub/f", sandbox=sandbox)
     assert not err, out
 
 
-def assert_no_leak(srv: McpClient, results, outside_dir: Path, secret: str, host_tree: Path) -> None:
+def assert_no_leak(
+    srv: McpClient, results, outside_dir: Path, secret: str, host_tree: Path, sandbox: str = "default"
+) -> None:
     for label, text, _ in results:
         assert secret not in text, (label, text)
-    out, _ = srv.tool("exec", command=f"grep -rls {secret} /tmp /workspace /root 2>/dev/null; echo checked")
+    out, _ = srv.tool("exec", command=f"grep -rls {secret} /tmp /workspace /root 2>/dev/null; echo checked",
+                      sandbox=sandbox)
     assert out.startswith("checked"), out
     assert_untouched(outside_dir, secret)
     for p in host_tree.rglob("*"):
@@ -178,6 +183,46 @@ def test_race_through_another_servers_volume(env, roots, outside):
         srv.close()
         attacker.close()
         stop_helper(other)
+
+
+def test_race_through_three_clients_at_once(env, roots, outside, http_server):
+    """Two stdio clients and an HTTP client at once, on one helper: the first
+    drives the sandbox that swaps its /workspace/d for a symlink, while the
+    second stdio client and the HTTP client run every host-path tool through
+    that directory concurrently, each for a sandbox of its own."""
+    outside_dir, secret = outside
+    attacker = start_server(env, "attacker3", XDG_DATA_HOME=str(roots / "otherdata"))
+    victim = start_server(env, "victim3", SANDBOX_MCP_HOST_ROOTS=str(roots))
+    web = http_server(SANDBOX_MCP_HOST_ROOTS=str(roots)).client()
+    try:
+        start_swapping(attacker, outside_dir, "attacker")
+        volume = roots / "otherdata/sandbox-mcp/volumes/attacker/workspace"
+        clients = {"stdio": (victim, "v-stdio"), "http": (web, "v-http")}
+        for srv, sandbox in clients.values():
+            prepare_payloads(srv, sandbox)
+        results: dict[str, list] = {name: [] for name in clients}
+        deadline = time.monotonic() + ROUND_BUDGET_S
+
+        def race(name: str) -> None:
+            srv, sandbox = clients[name]
+            i = 0
+            while (i < ROUNDS // 5 or not refused_calls(results[name])) and time.monotonic() < deadline:
+                results[name] += attack_round(srv, volume, i, sandbox)
+                i += 1
+
+        threads = [threading.Thread(target=race, args=(name,)) for name in clients]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stop_swapping(attacker, "attacker")
+        for name, (srv, sandbox) in clients.items():
+            assert refused_calls(results[name]), (name, results[name][:12])
+            assert_no_leak(srv, results[name], outside_dir, secret, roots, sandbox)
+    finally:
+        web.close()
+        victim.close()
+        attacker.close()
 
 
 def test_race_through_own_volume_is_refused_outright(env, outside):
