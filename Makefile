@@ -20,7 +20,7 @@ RELEASE_BIN := $(CURDIR)/target/release
 TEST_USER ?= smcp-test
 USER_TESTS ?= tests/
 
-.PHONY: deps build install test test-user test-image venv bench clean-test
+.PHONY: deps build install test test-user test-install test-image venv bench clean-test
 
 deps:
 	@scripts/install-deps.sh
@@ -67,6 +67,14 @@ test-user: export SANDBOX_VM_HELPER_BIN := $(DEBUG_BIN)/sandbox-vm-helper
 test-user:
 	$(CARGO) build --quiet
 	@scripts/test-user.sh $(TEST_USER) $(TEST_PACKAGES) $(USER_TESTS)
+
+# `make install` end to end as a new ordinary user (scripts/test-install.sh):
+# its sudo limited to apt-get and host-setup, a release build and the default
+# image as that user, then the installed server through a real MCP client.
+# Heavy (a release build and an image build); not part of `make test`:
+# .ci/run runs it afterwards when the CI time budget allows. Needs root.
+test-install:
+	@scripts/test-install.sh
 
 # Benchmarks the release build on the test image (built if missing).
 bench: export SANDBOX_MCP_BIN := $(RELEASE_BIN)/sandbox-mcp

@@ -9,7 +9,10 @@
 //!
 //! Overrides: `SANDBOX_MCP_IMAGE_STORE` (image directory, so test runs can share
 //! one built image) and `SANDBOX_MCP_HELPER_SOCKET` (helper socket path).
-use std::path::PathBuf;
+//!
+//! Data, state, configuration and runtime are the user's alone (0700, see
+//! [`make_private_dirs`]).
+use std::path::{Path, PathBuf};
 
 fn home() -> PathBuf {
     std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/"))
@@ -83,4 +86,55 @@ pub fn config_dir() -> PathBuf {
 /// sandbox's own `/workspace` lives here, writable from inside it.
 pub fn own_dirs() -> Vec<PathBuf> {
     vec![data_dir(), state_dir(), config_dir(), runtime_dir(), image_store()]
+}
+
+/// Makes the data, state, configuration and runtime directories if missing
+/// and closes them to every other user (mode 0700, existing ones too): other
+/// users of the machine must not list the sandboxes' volumes, logs, state or
+/// sockets, even where the directories above are open (`~/.local` and
+/// `~/.local/share` are often 0755). The image store is left as it is: it may
+/// be shared on purpose, and images hold nothing of a user's. Failures are
+/// logged; whatever then needs the directory reports its own error.
+pub fn make_private_dirs() {
+    for dir in [data_dir(), state_dir(), config_dir(), runtime_dir()] {
+        if let Err(e) = make_private(&dir) {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot make the directory private (0700)");
+        }
+    }
+}
+
+fn make_private(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    let mode = std::fs::metadata(dir)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode & 0o7700))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    #[test]
+    fn private_dirs_are_made_0700_and_open_ones_closed() {
+        let base = std::env::temp_dir().join(format!("paths-private-{}", std::process::id()));
+        let (made, open) = (base.join("a/made"), base.join("open"));
+        std::fs::create_dir_all(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        for d in [&made, &open] {
+            make_private(d).unwrap();
+            assert_eq!(std::fs::metadata(d).unwrap().permissions().mode() & 0o7777, 0o700, "{}", d.display());
+        }
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 }

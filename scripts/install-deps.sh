@@ -31,11 +31,13 @@ else
         sudo=(sudo)
     fi
     # Says what runs as root (issue 10: an ordinary user's install uses sudo for apt only).
-    echo "deps: ${sudo[*]}${sudo:+ }apt-get install ${missing[*]}"
+    echo "deps: ${sudo[*]}${sudo:+ }apt-get update; ${sudo[*]}${sudo:+ }apt-get install ${missing[*]}"
     log=$(mktemp)
     trap 'rm -f "$log"' EXIT
-    if ! "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive sh -c \
-        'apt-get update -qq && apt-get install -y -qq --no-install-recommends "$@"' sh "${missing[@]}" >"$log" 2>&1; then
+    # apt-get itself under sudo (not a shell), so a sudoers rule can allow
+    # exactly this and the sudo log shows what ran.
+    apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get)
+    if ! { "${apt[@]}" update -qq && "${apt[@]}" install -y -qq --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
         tail -n 30 "$log" >&2
         echo "deps: apt-get failed" >&2
         exit 1

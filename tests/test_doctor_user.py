@@ -2,6 +2,7 @@
 reports what it really tried as that user, and each non-ok names the fix."""
 from __future__ import annotations
 
+import pwd
 import subprocess
 
 from conftest import required_env, run_as, stop_helper, user_env
@@ -25,7 +26,11 @@ def test_doctor_as_a_set_up_user_says_ok_for_what_it_tried(new_user):
     assert setup.returncode == 0, setup.stderr
     out, checks = doctor_as(user)
     assert checks["helper"].startswith("ok"), checks["helper"]
-    assert checks["userns"].startswith("ok") and "newuidmap/newgidmap mapped a child's ids (0 " in checks["userns"]
+    # Exactly the map the helper gives sandboxes: root is the user, 1..65535 from its range (65535 ids, not 65536).
+    uid = pwd.getpwnam(user).pw_uid
+    start = next(int(line.split(":")[1]) for line in open("/etc/subuid") if line.split(":")[0] in (user, str(uid)))
+    helper_map = f"newuidmap/newgidmap mapped a child's ids (0 {uid} 1 1 {start} 65535)"
+    assert checks["userns"].startswith("ok") and helper_map in checks["userns"], checks["userns"]
     assert checks["subids"].startswith("ok") and f"{user} has subordinate ids" in checks["subids"]
     cgroups = checks["cgroups"]
     assert cgroups.startswith("ok") and f"sandbox-mcp.{user}/" in cgroups and "moved a process" in cgroups, cgroups

@@ -126,6 +126,8 @@ fn helper_bin() -> PathBuf {
 async fn serve(args: ServeArgs) -> Result<(), String> {
     // The config first: a bad one stops the server before anything starts.
     let config = Config::load().map_err(|e| e.to_string())?;
+    // Before anything is written there (the helper's log, sockets, state).
+    paths::make_private_dirs();
     let respawn = Respawn { socket: paths::helper_socket(), binary: helper_bin() };
     let helper = HelperClient::connect_or_spawn(&respawn.socket, &respawn.binary).await.map_err(|e| e.to_string())?;
     let manager = Arc::new(SandboxManager::start(helper, config).await.map_err(|e| e.to_string())?);

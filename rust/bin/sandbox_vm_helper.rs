@@ -63,6 +63,7 @@ fn main() -> ExitCode {
                 )
                 .init();
             let socket = socket.unwrap_or_else(sandbox_mcp::paths::helper_socket);
+            sandbox_mcp::paths::make_private_dirs();
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(rt) => rt,
                 Err(e) => {

@@ -15,7 +15,10 @@ use std::{
 };
 
 use crate::{
-    helper::driver::{cgroup, userns::find_in_path},
+    helper::driver::{
+        cgroup,
+        userns::{IdMapper, find_in_path, run_mapped},
+    },
     hostsetup::{self, User, subid},
     image::ImageStore,
     orchestrator::{Config, helper_client::HelperClient},
@@ -206,7 +209,7 @@ fn user_namespaces(user: Option<&User>) -> Check {
     let Some(user) = user else {
         return Check::ok("userns", format!("{UNSHARED}; root maps ids directly"));
     };
-    match map_probe(user) {
+    match map_probe() {
         Ok(map) => Check::ok("userns", format!("{UNSHARED}; newuidmap/newgidmap mapped a child's ids ({map})")),
         Err(why) => Check::fail("userns", format!("{UNSHARED} but ids cannot be mapped: {why}"), user.setup_fix()),
     }
@@ -218,48 +221,23 @@ fn subordinate_ranges() -> (Vec<subid::Entry>, Vec<subid::Entry>) {
     (read("/etc/subuid"), read("/etc/subgid"))
 }
 
-/// Maps a child's user namespace as the helper does for an ordinary user:
-/// its root to the user, ids 1.. to the user's subordinate range, through
-/// newuidmap and newgidmap. Returns the uid map the kernel accepted.
-fn map_probe(user: &User) -> Result<String, String> {
-    let (uids, gids) = subordinate_ranges();
-    let maps = [
-        ("newuidmap", "/etc/subuid", user.uid, subid::find(&uids, user)),
-        ("newgidmap", "/etc/subgid", user.gid, subid::find(&gids, user)),
-    ];
-    let mut cmd = Command::new("sleep");
-    cmd.arg("60").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-    // SAFETY: unshare is async-signal-safe; it runs in the forked child before exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::unshare(libc::CLONE_NEWUSER) == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
-        });
+/// Maps a user namespace exactly as the helper maps its sandboxes' (the same
+/// [`IdMapper`], installed by the same code), and returns the uid map the
+/// kernel accepted: a probe with a map of its own could pass where the
+/// helper's map is refused.
+fn map_probe() -> Result<String, String> {
+    let mapper = IdMapper::detect()?;
+    let mut cat = Command::new("cat");
+    cat.arg("/proc/self/uid_map").stdin(Stdio::null());
+    let out = run_mapped(&mapper, cat).map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "reading the uid map inside the namespace: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
     }
-    let mut child = cmd.spawn().map_err(|e| format!("a child in a new user namespace: {e}"))?;
-    let pid = child.id().to_string();
-    let mapped = maps
-        .iter()
-        .try_for_each(|(tool, file, own, range)| {
-            let range = range.ok_or_else(|| format!("no range of 65536 ids for {} in {file}", user.name))?;
-            let bin = find_in_path(tool).ok_or_else(|| format!("{tool} is not installed (package uidmap)"))?;
-            let args =
-                [pid.as_str(), "0", &own.to_string(), "1", "1", &range.start.to_string(), &range.count.to_string()]
-                    .map(String::from);
-            let out = Command::new(&bin).args(&args).output().map_err(|e| format!("run {}: {e}", bin.display()))?;
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(format!("{tool} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
-            }
-        })
-        .and_then(|()| {
-            std::fs::read_to_string(format!("/proc/{pid}/uid_map"))
-                .map(|m| m.split_whitespace().collect::<Vec<_>>().join(" "))
-                .map_err(|e| format!("read the child's uid_map: {e}"))
-        });
-    let _ = child.kill();
-    let _ = child.wait();
-    mapped
+    Ok(String::from_utf8_lossy(&out.stdout).split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
 /// The subordinate ranges and the setuid tools that map them.

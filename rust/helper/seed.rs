@@ -60,17 +60,39 @@ pub fn validate(files: &[SeedFile]) -> Result<(), HelperError> {
     Ok(())
 }
 
+/// A directory made in the layer that belongs to other host ids than the
+/// helper's own: what an ordinary user's helper (the VM's root, not root of
+/// the host) can only hand over from inside the VM's id map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandOver {
+    /// The directory.
+    pub path: PathBuf,
+    /// The host uid it must get.
+    pub uid: u32,
+    /// The host gid it must get.
+    pub gid: u32,
+}
+
 /// Writes `files` into `upper`, a fresh writable layer over `layers` (top
 /// first); `owner` is the host uid/gid of the VM's root, `None` when the
-/// helper cannot chown (it then owns them, and is the VM's root).
-pub fn place(upper: &Path, layers: &[PathBuf], owner: Option<u32>, files: &[SeedFile]) -> Result<(), HelperError> {
+/// helper cannot chown (it then owns them, and is the VM's root). Without
+/// `owner`, returns the directories made for image directories of other
+/// owners (`/var/mail` is root:mail, apt's `partial` is `_apt`'s), for the
+/// caller to hand over once nothing more is written into them.
+pub fn place(
+    upper: &Path,
+    layers: &[PathBuf],
+    owner: Option<u32>,
+    files: &[SeedFile],
+) -> Result<Vec<HandOver>, HelperError> {
+    let mut hand_over = Vec::new();
     for (i, f) in files.iter().enumerate() {
         let field = format!("spec.files[{i}].path");
         let (Some(parent), Some(name)) = (f.path.parent(), f.path.file_name()) else {
             return Err(HelperError::invalid(field, "must name a file below /"));
         };
         let parent = resolve(layers, parent).map_err(|why| HelperError::invalid(&field, why))?;
-        make_parents(upper, layers, &parent, owner)?;
+        make_parents(upper, layers, &parent, owner, &mut hand_over)?;
         let rel = parent.join(name);
         if lookup(layers, &rel).is_some_and(|(_, m)| m.is_dir()) {
             let why = format!("{} is a directory in the image", Path::new("/").join(&rel).display());
@@ -103,7 +125,7 @@ pub fn place(upper: &Path, layers: &[PathBuf], owner: Option<u32>, files: &[Seed
             lchown(&dst, Some(id), Some(id)).map_err(io)?;
         }
     }
-    Ok(())
+    Ok(hand_over)
 }
 
 /// `dir` (absolute, inside the VM) with the symlinks the image holds on the
@@ -190,8 +212,16 @@ fn is_opaque(dir: &Path) -> bool {
 }
 
 /// Makes the directories of `rel` in `upper` that are not there yet, each
-/// with the image's mode and owner, or 0755 and the VM's root.
-fn make_parents(upper: &Path, layers: &[PathBuf], rel: &Path, owner: Option<u32>) -> Result<(), HelperError> {
+/// with the image's mode and owner, or 0755 and the VM's root. Without
+/// `owner`, those whose image owner is not the helper's ids go on
+/// `hand_over` instead of being chowned.
+fn make_parents(
+    upper: &Path,
+    layers: &[PathBuf],
+    rel: &Path,
+    owner: Option<u32>,
+    hand_over: &mut Vec<HandOver>,
+) -> Result<(), HelperError> {
     let mut prefix = PathBuf::new();
     for part in rel.components() {
         prefix.push(part);
@@ -207,7 +237,14 @@ fn make_parents(upper: &Path, layers: &[PathBuf], rel: &Path, owner: Option<u32>
         let ids = match (&image, owner) {
             (Some(m), Some(_)) => Some((m.uid(), m.gid())),
             (None, Some(id)) => Some((id, id)),
-            (_, None) => None,
+            (Some(m), None) => {
+                let own = (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw());
+                if (m.uid(), m.gid()) != own {
+                    hand_over.push(HandOver { path: dir.clone(), uid: m.uid(), gid: m.gid() });
+                }
+                None
+            }
+            (None, None) => None,
         };
         if let Some((uid, gid)) = ids {
             lchown(&dir, Some(uid), Some(gid)).map_err(io)?;

@@ -210,8 +210,14 @@ impl VmManager {
             let mut layers = self.images.layer_paths(&image.layers());
             layers.reverse();
             let owner = nix::unistd::geteuid().is_root().then_some(image.id_map.host_root().0);
-            if let Err(e) = seed::place(&dir.join("upper"), &layers, owner, &files) {
-                let _ = std::fs::remove_dir_all(&dir);
+            let placed = seed::place(&dir.join("upper"), &layers, owner, &files).and_then(|hand_over| {
+                match (hand_over.is_empty(), self.driver.id_mapper()) {
+                    (false, Some(mapper)) => Ok(crate::helper::driver::userns::chown_mapped(mapper, &hand_over)?),
+                    _ => Ok(()),
+                }
+            });
+            if let Err(e) = placed {
+                let _ = crate::helper::driver::userns::remove_tree(&dir);
                 return Err(e);
             }
         }

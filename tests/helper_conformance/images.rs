@@ -345,3 +345,51 @@ fn assert_no_file_holds(dir: &Path, marker: &str) {
         }
     }
 }
+
+/// Sets the helper's file size limit (soft; the hard one stays): a child it
+/// forks from then on inherits it.
+fn limit_file_size(helper: u32, bytes: libc::rlim_t) {
+    let mut old = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: prlimit on our own child, with valid pointers.
+    assert_eq!(unsafe { libc::prlimit(helper as i32, libc::RLIMIT_FSIZE, std::ptr::null(), &mut old) }, 0);
+    let new = libc::rlimit { rlim_cur: bytes.min(old.rlim_max), rlim_max: old.rlim_max };
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::prlimit(helper as i32, libc::RLIMIT_FSIZE, &new, std::ptr::null_mut()) }, 0);
+}
+
+#[tokio::test]
+async fn a_layer_copy_that_fails_says_so_leaves_nothing_and_thaws_the_vm() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        eprintln!("skipped: a root helper copies layers itself; only an ordinary user's runs `__copy-layer`");
+        return;
+    }
+    let mut h = Harness::with_own_store("copyfail").await;
+    let Some(helper) = h.helper.as_ref().map(|p| p.0.id()) else {
+        eprintln!("skipped: an external helper's limits are not ours to change");
+        return;
+    };
+    let vm = h.running("vm", |_| {}).await;
+    assert_eq!(h.sh(&vm, "head -c 4194304 /dev/zero > /big && echo written").await.out(), "written\n");
+    // The VM is running, so only the copy (a child forked from now on)
+    // meets the limit: it dies of SIGXFSZ 1 MiB into /big, a real failure
+    // midway through the layer.
+    limit_file_size(helper, 1 << 20);
+    let name = unique(&h, "copyfail");
+    let err = commit(&mut h, &vm, &name).await.expect_err("commit with the copy failing");
+    assert!(err.message().contains("copying") && err.message().contains("SIGXFSZ"), "{}", err.message());
+    let mut spec = h.spec("clone");
+    spec.clone_from = vm.clone();
+    let clone = spec.id.clone();
+    let err = h.create(spec).await.expect_err("clone with the copy failing");
+    assert!(err.message().contains("copying") && err.message().contains("SIGXFSZ"), "{}", err.message());
+    limit_file_size(helper, libc::RLIM_INFINITY);
+    assert!(layer_dirs(&h).is_empty(), "no partial layer: {:?}", layer_dirs(&h));
+    assert!(!images(&mut h).await.iter().any(|i| i.name == name));
+    assert_eq!(h.get(&clone).await.unwrap_err().code(), Code::NotFound, "no clone registered");
+    let vms = std::fs::read_dir(h.tmp.0.join("state/sandbox-mcp/vms")).unwrap();
+    let left: Vec<_> = vms.flatten().map(|e| e.file_name()).filter(|n| n.to_string_lossy().contains("clone")).collect();
+    assert!(left.is_empty(), "the clone's directory is gone: {left:?}");
+    // Thawed: the VM runs on and its layer is whole.
+    assert_eq!(h.sh(&vm, "stat -c %s /big").await.out(), "4194304\n");
+}

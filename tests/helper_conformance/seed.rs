@@ -74,3 +74,32 @@ async fn bad_files_are_refused_and_leave_nothing_behind() {
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("spec.files"), "{}", err.message());
 }
+
+#[tokio::test]
+async fn directories_made_for_files_get_the_image_owners_inside_the_vm() {
+    let mut h = Harness::new("seedown").await;
+    let mut spec = h.spec("vm");
+    spec.files = vec![
+        // /var/mail is root:mail 2775 in the image, apt's partial dir
+        // _apt:root 0700; seed-new is not in the image: the VM's root's, 0755.
+        regular("/var/mail/seed-new/x", "x\n", 0),
+        regular("/var/cache/apt/archives/partial/y", "y\n", 0),
+    ];
+    let id = spec.id.clone();
+    h.create(spec).await.expect("create");
+    h.start(&id).await.expect("start");
+    let out = h
+        .sh(
+            &id,
+            "stat -c '%n %a %U %G' /var/mail /var/mail/seed-new /var/mail/seed-new/x /var/cache/apt/archives/partial \
+             /var/cache/apt/archives/partial/y",
+        )
+        .await;
+    assert_eq!(
+        out.out(),
+        "/var/mail 2775 root mail\n/var/mail/seed-new 755 root root\n/var/mail/seed-new/x 644 root root\n\
+         /var/cache/apt/archives/partial 700 _apt root\n/var/cache/apt/archives/partial/y 644 root root\n",
+        "{}",
+        out.err()
+    );
+}

@@ -135,3 +135,16 @@ async fn a_start_after_the_warm_launcher_died_prepares_another() {
     assert!(!has_child(warm), "the dead launcher got no vm");
     assert!(warm_launcher(&mut h).await.is_some(), "and the helper prepares the next one");
 }
+
+#[tokio::test]
+async fn back_to_back_starts_all_find_a_launcher_prepared_ahead() {
+    let Some(mut h) = native_harness("warmb2b").await else { return };
+    warm_launcher(&mut h).await.expect("the helper keeps a launcher ready");
+    // No pause between the starts: the next launcher is prepared while each
+    // start runs, not once it is over.
+    for name in ["a", "b", "c"] {
+        h.running(name, |_| {}).await;
+    }
+    let info = h.client.get_info(pb::GetInfoRequest {}).await.unwrap().into_inner();
+    assert_eq!((info.warm_starts, info.cold_starts), (3, 0), "(warm, cold) starts");
+}

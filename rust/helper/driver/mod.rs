@@ -121,7 +121,7 @@ impl Driver {
     }
 
     /// Starts a VM (see [`launch::launch`]) in the warm launcher when there
-    /// is one, and has the next one prepared once it is over.
+    /// is one, and has the next one prepared as soon as it is taken.
     pub async fn launch(
         &self,
         spec: &launch::LaunchSpec,
@@ -130,12 +130,18 @@ impl Driver {
         let Some(launchers) = &self.launchers else {
             return Err(DriverError::UserNs(self.unavailable_reason().unwrap_or_default()));
         };
-        let result = match launchers.take().await {
-            Ok(prepared) => launch::launch(prepared, spec).await,
-            Err(e) => Err(e),
-        };
+        let taken = launchers.take().await;
         launchers.refill();
-        result
+        launch::launch(taken?, spec).await
+    }
+
+    /// How many starts found a launcher prepared ahead (warm) and how many
+    /// prepared their own (cold), for GetInfo.
+    pub fn launch_counts(&self) -> (u64, u64) {
+        self.launchers.as_ref().map_or((0, 0), |l| {
+            let c = l.counts();
+            (c.warm.load(std::sync::atomic::Ordering::Relaxed), c.cold.load(std::sync::atomic::Ordering::Relaxed))
+        })
     }
 
     /// Releases host-wide resources once no VM runs (the helper is exiting):

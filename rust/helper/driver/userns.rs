@@ -338,6 +338,42 @@ pub fn run_joined(userns: &OwnedFd, mut cmd: Command) -> Result<std::process::Ou
     cmd.output().map_err(|e| DriverError::io("run a command in the vm's user namespace", e))
 }
 
+/// Gives each directory of `dirs` its host owner, from inside a namespace
+/// with `mapper`'s map: how an ordinary user's helper, which is only the
+/// sandboxes' root, hands a directory to another of their ids.
+pub fn chown_mapped(mapper: &IdMapper, dirs: &[crate::helper::seed::HandOver]) -> Result<(), DriverError> {
+    let map = mapper.id_map();
+    for d in dirs {
+        let (Some(uid), Some(gid)) = (inside_id(&map.uids, d.uid), inside_id(&map.gids, d.gid)) else {
+            return Err(DriverError::UserNs(format!(
+                "{} should belong to host ids {}:{}, which this helper's map ({}) does not reach",
+                d.path.display(),
+                d.uid,
+                d.gid,
+                map.describe()
+            )));
+        };
+        let mut chown = Command::new("chown");
+        chown.arg("--no-dereference").arg(format!("{uid}:{gid}")).arg("--").arg(&d.path);
+        chown.stdin(std::process::Stdio::null());
+        let out = run_mapped(mapper, chown)?;
+        if !out.status.success() {
+            return Err(DriverError::UserNs(format!(
+                "chown {uid}:{gid} {} inside the sandbox's id map: {}: {}",
+                d.path.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The id inside a namespace that host id `host` is, if the map reaches it.
+fn inside_id(map: &[IdExtent], host: u32) -> Option<u32> {
+    map.iter().find(|e| host >= e.outside && host - e.outside < e.count).map(|e| e.inside + (host - e.outside))
+}
+
 /// Removes the tree at `path` (a symlink itself, never its target). An
 /// ordinary user cannot remove what its sandboxes' other ids own (apt's
 /// `_apt` dirs, say): that part is retried as root of a namespace with this
@@ -489,6 +525,15 @@ mod tests {
         let mapper = IdMapper::detect().expect("an id map for the test user");
         let err = run_mapped(&mapper, Command::new("/nonexistent/program")).unwrap_err();
         assert!(err.to_string().contains("mapped user namespace"), "{err}");
+    }
+
+    #[test]
+    fn host_ids_convert_back_to_the_ids_inside() {
+        let map = rootless_map(1001, (100_000, 65_536));
+        assert_eq!(inside_id(&map, 1001), Some(0));
+        assert_eq!(inside_id(&map, 100_041), Some(42));
+        assert_eq!(inside_id(&map, 100_000 + 65_535), None, "65535 ids from the range, not 65536");
+        assert_eq!(inside_id(&map, 5), None);
     }
 
     #[test]

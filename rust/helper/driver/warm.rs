@@ -4,14 +4,18 @@
 //! Preparing is mostly waiting on the kernel: on cgroup v1, moving a process
 //! into a cgroup write-locks the global cgroup_threadgroup_rwsem, which waits
 //! for an RCU grace period (5-20 ms) unless another move happened within the
-//! last one. A start that finds a warm launcher skips that wait; the next one
-//! is prepared in the background once the start is over, so it competes with
-//! no start for the two locks and the CPU.
+//! last one. A start that finds a warm launcher skips that wait. The next one
+//! is prepared in the background as soon as a start takes the warm one, not
+//! once that start is over: back-to-back starts (an agent creating several
+//! sandboxes) then each find one ready, or one nearly ready to wait for,
+//! instead of every start after the first preparing its own. That
+//! preparation overlaps the start's own work, which costs the start far less
+//! than the wait it saves the next one.
 //!
 //! A warm launcher is no VM: it is in no registry, has no limits and no
 //! config. It dies with the helper (its end of the control socket closes),
 //! and [`Launchers::close`] kills it and removes its cgroup at shutdown.
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::DriverError;
@@ -23,9 +27,20 @@ pub struct Launchers {
     spawner: Spawner,
     ready: Mutex<Option<Prepared>>,
     /// Held while a launcher is being prepared in the background: one at a
-    /// time, and [`Launchers::close`] waits for it.
-    filling: tokio::sync::Mutex<()>,
+    /// time; [`Launchers::take`] and [`Launchers::close`] wait for it.
+    filling: Arc<tokio::sync::Mutex<()>>,
     closed: AtomicBool,
+    counts: LaunchCounts,
+}
+
+/// How the starts since the helper started got their launcher.
+#[derive(Debug, Default)]
+pub struct LaunchCounts {
+    /// Starts that got a launcher prepared ahead.
+    pub warm: AtomicU64,
+    /// Starts that had to prepare their own (none was ready or being
+    /// prepared, or the ready one had died).
+    pub cold: AtomicU64,
 }
 
 impl Launchers {
@@ -34,8 +49,9 @@ impl Launchers {
         Arc::new(Launchers {
             spawner,
             ready: Mutex::new(None),
-            filling: tokio::sync::Mutex::new(()),
+            filling: Arc::new(tokio::sync::Mutex::new(())),
             closed: AtomicBool::new(false),
+            counts: LaunchCounts::default(),
         })
     }
 
@@ -43,16 +59,23 @@ impl Launchers {
         self.ready.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The warm launcher if there is a live one, else one prepared now.
+    /// The warm launcher if there is a live one (waiting for the one being
+    /// prepared, which is never slower than preparing another), else one
+    /// prepared now.
     pub async fn take(&self) -> Result<Prepared, DriverError> {
-        let warm = self.ready().take();
+        let warm = {
+            let _filled = self.filling.lock().await;
+            self.ready().take()
+        };
         if let Some(mut p) = warm {
             if !p.is_dead() {
+                self.counts.warm.fetch_add(1, Ordering::Relaxed);
                 return Ok(p);
             }
             tracing::warn!("the warm vm launcher died while waiting; preparing another");
             p.discard().await;
         }
+        self.counts.cold.fetch_add(1, Ordering::Relaxed);
         self.spawner.prepare().await
     }
 
@@ -63,9 +86,12 @@ impl Launchers {
         if self.closed.load(Ordering::SeqCst) {
             return;
         }
+        // Taken here, not in the task: a `take` right after this call must
+        // see the preparation under way and wait for it.
+        let Ok(filling) = self.filling.clone().try_lock_owned() else { return };
         let me = self.clone();
         tokio::spawn(async move {
-            let Ok(_filling) = me.filling.try_lock() else { return };
+            let _filling = filling;
             if me.closed.load(Ordering::SeqCst) || me.ready().is_some() {
                 return;
             }
@@ -79,6 +105,11 @@ impl Launchers {
                 Err(e) => tracing::warn!(error = %e, "cannot prepare a vm launcher ahead; starts prepare their own"),
             }
         });
+    }
+
+    /// How the starts so far got their launcher.
+    pub fn counts(&self) -> &LaunchCounts {
+        &self.counts
     }
 
     /// Stops preparing launchers and discards the warm one (helper

@@ -99,6 +99,7 @@ pub fn status(e: HelperError) -> Status {
 #[tonic::async_trait]
 impl VmHelper for HelperService {
     async fn get_info(&self, _: Request<pb::GetInfoRequest>) -> Result<Response<pb::GetInfoResponse>, Status> {
+        let (warm_starts, cold_starts) = self.vms.driver().launch_counts();
         Ok(Response::new(pb::GetInfoResponse {
             platform: "linux".into(),
             driver: "namespaces".into(),
@@ -111,6 +112,8 @@ impl VmHelper for HelperService {
                 .chain(IMAGE_CAPABILITIES.iter().map(|c| c.to_string()))
                 .collect(),
             image_store: crate::paths::image_store().display().to_string(),
+            warm_starts,
+            cold_starts,
         }))
     }
 

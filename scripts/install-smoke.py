@@ -1,0 +1,47 @@
+"""What a freshly installed sandbox-mcp must do for the user who installed it (`make test-install`): the MCP
+client registration `sandbox-mcp config cursor` prints is started exactly as a client would start it, and a
+sandbox is created, used and destroyed through the real MCP client (tests/mcp_client.py).
+    python install-smoke.py /abs/path/to/installed/sandbox-mcp
+Prints one line per step; exits non-zero on the first failure."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from mcp_client import McpClient  # noqa: E402
+
+
+def step(what: str, ok: bool, detail: str) -> None:
+    print(f"install-smoke: {'ok  ' if ok else 'FAIL'} {what}: {detail.strip()[:300]}", flush=True)
+    if not ok:
+        sys.exit(1)
+
+
+def main() -> None:
+    binary = sys.argv[1]
+    registration = subprocess.run([binary, "config", "cursor"], capture_output=True, text=True, check=True).stdout
+    server = json.loads(registration)["mcpServers"]["sandbox"]
+    step("registration", Path(server["command"]) == Path(binary), f"{server['command']} {server['args']}")
+    with McpClient(server["command"], server["args"], env=dict(os.environ)) as client:
+        out, err = client.call("exec", sandbox="smoke", command="id -u; cat /etc/debian_version")
+        step("exec (creates the sandbox)", not err and out.startswith("0\n"), out)
+        out, err = client.call("write_file", sandbox="smoke", path="notes.txt", content="written by the smoke test\n")
+        step("write_file", not err, out)
+        out, err = client.call("read_file", sandbox="smoke", path="notes.txt")
+        step("read_file", not err and "written by the smoke test" in out, out)
+        volume = Path.home() / ".local/share/sandbox-mcp/volumes/smoke/workspace/notes.txt"
+        step("the file is the user's on the host", volume.stat().st_uid == os.getuid(), str(volume))
+        out, err = client.call("list_all")
+        step("list_all", not err and "smoke" in out, out)
+        out, err = client.call("destroy", sandbox="smoke")
+        step("destroy", not err, out)
+        out, err = client.call("list_all")
+        step("gone after destroy", "smoke" not in out, out)
+
+
+if __name__ == "__main__":
+    main()

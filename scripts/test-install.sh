@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# `make test-install`: issue 10's "done when", end to end. As root: creates a
+# throwaway login user whose sudo is limited to what `make install` may run
+# as root (apt-get through env, and `sandbox-mcp host-setup --user` for
+# itself), gives it a Rust toolchain (a copy of the one running this) and a
+# copy of this checkout, and runs `make install` AS that user: a release
+# build, ~/.local/bin, the default image. Then starts the server the way the
+# printed registration says and uses it through a real MCP client
+# (scripts/install-smoke.py). Prints what sudo ran. Removes the user, its
+# home, sudoers rule, subordinate ids and cgroups at the end.
+#   scripts/test-install.sh
+set -uo pipefail
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "== test-install: skipped (creating the test user needs root)"
+    exit 0
+fi
+set -e
+repo=$(pwd)
+user=smcp-inst$$
+sudoers=/etc/sudoers.d/$user
+sudo_log=$(mktemp /tmp/smcp-test-install-sudo.XXXXXX)
+venv=${SMCP_USER_VENV:-/var/tmp/smcp-test-venv}
+
+cleanup() {
+    set +e
+    local home pidfile
+    home=$(getent passwd "$user" | cut -d: -f6)
+    if [ -n "$home" ]; then
+        # The helper is a daemon of the user's: stopped by its pid file.
+        pidfile=$home/.local/state/sandbox-mcp/run/helper.pid
+        [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null && sleep 2
+        userdel -r -f "$user" >/dev/null 2>&1
+    fi
+    rm -f "$sudoers" "$sudo_log"
+    for d in /sys/fs/cgroup/*/sandbox-mcp."$user" /sys/fs/cgroup/sandbox-mcp."$user"; do
+        [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} + 2>/dev/null
+    done
+}
+trap cleanup EXIT
+
+if ! command -v sudo >/dev/null; then
+    echo "test-install: apt-get install sudo"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends sudo >/dev/null
+fi
+# Without subordinate ids, as a new account on a host without useradd's
+# defaults: host-setup must add them.
+useradd -m -s /bin/bash -K SUB_UID_COUNT=0 -K SUB_GID_COUNT=0 "$user"
+home=$(getent passwd "$user" | cut -d: -f6)
+echo "test-install: created $user"
+cat >"$sudoers" <<EOF
+Defaults:$user logfile=$sudo_log, loglinelen=0
+$user ALL=(root) NOPASSWD: /usr/bin/env DEBIAN_FRONTEND=noninteractive apt-get *, $home/.local/bin/sandbox-mcp host-setup --user $user
+EOF
+chmod 440 "$sudoers"
+visudo -cqf "$sudoers"
+
+# A toolchain as rustup leaves one in a home: the active toolchain, cargo's
+# bin dir and its download cache (so the build needs no registry access).
+sysroot=$(rustc --print sysroot)
+cargo_home=${CARGO_HOME:-$HOME/.cargo}
+mkdir -p "$home/.rustup/toolchains" "$home/.cargo"
+cp -a "$sysroot" "$home/.rustup/toolchains/"
+printf 'default_toolchain = "%s"\nprofile = "default"\nversion = "12"\n' "$(basename "$sysroot")" >"$home/.rustup/settings.toml"
+cp -a "$cargo_home/bin" "$cargo_home/env" "$home/.cargo/"
+[ -d "$cargo_home/registry" ] && cp -a "$cargo_home/registry" "$home/.cargo/"
+echo '. "$HOME/.cargo/env"' >>"$home/.profile"
+
+# The checkout as it is (tracked files, changes included), as if cloned.
+mkdir -p "$home/sandbox-mcp"
+git ls-files -z | xargs -0 cp --parents -t "$home/sandbox-mcp"
+cp -a .git "$home/sandbox-mcp/"
+chown -R "$user:" "$home/.rustup" "$home/.cargo" "$home/sandbox-mcp"
+
+# The venv of the MCP client, readable by every user (scripts/test-user.sh's).
+PATH=/usr/bin:/bin:$PATH scripts/venv.sh "$venv" tests/requirements.txt
+
+as_user() { runuser -l "$user" -c "$1"; }
+status=0
+echo "== make install as $user"
+if ! as_user "cd ~/sandbox-mcp && make install"; then
+    echo "== make install as $user FAILED"
+    status=1
+fi
+if [ $status -eq 0 ]; then
+    echo "== the installed server through a real MCP client, as $user"
+    if ! as_user "$venv/bin/python ~/sandbox-mcp/scripts/install-smoke.py ~/.local/bin/sandbox-mcp"; then
+        echo "== MCP client as $user FAILED"
+        status=1
+    fi
+fi
+echo "== what sudo ran for $user:"
+sed -n 's/^.*COMMAND=/  /p' "$sudo_log"
+if [ $status -eq 0 ]; then echo "== test-install passed"; fi
+exit $status
