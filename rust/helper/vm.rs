@@ -243,6 +243,7 @@ impl VmManager {
         if vms.iter().any(|s| s.id == slot.id) {
             return Err(HelperError::AlreadyExists(slot.id.clone()));
         }
+        self.images.add_vm_ref(&slot.id, &slot.image.layers())?;
         vms.push(slot);
         Ok(info)
     }
@@ -374,30 +375,30 @@ impl VmManager {
         Ok(d.info.clone())
     }
 
-    /// Stops (if running) and removes a VM with its writable layer.
+    /// Stops (if running) and removes a VM with its writable layer. A VM
+    /// this helper does not know is still NOT_FOUND, but the writable layer
+    /// a helper that died left under its id goes: deleting a VM lost with
+    /// its helper is how a client frees its disk.
     pub async fn delete(&self, id: &str) -> Result<(), HelperError> {
-        let slot = self.slot(id)?;
+        let slot = match self.slot(id) {
+            Ok(slot) => slot,
+            Err(e) => {
+                if super::spec::is_vm_id(id) {
+                    remove_vm_dir(vm_dir(id)).await?;
+                }
+                return Err(e);
+            }
+        };
         let mut op = slot.op.lock().await;
         if let Some(run) = op.take() {
             // The filesystem is about to go: nothing inside needs a grace period.
             stop_run(run, Duration::ZERO).await;
         }
         self.list_slots().retain(|s| !Arc::ptr_eq(s, &slot));
-        // A writable layer can hold many files: keep the walk off the
-        // runtime's worker threads.
-        let dir = slot.dir.clone();
-        let removed = tokio::task::spawn_blocking(move || crate::helper::driver::userns::remove_tree(&dir))
-            .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-        match removed {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(HelperError::io(format!("remove {}", slot.dir.display()), e))
-            }
-            _ => {
-                self.collect_layers().await;
-                Ok(())
-            }
-        }
+        self.images.remove_vm_ref(id);
+        remove_vm_dir(slot.dir.clone()).await?;
+        self.collect_layers().await;
+        Ok(())
     }
 
     /// What VM `id`'s egress policy decided during its current (or last)
@@ -455,6 +456,22 @@ impl VmManager {
             }
         }
         self.driver.release().await;
+    }
+}
+
+/// Removes a VM's directory (its writable layer), if there is one. A
+/// writable layer can hold many files: the walk stays off the runtime's
+/// worker threads.
+async fn remove_vm_dir(dir: PathBuf) -> Result<(), HelperError> {
+    let walk = dir.clone();
+    let removed = tokio::task::spawn_blocking(move || crate::helper::driver::userns::remove_tree(&walk))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    match removed {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(HelperError::io(format!("remove {}", dir.display()), e))
+        }
+        _ => Ok(()),
     }
 }
 
