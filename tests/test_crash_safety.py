@@ -129,6 +129,29 @@ def test_helper_killed_mid_snapshot_takes_its_frozen_sandbox_along(server_factor
         srv.tool("destroy", sandbox=name)
 
 
+def test_a_new_helper_kills_a_sandbox_a_dead_one_left_frozen(server_factory, env):
+    """What a helper from before launchers watched their helper left after a
+    kill mid-snapshot: the whole sandbox stopped, its launcher with it (here
+    stopped by the test, so it cannot act either)."""
+    srv = server_factory()
+    text, err = srv.tool("exec", sandbox="left", command="(sleep 42420 &) ; echo ok")
+    assert not err, text
+    helper = helper_pid(env)
+    launcher = next(
+        p for p, _ in _descendants(helper).items()
+        if any(Path(f"/proc/{c}/cmdline").read_bytes().startswith(b"sleep\x0042420") for c in _descendants(p))
+    )
+    procs = {launcher: _start_time(launcher), **_descendants(launcher)}
+    try:
+        for pid in procs:
+            os.kill(pid, signal.SIGSTOP)
+        os.kill(helper, signal.SIGKILL)
+        until(lambda: _restarted(env, helper), "helper restarted")
+        until(lambda: not _survivors(procs), f"the frozen sandbox killed by the new helper (left: {_survivors(procs)})")
+    finally:
+        _kill_survivors(procs)
+
+
 def test_destroy_of_a_lost_sandbox_frees_its_writable_layer(server_factory, env):
     srv = server_factory()
     text, err = srv.tool("exec", sandbox="gone", command="head -c 1M /dev/urandom > /root/junk && echo ok")

@@ -48,6 +48,7 @@ pub async fn serve(socket: &Path) -> Result<(), HelperError> {
         .map_err(io(format!("write {}", pid_file.display())))?;
 
     raise_nofile_limit();
+    super::storage::kill_leftovers();
     let vms = VmManager::new(Driver::detect()?, helper_store());
     // Copies and references a helper killed mid-snapshot left behind; the
     // other helpers sharing the store keep theirs.

@@ -23,7 +23,7 @@ use super::netstack::events::{Events, Snapshot};
 use super::quota;
 use super::seed::{self, SeedFile};
 use super::spec::{Network, VmConfig};
-use super::storage::{agent_socket, prepare_dir, share_mounts, vm_dir};
+use super::storage::{agent_socket, prepare_dir, record_launcher, share_mounts, vm_dir};
 use crate::image::{ImageError, ImageInfo, ImageStore};
 
 mod images;
@@ -299,6 +299,9 @@ impl VmManager {
             agent_socket: agent_socket(id),
         };
         let (instance, mut child) = self.driver.launch(&spec).await?;
+        if let Some(launcher) = child.id() {
+            record_launcher(&slot.dir, launcher);
+        }
         let (tx, rx) = watch::channel(None);
         let (quota, quota_task) =
             quota::watch(config.disk_bytes, disk_parts(&slot.dir, &config), instance.pid1, instance.agent);
