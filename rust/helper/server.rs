@@ -48,7 +48,11 @@ pub async fn serve(socket: &Path) -> Result<(), HelperError> {
         .map_err(io(format!("write {}", pid_file.display())))?;
 
     raise_nofile_limit();
-    let vms = VmManager::new(Driver::detect()?, ImageStore::new(crate::paths::image_store()));
+    super::storage::kill_leftovers();
+    let vms = VmManager::new(Driver::detect()?, helper_store());
+    // Copies and references a helper killed mid-snapshot left behind; the
+    // other helpers sharing the store keep theirs.
+    vms.collect_layers().await;
     vms.driver().keep_warm();
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<VmHelperServer<HelperService>>().await;
@@ -94,6 +98,20 @@ pub async fn serve(socket: &Path) -> Result<(), HelperError> {
     let _ = std::fs::remove_file(socket);
     let _ = std::fs::remove_file(&pid_file);
     result.map_err(|e| HelperError::io("grpc server", std::io::Error::other(e)))
+}
+
+/// The image store, with this helper's layer references kept on disk for
+/// the other helpers sharing it. A store we cannot write to works without
+/// them: nobody can collect its layers then either.
+fn helper_store() -> ImageStore {
+    let store = ImageStore::new(crate::paths::image_store());
+    match store.clone().with_holder() {
+        Ok(held) => held,
+        Err(e) => {
+            tracing::warn!(error = %e, "image store: cannot record which layers this helper's vms use");
+            store
+        }
+    }
 }
 
 /// The pid file that goes with `socket`: the default one for the default

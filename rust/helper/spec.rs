@@ -21,6 +21,12 @@ const MIN_MEMORY_BYTES: u64 = 16 << 20;
 
 static ID_RE: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$").expect("static regex"));
+
+/// A VM id a client could have created (it names directories on the host).
+pub fn is_vm_id(id: &str) -> bool {
+    ID_RE.is_match(id)
+}
+
 static HOSTNAME_RE: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,62})$").expect("static regex"));
 

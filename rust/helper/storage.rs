@@ -1,6 +1,8 @@
 //! Where a VM's files live on the host, and preparing them at CreateVm:
 //! the writable layer under the state dir, the agent socket under the
-//! runtime dir, and ownership of shared directories.
+//! runtime dir, and ownership of shared directories. Each running VM's
+//! launcher is recorded in its directory, so that a helper starting after
+//! one that died can kill what it left running.
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
@@ -75,5 +77,75 @@ pub fn share_mounts(config: &VmConfig, image: &ImageInfo) {
             }
             _ => {}
         }
+    }
+}
+
+/// Names the launcher (pid and start time) of the VM whose directory is
+/// `dir`.
+const LAUNCHER_FILE: &str = "launcher";
+
+/// Records `pid` as the launcher of the VM whose directory is `dir`; see
+/// [`kill_leftovers`]. Not fatal: the record only matters if the helper dies
+/// and the VM does not die with it.
+pub fn record_launcher(dir: &Path, pid: u32) {
+    let Some(start) = start_time(pid) else { return };
+    let path = dir.join(LAUNCHER_FILE);
+    if let Err(e) = std::fs::write(&path, format!("{pid} {start}\n")) {
+        tracing::warn!(path = %path.display(), error = %e, "cannot record the vm's launcher");
+    }
+}
+
+/// At helper start: kills every launcher recorded under the state dir that
+/// still runs without a helper as its parent. Its helper died, and its VM
+/// did not go along (a helper from before launchers watched their helper,
+/// with the VM frozen by a snapshot; or the launcher itself stopped).
+/// Killing the launcher kills PID 1 (its parent-death signal), and with it
+/// the VM. Launchers of a live helper sharing the state dir are left alone.
+pub fn kill_leftovers() {
+    let root = crate::paths::state_dir().join("vms");
+    for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+        let path = entry.path().join(LAUNCHER_FILE);
+        let Ok(text) = std::fs::read_to_string(&path) else { continue };
+        let Some((pid, start)) = text.split_once(' ').and_then(|(p, s)| Some((p.parse::<u32>().ok()?, s.trim())))
+        else {
+            continue;
+        };
+        if start_time(pid).as_deref() != Some(start) {
+            // Gone (the usual case), or the pid now names another process.
+            let _ = std::fs::remove_file(&path);
+            continue;
+        }
+        if parent_is_helper(pid) {
+            continue;
+        }
+        let Ok(fd) = crate::helper::driver::network::pidfd_open(pid as i32) else { continue };
+        // Checked again through the pidfd's process: the signal cannot
+        // reach a process that took the pid meanwhile.
+        if start_time(pid).as_deref() == Some(start) {
+            crate::helper::driver::network::pidfd_kill(&fd, libc::SIGKILL);
+            tracing::warn!(vm = %entry.file_name().to_string_lossy(), launcher = pid, "killed a vm a dead helper left running");
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+/// Field 22 of /proc/<pid>/stat (start time in clock ticks since boot).
+fn start_time(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19).map(String::from)
+}
+
+/// The parent of `pid` runs the same binary as `pid` (a launcher is an
+/// exec of its helper's): it is the helper, not init or a subreaper that
+/// adopted an orphan. When that cannot be told, it counts as a helper.
+fn parent_is_helper(pid: u32) -> bool {
+    let parent = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse::<u32>().ok());
+    let Some(parent) = parent.filter(|p| *p > 1) else { return false };
+    let exe = |p: u32| std::fs::read_link(format!("/proc/{p}/exe"));
+    match (exe(pid), exe(parent)) {
+        (Ok(launcher), Ok(parent)) => launcher == parent,
+        _ => true,
     }
 }

@@ -23,7 +23,7 @@ use super::netstack::events::{Events, Snapshot};
 use super::quota;
 use super::seed::{self, SeedFile};
 use super::spec::{Network, VmConfig};
-use super::storage::{agent_socket, prepare_dir, share_mounts, vm_dir};
+use super::storage::{agent_socket, prepare_dir, record_launcher, share_mounts, vm_dir};
 use crate::image::{ImageError, ImageInfo, ImageStore};
 
 mod images;
@@ -249,6 +249,7 @@ impl VmManager {
         if vms.iter().any(|s| s.id == slot.id) {
             return Err(HelperError::AlreadyExists(slot.id.clone()));
         }
+        self.images.add_vm_ref(&slot.id, &slot.image.layers())?;
         vms.push(slot);
         Ok(info)
     }
@@ -304,6 +305,9 @@ impl VmManager {
             agent_socket: agent_socket(id),
         };
         let (instance, mut child) = self.driver.launch(&spec).await?;
+        if let Some(launcher) = child.id() {
+            record_launcher(&slot.dir, launcher);
+        }
         let (tx, rx) = watch::channel(None);
         let (quota, quota_task) =
             quota::watch(config.disk_bytes, disk_parts(&slot.dir, &config), instance.pid1, instance.agent);
@@ -380,30 +384,30 @@ impl VmManager {
         Ok(d.info.clone())
     }
 
-    /// Stops (if running) and removes a VM with its writable layer.
+    /// Stops (if running) and removes a VM with its writable layer. A VM
+    /// this helper does not know is still NOT_FOUND, but the writable layer
+    /// a helper that died left under its id goes: deleting a VM lost with
+    /// its helper is how a client frees its disk.
     pub async fn delete(&self, id: &str) -> Result<(), HelperError> {
-        let slot = self.slot(id)?;
+        let slot = match self.slot(id) {
+            Ok(slot) => slot,
+            Err(e) => {
+                if super::spec::is_vm_id(id) {
+                    remove_vm_dir(vm_dir(id)).await?;
+                }
+                return Err(e);
+            }
+        };
         let mut op = slot.op.lock().await;
         if let Some(run) = op.take() {
             // The filesystem is about to go: nothing inside needs a grace period.
             stop_run(run, Duration::ZERO).await;
         }
         self.list_slots().retain(|s| !Arc::ptr_eq(s, &slot));
-        // A writable layer can hold many files: keep the walk off the
-        // runtime's worker threads.
-        let dir = slot.dir.clone();
-        let removed = tokio::task::spawn_blocking(move || crate::helper::driver::userns::remove_tree(&dir))
-            .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-        match removed {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(HelperError::io(format!("remove {}", slot.dir.display()), e))
-            }
-            _ => {
-                self.collect_layers().await;
-                Ok(())
-            }
-        }
+        self.images.remove_vm_ref(id);
+        remove_vm_dir(slot.dir.clone()).await?;
+        self.collect_layers().await;
+        Ok(())
     }
 
     /// What VM `id`'s egress policy decided during its current (or last)
@@ -461,6 +465,22 @@ impl VmManager {
             }
         }
         self.driver.release().await;
+    }
+}
+
+/// Removes a VM's directory (its writable layer), if there is one. A
+/// writable layer can hold many files: the walk stays off the runtime's
+/// worker threads.
+async fn remove_vm_dir(dir: PathBuf) -> Result<(), HelperError> {
+    let walk = dir.clone();
+    let removed = tokio::task::spawn_blocking(move || crate::helper::driver::userns::remove_tree(&walk))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+    match removed {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(HelperError::io(format!("remove {}", dir.display()), e))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -3,9 +3,9 @@
 //!
 //! A layer is named by its path relative to the store root: `layers/<hex>`
 //! for committed layers, `<name>/rootfs` for base images. Who uses a layer is
-//! never stored; it is recomputed from every `image.json` plus the layers of
-//! the helper's VMs, so a crash can at worst leave an unused layer behind for
-//! the next collection.
+//! recomputed from every `image.json` plus the references every live helper
+//! sharing the store keeps for its VMs (see [`super::refs`]), so a crash can
+//! at worst leave an unused layer behind for the next collection.
 use std::collections::HashSet;
 use std::fs;
 use std::io::Read as _;
@@ -108,9 +108,9 @@ impl ImageStore {
     }
 
     /// Deletes an image, refusing while others name it as their parent, then
-    /// collects layers nothing uses (`vm_layers` lists the VMs' layers).
-    /// A symlinked image directory loses only the link.
-    pub fn delete(&self, name: &str, vm_layers: &dyn Fn() -> HashSet<String>) -> Result<(), ImageError> {
+    /// collects layers nothing uses. A symlinked image directory loses only
+    /// the link.
+    pub fn delete(&self, name: &str) -> Result<(), ImageError> {
         {
             let _guard = self.lock();
             self.get(name)?;
@@ -128,21 +128,22 @@ impl ImageStore {
                 let _ = fs::remove_dir(&dir);
             }
         }
-        self.gc(vm_layers)?;
+        self.gc()?;
         Ok(())
     }
 
-    /// Removes every layer that no image and no VM uses: committed layers,
-    /// copies left by dead processes, and the rootfs of deleted base images.
-    /// Symlinked image directories are never entered. Collects nothing if an
-    /// `image.json` cannot be read, since its layers would look unused.
-    /// Returns the layers removed.
-    pub fn gc(&self, vm_layers: &dyn Fn() -> HashSet<String>) -> Result<Vec<String>, ImageError> {
+    /// Removes every layer that no image and no VM of a live helper sharing
+    /// the store uses: committed layers, copies left by dead processes, and
+    /// the rootfs of deleted base images. Symlinked image directories are
+    /// never entered. Collects nothing if an `image.json` or a VM reference
+    /// cannot be read, since its layers would look unused. Returns the
+    /// layers removed.
+    pub fn gc(&self) -> Result<Vec<String>, ImageError> {
         let _guard = self.lock();
         // Candidates first: anything that appears later is not one.
         let candidates = self.layer_candidates();
         let mut used = self.references()?;
-        used.extend(vm_layers());
+        used.extend(self.vm_references()?);
         let mut removed = Vec::new();
         for layer in candidates.into_iter().filter(|l| !used.contains(l)) {
             let path = self.root().join(&layer);
@@ -204,7 +205,7 @@ impl ImageStore {
     }
 }
 
-fn random_hex() -> Result<String, ImageError> {
+pub(super) fn random_hex() -> Result<String, ImageError> {
     let mut bytes = [0u8; 8];
     fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
@@ -233,10 +234,6 @@ mod tests {
         store.install_layer(staged, info).unwrap()
     }
 
-    fn none() -> HashSet<String> {
-        HashSet::new()
-    }
-
     #[test]
     fn old_image_json_loads_with_the_base_layout() {
         let t = TempDir::new("oldjson");
@@ -263,20 +260,25 @@ mod tests {
         assert_eq!(&c2.layers[..2], &c1.layers[..]);
         assert_eq!(store.get("two").unwrap(), c2);
 
-        let err = store.delete("base", &none).unwrap_err();
+        let err = store.delete("base").unwrap_err();
         assert_eq!(err.to_string(), "image 'base' is the parent of 'one': delete those first");
-        assert!(matches!(store.delete("one", &none), Err(ImageError::HasChildren { .. })));
-        assert!(matches!(store.delete("nope", &none), Err(ImageError::NotFound(_))));
+        assert!(matches!(store.delete("one"), Err(ImageError::HasChildren { .. })));
+        assert!(matches!(store.delete("nope"), Err(ImageError::NotFound(_))));
 
-        store.delete("two", &none).unwrap();
+        store.delete("two").unwrap();
         assert!(!store.root().join(&c2.layers[2]).exists(), "the top layer went with its image");
         assert!(!store.root().join("two").exists(), "no empty directory left for a deleted image");
         assert!(store.root().join(&c1.layers[1]).exists());
-        store.delete("one", &none).unwrap();
+        store.delete("one").unwrap();
         // The base's rootfs survives as long as a VM runs on it.
-        store.delete("base", &|| HashSet::from(["base/rootfs".to_string()])).unwrap();
+        let store = store.with_holder().unwrap();
+        let _lock = store.lock();
+        store.add_vm_ref("vm", &["base/rootfs".to_string()]).unwrap();
+        drop(_lock);
+        store.delete("base").unwrap();
         assert!(store.rootfs("base").exists() && store.get("base").is_err());
-        store.gc(&none).unwrap();
+        store.remove_vm_ref("vm");
+        store.gc().unwrap();
         assert!(!store.root().join("base").exists());
         assert_eq!(fs::read_dir(store.root().join(LAYERS_DIR)).unwrap().count(), 0);
     }
@@ -294,13 +296,34 @@ mod tests {
         for d in [&orphan, &vm_only, &dead_copy, &live.path().to_path_buf()] {
             fs::create_dir_all(d).unwrap();
         }
-        let vms = || HashSet::from(["layers/fedcba9876543210".to_string()]);
-        let mut removed = store.gc(&vms).unwrap();
+        // Another helper sharing the store runs a VM on `vm_only`.
+        let other = ImageStore::new(store.root().to_path_buf()).with_holder().unwrap();
+        other.add_vm_ref("vm", &["layers/fedcba9876543210".to_string()]).unwrap();
+        let mut removed = store.gc().unwrap();
         removed.sort();
         assert_eq!(removed, ["layers/.tmp-4000000-00", "layers/0123456789abcdef"]);
         assert!(vm_only.exists() && live.path().exists() && store.root().join(&c.layers[1]).exists());
         drop(live);
         assert_eq!(fs::read_dir(store.root().join(LAYERS_DIR)).unwrap().count(), 2);
+        // That helper dies: its lock goes, and its VMs' layers with the next collection.
+        drop(other);
+        assert_eq!(store.gc().unwrap(), ["layers/fedcba9876543210"]);
+    }
+
+    /// A helper killed with `kill -9` leaves its lock file and references;
+    /// nobody holds the lock, so they pin nothing and are removed.
+    #[test]
+    fn gc_drops_the_references_of_a_dead_helper() {
+        let t = TempDir::new("gcdead");
+        let store = ImageStore::new(t.path().to_path_buf());
+        let layer = store.root().join(LAYERS_DIR).join("00aa");
+        fs::create_dir_all(&layer).unwrap();
+        let dead = store.root().join(super::super::refs::REFS_DIR);
+        fs::create_dir_all(dead.join("1-dead")).unwrap();
+        fs::write(dead.join("1-dead.lock"), "").unwrap();
+        fs::write(dead.join("1-dead").join("vm"), "layers/00aa\n").unwrap();
+        assert_eq!(store.gc().unwrap(), ["layers/00aa"]);
+        assert!(!dead.join("1-dead").exists() && !dead.join("1-dead.lock").exists());
     }
 
     #[test]
@@ -311,7 +334,7 @@ mod tests {
         fs::create_dir_all(&orphan).unwrap();
         fs::create_dir_all(store.root().join("bad")).unwrap();
         fs::write(store.root().join("bad").join(INFO_FILE), "{").unwrap();
-        assert!(matches!(store.gc(&none), Err(ImageError::Metadata { .. })));
+        assert!(matches!(store.gc(), Err(ImageError::Metadata { .. })));
         assert!(orphan.exists());
     }
 
@@ -326,8 +349,8 @@ mod tests {
         assert_eq!(store.list().unwrap(), std::slice::from_ref(&b));
         let c = commit(&store, &b, "child");
         assert!(store.layer_paths(&c.layers)[0].join(".").is_dir(), "lower path through the link");
-        store.delete("child", &none).unwrap();
-        store.delete("img", &none).unwrap();
+        store.delete("child").unwrap();
+        store.delete("img").unwrap();
         assert!(store.root().join("img").symlink_metadata().is_err(), "link removed");
         assert!(shared.rootfs("img").is_dir(), "shared image untouched");
         assert!(shared.get("img").is_ok());

@@ -39,12 +39,14 @@ mod copy;
 mod inspect;
 mod layers;
 mod mmdebstrap;
+mod refs;
 mod store;
 mod unpack;
 
 pub use copy::copy_tree;
 pub use inspect::disk_usage;
 pub use layers::{MAX_LAYERS, StagedLayer};
+pub use refs::{Holder, StoreGuard};
 pub use store::ImageStore;
 
 /// Name of the default image, the one sandboxes boot from unless told otherwise.

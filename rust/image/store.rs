@@ -5,10 +5,11 @@
 //! crashed build leaves nothing that `list` would report.
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::mmdebstrap::{self, Mode};
+use super::refs::Holder;
 use super::{BuildRequest, DEFAULT_SUITE, IdMap, ImageError, ImageInfo, inspect, package_list, unpack, validate_name};
 use crate::helper::driver::userns::{self, IdMapper};
 
@@ -24,20 +25,18 @@ pub struct ImageStore {
     /// Serializes what changes which layers are referenced (installing a
     /// committed image, deleting one, registering a VM) against garbage
     /// collection, which must never see a layer between its rename into
-    /// place and the image.json naming it.
-    lock: Arc<Mutex<()>>,
+    /// place and the image.json naming it; see [`ImageStore::lock`], which
+    /// adds a file lock for the other processes sharing the store.
+    pub(super) mutex: Arc<Mutex<()>>,
+    /// This process's references to layers on disk (a helper's store).
+    pub(super) holder: Option<Arc<Holder>>,
 }
 
 impl ImageStore {
     /// A store rooted at `root` (usually [`crate::paths::image_store`]). The
     /// directory is created by the first build.
     pub fn new(root: PathBuf) -> Self {
-        ImageStore { root, lock: Arc::new(Mutex::new(())) }
-    }
-
-    /// Holds the store's reference lock; see [`ImageStore::gc`].
-    pub fn lock(&self) -> MutexGuard<'_, ()> {
-        self.lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        ImageStore { root, mutex: Arc::new(Mutex::new(())), holder: None }
     }
 
     /// The store's directory.

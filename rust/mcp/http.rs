@@ -101,7 +101,10 @@ fn router(orchestrator: Arc<Orchestrator>, guard: Guard, shutdown: CancellationT
         .with_allowed_hosts(guard.allowed_hosts.clone())
         .with_cancellation_token(shutdown)
         // Idle SSE streams through proxies get cut without traffic.
-        .with_sse_keep_alive(Some(Duration::from_secs(15)));
+        .with_sse_keep_alive(Some(Duration::from_secs(15)))
+        // The same ceiling as a stdio message (rmcp's line limit), not
+        // rmcp's 4 MiB HTTP default: a write_file's contents ride in one.
+        .with_max_request_body_bytes(rmcp::transport::async_rw::DEFAULT_MAX_LINE_LENGTH);
     let service = StreamableHttpService::new(
         move || Ok(SandboxServer::new(&orchestrator)),
         Arc::new(LocalSessionManager::default()),

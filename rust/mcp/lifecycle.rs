@@ -97,12 +97,11 @@ impl SandboxServer {
         if self.manager.get(&p.sandbox).is_ok_and(|s| s.parent.is_some()) {
             return fail("use destroy_child to destroy child sandboxes");
         }
-        match self.manager.destroy(&p.sandbox).await {
-            Err(OrchestratorError::Lost { .. }) if self.manager.forget_lost(&p.sandbox) => {
-                ok(format!("Forgot sandbox '{}': its VM was already gone. Its /workspace is kept.", p.sandbox))
-            }
-            other => reply(other.map(|s| format!("Destroyed sandbox '{}' ({})", s.name, s.name))),
+        let destroyed = self.manager.destroy(&p.sandbox).await;
+        if matches!(destroyed, Err(OrchestratorError::Lost { .. })) && self.manager.acknowledge_lost(&p.sandbox).await {
+            return ok(format!("Forgot sandbox '{}': its VM was already gone. Its /workspace is kept.", p.sandbox));
         }
+        reply(destroyed.map(|s| format!("Destroyed sandbox '{}' ({})", s.name, s.name)))
     }
 
     #[tool(

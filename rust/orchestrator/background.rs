@@ -20,6 +20,7 @@ impl SandboxManager {
     ) -> Result<BackgroundInfo, OrchestratorError> {
         let name = if name.is_empty() { format!("bg-{}", random_hex(6)) } else { name.to_string() };
         validate_process_name(&name)?;
+        super::shell::check_length(command)?;
         let process = ProcessConfig {
             argv: vec![sandbox.shell.clone(), "-c".into(), command.into()],
             env: sandbox.env().into_iter().collect(),

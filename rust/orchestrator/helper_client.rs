@@ -261,6 +261,11 @@ pub enum ProcessEvent {
     Exited(ExitStatus),
 }
 
+/// Most bytes of user payload (file contents, stdin) in one message. gRPC
+/// refuses a message over 4 MiB by default, on either end; bigger payloads
+/// go as a stream of pieces this size.
+const PAYLOAD_CHUNK: usize = 1 << 20;
+
 /// The input side of a running process: stdin and signals. Cloneable so
 /// stdin can be fed while another task reads the output.
 #[derive(Clone)]
@@ -283,7 +288,13 @@ impl ProcessInput {
 
     /// Write to the process's stdin.
     pub async fn write_stdin(&self, data: Vec<u8>) -> Result<(), HelperError> {
-        self.send(pb::exec_request::Msg::Stdin(data)).await
+        if data.len() <= PAYLOAD_CHUNK {
+            return self.send(pb::exec_request::Msg::Stdin(data)).await;
+        }
+        for chunk in data.chunks(PAYLOAD_CHUNK) {
+            self.send(pb::exec_request::Msg::Stdin(chunk.to_vec())).await?;
+        }
+        Ok(())
     }
 
     /// Close stdin: the process reads EOF.
@@ -484,14 +495,14 @@ impl HelperClient {
         stdin: Option<&[u8]>,
     ) -> Result<(ProcessInput, ProcessEvents), HelperError> {
         use pb::exec_request::Msg;
-        let (tx, rx) = mpsc::channel(64);
         let mut first = vec![Msg::Start(process_spec(vm_id, p))];
         if let Some(data) = stdin {
-            if !data.is_empty() {
-                first.push(Msg::Stdin(data.to_vec()));
-            }
+            first.extend(data.chunks(PAYLOAD_CHUNK).map(|c| Msg::Stdin(c.to_vec())));
             first.push(Msg::CloseStdin(pb::CloseStdin {}));
         }
+        // Room for everything sent before the stream is handed to the
+        // helper, and for stdin written later.
+        let (tx, rx) = mpsc::channel(first.len() + 64);
         for msg in first {
             tx.send(pb::ExecRequest { msg: Some(msg) })
                 .await
@@ -795,9 +806,13 @@ impl HelperClient {
         dest_dir: &str,
         archive: Vec<u8>,
     ) -> Result<(u64, u64), HelperError> {
-        let (tx, rx) = mpsc::channel(1);
-        // The receiver is alive until copy_in consumes it: this cannot fail.
-        let _ = tx.send(archive).await;
+        let chunks: Vec<Vec<u8>> = archive.chunks(PAYLOAD_CHUNK).map(<[u8]>::to_vec).collect();
+        let (tx, rx) = mpsc::channel(chunks.len().max(1));
+        for chunk in chunks {
+            // Room for every chunk, and the receiver is alive until copy_in
+            // consumes it: this cannot fail.
+            let _ = tx.try_send(chunk);
+        }
         drop(tx);
         self.copy_in(vm_id, dest_dir, rx).await
     }

@@ -460,6 +460,21 @@ impl SandboxManager {
         removed
     }
 
+    /// Acknowledge a lost sandbox (see [`Self::forget_lost`]) and free the
+    /// disk its VM held: the writable layer a dead helper left behind, which
+    /// the helper running now deletes by the VM's id. False if it was not
+    /// lost.
+    pub async fn acknowledge_lost(&self, name: &str) -> bool {
+        if !self.forget_lost(name) {
+            return false;
+        }
+        match self.helper.delete_vm(name).await {
+            Ok(()) | Err(HelperError::NotFound(_)) => {}
+            Err(e) => tracing::warn!(sandbox = %name, error = %e, "cannot free the disk of a lost sandbox"),
+        }
+        true
+    }
+
     fn check_lost(&self, name: &str) -> Result<(), OrchestratorError> {
         match self.lost.lock().unwrap_or_else(|p| p.into_inner()).get(name) {
             Some(why) => Err(OrchestratorError::Lost { name: name.to_string(), why: why.clone() }),
@@ -843,6 +858,9 @@ impl SandboxManager {
     ) -> Result<ExecResult, OrchestratorError> {
         if cmd.timeout.is_zero() {
             return Err(OrchestratorError::InvalidArgument("timeout must be greater than 0".into()));
+        }
+        if let ShellOrArgv::Shell(line) = &cmd.argv {
+            shell::check_length(line)?;
         }
         let direct = match &cmd.argv {
             ShellOrArgv::Shell(line) => shell::direct_argv(line),

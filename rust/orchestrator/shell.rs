@@ -100,9 +100,34 @@ pub fn direct_argv(line: &str) -> Option<Vec<String>> {
     Some(words)
 }
 
+/// Longest command line a sandbox can run: it goes to the shell as one
+/// argument of `<shell> -c`, and Linux refuses any single argument of 128 KiB
+/// or more (MAX_ARG_STRLEN, counting its terminating NUL).
+pub const MAX_COMMAND_BYTES: usize = 128 * 1024 - 1;
+
+/// Refuses a command line longer than [`MAX_COMMAND_BYTES`], naming the
+/// limit and what to do instead.
+pub fn check_length(line: &str) -> Result<(), crate::orchestrator::error::OrchestratorError> {
+    if line.len() <= MAX_COMMAND_BYTES {
+        return Ok(());
+    }
+    Err(crate::orchestrator::error::OrchestratorError::InvalidArgument(format!(
+        "command is {} bytes; a command may be at most {MAX_COMMAND_BYTES} bytes (Linux's limit on one \
+         argument). Write a longer script to a file with write_file and run that file",
+        line.len()
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn commands_over_the_argument_limit_are_refused_naming_it() {
+        assert!(check_length(&"a".repeat(MAX_COMMAND_BYTES)).is_ok());
+        let err = check_length(&"a".repeat(MAX_COMMAND_BYTES + 1)).unwrap_err().to_string();
+        assert!(err.contains("command is 131072 bytes") && err.contains("at most 131071 bytes"), "{err}");
+    }
 
     #[test]
     fn plain_lines_run_directly() {

@@ -8,9 +8,10 @@
 //! a VM: none of that depends on the VM, so the helper does it ahead of time
 //! (see [`super::warm`]). With `go` it receives the agent's listening socket;
 //! then it reads its config from stdin, stages the VM's host paths, becomes
-//! root, unshares the other namespaces and forks PID 1; then it only waits
-//! for PID 1 and exits with its status, which is how the helper learns the
-//! VM ended.
+//! root, unshares the other namespaces and forks PID 1; then it waits for
+//! PID 1 and exits with its status, which is how the helper learns the VM
+//! ended. While it waits it also holds the lifeline for a frozen PID 1
+//! (see [`hold_lifeline`]).
 //!
 //! PID 1 builds the filesystem, locks the sandbox down (no_new_privs,
 //! seccomp), forks the agent and reaps children until the agent dies, a stop
@@ -146,6 +147,7 @@ fn launcher(control: &OwnedFd, eth0: bool) -> Result<i32, DriverError> {
         ForkResult::Parent { child } => {
             drop(listener);
             report(control, &format!("pid:{child}"));
+            hold_lifeline(control, child)?;
             loop {
                 match waitpid(child, None) {
                     Ok(WaitStatus::Exited(_, code)) => return Ok(code),
@@ -156,6 +158,35 @@ fn launcher(control: &OwnedFd, eth0: bool) -> Result<i32, DriverError> {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Returns once PID 1 has exited, or once the helper is gone and PID 1 has
+/// been killed. PID 1 watches the control socket itself, but a stopped PID 1
+/// (a snapshot freezes every process of the sandbox with SIGSTOP) cannot:
+/// had the helper died mid-copy, the sandbox would stay frozen forever. The
+/// launcher is outside the sandbox's pid namespace, so it is never frozen;
+/// it kills PID 1, which SIGKILL reaches even when stopped, and the kernel
+/// then kills everything else in the namespace.
+fn hold_lifeline(control: &OwnedFd, pid1: Pid) -> Result<(), DriverError> {
+    let pid1fd = super::network::pidfd_open(pid1.as_raw())?;
+    loop {
+        // No POLLIN on the control socket: its messages are PID 1's to read.
+        // A hang-up is reported whatever the events asked for.
+        let mut fds =
+            [PollFd::new(control.as_fd(), PollFlags::empty()), PollFd::new(pid1fd.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(DriverError::Sys { what: "poll for the helper and PID 1".into(), source: e }),
+            Ok(_) => {}
+        }
+        if fds[1].revents().is_some_and(|r| !r.is_empty()) {
+            return Ok(());
+        }
+        if fds[0].revents().is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR)) {
+            super::network::pidfd_kill(&pid1fd, libc::SIGKILL);
+            return Ok(());
         }
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! Both copies freeze the source VM (see [`crate::helper::freeze`]) and hold
 //! its lifecycle lock, so it can be neither stopped nor deleted meanwhile.
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::{
@@ -108,16 +108,12 @@ impl VmManager {
         registered
     }
 
-    /// The layers of every VM (used, whatever happens to their images).
-    fn vm_layers(&self) -> HashSet<String> {
-        self.list_slots().iter().flat_map(|s| s.image.layers()).collect()
-    }
-
-    /// Removes layers no image and no VM uses any more. A failure only
-    /// leaves disk space in use, so it is logged, not returned.
-    pub(super) async fn collect_layers(&self) {
+    /// Removes layers no image and no VM of any live helper sharing the
+    /// store uses any more, and copies left by dead processes. A failure
+    /// only leaves disk space in use, so it is logged, not returned.
+    pub async fn collect_layers(&self) {
         let Some(me) = self.me.upgrade() else { return };
-        let collected = tokio::task::spawn_blocking(move || me.images.gc(&|| me.vm_layers())).await;
+        let collected = tokio::task::spawn_blocking(move || me.images.gc()).await;
         match collected {
             Ok(Ok(removed)) if !removed.is_empty() => tracing::info!(?removed, "removed unused layers"),
             Ok(Ok(_)) => {}
@@ -131,7 +127,7 @@ impl VmManager {
     pub async fn delete_image(&self, name: &str) -> Result<(), HelperError> {
         let Some(me) = self.me.upgrade() else { return Err(HelperError::Unavailable("shutting down".into())) };
         let name = name.to_string();
-        blocking(move || Ok(me.images.delete(&name, &|| me.vm_layers())?)).await
+        blocking(move || Ok(me.images.delete(&name)?)).await
     }
 }
 
