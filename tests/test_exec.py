@@ -77,9 +77,10 @@ def test_one_megabyte_single_line(server):
 
 
 def test_binary_output_is_not_lost(server):
-    text, _ = server.tool("exec", command="printf 'ok\\000\\377\\n'")
-    # NUL is a control character: shown as an escape, like the invalid byte.
-    assert text.startswith("ok\\x00\\xff\n("), repr(text)
+    r = server.call_raw("exec", command="printf 'ok\\000\\377\\n'")
+    # NUL is a control character: shown as an escape; the invalid byte as U+FFFD, exact in base64 beside.
+    assert r.content[0].text.startswith("ok\\x00\ufffd\n("), repr(r.content[0].text)
+    assert base64.b64decode(r.structured_content["stdout_base64"]) == b"ok\0\xff\n", r.structured_content
     text, _ = server.tool(
         "exec", command="python3 -c 'import sys; sys.stdout.buffer.write(bytes(range(256)))' | base64 -w0")
     assert text.split("\n")[0] == base64.b64encode(bytes(range(256))).decode()

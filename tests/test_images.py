@@ -73,7 +73,7 @@ def test_list_snapshots_and_images(isrv):
     text, err = isrv.tool("list_snapshots")
     lines = text.split("\n")
     assert not err and lines[0] == "Available snapshots:", text
-    assert re.fullmatch(rf"  - v1\.0 \({SIZE}, from 'box', \d+s ago\)", lines[1]), lines
+    assert re.fullmatch(rf"  - v1\.0 \({SIZE} layer, {SIZE} in all, from 'box', \d+s ago\)", lines[1]), lines
 
     text, err = isrv.tool("images")
     rows = text.split("\n")

@@ -81,13 +81,12 @@ def test_validate_config_ok_absent_and_paths(srv, roots, tmp_path):
     assert err and "outside the allowed host roots" in text, text
 
 
-def test_reset_refused_by_a_broken_project_file_removes_the_sandbox(srv, roots):
+def test_reset_refused_by_a_broken_project_file_keeps_the_sandbox(srv, roots):
     (roots / ".sandbox-mcp.toml").write_text(GOOD)
-    srv.tool("exec", command="echo kept > /workspace/k")
+    srv.tool("exec", command="echo kept > /workspace/k; echo root > /etc/k")
     (roots / ".sandbox-mcp.toml").write_text(BAD)
     text, err = srv.tool("reset")
     assert err and "is invalid (see validate_config)" in text, text
-    assert srv.tool("status")[0].startswith("No active sandboxes")
-    (roots / ".sandbox-mcp.toml").unlink()
-    out, _ = srv.tool("exec", command="cat /workspace/k")
-    assert out.startswith("kept\n"), out
+    # Checked before the old sandbox goes: it runs on, root filesystem and all.
+    out, err = srv.tool("exec", command="cat /workspace/k /etc/k")
+    assert not err and out.startswith("kept\nroot\n"), out

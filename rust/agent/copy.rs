@@ -76,7 +76,7 @@ fn unpack(dest: &Path, stream: ChunkReader) -> Result<Copied, AgentError> {
         }
         let regular = entry.header().entry_type().is_file();
         let size = entry.size();
-        entry.unpack_in(dest).map_err(|e| io(format!("extract {}", path.display()), with_cause(e)))?;
+        entry.unpack_in(dest).map_err(|e| io(format!("cannot write {}", dest.join(&path).display()), root_cause(e)))?;
         if regular {
             copied.files += 1;
             copied.bytes += size;
@@ -154,11 +154,14 @@ fn absolute(field: &str, path: &str) -> Result<PathBuf, AgentError> {
 
 /// The tar crate wraps the OS error and only displays its own context;
 /// the cause is what tells the client what went wrong.
-fn with_cause(e: std::io::Error) -> std::io::Error {
+/// The innermost cause of an unpack error ("Is a directory (os error 21)"):
+/// the tar crate wraps it in messages that repeat the entry's name, once as
+/// cut to the 100 bytes of the tar header, which only hid the real path.
+fn root_cause(e: std::io::Error) -> std::io::Error {
     let mut text = e.to_string();
     let mut cause = std::error::Error::source(&e);
     while let Some(c) = cause {
-        text = format!("{text}: {c}");
+        text = c.to_string();
         cause = c.source();
     }
     std::io::Error::new(e.kind(), text)

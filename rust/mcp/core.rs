@@ -211,7 +211,11 @@ impl SandboxServer {
             if matches!(p.action.as_str(), "set" | "unset") && p.key.is_empty() {
                 return Err(OrchestratorError::InvalidArgument(format!("key is required for {}", p.action)));
             }
-            let sandbox = m.get_or_create(&p.sandbox).await?;
+            // Listing never creates a sandbox; setting creates it on first use.
+            let sandbox = match p.action.as_str() {
+                "set" | "unset" => m.get_or_create(&p.sandbox).await?,
+                _ => m.get(&p.sandbox)?,
+            };
             match p.action.as_str() {
                 "set" => m
                     .set_env(&sandbox, &p.key, &p.value)

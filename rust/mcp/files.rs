@@ -75,13 +75,14 @@ impl SandboxServer {
     }
 
     #[tool(
-        description = "Read a file from a sandbox as text (invalid UTF-8 bytes shown as \\xNN; capped at 50,000 bytes with a note).",
+        description = "Read a file from a sandbox as text (bytes that are not UTF-8 shown as U+FFFD; capped at 50,000 bytes with a note).",
         annotations(read_only_hint = true, open_world_hint = false)
     )]
     async fn read_file(&self, Parameters(p): Parameters<ReadFileParams>) -> Result<CallToolResult, rmcp::ErrorData> {
         let m = &self.manager;
         let result = async {
-            let sandbox = m.get_or_create(&p.sandbox).await?;
+            // Reading from a sandbox never creates one: there is nothing to read yet.
+            let sandbox = m.get(&p.sandbox)?;
             let data = m.read_file(&sandbox, &p.path).await?;
             Ok(render(&data))
         };

@@ -15,7 +15,7 @@ use crate::orchestrator::{
     helper_client::{BackgroundInfo, ExitStatus},
     network::Network,
     observe::{FULL_PCT, HIGH_PCT, Observation},
-    text::{escape_bytes, human_size, render},
+    text::{human_size, lossy, render},
 };
 
 /// Milliseconds with one decimal, as `(63.2ms)` prints them.
@@ -29,18 +29,26 @@ pub fn seconds(s: f64) -> String {
     if s.fract() == 0.0 { format!("{s:.1}") } else { format!("{s}") }
 }
 
+/// Output as one part of a result's lines: its final newline becomes the
+/// line break before the next part, every other newline (blank lines at the
+/// end included) stays, so the text shows what the structured result holds.
+fn without_final_newline(mut text: String) -> String {
+    if text.ends_with('\n') {
+        text.pop();
+    }
+    text
+}
+
 /// A command's result: stdout, `[stderr] …`, `[exit code N]` when non-zero,
-/// and the duration. Trailing newlines are trimmed as the reference does.
+/// and the duration.
 pub fn exec_result(r: &ExecResult, timeout_secs: f64) -> String {
     let mut lines = Vec::new();
-    let stdout = render(&r.stdout);
-    let stdout = stdout.trim_end_matches('\n');
-    if !stdout.is_empty() {
-        lines.push(stdout.to_string());
+    if !r.stdout.bytes.is_empty() {
+        lines.push(without_final_newline(render(&r.stdout)));
     }
-    let mut stderr = render(&r.stderr).trim_end_matches('\n').to_string();
+    let mut stderr = if r.stderr.bytes.is_empty() { String::new() } else { without_final_newline(render(&r.stderr)) };
     if r.outcome == Outcome::TimedOut {
-        if !stderr.is_empty() {
+        if !r.stderr.bytes.is_empty() {
             stderr.push('\n');
         }
         stderr.push_str(&format!(
@@ -48,7 +56,7 @@ pub fn exec_result(r: &ExecResult, timeout_secs: f64) -> String {
             seconds(timeout_secs)
         ));
     }
-    if !stderr.is_empty() {
+    if !r.stderr.bytes.is_empty() || r.outcome == Outcome::TimedOut {
         lines.push(format!("[stderr] {stderr}"));
     }
     let code = r.exit_code();
@@ -67,10 +75,16 @@ pub fn exec_result(r: &ExecResult, timeout_secs: f64) -> String {
 /// The structured result of exec and python, beside the text.
 #[derive(Debug, serde::Serialize, schemars::JsonSchema)]
 pub struct ExecOutput {
-    /// Standard output (first 50,000 bytes; invalid UTF-8 bytes as `\xNN`).
+    /// Standard output (first 50,000 bytes; bytes that are not UTF-8 as U+FFFD).
     pub stdout: String,
     /// Standard error, same rules.
     pub stderr: String,
+    /// The exact bytes of stdout, base64, when they are not valid UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stdout_base64: Option<String>,
+    /// The exact bytes of stderr, base64, when they are not valid UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stderr_base64: Option<String>,
     /// Exit code; 128+N when killed by signal N; -1 on timeout.
     pub exit_code: i32,
     /// Wall-clock duration in milliseconds.
@@ -81,11 +95,19 @@ pub struct ExecOutput {
     pub timed_out: bool,
 }
 
+/// Bytes as base64 when the text alone would not carry them exactly.
+fn exact_bytes(bytes: &[u8]) -> Option<String> {
+    use base64::Engine as _;
+    std::str::from_utf8(bytes).is_err().then(|| base64::engine::general_purpose::STANDARD.encode(bytes))
+}
+
 impl From<&ExecResult> for ExecOutput {
     fn from(r: &ExecResult) -> Self {
         Self {
-            stdout: escape_bytes(&r.stdout.bytes),
-            stderr: escape_bytes(&r.stderr.bytes),
+            stdout: lossy(&r.stdout.bytes),
+            stderr: lossy(&r.stderr.bytes),
+            stdout_base64: exact_bytes(&r.stdout.bytes),
+            stderr_base64: exact_bytes(&r.stderr.bytes),
             exit_code: r.exit_code(),
             duration_ms: (r.duration.as_secs_f64() * 10_000.0).round() / 10.0,
             truncated: r.stdout.truncated() || r.stderr.truncated(),
@@ -113,9 +135,9 @@ pub struct StatsOutput {
     pub net_rx_bytes: Option<u64>,
     /// Network bytes sent.
     pub net_tx_bytes: Option<u64>,
-    /// /workspace disk used and total, in bytes.
+    /// Bytes the sandbox's own /workspace takes.
     pub disk_used_bytes: Option<u64>,
-    /// /workspace disk size in bytes.
+    /// Size in bytes of the filesystem holding /workspace.
     pub disk_size_bytes: Option<u64>,
     /// Disk counted against the quota (writable layer, /tmp, /workspace), in bytes.
     pub quota_used_bytes: Option<u64>,
@@ -148,7 +170,7 @@ impl StatsOutput {
             pids: st.map(|x| x.pids),
             net_rx_bytes: st.map(|x| x.net_rx),
             net_tx_bytes: st.map(|x| x.net_tx),
-            disk_used_bytes: obs.disk.map(|d| d.used),
+            disk_used_bytes: obs.workspace_used,
             disk_size_bytes: obs.disk.map(|d| d.size),
             quota_used_bytes: st.filter(|x| x.disk_limit > 0).map(|x| x.disk_used),
             quota_limit_bytes: st.map(|x| x.disk_limit).filter(|&l| l > 0),
@@ -367,7 +389,7 @@ fn process_state(info: &BackgroundInfo) -> String {
 
 /// The `logs` text.
 pub fn process_log(info: &BackgroundInfo, output: &[u8]) -> String {
-    let text = escape_bytes(output);
+    let text = lossy(output);
     let body = if text.is_empty() { "(no output yet)".to_string() } else { text.trim_end_matches('\n').to_string() };
     format!(
         "[{}] PID {} ({}) — {}\n{}\n{body}",
@@ -381,7 +403,7 @@ pub fn process_log(info: &BackgroundInfo, output: &[u8]) -> String {
 
 /// The `kill` text.
 pub fn killed(info: &BackgroundInfo, output: &[u8]) -> String {
-    let text = escape_bytes(output);
+    let text = lossy(output);
     let text = text.trim_end_matches('\n');
     let mut out = format!("Killed [{}] PID {}", info.name, info.pid);
     if !text.is_empty() {
@@ -426,7 +448,9 @@ pub fn stats(s: &Sandbox, obs: &Observation, bg: &[BackgroundInfo]) -> String {
         None => lines.push("Stats:   unavailable".to_string()),
     }
     if let Some(d) = obs.disk {
-        lines.push(format!("Disk:    {}/{} ({}% used)", human_size(d.used), human_size(d.size), d.pct()));
+        let own =
+            obs.workspace_used.map(|u| format!("{} in /workspace; filesystem ", human_size(u))).unwrap_or_default();
+        lines.push(format!("Disk:    {own}{}/{} ({}% used)", human_size(d.used), human_size(d.size), d.pct()));
     }
     if let Some(st) = &obs.stats {
         lines.push(format!("Uptime:  {}", uptime(st.uptime)));

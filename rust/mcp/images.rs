@@ -152,8 +152,9 @@ impl SandboxServer {
                 lines.extend(list.iter().map(|s| {
                     let from = s.image.labels.get(SOURCE_LABEL).map(|f| format!(", from '{f}'")).unwrap_or_default();
                     format!(
-                        "  - {} ({}{from}, {} ago)",
+                        "  - {} ({} layer, {} in all{from}, {} ago)",
                         s.name,
+                        human_size(s.layer_bytes),
                         human_size(s.image.size_bytes),
                         age(s.image.created_at_ms)
                     )

@@ -93,7 +93,8 @@ impl SandboxServer {
     ) -> Result<CallToolResult, rmcp::ErrorData> {
         let m = &self.manager;
         let result = async {
-            let sandbox = m.get_or_create(&p.sandbox).await?;
+            // Reading from a sandbox never creates one: there is nothing to read yet.
+            let sandbox = m.get(&p.sandbox)?;
             m.collect_artifacts(&sandbox, &p.patterns, &p.dest).await
         };
         reply(result.await.map(|c| {

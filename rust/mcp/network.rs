@@ -69,6 +69,18 @@ fn network_text(rows: &[NetworkRow], forwards: &[ForwardInfo]) -> String {
         let alive = if row.alive { "alive" } else { "dead" };
         lines.push(format!("{:<12}  {}  net:{}  shell:{alive}", s.name, s.name, s.network.mode()));
         lines.extend(policy_lines(&s.network));
+        if let Some(now) = &row.configured {
+            let rules = match now {
+                Network::Egress(p) if !p.is_default() => " with its own allow/deny rules",
+                _ => "",
+            };
+            lines.push(format!(
+                "  configuration now says: {}{rules}; this sandbox keeps the network it was created with until \
+                 reset(sandbox='{}')",
+                now.mode(),
+                s.name
+            ));
+        }
         lines.extend(event_lines(&row.events));
         for f in forwards.iter().filter(|f| f.sandbox == s.name) {
             lines.push(format!("  forward localhost:{} -> :{} ({} connections)", f.host_port, f.port, f.connections));

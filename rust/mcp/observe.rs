@@ -26,7 +26,7 @@ impl SandboxServer {
             // Reporting on a sandbox never creates one (the reference booted a
             // VM just to describe it).
             let sandbox = m.get(&p.sandbox)?;
-            let obs = m.observe(&sandbox).await?;
+            let obs = m.observe_with_usage(&sandbox).await?;
             let bg = m.list_background(&sandbox).await.unwrap_or_default();
             Ok::<_, OrchestratorError>((
                 format::stats(&sandbox, &obs, &bg),

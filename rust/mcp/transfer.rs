@@ -105,7 +105,8 @@ impl SandboxServer {
     async fn download(&self, Parameters(p): Parameters<DownloadParams>) -> Result<CallToolResult, rmcp::ErrorData> {
         let m = &self.manager;
         let result = async {
-            let sandbox = m.get_or_create(&p.sandbox).await?;
+            // Reading from a sandbox never creates one: there is nothing to read yet.
+            let sandbox = m.get(&p.sandbox)?;
             m.download(&sandbox, &p.sandbox_path, &p.local_path).await
         };
         match result.await {

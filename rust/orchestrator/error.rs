@@ -14,6 +14,10 @@ pub enum OrchestratorError {
     /// No sandbox of that name exists.
     #[error("no active sandbox '{0}'")]
     NoSuchSandbox(String),
+    /// A child sandbox of that name existed and was reaped; the message says
+    /// why and how to get a new one.
+    #[error("{0}")]
+    ChildGone(String),
     /// An env key failed validation.
     #[error("invalid env key '{0}' (must be [A-Za-z_][A-Za-z0-9_]*)")]
     InvalidEnvKey(String),

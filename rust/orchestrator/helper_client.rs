@@ -165,6 +165,8 @@ pub struct VmInfo {
     pub image_created_at_ms: i64,
     /// Why its current or last run has no cpu/memory/pids limits.
     pub limits_not_enforced: Option<String>,
+    /// Why it stopped on its own (e.g. "init was killed by signal 9").
+    pub stop_reason: Option<String>,
 }
 
 /// An image the helper can boot.
@@ -633,6 +635,7 @@ fn vm_info(vm: Option<pb::Vm>) -> Result<VmInfo, HelperError> {
         started_at_ms: vm.started_at_ms,
         image_created_at_ms: vm.image_created_at_ms,
         limits_not_enforced: Some(vm.limits_not_enforced).filter(|r| !r.is_empty()),
+        stop_reason: Some(vm.stop_reason).filter(|r| !r.is_empty()),
     })
 }
 

@@ -72,6 +72,8 @@ pub struct Snapshot {
     pub name: String,
     /// The image behind it.
     pub image: ImageSummary,
+    /// Bytes of its own layer: the image's size counts the layers below it.
+    pub layer_bytes: u64,
 }
 
 /// A finished clone.
@@ -106,6 +108,13 @@ pub fn display_name(image: &str) -> String {
     }
 }
 
+/// Bytes of `image`'s own layer: its size counts the layers below it, its
+/// parent's those below the parent.
+fn own_layer(image: &ImageSummary, images: &[ImageSummary]) -> u64 {
+    let below = images.iter().find(|i| i.name == image.parent).map(|i| i.size_bytes).unwrap_or(0);
+    image.size_bytes.saturating_sub(below)
+}
+
 impl SandboxManager {
     /// Every image the helper has, sorted by name.
     pub async fn images(&self) -> Result<Vec<ImageSummary>, ImagesError> {
@@ -116,11 +125,13 @@ impl SandboxManager {
 
     /// Every snapshot, sorted by name.
     pub async fn snapshots(&self) -> Result<Vec<Snapshot>, ImagesError> {
-        Ok(self
-            .images()
-            .await?
-            .into_iter()
-            .filter_map(|i| Some(Snapshot { name: i.name.strip_prefix(SNAPSHOT_PREFIX)?.to_string(), image: i }))
+        let images = self.images().await?;
+        Ok(images
+            .iter()
+            .filter_map(|i| {
+                let name = i.name.strip_prefix(SNAPSHOT_PREFIX)?.to_string();
+                Some(Snapshot { name, layer_bytes: own_layer(i, &images), image: i.clone() })
+            })
             .collect())
     }
 
@@ -151,11 +162,9 @@ impl SandboxManager {
             Err(HelperError::AlreadyExists(_)) => return Err(ImagesError::SnapshotExists(name.to_string())),
             Err(e) => return Err(e.into()),
         };
-        // An image's size counts the layers below it: the difference is the new layer.
-        let below = images.iter().find(|i| i.name == image.parent).map(|i| i.size_bytes).unwrap_or(0);
-        let layer = image.size_bytes.saturating_sub(below);
+        let layer = own_layer(&image, &images);
         tracing::info!(snapshot = %name, %sandbox, layer, "snapshot saved");
-        Ok((Snapshot { name: name.to_string(), image }, layer, started.elapsed()))
+        Ok((Snapshot { name: name.to_string(), image, layer_bytes: layer }, layer, started.elapsed()))
     }
 
     /// Replace `sandbox` (and its children) with a VM booted from snapshot

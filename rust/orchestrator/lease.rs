@@ -213,6 +213,7 @@ impl SandboxManager {
             self.list().into_iter().filter(|s| s.lease_expired()).map(|s| s.name.clone()).collect();
         let mut reaped = Vec::new();
         for name in expired {
+            self.remember_reaped(&name, &format!("the lease of '{name}' ended"));
             match self.destroy(&name).await {
                 Ok(_) => {
                     tracing::info!(sandbox = %name, "reaped sandbox whose lease ended");

@@ -207,6 +207,10 @@ pub struct NetworkRow {
     pub alive: bool,
     /// Refused connections, as far as the helper reports them.
     pub events: EventsView,
+    /// The network a sandbox of its name would get now, when the
+    /// configuration changed since it was created (top-level sandboxes; a
+    /// child's follows its parent's).
+    pub configured: Option<Network>,
 }
 
 impl SandboxManager {
@@ -232,7 +236,12 @@ impl SandboxManager {
                     Err(e) => EventsView::Unavailable(e.to_string()),
                 }
             };
-            rows.push(NetworkRow { sandbox, alive, events });
+            let configured = match &sandbox.parent {
+                None => self.creation_profile(&sandbox.name).ok().map(|(p, _)| p.network),
+                Some(_) => None,
+            }
+            .filter(|n| *n != sandbox.network);
+            rows.push(NetworkRow { sandbox, alive, events, configured });
         }
         Ok(rows)
     }

@@ -1,6 +1,8 @@
 //! Observability: per-sandbox resource figures (`stats`) and the health
-//! sweep over every sandbox (`health`), from the helper's Stats RPC plus one
-//! unaudited probe inside the sandbox for its workspace disk usage.
+//! sweep over every sandbox (`health`), from the helper's Stats RPC plus
+//! unaudited probes inside the sandbox: how full the filesystem under
+//! /workspace is, and (for `stats`) how much of it the sandbox's own
+//! /workspace takes.
 use std::time::Duration;
 
 use super::{
@@ -14,10 +16,10 @@ pub const HIGH_PCT: u64 = 80;
 /// Percentage at which disk is FULL and memory is OOM.
 pub const FULL_PCT: u64 = 95;
 
-/// Disk usage of /workspace.
+/// The filesystem holding /workspace (the host's, shared by every sandbox).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Disk {
-    /// Bytes used.
+    /// Bytes used on it, by anyone.
     pub used: u64,
     /// Bytes in all.
     pub size: u64,
@@ -35,8 +37,11 @@ impl Disk {
 pub struct Observation {
     /// Helper figures, `None` if the helper could not give them.
     pub stats: Option<VmStats>,
-    /// Workspace disk, `None` if the probe failed.
+    /// The filesystem under /workspace, `None` if the probe failed.
     pub disk: Option<Disk>,
+    /// Bytes the sandbox's own /workspace takes; measured for `stats` only
+    /// (it walks the tree), `None` otherwise or if the walk failed.
+    pub workspace_used: Option<u64>,
     /// The agent answered the probe.
     pub alive: bool,
 }
@@ -51,6 +56,15 @@ impl Observation {
     pub fn quota_pct(&self) -> Option<u64> {
         self.stats.as_ref().and_then(|s| (s.disk_used.saturating_mul(100)).checked_div(s.disk_limit))
     }
+}
+
+/// How long the walk of /workspace may take.
+const USAGE_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn parse_du(out: &[u8]) -> Option<u64> {
+    // `du -sk`: "<KiB>\t<path>".
+    let text = std::str::from_utf8(out).ok()?;
+    Some(text.lines().last()?.split_whitespace().next()?.parse::<u64>().ok()? * 1024)
 }
 
 fn parse_df(out: &[u8]) -> Option<Disk> {
@@ -85,7 +99,18 @@ impl SandboxManager {
             Ok(r) => (true, parse_df(&r.stdout.bytes)),
             Err(_) => (false, None),
         };
-        Ok(Observation { stats, disk, alive })
+        Ok(Observation { stats, disk, alive, workspace_used: None })
+    }
+
+    /// [`Self::observe`] plus the space the sandbox's own /workspace takes.
+    pub async fn observe_with_usage(&self, sandbox: &Sandbox) -> Result<Observation, OrchestratorError> {
+        let mut obs = self.observe(sandbox).await?;
+        if obs.alive {
+            let probe = Command::argv(["du", "-skx", WORKSPACE], USAGE_TIMEOUT);
+            // A directory it cannot read makes du exit 1 with the rest counted.
+            obs.workspace_used = self.probe(sandbox, probe).await.ok().and_then(|r| parse_du(&r.stdout.bytes));
+        }
+        Ok(obs)
     }
 }
 
@@ -102,5 +127,7 @@ mod tests {
         assert_eq!(d.size, 1_024_000);
         assert_eq!(d.pct(), 25);
         assert!(parse_df(b"garbage").is_none());
+        assert_eq!(parse_du(b"8200\t/workspace\n"), Some(8200 * 1024));
+        assert_eq!(parse_du(b""), None);
     }
 }

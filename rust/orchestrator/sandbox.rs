@@ -4,7 +4,10 @@
 use std::{
     collections::{BTreeMap, HashMap},
     path::PathBuf,
-    sync::{Arc, Mutex, atomic::AtomicUsize},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::{Duration, Instant, SystemTime},
 };
 
@@ -31,6 +34,8 @@ const AGENT_ANSWER_TIMEOUT: Duration = Duration::from_secs(3);
 /// Label holding the sandbox's network and egress policy (see
 /// [`Network::to_label`]): children inherit it, also after a restart.
 const NETWORK_LABEL: &str = "sandbox-mcp.network";
+/// Reaped children whose explanation is kept (see `gone_children`).
+const MAX_GONE_CHILDREN: usize = 256;
 /// Where a sandbox's workspace volume is mounted.
 pub const WORKSPACE: &str = "/workspace";
 
@@ -62,6 +67,9 @@ pub struct Sandbox {
     /// Recent commands.
     pub(super) audit: Mutex<AuditLog>,
     last_activity: Mutex<Instant>,
+    /// Commands running now: a sandbox in the middle of a long command is
+    /// busy, however long ago it started.
+    running: AtomicUsize,
     /// When the lease ends (see [`super::lease`]); a child's TTL is its lease.
     pub(super) lease: Mutex<Option<SystemTime>>,
     /// The sandbox that spawned this one (children only).
@@ -96,12 +104,16 @@ impl Sandbox {
             env: Mutex::default(),
             audit: Mutex::default(),
             last_activity: Mutex::new(Instant::now()),
+            running: AtomicUsize::new(0),
             lease: Mutex::default(),
         }
     }
 
-    /// Seconds since the last command.
+    /// Time since the last command ended; zero while one runs.
     pub fn idle(&self) -> Duration {
+        if self.running.load(Ordering::SeqCst) > 0 {
+            return Duration::ZERO;
+        }
         self.last_activity.lock().map(|t| t.elapsed()).unwrap_or_default()
     }
 
@@ -203,6 +215,29 @@ impl Command {
     }
 }
 
+/// A command counted as running in its sandbox until dropped.
+struct Running<'a>(&'a Sandbox);
+
+impl<'a> Running<'a> {
+    fn start(sandbox: &'a Sandbox) -> Self {
+        sandbox.running.fetch_add(1, Ordering::SeqCst);
+        Self(sandbox)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
+        self.0.touch();
+    }
+}
+
+/// A working directory as the tools document it: relative ones are under
+/// `/workspace`, like relative file paths.
+fn resolve_cwd(cwd: String) -> String {
+    if cwd.starts_with('/') { cwd } else { format!("{WORKSPACE}/{cwd}") }
+}
+
 fn cmd_argv(sandbox: &Sandbox, argv: ShellOrArgv) -> Vec<String> {
     match argv {
         ShellOrArgv::Shell(line) => vec![sandbox.shell.clone(), "-c".to_string(), line],
@@ -300,6 +335,10 @@ pub struct SandboxManager {
     /// lost name is never silently re-created: tools report it until
     /// `reset` or `destroy` acknowledges the loss.
     lost: Mutex<BTreeMap<String, String>>,
+    /// Child sandboxes the reaper destroyed, with what happened. A child's
+    /// name is never created by first use, so a later use says why it is
+    /// gone and how to get a new one rather than just "no such sandbox".
+    gone_children: Mutex<BTreeMap<String, String>>,
     /// The host's CA certificates, for sandboxes that trust them.
     host_ca: super::ca_trust::HostCaCache,
     /// What host CA trust writes into a sandbox, per image.
@@ -320,6 +359,7 @@ impl SandboxManager {
             dirty: Arc::default(),
             history_dirty: Arc::default(),
             lost: Mutex::default(),
+            gone_children: Mutex::default(),
             host_ca: Default::default(),
             ca_seeds: Default::default(),
         };
@@ -426,7 +466,48 @@ impl SandboxManager {
             return Ok(s.clone());
         }
         self.check_lost(name)?;
-        Err(OrchestratorError::NoSuchSandbox(name.to_string()))
+        Err(self.no_such(name))
+    }
+
+    /// The error for a name that has no sandbox: a child the reaper took
+    /// says so.
+    fn no_such(&self, name: &str) -> OrchestratorError {
+        match self.gone_children.lock().unwrap_or_else(|p| p.into_inner()).get(name) {
+            Some(why) => OrchestratorError::ChildGone(why.clone()),
+            None => OrchestratorError::NoSuchSandbox(name.to_string()),
+        }
+    }
+
+    /// Remember that the children in `name`'s subtree (and `name` itself,
+    /// if it is a child) go away because of `cause`; call before destroying.
+    pub(super) fn remember_reaped(&self, name: &str, cause: &str) {
+        let mut subtree: Vec<Arc<Sandbox>> = self.lock_map().get(name).cloned().into_iter().collect();
+        let mut i = 0;
+        while let Some(s) = subtree.get(i) {
+            let children = self.children(&s.name);
+            subtree.extend(children);
+            i += 1;
+        }
+        let mut gone = self.gone_children.lock().unwrap_or_else(|p| p.into_inner());
+        for child in subtree {
+            let Some(parent) = &child.parent else { continue };
+            let segment = child.name.rsplit(names::CHILD_SEPARATOR).next().unwrap_or(&child.name);
+            // Bounded: a long-lived server reaping many children keeps only
+            // the most recent explanations that fit.
+            if gone.len() >= MAX_GONE_CHILDREN {
+                gone.pop_first();
+            }
+            gone.insert(
+                child.name.clone(),
+                format!(
+                    "sandbox '{}' was a child of '{parent}' and is gone: {cause} (at {}), which destroys its children \
+                     too. A child's name is never created by first use: spawn(parent='{parent}', name='{segment}') \
+                     starts a new one (its /workspace starts empty)",
+                    child.name,
+                    super::watchdog::clock()
+                ),
+            );
+        }
     }
 
     /// Sandboxes lost without being destroyed, with why.
@@ -492,7 +573,7 @@ impl SandboxManager {
         // Only a parent's spawn makes a child: first use of a child's name
         // is a typo or a child that is gone, never a new sandbox.
         if names::is_child_name(name) {
-            return Err(OrchestratorError::NoSuchSandbox(name.to_string()));
+            return Err(self.no_such(name));
         }
         let lock = self.lifecycle_lock(name);
         let _guard = lock.lock().await;
@@ -686,6 +767,7 @@ impl SandboxManager {
         let lease = origin.lease.or(self.config.limits.lease_ttl);
         sandbox.set_lease(lease.map(|t| SystemTime::now() + t));
         self.lock_map().insert(name.to_string(), sandbox.clone());
+        self.gone_children.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
         self.state_changed();
         tracing::info!(sandbox = %name, "created sandbox");
         Ok(sandbox)
@@ -722,22 +804,46 @@ impl SandboxManager {
     /// Destroy a sandbox's VM and those of all its descendants. Workspace
     /// volumes are kept.
     pub async fn destroy(&self, name: &str) -> Result<Arc<Sandbox>, OrchestratorError> {
+        self.destroy_keeping(name, true).await
+    }
+
+    /// Destroy a throwaway sandbox (the child of a sandbox-ctl `run`) and
+    /// free its volumes too: nothing can come back for its workspace.
+    pub async fn discard(&self, name: &str) -> Result<(), OrchestratorError> {
+        self.destroy_keeping(name, false).await.map(|_| ())
+    }
+
+    async fn destroy_keeping(&self, name: &str, keep_volumes: bool) -> Result<Arc<Sandbox>, OrchestratorError> {
         let lock = self.lifecycle_lock(name);
         let _guard = lock.lock().await;
         let sandbox = self.get(name)?;
         self.destroy_subtree(name).await;
         self.remove_vm(name).await?;
+        if !keep_volumes {
+            let dir = self.config.volumes_dir.join(name);
+            std::fs::remove_dir_all(&dir)
+                .map_err(|source| OrchestratorError::Volume { path: dir.display().to_string(), source })?;
+        }
         Ok(sandbox)
     }
 
     /// Destroy sandboxes idle longer than the configured TTL, except
-    /// `default`; returns their names.
+    /// `default`; returns their names. A sandbox is idle when nothing in its
+    /// subtree ran a command within the TTL, runs one now or has a live
+    /// background process: a dev server started with `bg` and a parent
+    /// whose child works are in use.
     pub async fn reap_idle(&self) -> Vec<String> {
         let Some(ttl) = self.config.idle_ttl else { return Vec::new() };
-        let idle: Vec<String> =
-            self.list().into_iter().filter(|s| s.name != "default" && s.idle() > ttl).map(|s| s.name.clone()).collect();
+        let candidates: Vec<Arc<Sandbox>> =
+            self.list().into_iter().filter(|s| s.name != "default" && s.idle() > ttl).collect();
         let mut reaped = Vec::new();
-        for name in idle {
+        for sandbox in candidates {
+            let name = sandbox.name.clone();
+            // Gone with a parent reaped earlier in this sweep.
+            if !self.lock_map().contains_key(&name) || self.in_use(&sandbox, ttl).await {
+                continue;
+            }
+            self.remember_reaped(&name, &format!("'{name}' was reaped after {}s idle", ttl.as_secs()));
             match self.destroy(&name).await {
                 Ok(_) => {
                     tracing::info!(sandbox = %name, "reaped idle sandbox");
@@ -747,6 +853,24 @@ impl SandboxManager {
             }
         }
         reaped
+    }
+
+    /// Whether anything in `sandbox`'s subtree was active within `ttl`, runs
+    /// a command now or has a live background process. A helper that cannot
+    /// list the processes leaves the answer to the idle time (the watchdog
+    /// deals with a VM that went away).
+    async fn in_use(&self, sandbox: &Arc<Sandbox>, ttl: Duration) -> bool {
+        let mut pending = vec![sandbox.clone()];
+        while let Some(s) = pending.pop() {
+            if s.idle() <= ttl {
+                return true;
+            }
+            if self.helper.list_background(&s.name).await.is_ok_and(|bg| bg.iter().any(|b| b.running)) {
+                return true;
+            }
+            pending.extend(self.children(&s.name));
+        }
+        false
     }
 
     /// Run [`Self::reap_idle`] and [`Self::reap_expired`] periodically until
@@ -786,6 +910,10 @@ impl SandboxManager {
                 "'{name}' is a child sandbox; destroy_child('{name}') and spawn a new one instead"
             )));
         }
+        // Everything that can refuse the new sandbox is checked while the
+        // old one still runs: a broken project file or a missing image must
+        // not cost it its processes and root filesystem.
+        self.check_replacement(name, origin).await?;
         self.forget_lost(name);
         let existed = old.is_some();
         if existed {
@@ -821,6 +949,20 @@ impl SandboxManager {
         Ok(fresh)
     }
 
+    /// Refuse a replacement of `name` from `origin` that [`Self::create_locked`]
+    /// would refuse: its name, its project file and settings, its image.
+    async fn check_replacement(&self, name: &str, origin: &Origin) -> Result<(), OrchestratorError> {
+        names::validate_top_level_name(name).map_err(|_| OrchestratorError::InvalidName(name.to_string()))?;
+        let (profile, _) = self.creation_profile(name)?;
+        let image = origin.image.as_ref().unwrap_or(&profile.image);
+        if !self.helper.list_images().await?.iter().any(|i| &i.name == image) {
+            return Err(OrchestratorError::InvalidArgument(format!(
+                "cannot replace sandbox '{name}': image '{image}' does not exist (see images); the sandbox is unchanged"
+            )));
+        }
+        Ok(())
+    }
+
     /// Run a command in the named sandbox (created on first use), with the
     /// sandbox's persistent env, and record it in the audit log.
     pub async fn run(&self, name: &str, cmd: Command) -> Result<(Arc<Sandbox>, ExecResult), OrchestratorError> {
@@ -840,7 +982,7 @@ impl SandboxManager {
         let process = ProcessConfig {
             argv: cmd_argv(sandbox, cmd.argv),
             env: Default::default(),
-            cwd: cmd.cwd,
+            cwd: resolve_cwd(cmd.cwd),
             create_cwd: false,
             user: cmd.user,
             secret: cmd.secret,
@@ -869,12 +1011,13 @@ impl SandboxManager {
         let process = ProcessConfig {
             argv: cmd_argv(sandbox, cmd.argv),
             env: env.into_iter().collect(),
-            cwd: cmd.cwd,
+            cwd: resolve_cwd(cmd.cwd),
             create_cwd: true,
             user: cmd.user,
             secret: cmd.secret,
         };
         sandbox.touch();
+        let _running = Running::start(sandbox);
         let mut result = None;
         if let Some(argv) = direct {
             let attempt = ProcessConfig { argv, ..process.clone() };
@@ -889,7 +1032,6 @@ impl SandboxManager {
             Some(r) => r,
             None => exec::run(&self.helper, &sandbox.name, process, &cmd.stdin, cmd.timeout).await?,
         };
-        sandbox.touch();
         if let Some(text) = cmd.audit_as {
             sandbox.record(&text, result.exit_code(), result.duration);
             self.history_dirty.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -1,23 +1,17 @@
-//! Turning captured process output into text for a client without losing
-//! anything: valid UTF-8 passes through, every other byte shows as `\xNN`,
-//! and a truncation note says how much was cut.
+//! Turning captured process output into text for a client: valid UTF-8
+//! passes through, bytes that are not UTF-8 show as U+FFFD (never as a
+//! `\xNN` that output could also contain literally; the structured results
+//! carry the exact bytes beside), and a truncation note says how much was cut.
 use super::exec::{Captured, MAX_OUTPUT};
 
-/// Bytes as text: UTF-8 kept, invalid bytes escaped as `\xNN`.
-pub fn escape_bytes(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len());
-    for chunk in bytes.utf8_chunks() {
-        out.push_str(chunk.valid());
-        for b in chunk.invalid() {
-            out.push_str(&format!("\\x{b:02x}"));
-        }
-    }
-    out
+/// Bytes as text: UTF-8 kept, each invalid sequence shown as U+FFFD.
+pub fn lossy(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
 }
 
 /// A captured stream as text with the reference's truncation note appended
 /// when bytes were dropped. A UTF-8 sequence cut by the cap is dropped whole
-/// rather than shown as escapes.
+/// rather than shown as a replacement character.
 pub fn render(c: &Captured) -> String {
     let mut bytes = c.bytes.as_slice();
     if c.truncated() {
@@ -29,7 +23,7 @@ pub fn render(c: &Captured) -> String {
         };
         bytes = &bytes[..valid_up_to];
     }
-    let mut text = escape_bytes(bytes);
+    let mut text = lossy(bytes);
     if c.truncated() {
         text.push_str(&format!(
             "\n[truncated — {} total, showing first {}]",
@@ -60,8 +54,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn escapes_invalid_bytes_only() {
-        assert_eq!(escape_bytes(b"h\xc3\xa9\x00\xff!"), "hé\u{0}\\xff!");
+    fn replaces_invalid_bytes_only() {
+        assert_eq!(lossy(b"h\xc3\xa9\x00\xff!\\xff"), "hé\u{0}\u{fffd}!\\xff");
     }
 
     #[test]

@@ -24,7 +24,8 @@ pub struct Respawn {
     pub binary: PathBuf,
 }
 
-fn clock() -> String {
+/// The time of day in UTC, for messages that say when something happened.
+pub(super) fn clock() -> String {
     let secs = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     format!("{:02}:{:02}:{:02} UTC", secs / 3600 % 24, secs / 60 % 60, secs % 60)
 }
@@ -46,11 +47,14 @@ impl SandboxManager {
                 continue;
             }
             let why = match vm {
-                Some(_) => {
+                Some(v) => {
                     // Its processes are gone; the stopped VM only holds a
                     // writable layer nobody can use any more.
                     self.helper.delete_vm(&sandbox.name).await.ok();
-                    format!("its VM stopped unexpectedly (noticed at {})", clock())
+                    match &v.stop_reason {
+                        Some(reason) => format!("its VM stopped on its own: {reason} (noticed at {})", clock()),
+                        None => format!("its VM stopped unexpectedly (noticed at {})", clock()),
+                    }
                 }
                 None => why_missing.to_string(),
             };
@@ -72,7 +76,13 @@ impl SandboxManager {
             loop {
                 tick.tick().await;
                 let Some(manager) = weak.upgrade() else { break };
-                let why = format!("its VM went away with the VM helper (noticed at {})", clock());
+                // The helper answers, so it did not take the VM with it:
+                // someone else deleted it through the same helper.
+                let why = format!(
+                    "its VM was deleted through the VM helper by another client (another sandbox-mcp server sharing \
+                     the helper, or a helper started afresh by one) (noticed at {})",
+                    clock()
+                );
                 if manager.reconcile(&why).await.is_ok() {
                     continue;
                 }

@@ -158,7 +158,41 @@ pub fn setup(config: &InitConfig) -> Result<(), DriverError> {
         }
         bind(RESOLV, &target(root, Path::new("/etc/resolv.conf"), Kind::File)?, true)?;
     }
+    if let Err(e) = hosts(root, &config.hostname) {
+        tracing::warn!(error = %e, "no /etc/hosts in the sandbox");
+    }
     pivot(root)
+}
+
+/// First line of an /etc/hosts this driver wrote: a later start rewrites it
+/// (a clone or a restored snapshot gets its own hostname), while one the
+/// image or the sandbox's user wrote is left alone.
+const HOSTS_MARK: &str = "# written by sandbox-mcp at start";
+
+/// Gives the sandbox an /etc/hosts naming localhost and its own hostname
+/// when it has none of its own: images usually ship without one, and then
+/// `localhost` does not resolve.
+fn hosts(root: &Path, hostname: &str) -> Result<(), DriverError> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let etc = target(root, Path::new("/etc"), Kind::Dir)?;
+    let path = etc.join("hosts");
+    match path.symlink_metadata() {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Ok(m) if m.is_file() && std::fs::read_to_string(&path).is_ok_and(|t| t.starts_with(HOSTS_MARK)) => {}
+        _ => return Ok(()),
+    }
+    let text = format!(
+        "{HOSTS_MARK}\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n"
+    );
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+        .map_err(|e| DriverError::io("write /etc/hosts", e))
 }
 
 fn dev(dev: &Path, shm_bytes: u64) -> Result<(), DriverError> {

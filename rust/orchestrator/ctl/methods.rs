@@ -156,7 +156,7 @@ pub(super) async fn call(
             let child = spawns.spawn(parent, &req).await?;
             let result = exec_in(spawns, &child, &command, timeout, &workdir).await;
             // The child is ephemeral whatever happened to the command.
-            if let Err(e) = spawns.sandboxes().destroy(&child.name).await {
+            if let Err(e) = spawns.sandboxes().discard(&child.name).await {
                 tracing::warn!(sandbox = %child.name, "could not destroy ctl run child: {e}");
             }
             Ok(json!({"name": child.name, "result": result?}))
