@@ -16,6 +16,7 @@ import httpx2
 import pytest
 from conftest import required_env
 from mcp.client.stdio import get_default_environment
+from waiting import wait_for
 
 # rmcp's (and our) limit on one stdio message.
 MAX_LINE = 16 << 20
@@ -254,3 +255,59 @@ def test_sse_priming_events_only_for_clients_that_know_them(http_server):
         priming = [e for e in events if not e.get("data")]
         assert bool(priming) == primed, (version, events)
         assert json.loads(events[-1]["data"])["result"]["protocolVersion"], events
+
+
+class RawSession:
+    """One MCP session over raw HTTP (2025-11-25), for what the SDK client does not do: leave a call
+    running and then delete the session or drop the connection."""
+
+    def __init__(self, server):
+        self.server = server
+        opened = post(server, init_message())
+        assert opened.status_code == 200, opened.text
+        self.headers = {**server.auth, "mcp-session-id": opened.headers["mcp-session-id"],
+                        "mcp-protocol-version": "2025-11-25"}
+        assert post(server, {"jsonrpc": "2.0", "method": "notifications/initialized"}, **self.headers).is_success
+
+    def start_call(self, id: int, tool: str, **arguments: Any) -> httpx2.Client:
+        """Sends a tools/call and reads only the response headers; the call keeps running. Closing the
+        returned client drops the connection."""
+        client = httpx2.Client(timeout=REPLY_TIMEOUT)
+        body = {"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": arguments}}
+        headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
+                   **self.headers}
+        request = client.build_request("POST", self.server.url, json=body, headers=headers)
+        response = client.send(request, stream=True)
+        assert response.status_code == 200
+        return client
+
+    def delete(self) -> int:
+        return httpx2.delete(self.server.url, headers=self.headers, timeout=REPLY_TIMEOUT).status_code
+
+
+def sleepers(client, marker: str) -> list[str]:
+    # The test image has no ps: the command lines straight from /proc.
+    listing = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done 2>/dev/null"
+    text, err = client.tool("exec", command=listing, sandbox="shared")
+    assert not err, text
+    return [line for line in text.splitlines() if line.startswith(marker)]
+
+
+@pytest.mark.parametrize("end", ["delete", "disconnect"])
+def test_ending_a_session_stops_its_running_exec(http_server, end):
+    server = http_server()
+    watcher = server.client()
+    try:
+        session = RawSession(server)
+        marker = f"sleep 3{len(end)}71"
+        call = session.start_call(2, "exec", command=marker, timeout=600, sandbox="shared")
+        assert wait_for(lambda: sleepers(watcher, marker), timeout=REPLY_TIMEOUT), "the exec never started"
+        if end == "delete":
+            assert session.delete() == 200
+            call.close()
+        else:
+            call.close()
+        gone = wait_for(lambda: not sleepers(watcher, marker), timeout=REPLY_TIMEOUT)
+        assert gone, f"the exec outlived its session: {sleepers(watcher, marker)}"
+    finally:
+        watcher.close()

@@ -108,8 +108,8 @@ fn router(orchestrator: Arc<Orchestrator>, guard: Guard, shutdown: CancellationT
         config,
     );
     Router::new()
-        .nest_service(MCP_PATH, service)
-        .route_layer(middleware::from_fn(http_compat::adjust))
+        .nest_service(MCP_PATH, service.clone())
+        .route_layer(middleware::from_fn_with_state(service, http_compat::adjust))
         .route_layer(middleware::from_fn_with_state(Arc::new(guard), check))
 }
 

@@ -7,37 +7,89 @@
 //!   only to clients that negotiated protocol 2025-11-25 or later, which
 //!   know them. Older clients read the empty data as a message, fail to
 //!   parse it and log a traceback per stream (Python `mcp` 1.x).
+//! - A client that drops the connection of a request still running cancels
+//!   that request, as a `notifications/cancelled` would: rmcp keeps the
+//!   handler running with no one to answer, so an `exec` went on until its
+//!   timeout.
 use axum::{
     body::{Body, Bytes},
-    extract::Request,
+    extract::{Request, State},
     http::{HeaderMap, HeaderValue, Method, StatusCode, header},
     middleware::Next,
     response::{IntoResponse, Response},
 };
+use rmcp::transport::streamable_http_server::{StreamableHttpService, session::local::LocalSessionManager};
 use tokio_stream::StreamExt;
+
+use super::SandboxServer;
 
 /// The first protocol version whose clients expect priming events.
 const PRIMING_SINCE: &str = "2025-11-25";
 
-/// Largest initialize request read here to learn its protocol version
-/// (rmcp's own request body limit).
-const MAX_INITIALIZE_BYTES: usize = 4 * 1024 * 1024;
+/// Largest request body read here (to learn an initialize's protocol
+/// version, a request's id): the largest stdio message, and more than rmcp
+/// itself accepts, so rmcp's own answer to an oversized body stands.
+const MAX_BODY_BYTES: usize = super::stdio::MAX_LINE_BYTES + 1;
+
+/// The MCP service behind this layer, which cancellations are sent to.
+pub type McpService = StreamableHttpService<SandboxServer, LocalSessionManager>;
 
 /// The layer: see the module documentation.
-pub async fn adjust(request: Request<Body>, next: Next) -> Response {
+pub async fn adjust(State(service): State<McpService>, request: Request<Body>, next: Next) -> Response {
     let delete = request.method() == Method::DELETE;
     let (request, wants_priming) = match knows_priming(request).await {
         Ok(checked) => checked,
+        Err(response) => return response,
+    };
+    let (request, cancel) = match cancellation_for(request).await {
+        Ok(found) => found,
         Err(response) => return response,
     };
     let mut response = next.run(request).await;
     if delete && response.status() == StatusCode::ACCEPTED {
         *response.status_mut() = StatusCode::OK;
     }
-    if !wants_priming && is_event_stream(response.headers()) {
-        response = response.map(without_priming);
+    if is_event_stream(response.headers()) && (!wants_priming || cancel.is_some()) {
+        let filter = (!wants_priming).then(EventFilter::default);
+        response = response.map(|body| relay(body, filter, cancel.map(|c| (service, c))));
     }
     response
+}
+
+/// For a request within a session, the `notifications/cancelled` that
+/// stands for its client going away (rebuilt with the headers rmcp checks).
+async fn cancellation_for(request: Request<Body>) -> Result<(Request<Body>, Option<Request<Body>>), Response> {
+    if request.method() != Method::POST || !request.headers().contains_key("mcp-session-id") {
+        return Ok((request, None));
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| too_large())?;
+    let id = super::stdio::leading_id(&bytes);
+    let request = Request::from_parts(parts, Body::from(bytes));
+    let Some(id) = id else {
+        return Ok((request, None));
+    };
+    let notice = serde_json::json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": id, "reason": "the client disconnected"},
+    });
+    let mut cancel = Request::builder().method(Method::POST).uri(request.uri().clone());
+    for name in [header::HOST, header::CONTENT_TYPE, header::ACCEPT] {
+        if let Some(value) = request.headers().get(&name) {
+            cancel = cancel.header(name, value);
+        }
+    }
+    for name in ["mcp-session-id", "mcp-protocol-version"] {
+        if let Some(value) = request.headers().get(name) {
+            cancel = cancel.header(name, value);
+        }
+    }
+    Ok((request, cancel.body(Body::from(notice.to_string())).ok()))
+}
+
+fn too_large() -> Response {
+    (StatusCode::PAYLOAD_TOO_LARGE, format!("Payload Too Large: the limit is {MAX_BODY_BYTES} bytes\n")).into_response()
 }
 
 /// Whether the client behind `request` negotiated a protocol that knows
@@ -51,10 +103,7 @@ async fn knows_priming(request: Request<Body>) -> Result<(Request<Body>, bool), 
         return Ok((request, knows));
     }
     let (parts, body) = request.into_parts();
-    let bytes = axum::body::to_bytes(body, MAX_INITIALIZE_BYTES).await.map_err(|_| {
-        (StatusCode::PAYLOAD_TOO_LARGE, format!("Payload Too Large: the limit is {MAX_INITIALIZE_BYTES} bytes\n"))
-            .into_response()
-    })?;
+    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| too_large())?;
     let asked = serde_json::from_slice::<serde_json::Value>(&bytes)
         .ok()
         .and_then(|v| v.pointer("/params/protocolVersion")?.as_str().map(str::to_string));
@@ -69,27 +118,34 @@ fn is_event_stream(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
-/// The SSE body with its priming events left out, streamed as it comes.
-fn without_priming(body: Body) -> Body {
+/// The SSE body relayed as it comes, through `filter` when given; when the
+/// client goes away before the stream ends, `cancel` is sent to `service`.
+fn relay(body: Body, mut filter: Option<EventFilter>, cancel: Option<(McpService, Request<Body>)>) -> Body {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, axum::Error>>(16);
     tokio::spawn(async move {
-        let mut events = EventFilter::default();
         let mut chunks = body.into_data_stream();
         loop {
             let chunk = tokio::select! {
                 chunk = chunks.next() => chunk,
-                // The client went away: drop rmcp's stream now, as its own
-                // response would have been dropped.
-                _ = tx.closed() => return,
+                () = tx.closed() => break,
             };
             let Some(chunk) = chunk else { return };
-            let out = chunk.map(|bytes| events.push(&bytes));
+            let out = match (&mut filter, chunk) {
+                (Some(f), Ok(bytes)) => Ok(Bytes::from(f.push(&bytes))),
+                (_, chunk) => chunk,
+            };
             if matches!(&out, Ok(kept) if kept.is_empty()) {
                 continue;
             }
-            if tx.send(out.map(Bytes::from)).await.is_err() {
-                return;
+            if tx.send(out).await.is_err() {
+                break;
             }
+        }
+        // The client went away with the stream still open.
+        drop(chunks);
+        if let Some((service, cancel)) = cancel {
+            let answer = service.handle(cancel).await;
+            tracing::debug!(status = %answer.status(), "cancelled a request whose client disconnected");
         }
     });
     Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
