@@ -109,7 +109,7 @@ fn router(orchestrator: Arc<Orchestrator>, guard: Guard, shutdown: CancellationT
     );
     Router::new()
         .nest_service(MCP_PATH, service.clone())
-        .route_layer(middleware::from_fn_with_state(service, http_compat::adjust))
+        .route_layer(middleware::from_fn_with_state(http_compat::Compat::new(service), http_compat::adjust))
         .route_layer(middleware::from_fn_with_state(Arc::new(guard), check))
 }
 

@@ -10,7 +10,9 @@
 //! - A client that drops the connection of a request still running cancels
 //!   that request, as a `notifications/cancelled` would: rmcp keeps the
 //!   handler running with no one to answer, so an `exec` went on until its
-//!   timeout.
+//!   timeout. A client may instead resume the stream (`Last-Event-ID`) after
+//!   a dropped connection, so the cancellation waits [`RESUME_GRACE`] and is
+//!   not sent when the session resumed a stream meanwhile.
 use axum::{
     body::{Body, Bytes},
     extract::{Request, State},
@@ -18,6 +20,12 @@ use axum::{
     middleware::Next,
     response::{IntoResponse, Response},
 };
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
 use rmcp::transport::streamable_http_server::{StreamableHttpService, session::local::LocalSessionManager};
 use tokio_stream::StreamExt;
 
@@ -31,12 +39,44 @@ const PRIMING_SINCE: &str = "2025-11-25";
 /// itself accepts, so rmcp's own answer to an oversized body stands.
 const MAX_BODY_BYTES: usize = super::stdio::MAX_LINE_BYTES + 1;
 
+/// How long a dropped request waits for its session to resume a stream
+/// before it is cancelled: a few of the 3 s reconnection delays rmcp asks
+/// clients for.
+pub const RESUME_GRACE: Duration = Duration::from_secs(10);
+
 /// The MCP service behind this layer, which cancellations are sent to.
 pub type McpService = StreamableHttpService<SandboxServer, LocalSessionManager>;
 
+/// What the layer keeps: the service, and when each session last resumed a
+/// stream.
+#[derive(Clone)]
+pub struct Compat {
+    service: McpService,
+    resumed: Arc<Mutex<HashMap<String, Instant>>>,
+}
+
+impl Compat {
+    /// The layer's state over `service`.
+    pub fn new(service: McpService) -> Self {
+        Self { service, resumed: Arc::default() }
+    }
+
+    fn resumed(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.resumed.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// The layer: see the module documentation.
-pub async fn adjust(State(service): State<McpService>, request: Request<Body>, next: Next) -> Response {
+pub async fn adjust(State(compat): State<Compat>, request: Request<Body>, next: Next) -> Response {
     let delete = request.method() == Method::DELETE;
+    let session = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_string);
+    if let Some(session) = &session {
+        if delete {
+            compat.resumed().remove(session);
+        } else if request.method() == Method::GET && request.headers().contains_key("last-event-id") {
+            compat.resumed().insert(session.clone(), Instant::now());
+        }
+    }
     let (request, wants_priming) = match knows_priming(request).await {
         Ok(checked) => checked,
         Err(response) => return response,
@@ -51,7 +91,8 @@ pub async fn adjust(State(service): State<McpService>, request: Request<Body>, n
     }
     if is_event_stream(response.headers()) && (!wants_priming || cancel.is_some()) {
         let filter = (!wants_priming).then(EventFilter::default);
-        response = response.map(|body| relay(body, filter, cancel.map(|c| (service, c))));
+        let cancel = cancel.zip(session).map(|(request, session)| Cancel { compat, session, request });
+        response = response.map(|body| relay(body, filter, cancel));
     }
     response
 }
@@ -118,9 +159,28 @@ fn is_event_stream(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
+/// The cancellation of one request, for when its client goes away.
+struct Cancel {
+    compat: Compat,
+    session: String,
+    request: Request<Body>,
+}
+
+impl Cancel {
+    /// Sends it after [`RESUME_GRACE`], unless the session resumed a stream.
+    async fn send(self, dropped: Instant) {
+        tokio::time::sleep(RESUME_GRACE).await;
+        if self.compat.resumed().get(&self.session).is_some_and(|at| *at >= dropped) {
+            return;
+        }
+        let answer = self.compat.service.handle(self.request).await;
+        tracing::debug!(status = %answer.status(), "cancelled a request whose client disconnected");
+    }
+}
+
 /// The SSE body relayed as it comes, through `filter` when given; when the
-/// client goes away before the stream ends, `cancel` is sent to `service`.
-fn relay(body: Body, mut filter: Option<EventFilter>, cancel: Option<(McpService, Request<Body>)>) -> Body {
+/// client goes away before the stream ends, `cancel` is sent.
+fn relay(body: Body, mut filter: Option<EventFilter>, cancel: Option<Cancel>) -> Body {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, axum::Error>>(16);
     tokio::spawn(async move {
         let mut chunks = body.into_data_stream();
@@ -143,9 +203,8 @@ fn relay(body: Body, mut filter: Option<EventFilter>, cancel: Option<(McpService
         }
         // The client went away with the stream still open.
         drop(chunks);
-        if let Some((service, cancel)) = cancel {
-            let answer = service.handle(cancel).await;
-            tracing::debug!(status = %answer.status(), "cancelled a request whose client disconnected");
+        if let Some(cancel) = cancel {
+            cancel.send(Instant::now()).await;
         }
     });
     Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
