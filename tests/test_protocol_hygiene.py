@@ -344,3 +344,40 @@ def test_typescript_sdk_client_prints_no_schema_warnings(env):
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["tools"] > 20 and summary["text"].startswith("from-ts") and not summary["isError"], summary
     assert "unknown format" not in out.stderr, out.stderr[-3000:]
+
+
+def read_events(response: httpx2.Response, until) -> list[dict[str, str]]:
+    """SSE events from a streaming response, up to the first for which `until(event)` holds."""
+    events: list[dict[str, str]] = []
+    pending = ""
+    for chunk in response.iter_text():
+        pending += chunk
+        while "\n\n" in pending:
+            block, pending = pending.split("\n\n", 1)
+            events += sse_events(block + "\n\n")
+            if events and until(events[-1]):
+                return events
+    return events
+
+
+def test_a_dropped_call_resumed_in_time_finishes_and_repeats_no_event(http_server):
+    server = http_server()
+    session = RawSession(server)
+    # Longer than the 10 s the server waits for a resume before it cancels a dropped call.
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "exec", "arguments": {"command": "sleep 14; echo resumed-ok", "timeout": 120},
+                       "_meta": {"progressToken": "p"}}}
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json", **session.headers}
+    with httpx2.Client(timeout=REPLY_TIMEOUT) as client:
+        response = client.send(client.build_request("POST", server.url, json=call, headers=headers), stream=True)
+        seen = read_events(response, lambda e: "progress" in e.get("data", ""))
+        response.close()
+    last = seen[-1]["id"]
+    resume = {**session.headers, "Accept": "text/event-stream", "Last-Event-ID": last}
+    with httpx2.stream("GET", server.url, headers=resume, timeout=REPLY_TIMEOUT) as response:
+        assert response.status_code == 200
+        replayed = read_events(response, lambda e: '"result"' in e.get("data", ""))
+    assert replayed and all(e.get("id") != last for e in replayed), (last, replayed)
+    result = json.loads(replayed[-1]["data"])
+    assert result["id"] == 2 and not result["result"]["isError"], result
+    assert result["result"]["content"][0]["text"].startswith("resumed-ok"), result

@@ -69,6 +69,11 @@ impl Compat {
 /// The layer: see the module documentation.
 pub async fn adjust(State(compat): State<Compat>, request: Request<Body>, next: Next) -> Response {
     let delete = request.method() == Method::DELETE;
+    // rmcp replays a resumed stream from the event the client already has
+    // (`Last-Event-ID`) on, not after it.
+    let replayed = (request.method() == Method::GET)
+        .then(|| request.headers().get("last-event-id")?.to_str().ok().map(str::to_string))
+        .flatten();
     let session = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_string);
     if let Some(session) = &session {
         if delete {
@@ -89,8 +94,8 @@ pub async fn adjust(State(compat): State<Compat>, request: Request<Body>, next: 
     if delete && response.status() == StatusCode::ACCEPTED {
         *response.status_mut() = StatusCode::OK;
     }
-    if is_event_stream(response.headers()) && (!wants_priming || cancel.is_some()) {
-        let filter = (!wants_priming).then(EventFilter::default);
+    if is_event_stream(response.headers()) && (!wants_priming || cancel.is_some() || replayed.is_some()) {
+        let filter = (!wants_priming || replayed.is_some()).then(|| EventFilter::new(!wants_priming, replayed));
         let cancel = cancel.zip(session).map(|(request, session)| Cancel { compat, session, request });
         response = response.map(|body| relay(body, filter, cancel));
     }
@@ -210,25 +215,40 @@ fn relay(body: Body, mut filter: Option<EventFilter>, cancel: Option<Cancel>) ->
     Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
-/// Splits SSE text into events and drops those without data.
+/// Splits SSE text into events and drops priming events (when asked to)
+/// and the event a resumed stream repeats.
 #[derive(Default)]
 pub struct EventFilter {
     pending: Vec<u8>,
+    drop_priming: bool,
+    replayed: Option<String>,
 }
 
 impl EventFilter {
+    /// A filter dropping priming events if `drop_priming`, and the event
+    /// whose id is `replayed`.
+    pub fn new(drop_priming: bool, replayed: Option<String>) -> Self {
+        Self { pending: Vec::new(), drop_priming, replayed }
+    }
+
     /// Takes the next bytes of the stream; returns the complete events kept.
     pub fn push(&mut self, bytes: &[u8]) -> Vec<u8> {
         self.pending.extend_from_slice(bytes);
         let mut kept = Vec::new();
         while let Some(end) = self.pending.windows(2).position(|w| w == b"\n\n") {
             let event: Vec<u8> = self.pending.drain(..end + 2).collect();
-            if !is_priming(&event) {
+            let repeated = self.replayed.as_deref().is_some_and(|id| event_id(&event) == Some(id.as_bytes()));
+            if !repeated && !(self.drop_priming && is_priming(&event)) {
                 kept.extend_from_slice(&event);
             }
         }
         kept
     }
+}
+
+/// The value of an event's `id` field.
+fn event_id(event: &[u8]) -> Option<&[u8]> {
+    event.split(|b| *b == b'\n').find_map(|line| line.strip_prefix(b"id:")).map(<[u8]>::trim_ascii)
 }
 
 /// An event with no data and no name: only `id`/`retry` fields.
@@ -248,10 +268,17 @@ mod tests {
 
     #[test]
     fn priming_events_go_and_the_rest_stays_whole() {
-        let mut f = EventFilter::default();
+        let mut f = EventFilter::new(true, None);
         assert_eq!(f.push(b"id: 0\nretry: 3000\ndata:\n\n"), b"");
         assert_eq!(f.push(b"retry: 3000\n\n:\n\nid: 1\nda"), b":\n\n");
         assert_eq!(f.push(b"ta: {\"a\":1}\n\n"), b"id: 1\ndata: {\"a\":1}\n\n");
         assert_eq!(f.push(b"event: x\ndata:\n\n"), b"event: x\ndata:\n\n");
+    }
+
+    #[test]
+    fn a_resumed_stream_does_not_repeat_the_last_event_seen() {
+        let mut f = EventFilter::new(false, Some("1/0".into()));
+        assert_eq!(f.push(b"data: a\nid: 1/0\n\ndata: b\nid: 2/0\n\n"), b"data: b\nid: 2/0\n\n");
+        assert_eq!(f.push(b"data: \nid: 0/0\nretry: 3000\n\n"), b"data: \nid: 0/0\nretry: 3000\n\n");
     }
 }
