@@ -20,7 +20,11 @@ RELEASE_BIN := $(CURDIR)/target/release
 TEST_USER ?= smcp-test
 USER_TESTS ?= tests/
 
-.PHONY: deps build install test test-user test-install test-image venv bench clean-test
+# Seconds each fuzz target runs: `make fuzz` (FUZZ_SECONDS) and within `make test` (TEST_FUZZ_SECONDS).
+FUZZ_SECONDS ?= 20
+TEST_FUZZ_SECONDS ?= 10
+
+.PHONY: deps build install test test-user test-install test-image venv bench clean-test fuzz
 
 deps:
 	@scripts/install-deps.sh
@@ -58,7 +62,12 @@ test: deps venv
 	$(CARGO) build --quiet
 	@$(MAKE) --no-print-directory test-image
 	@status=0; scripts/run-tests.sh $(VENV) || status=1; \
-	    $(MAKE) --no-print-directory test-user || status=1; exit $$status
+	    $(MAKE) --no-print-directory test-user || status=1; \
+	    FUZZ_OPTIONAL=1 FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) scripts/fuzz.sh || status=1; exit $$status
+
+# Runs every fuzz target for FUZZ_SECONDS each (needs nightly and cargo-fuzz).
+fuzz:
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) scripts/fuzz.sh
 
 # The unprivileged pass (scripts/test-user.sh); needs root to set the user up.
 test-user: export SANDBOX_MCP_TEST_IMAGE := $(TEST_IMAGE)

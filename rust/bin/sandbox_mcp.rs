@@ -211,12 +211,33 @@ fn image_cmd(cmd: ImageCmd) -> Result<(), String> {
     Ok(())
 }
 
-fn main() -> ExitCode {
-    // stdout belongs to the MCP stdio transport: logs go to stderr only.
+/// Logs to stderr only (stdout belongs to the MCP stdio transport), coloured
+/// only on a terminal: clients such as Claude Desktop write stderr to log
+/// files, where escape codes are clutter.
+fn init_logging() {
+    use std::io::IsTerminal;
+    use tracing_subscriber::{EnvFilter, filter::LevelFilter};
+    let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    // rmcp logs each session's whole peer_info, every notification and each
+    // HTTP session's creation at INFO: per-request detail for debugging. It
+    // cannot be re-levelled from here, so below DEBUG rmcp shows warnings
+    // only, unless RUST_LOG asks for rmcp by name.
+    let names_rmcp = std::env::var("RUST_LOG").is_ok_and(|v| v.contains("rmcp"));
+    if !names_rmcp
+        && filter.max_level_hint().is_none_or(|max| max < LevelFilter::DEBUG)
+        && let Ok(quiet) = "rmcp=warn".parse()
+    {
+        filter = filter.add_directive(quiet);
+    }
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(filter)
         .init();
+}
+
+fn main() -> ExitCode {
+    init_logging();
     let cli = Cli::parse();
     let result = match cli.command.unwrap_or(Cmd::Serve(ServeArgs::default())) {
         // Multi-threaded: a single thread measured the same exec latency but

@@ -88,6 +88,7 @@ pub struct InstallParams {
 pub struct EnvParams {
     /// `set`, `unset` or `list`.
     #[serde(default = "default_action")]
+    #[schemars(extend("enum" = ["set", "unset", "list"]))]
     pub action: String,
     /// Variable name ([A-Za-z_][A-Za-z0-9_]*).
     #[serde(default)]

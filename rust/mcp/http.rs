@@ -17,7 +17,7 @@ use rmcp::transport::streamable_http_server::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{SandboxServer, http_token};
+use super::{SandboxServer, http_compat, http_token};
 use crate::orchestrator::Orchestrator;
 
 /// Where the MCP endpoint is mounted.
@@ -110,7 +110,10 @@ fn router(orchestrator: Arc<Orchestrator>, guard: Guard, shutdown: CancellationT
         Arc::new(LocalSessionManager::default()),
         config,
     );
-    Router::new().nest_service(MCP_PATH, service).route_layer(middleware::from_fn_with_state(Arc::new(guard), check))
+    Router::new()
+        .nest_service(MCP_PATH, service.clone())
+        .route_layer(middleware::from_fn_with_state(http_compat::Compat::new(service), http_compat::adjust))
+        .route_layer(middleware::from_fn_with_state(Arc::new(guard), check))
 }
 
 /// Rejects a cross-origin request (403) and a request without the token (401).

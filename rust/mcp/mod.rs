@@ -2,11 +2,13 @@
 //! calls and orchestrator results into the reference's text shapes. No policy
 //! or state lives here. Tools are grouped by topic, one router per file:
 //! [`core`] (exec, python, install, env), [`files`], [`lifecycle`].
+pub mod args;
 pub mod children;
 pub mod core;
 pub mod files;
 pub mod format;
 pub mod http;
+pub mod http_compat;
 pub mod http_token;
 pub mod images;
 pub mod lease;
@@ -16,6 +18,8 @@ pub mod observe;
 pub mod process;
 pub mod progress;
 pub mod registration;
+pub mod schema;
+pub mod stdio;
 pub mod sync;
 pub mod transfer;
 
@@ -54,7 +58,7 @@ pub struct SandboxServer {
 impl SandboxServer {
     /// A server over `orchestrator` (shared by every MCP session).
     pub fn new(orchestrator: &Orchestrator) -> Self {
-        let tool_router = Self::core_router()
+        let mut tool_router = Self::core_router()
             + Self::files_router()
             + Self::lifecycle_router()
             + Self::process_router()
@@ -65,6 +69,12 @@ impl SandboxServer {
             + Self::lease_router()
             + Self::images_router()
             + Self::children_router();
+        for route in tool_router.map.values_mut() {
+            schema::standardize(Arc::make_mut(&mut route.attr.input_schema));
+            if let Some(output) = &mut route.attr.output_schema {
+                schema::standardize(Arc::make_mut(output));
+            }
+        }
         Self {
             manager: orchestrator.sandboxes.clone(),
             forwards: orchestrator.forwards.clone(),
@@ -76,7 +86,19 @@ impl SandboxServer {
 
     /// Serve one MCP session on stdin/stdout until the client disconnects.
     pub async fn serve_stdio(self) -> Result<(), std::io::Error> {
-        let service = self.serve(rmcp::transport::stdio()).await.map_err(std::io::Error::other)?;
+        let (read, write) = rmcp::transport::stdio();
+        self.serve_lines(read, write).await
+    }
+
+    /// Serve one MCP session of newline-delimited JSON-RPC on a byte stream
+    /// pair (stdio, or a socket relayed from a front-end) until it closes.
+    pub async fn serve_lines<R, W>(self, read: R, write: W) -> Result<(), std::io::Error>
+    where
+        R: tokio::io::AsyncRead + Send + Unpin + 'static,
+        W: tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
+        let transport = stdio::LineTransport::new(read, write);
+        let service = self.serve(transport).await.map_err(std::io::Error::other)?;
         service.waiting().await.map_err(std::io::Error::other)?;
         Ok(())
     }
@@ -90,9 +112,18 @@ impl ServerHandler for SandboxServer {
         request: rmcp::model::CallToolRequestParams,
         context: rmcp::service::RequestContext<rmcp::RoleServer>,
     ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
+        let mut request = request;
+        if let Some(tool) = self.tool_router.get(&request.name) {
+            let mut arguments = request.arguments.take().unwrap_or_default();
+            if let Err(e) = args::conform(&tool.input_schema, &mut arguments) {
+                return fail(e).map(Into::into);
+            }
+            request.arguments = Some(arguments);
+        }
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
         let mut response = self.tool_router.call(tcc).await?;
         if let rmcp::model::CallToolResponse::Complete(result) = &mut response {
+            args::prefix_decode_error(result);
             format::make_controls_visible(result);
         }
         Ok(response)

@@ -1,0 +1,284 @@
+//! Where rmcp's Streamable HTTP service answers clients in ways they trip
+//! over and offers no setting to change it, this layer in front of it
+//! adjusts the answer:
+//! - A session `DELETE` gets 200, not rmcp's 202: the official Python client
+//!   logs "Session termination failed: 202" at every close otherwise.
+//! - SSE priming events (an `id` and `retry` with empty data, SEP-1699) go
+//!   only to clients that negotiated protocol 2025-11-25 or later, which
+//!   know them. Older clients read the empty data as a message, fail to
+//!   parse it and log a traceback per stream (Python `mcp` 1.x).
+//! - A client that drops the connection of a request still running cancels
+//!   that request, as a `notifications/cancelled` would: rmcp keeps the
+//!   handler running with no one to answer, so an `exec` went on until its
+//!   timeout. A client may instead resume the stream (`Last-Event-ID`) after
+//!   a dropped connection, so the cancellation waits [`RESUME_GRACE`] and is
+//!   not sent when the session resumed a stream meanwhile.
+use axum::{
+    body::{Body, Bytes},
+    extract::{Request, State},
+    http::{HeaderMap, HeaderValue, Method, StatusCode, header},
+    middleware::Next,
+    response::{IntoResponse, Response},
+};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use rmcp::transport::streamable_http_server::{StreamableHttpService, session::local::LocalSessionManager};
+use tokio_stream::StreamExt;
+
+use super::SandboxServer;
+
+/// The first protocol version whose clients expect priming events.
+const PRIMING_SINCE: &str = "2025-11-25";
+
+/// Largest request body read here (to learn an initialize's protocol
+/// version, a request's id): the largest stdio message, and more than rmcp
+/// itself accepts, so rmcp's own answer to an oversized body stands.
+const MAX_BODY_BYTES: usize = super::stdio::MAX_LINE_BYTES + 1;
+
+/// How long a dropped request waits for its session to resume a stream
+/// before it is cancelled: a few of the 3 s reconnection delays rmcp asks
+/// clients for.
+pub const RESUME_GRACE: Duration = Duration::from_secs(10);
+
+/// The MCP service behind this layer, which cancellations are sent to.
+pub type McpService = StreamableHttpService<SandboxServer, LocalSessionManager>;
+
+/// What the layer keeps: the service, and when each session last resumed a
+/// stream.
+#[derive(Clone)]
+pub struct Compat {
+    service: McpService,
+    resumed: Arc<Mutex<HashMap<String, Instant>>>,
+}
+
+impl Compat {
+    /// The layer's state over `service`.
+    pub fn new(service: McpService) -> Self {
+        Self { service, resumed: Arc::default() }
+    }
+
+    fn resumed(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.resumed.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The layer: see the module documentation.
+pub async fn adjust(State(compat): State<Compat>, request: Request<Body>, next: Next) -> Response {
+    let delete = request.method() == Method::DELETE;
+    // rmcp replays a resumed stream from the event the client already has
+    // (`Last-Event-ID`) on, not after it.
+    let replayed = (request.method() == Method::GET)
+        .then(|| request.headers().get("last-event-id")?.to_str().ok().map(str::to_string))
+        .flatten();
+    let session = request.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_string);
+    if let Some(session) = &session {
+        if delete {
+            compat.resumed().remove(session);
+        } else if request.method() == Method::GET && request.headers().contains_key("last-event-id") {
+            compat.resumed().insert(session.clone(), Instant::now());
+        }
+    }
+    let (request, wants_priming) = match knows_priming(request).await {
+        Ok(checked) => checked,
+        Err(response) => return response,
+    };
+    let (request, cancel) = match cancellation_for(request).await {
+        Ok(found) => found,
+        Err(response) => return response,
+    };
+    let mut response = next.run(request).await;
+    if delete && response.status() == StatusCode::ACCEPTED {
+        *response.status_mut() = StatusCode::OK;
+    }
+    if is_event_stream(response.headers()) && (!wants_priming || cancel.is_some() || replayed.is_some()) {
+        let filter = (!wants_priming || replayed.is_some()).then(|| EventFilter::new(!wants_priming, replayed));
+        let cancel = cancel.zip(session).map(|(request, session)| Cancel { compat, session, request });
+        response = response.map(|body| relay(body, filter, cancel));
+    }
+    response
+}
+
+/// For a request within a session, the `notifications/cancelled` that
+/// stands for its client going away (rebuilt with the headers rmcp checks).
+async fn cancellation_for(request: Request<Body>) -> Result<(Request<Body>, Option<Request<Body>>), Response> {
+    if request.method() != Method::POST || !request.headers().contains_key("mcp-session-id") {
+        return Ok((request, None));
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| too_large())?;
+    let id = super::stdio::leading_id(&bytes);
+    let request = Request::from_parts(parts, Body::from(bytes));
+    let Some(id) = id else {
+        return Ok((request, None));
+    };
+    let notice = serde_json::json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": id, "reason": "the client disconnected"},
+    });
+    let mut cancel = Request::builder().method(Method::POST).uri(request.uri().clone());
+    for name in [header::HOST, header::CONTENT_TYPE, header::ACCEPT] {
+        if let Some(value) = request.headers().get(&name) {
+            cancel = cancel.header(name, value);
+        }
+    }
+    for name in ["mcp-session-id", "mcp-protocol-version"] {
+        if let Some(value) = request.headers().get(name) {
+            cancel = cancel.header(name, value);
+        }
+    }
+    Ok((request, cancel.body(Body::from(notice.to_string())).ok()))
+}
+
+fn too_large() -> Response {
+    (StatusCode::PAYLOAD_TOO_LARGE, format!("Payload Too Large: the limit is {MAX_BODY_BYTES} bytes\n")).into_response()
+}
+
+/// Whether the client behind `request` negotiated a protocol that knows
+/// priming events: the `MCP-Protocol-Version` header on a session's
+/// requests (clients older than 2025-06-18 send none), the version asked for
+/// in an `initialize` (the server takes it, or its own newer latest one).
+async fn knows_priming(request: Request<Body>) -> Result<(Request<Body>, bool), Response> {
+    if request.method() != Method::POST || request.headers().contains_key("mcp-session-id") {
+        let version = request.headers().get("mcp-protocol-version").and_then(|v| v.to_str().ok());
+        let knows = version.is_some_and(|v| v >= PRIMING_SINCE);
+        return Ok((request, knows));
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| too_large())?;
+    let asked = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| v.pointer("/params/protocolVersion")?.as_str().map(str::to_string));
+    let knows = asked.is_none_or(|v| v.as_str() >= PRIMING_SINCE);
+    Ok((Request::from_parts(parts, Body::from(bytes)), knows))
+}
+
+fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v: &HeaderValue| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// The cancellation of one request, for when its client goes away.
+struct Cancel {
+    compat: Compat,
+    session: String,
+    request: Request<Body>,
+}
+
+impl Cancel {
+    /// Sends it after [`RESUME_GRACE`], unless the session resumed a stream.
+    async fn send(self, dropped: Instant) {
+        tokio::time::sleep(RESUME_GRACE).await;
+        if self.compat.resumed().get(&self.session).is_some_and(|at| *at >= dropped) {
+            return;
+        }
+        let answer = self.compat.service.handle(self.request).await;
+        tracing::debug!(status = %answer.status(), "cancelled a request whose client disconnected");
+    }
+}
+
+/// The SSE body relayed as it comes, through `filter` when given; when the
+/// client goes away before the stream ends, `cancel` is sent.
+fn relay(body: Body, mut filter: Option<EventFilter>, cancel: Option<Cancel>) -> Body {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, axum::Error>>(16);
+    tokio::spawn(async move {
+        let mut chunks = body.into_data_stream();
+        loop {
+            let chunk = tokio::select! {
+                chunk = chunks.next() => chunk,
+                () = tx.closed() => break,
+            };
+            let Some(chunk) = chunk else { return };
+            let out = match (&mut filter, chunk) {
+                (Some(f), Ok(bytes)) => Ok(Bytes::from(f.push(&bytes))),
+                (_, chunk) => chunk,
+            };
+            if matches!(&out, Ok(kept) if kept.is_empty()) {
+                continue;
+            }
+            if tx.send(out).await.is_err() {
+                break;
+            }
+        }
+        // The client went away with the stream still open.
+        drop(chunks);
+        if let Some(cancel) = cancel {
+            cancel.send(Instant::now()).await;
+        }
+    });
+    Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// Splits SSE text into events and drops priming events (when asked to)
+/// and the event a resumed stream repeats.
+#[derive(Default)]
+pub struct EventFilter {
+    pending: Vec<u8>,
+    drop_priming: bool,
+    replayed: Option<String>,
+}
+
+impl EventFilter {
+    /// A filter dropping priming events if `drop_priming`, and the event
+    /// whose id is `replayed`.
+    pub fn new(drop_priming: bool, replayed: Option<String>) -> Self {
+        Self { pending: Vec::new(), drop_priming, replayed }
+    }
+
+    /// Takes the next bytes of the stream; returns the complete events kept.
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<u8> {
+        self.pending.extend_from_slice(bytes);
+        let mut kept = Vec::new();
+        while let Some(end) = self.pending.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = self.pending.drain(..end + 2).collect();
+            let repeated = self.replayed.as_deref().is_some_and(|id| event_id(&event) == Some(id.as_bytes()));
+            if !repeated && !(self.drop_priming && is_priming(&event)) {
+                kept.extend_from_slice(&event);
+            }
+        }
+        kept
+    }
+}
+
+/// The value of an event's `id` field.
+fn event_id(event: &[u8]) -> Option<&[u8]> {
+    event.split(|b| *b == b'\n').find_map(|line| line.strip_prefix(b"id:")).map(<[u8]>::trim_ascii)
+}
+
+/// An event with no data and no name: only `id`/`retry` fields.
+fn is_priming(event: &[u8]) -> bool {
+    let mut fields = event.split(|b| *b == b'\n').filter(|l| !l.is_empty()).peekable();
+    fields.peek().is_some()
+        && fields.all(|line| {
+            line.starts_with(b"id:")
+                || line.starts_with(b"retry:")
+                || line.strip_prefix(b"data:").is_some_and(|d| d.trim_ascii().is_empty())
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn priming_events_go_and_the_rest_stays_whole() {
+        let mut f = EventFilter::new(true, None);
+        assert_eq!(f.push(b"id: 0\nretry: 3000\ndata:\n\n"), b"");
+        assert_eq!(f.push(b"retry: 3000\n\n:\n\nid: 1\nda"), b":\n\n");
+        assert_eq!(f.push(b"ta: {\"a\":1}\n\n"), b"id: 1\ndata: {\"a\":1}\n\n");
+        assert_eq!(f.push(b"event: x\ndata:\n\n"), b"event: x\ndata:\n\n");
+    }
+
+    #[test]
+    fn a_resumed_stream_does_not_repeat_the_last_event_seen() {
+        let mut f = EventFilter::new(false, Some("1/0".into()));
+        assert_eq!(f.push(b"data: a\nid: 1/0\n\ndata: b\nid: 2/0\n\n"), b"data: b\nid: 2/0\n\n");
+        assert_eq!(f.push(b"data: \nid: 0/0\nretry: 3000\n\n"), b"data: \nid: 0/0\nretry: 3000\n\n");
+    }
+}
