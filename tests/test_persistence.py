@@ -1,18 +1,19 @@
-"""The state file and restarts: kill -9 of the server mid-operation, then a
-new server on the same state finds everything again; a helper crash is
+"""The state database and restarts: kill -9 of the server mid-operation, then
+a new server on the same state finds everything again; a helper crash is
 noticed, the helper restarted, and its sandboxes reported as lost (never
 silently re-created)."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
+import sqlite3
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from mcp_client import McpError
 from waiting import wait_for
 
@@ -60,8 +61,21 @@ def kill9_server(env: dict[str, str]) -> None:
     until(lambda: all(exited(p) for p in pids), "server gone")
 
 
-def state(env: dict[str, str]) -> dict:
-    return json.loads((Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "state.json").read_text())
+def db_path(env: dict[str, str]) -> Path:
+    return Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "state.db"
+
+
+def rows(env: dict[str, str], sql: str, *args) -> list[tuple]:
+    """What the state database holds, read as a separate process would."""
+    db = sqlite3.connect(db_path(env), timeout=10)
+    try:
+        return db.execute(sql, args).fetchall()
+    finally:
+        db.close()
+
+
+def sandbox_names(env: dict[str, str]) -> set[str]:
+    return {name for (name,) in rows(env, "SELECT name FROM sandboxes")}
 
 
 def free_port() -> int:
@@ -90,13 +104,13 @@ def test_kill9_mid_operation_then_restart_restores_everything(server_factory, en
     text, err = first.tool("sync_start", local_dir=str(roots / "src"), sandbox_dir="/workspace/src")
     assert not err, text
     job = text.split("[", 1)[1].split("]", 1)[0]
-    until(lambda: job in json.dumps(state(env).get("sync_jobs", [])), "sync job in the state file")
-    saved = state(env)
-    assert saved["schema_version"] == 2
-    record = saved["sandboxes"]["default"]
-    assert record["role"] == "primary" and record["container"] == "default" and record["generation"] == 0
-    assert any("hello-history" in a["command"] for a in record["audit"])
-    lease = record["expires_at"]
+    # Committed before each tool answered: no waiting.
+    assert rows(env, "SELECT id FROM sync_jobs") == [(job,)]
+    assert rows(env, "SELECT host_port, port FROM forwards") == [(port, 8000)]
+    ((parent, generation, lease),) = rows(env, "SELECT parent, generation, expires_at FROM sandboxes")
+    assert parent is None and generation == 0
+    assert any("hello-history" in c for (c,) in rows(env, "SELECT command FROM history WHERE sandbox = 'default'"))
+    assert rows(env, "SELECT key, value FROM env WHERE sandbox = 'default'") == [("GREETING", "hi")]
     assert lease and lease > time.time() + 25 * 60
 
     # kill -9 while a command runs: nothing is saved at exit, nothing may be lost.
@@ -113,7 +127,7 @@ def test_kill9_mid_operation_then_restart_restores_everything(server_factory, en
     text, _ = second.tool("status")
     assert f"localhost:{port}" in text and job in text, text
     # The lease kept its end instead of starting over.
-    assert abs(state(env)["sandboxes"]["default"]["expires_at"] - lease) < 1.0
+    assert abs(rows(env, "SELECT expires_at FROM sandboxes WHERE name = 'default'")[0][0] - lease) < 1.0
     body = until(lambda: _get(f"http://127.0.0.1:{port}/"), "forward restored")
     assert "Directory listing" in body
     # The sync job came back under its id and still mirrors.
@@ -141,18 +155,47 @@ def _get(url: str) -> str | None:
         return None
 
 
-def test_damaged_state_file_is_moved_aside_and_sandboxes_still_attach(server_factory, env):
+def _damage_garbage(db: Path) -> None:
+    db.write_bytes(b"this is not a database, it is a shopping list\n" * 40)
+
+
+def _damage_truncate(db: Path) -> None:
+    # What a partial copy or a full disk leaves: the file's first half.
+    data = db.read_bytes()
+    db.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("damage", [_damage_garbage, _damage_truncate], ids=["garbage", "truncated"])
+def test_damaged_database_is_set_aside_reported_and_sandboxes_still_attach(server_factory, env, damage):
     first = server_factory()
-    first.tool("exec", command="echo x > /workspace/x")
+    for i in range(30):
+        first.tool("exec", command=f"echo x > /workspace/x; echo padding-the-history-{i}-{'y' * 150}")
+    first.tool("env", action="set", key="K", value="v")
     first.close()
-    path = Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "state.json"
-    path.write_text("{ not json")
+    db = db_path(env)
+    for side in ("state.db-wal", "state.db-shm"):
+        (db.parent / side).unlink(missing_ok=True)
+    damage(db)
+    damaged = db.read_bytes()
     second = server_factory()
     text, err = second.tool("exec", command="cat /workspace/x")
     assert not err and text.splitlines()[0] == "x", text
-    aside = [p for p in path.parent.iterdir() if ".damaged-" in p.name]
-    assert len(aside) == 1 and aside[0].read_text() == "{ not json"
-    until(lambda: path.exists() and state(env)["schema_version"] == 2, "state rewritten")
+    aside = [p for p in db.parent.iterdir() if p.name.startswith("state.db.damaged-") and "-wal" not in p.name]
+    assert len(aside) == 1 and aside[0].read_bytes() == damaged, aside
+    for tool in ("status", "health"):
+        text, err = second.tool(tool)
+        assert not err and "unreadable" in text and str(aside[0]) in text, (tool, text)
+    # The new database works: this command is saved.
+    assert any("cat /workspace/x" in c for (c,) in rows(env, "SELECT command FROM history"))
+    second.close()
+    # A second damaged file never overwrites the first copy.
+    (db.parent / "state.db-wal").unlink(missing_ok=True)
+    (db.parent / "state.db-shm").unlink(missing_ok=True)
+    db.write_bytes(b"damaged again" * 100)
+    third = server_factory()
+    third.tool("status")
+    copies = sorted(p.name for p in db.parent.iterdir() if p.name.startswith("state.db.damaged-") and "-wal" not in p.name and "-shm" not in p.name)
+    assert len(copies) == 2 and aside[0].read_bytes() == damaged, copies
 
 
 def test_helper_crash_is_noticed_restarted_and_sandboxes_reported_lost(server_factory, env):
@@ -189,7 +232,7 @@ def test_destroy_forgets_a_lost_sandbox(server_factory, env):
     assert not err and "Forgot sandbox 'gone'" in text, text
     text, err = srv.tool("destroy", sandbox="gone")
     assert err and "no active sandbox 'gone'" in text, text
-    until(lambda: "gone" not in state(env).get("lost", {}), "the loss forgotten in the state file")
+    until(lambda: not rows(env, "SELECT name FROM lost WHERE name = 'gone'"), "the loss forgotten in the database")
 
 
 def _restarted(env: dict[str, str], old: int) -> bool:
@@ -207,12 +250,13 @@ def _lost(srv, name: str = "default"):
     return (text, err) if err and "was lost" in text else None
 
 
-def test_state_file_never_lists_destroyed_sandboxes(server_factory, env):
+def test_database_never_lists_destroyed_sandboxes(server_factory, env):
     srv = server_factory()
     srv.tool("exec", command="true", sandbox="a")
-    until(lambda: "a" in state(env)["sandboxes"], "a saved")
+    assert "a" in sandbox_names(env)
     srv.tool("destroy", sandbox="a")
-    until(lambda: "a" not in state(env)["sandboxes"], "a removed from the state file")
+    assert "a" not in sandbox_names(env)
+    assert not rows(env, "SELECT command FROM history WHERE sandbox = 'a'")
 
 
 def test_a_sandbox_whose_creation_was_cut_short_is_not_handed_out(server_factory, env):
@@ -223,12 +267,13 @@ def test_a_sandbox_whose_creation_was_cut_short_is_not_handed_out(server_factory
     first.close()
     # What a server killed in the middle of creating 'half' leaves behind:
     # the VM, the marker naming that (now dead) server, and no record of
-    # 'half' in the state file (it was never finished, so never saved).
+    # 'half' in the database (it was never finished, so never saved).
     volumes = Path(env["XDG_DATA_HOME"]) / "sandbox-mcp" / "volumes"
     (volumes / "half" / ".creating").write_text("4194305:1")
-    saved = state(env)
-    del saved["sandboxes"]["half"]
-    (Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "state.json").write_text(json.dumps(saved))
+    db = sqlite3.connect(db_path(env), timeout=10)
+    with db:
+        db.execute("DELETE FROM sandboxes WHERE name = 'half'")
+    db.close()
     second = server_factory()
     text, err = second.tool("exec", command="cat /root/mark 2>&1; cat /workspace/w", sandbox="half")
     assert not err and "half-done" not in text and "ws" in text.splitlines(), text

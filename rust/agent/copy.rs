@@ -76,13 +76,42 @@ fn unpack(dest: &Path, stream: ChunkReader) -> Result<Copied, AgentError> {
         }
         let regular = entry.header().entry_type().is_file();
         let size = entry.size();
-        entry.unpack_in(dest).map_err(|e| io(format!("cannot write {}", dest.join(&path).display()), root_cause(e)))?;
+        let failed = |e| io(format!("cannot write {}", dest.join(&path).display()), root_cause(e));
+        if regular {
+            unpack_file(&mut entry, dest, &path).map_err(failed)?;
+        } else {
+            entry.unpack_in(dest).map_err(failed)?;
+        }
         if regular {
             copied.files += 1;
             copied.bytes += size;
         }
     }
     Ok(copied)
+}
+
+/// Distinguishes the temp names of concurrent copy-ins in one agent.
+static TEMP_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Extract a regular file (its name already checked) under a temp name
+/// beside it, then rename it into place. The tar crate's own overwrite
+/// (remove, then create exclusively) fails with EEXIST when two copy-ins
+/// write the same path at once; a rename replaces atomically, and readers
+/// see the old file or the whole new one, never a part.
+fn unpack_file<R: Read>(entry: &mut tar::Entry<'_, R>, dest: &Path, name: &Path) -> std::io::Result<()> {
+    let target = dest.join(name);
+    let Some(dir) = target.parent() else {
+        return Err(std::io::Error::other("a file entry needs a file name"));
+    };
+    std::fs::create_dir_all(dir)?;
+    let seq = TEMP_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // Short whatever the file's name, so it never exceeds NAME_MAX.
+    let tmp = dir.join(format!(".copy-in-{}-{seq}.tmp", std::process::id()));
+    let placed = entry.unpack(&tmp).and_then(|_| std::fs::rename(&tmp, &target));
+    if placed.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    placed
 }
 
 /// Rejects names that leave `dest`: absolute, `..`, or through a symlink

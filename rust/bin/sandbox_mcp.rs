@@ -135,7 +135,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     orchestrator.resume(state::path(), respawn).await;
     let Some(addr) = args.http else {
         let served = SandboxServer::new(&orchestrator).serve_stdio().await.map_err(|e| e.to_string());
-        state::save_now(&orchestrator, &state::path());
+        orchestrator.sandboxes.close_state().await;
         return served;
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
@@ -155,7 +155,7 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     });
     let options = HttpOptions { addr, token: args.token, no_auth: args.no_auth, allowed_hosts: args.allowed_hosts };
     let served = http::serve_http(orchestrator.clone(), options, shutdown).await.map_err(|e| e.to_string());
-    state::save_now(&orchestrator, &state::path());
+    orchestrator.sandboxes.close_state().await;
     served
 }
 

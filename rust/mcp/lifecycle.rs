@@ -49,8 +49,9 @@ impl SandboxServer {
         let result = async {
             let sandboxes = m.list();
             let lost = m.lost();
+            let notice = m.state_notice().map(|n| format!("{n}\n")).unwrap_or_default();
             if sandboxes.is_empty() && lost.is_empty() {
-                return Ok("No active sandboxes (boot on first use)".to_string());
+                return Ok(format!("{notice}No active sandboxes (boot on first use)"));
             }
             let running = m.running().await?;
             let unlimited = m.unenforced_limits().await?;
@@ -63,7 +64,7 @@ impl SandboxServer {
                 .collect();
             lines.extend(format::status_footer(m.config()));
             lines.extend(format::status_blocks(&self.forwards.list(), &self.syncs.list(), &lost));
-            Ok(lines.join("\n"))
+            Ok(format!("{notice}{}", lines.join("\n")))
         };
         reply(result.await)
     }

@@ -51,7 +51,8 @@ impl SandboxServer {
                 let obs = m.observe(&sandbox).await?;
                 rows.push((sandbox, obs));
             }
-            Ok(format::health(&rows))
+            let notice = m.state_notice().map(|n| format!("{n}\n")).unwrap_or_default();
+            Ok(format!("{notice}{}", format::health(&rows)))
         };
         reply(result.await)
     }

@@ -35,13 +35,16 @@ pub struct AuditLog {
 }
 
 impl AuditLog {
-    /// Record a command (redacted here, once, so nothing downstream sees the secret).
-    pub fn record(&mut self, command: &str, exit_code: i32, duration: Duration) {
+    /// Record a command (redacted here, once, so nothing downstream sees the
+    /// secret); returns the entry as kept.
+    pub fn record(&mut self, command: &str, exit_code: i32, duration: Duration) -> AuditEntry {
         if self.entries.len() == AUDIT_LOG_SIZE {
             self.entries.pop_front();
         }
         let command: String = redact(command).chars().take(MAX_COMMAND_CHARS).collect();
-        self.entries.push_back(AuditEntry { command, exit_code, duration, at: SystemTime::now() });
+        let entry = AuditEntry { command, exit_code, duration, at: SystemTime::now() };
+        self.entries.push_back(entry.clone());
+        entry
     }
 
     /// Number of entries kept.

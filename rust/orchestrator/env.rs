@@ -36,30 +36,35 @@ impl SandboxManager {
                 "the value of env key '{key}' contains a NUL byte, which no environment variable can hold"
             )));
         }
-        let mut env = sandbox.env();
-        env.insert(key.to_string(), value.to_string());
-        self.store_env(sandbox, env).await
+        self.change_env_key(sandbox, key, Some(value)).await
     }
 
     /// Remove `key` (a no-op when it was not set).
     pub async fn unset_env(&self, sandbox: &Sandbox, key: &str) -> Result<(), OrchestratorError> {
         validate_env_key(key)?;
-        let mut env = sandbox.env();
-        env.remove(key);
-        self.store_env(sandbox, env).await
+        self.change_env_key(sandbox, key, None).await
     }
 
-    /// Write the env inside the sandbox first and adopt it only once that
-    /// worked, so memory and sandbox never disagree.
-    async fn store_env(&self, sandbox: &Sandbox, env: BTreeMap<String, String>) -> Result<(), OrchestratorError> {
-        let json = serde_json::to_vec_pretty(&env)
-            .map_err(|e| OrchestratorError::InvalidArgument(format!("cannot encode env: {e}")))?;
-        let files = [(ENV_JSON.to_string(), json), (ENV_PROFILE.to_string(), profile_script(&env).into_bytes())];
-        self.write_files(sandbox, &files).await?;
-        if let Ok(mut current) = sandbox.env.lock() {
-            *current = env;
-        }
+    /// Set (`Some`) or remove one key. Changes to one sandbox's env take
+    /// turns (its `ops` lock), so none is overwritten by another in flight.
+    /// The new env is written inside the sandbox first, then committed to
+    /// the state database (re-read in the same transaction, so a key another
+    /// server process set meanwhile is kept), and adopted in memory.
+    async fn change_env_key(&self, sandbox: &Sandbox, key: &str, value: Option<&str>) -> Result<(), OrchestratorError> {
+        let _turn = sandbox.ops.lock().await;
+        let planned = self.change_env(&sandbox.name, key, value, sandbox.env(), false).await?;
+        self.mirror_env(sandbox, &planned).await?;
+        let env = self.change_env(&sandbox.name, key, value, planned, true).await?;
+        *sandbox.env.lock().unwrap_or_else(|p| p.into_inner()) = env;
         Ok(())
+    }
+
+    /// The env's copies inside the sandbox.
+    async fn mirror_env(&self, sandbox: &Sandbox, env: &BTreeMap<String, String>) -> Result<(), OrchestratorError> {
+        let json = serde_json::to_vec_pretty(env)
+            .map_err(|e| OrchestratorError::InvalidArgument(format!("cannot encode env: {e}")))?;
+        let files = [(ENV_JSON.to_string(), json), (ENV_PROFILE.to_string(), profile_script(env).into_bytes())];
+        self.write_files(sandbox, &files).await
     }
 
     /// Read the env a previous orchestrator stored in the sandbox.

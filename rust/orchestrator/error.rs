@@ -68,4 +68,7 @@ pub enum OrchestratorError {
     /// The helper failed.
     #[error(transparent)]
     Helper(#[from] HelperError),
+    /// A change could not be committed to the state database.
+    #[error("the change was not saved: {0}")]
+    State(#[from] super::state::StateError),
 }

@@ -17,7 +17,7 @@ use tokio::{
     task::JoinHandle,
 };
 
-use super::{OrchestratorError, SandboxManager};
+use super::{OrchestratorError, SandboxManager, state::ForwardRecord};
 
 /// Bytes read from a client per Dial message: big chunks keep the per-message
 /// cost of gRPC small next to the copy itself.
@@ -146,20 +146,23 @@ impl ForwardManager {
         self.in_use(host_port)?;
         let sb = self.sandboxes.get_or_create(sandbox).await?;
         let listening = self.probe(&sb.name, port).await;
-        let mut forwards = self.lock();
-        // Checked again: another expose may have taken the port while we waited.
-        if let Some(f) = forwards.get(&host_port) {
-            return Err(ForwardError::InUse { host_port, sandbox: f.sandbox.clone(), port: f.port });
-        }
-        let listener = bind(host_port)?;
-        let connections = Arc::new(AtomicU64::new(0));
-        let accept_loop =
-            tokio::spawn(accept_loop(listener, self.sandboxes.clone(), sb.name.clone(), port, connections.clone()));
-        let forward = Forward { sandbox: sb.name.clone(), port, connections, accept_loop };
-        let info = forward.info(host_port);
-        forwards.insert(host_port, forward);
-        drop(forwards);
-        self.sandboxes.state_changed();
+        let info = {
+            let mut forwards = self.lock();
+            // Checked again: another expose may have taken the port while we waited.
+            if let Some(f) = forwards.get(&host_port) {
+                return Err(ForwardError::InUse { host_port, sandbox: f.sandbox.clone(), port: f.port });
+            }
+            let listener = bind(host_port)?;
+            let connections = Arc::new(AtomicU64::new(0));
+            let accept_loop =
+                tokio::spawn(accept_loop(listener, self.sandboxes.clone(), sb.name.clone(), port, connections.clone()));
+            let forward = Forward { sandbox: sb.name.clone(), port, connections, accept_loop };
+            let info = forward.info(host_port);
+            forwards.insert(host_port, forward);
+            info
+        };
+        self.sandboxes.record_forward(ForwardRecord { host_port, sandbox: sb.name.clone(), port });
+        self.sandboxes.committed().await;
         tracing::info!(sandbox = %sb.name, port, host_port, "forward started");
         Ok(Exposed { forward: info, listening })
     }
@@ -184,7 +187,8 @@ impl ForwardManager {
             let active = if ports.is_empty() { "none".to_string() } else { ports.join(", ") };
             return Err(ForwardError::NoForward { port: host_port, active });
         };
-        self.sandboxes.state_changed();
+        self.sandboxes.record_unforward(hp);
+        self.sandboxes.committed().await;
         Ok(stop(hp, forward).await)
     }
 
@@ -197,10 +201,8 @@ impl ForwardManager {
         };
         let mut stopped = Vec::new();
         for (hp, f) in gone {
+            self.sandboxes.record_unforward(hp);
             stopped.push(stop(hp, f).await);
-        }
-        if !stopped.is_empty() {
-            self.sandboxes.state_changed();
         }
         stopped
     }

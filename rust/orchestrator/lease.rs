@@ -185,7 +185,11 @@ impl SandboxManager {
     /// Extend a sandbox's lease by `minutes` (1..=max_lease_ttl) from its
     /// current end or from now, whichever is later; a sandbox without a lease
     /// gets one. Returns the new end.
-    pub fn extend_lease(&self, name: &str, minutes: u64) -> Result<(Arc<Sandbox>, SystemTime), OrchestratorError> {
+    pub async fn extend_lease(
+        &self,
+        name: &str,
+        minutes: u64,
+    ) -> Result<(Arc<Sandbox>, SystemTime), OrchestratorError> {
         let max = self.config().limits.max_lease.as_secs() / 60;
         if minutes == 0 || minutes > max {
             return Err(OrchestratorError::InvalidArgument(format!(
@@ -202,7 +206,8 @@ impl SandboxManager {
         let base = sandbox.lease_expires().filter(|t| *t > now).unwrap_or(now);
         let expires = base + Duration::from_secs(minutes * 60);
         sandbox.set_lease(Some(expires));
-        self.state_changed();
+        self.record_sandbox(&sandbox);
+        self.committed().await;
         Ok((sandbox, expires))
     }
 

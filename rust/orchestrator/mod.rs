@@ -16,8 +16,8 @@
 //! - [`text`]: output bytes to client text.
 //! - [`spawn`]: child sandboxes under spawn policies; [`ctl`]: the
 //!   sandbox-ctl server that lets a sandbox spawn its own children.
-//! - [`state`]: the state file (leases, history, forwards, sync jobs, spawn
-//!   counters, lost sandboxes) and putting it back after a restart.
+//! - [`state`]: the state database (leases, history, env, forwards, sync
+//!   jobs, spawn counters, lost sandboxes) and putting it back after a restart.
 //! - [`watchdog`]: restarting the helper and reporting lost sandboxes.
 //! - [`images`], [`build`], [`containerfile`]: snapshots, restore, clone and
 //!   `build_image`.
@@ -101,21 +101,14 @@ impl Orchestrator {
         Self { sandboxes, forwards, syncs, spawns, ctl }
     }
 
-    /// Pick up where the previous server left off: put the state file back
-    /// (leases, history, forwards, sync jobs, lost sandboxes), keep it
-    /// written from now on, and watch the helper.
-    pub async fn resume(self: &Arc<Self>, state_file: std::path::PathBuf, respawn: watchdog::Respawn) {
-        let saved = match state::StateFile::load(&state_file) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!("{e}");
-                state::StateFile::default()
-            }
-        };
-        state::restore(self, saved).await;
+    /// Pick up where the previous server left off: open the state database
+    /// at `db` (see [`state::path`]) and put it back (leases, history, env,
+    /// forwards, sync jobs, lost sandboxes, destroys to finish); every change
+    /// from now on is committed to it as it happens. Then watch the helper.
+    pub async fn resume(self: &Arc<Self>, db: std::path::PathBuf, respawn: watchdog::Respawn) {
+        state::restore(self, db).await;
         build::remove_orphans(&self.sandboxes.helper).await;
         self.sandboxes.reap_expired().await;
-        state::spawn_writer(self, state_file);
         self.sandboxes.spawn_watchdog(respawn);
     }
 }

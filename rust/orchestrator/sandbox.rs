@@ -66,6 +66,10 @@ pub struct Sandbox {
     pub(super) env: Mutex<BTreeMap<String, String>>,
     /// Recent commands.
     pub(super) audit: Mutex<AuditLog>,
+    /// Held by state-changing operations on this sandbox (env set/unset)
+    /// across their read-modify-write, so concurrent calls take turns and
+    /// none overwrites another's change.
+    pub(super) ops: tokio::sync::Mutex<()>,
     last_activity: Mutex<Instant>,
     /// Commands running now: a sandbox in the middle of a long command is
     /// busy, however long ago it started.
@@ -103,6 +107,7 @@ impl Sandbox {
             started_at,
             env: Mutex::default(),
             audit: Mutex::default(),
+            ops: tokio::sync::Mutex::default(),
             last_activity: Mutex::new(Instant::now()),
             running: AtomicUsize::new(0),
             lease: Mutex::default(),
@@ -123,11 +128,9 @@ impl Sandbox {
         }
     }
 
-    /// Add an entry to the audit log.
-    pub fn record(&self, command: &str, exit_code: i32, duration: Duration) {
-        if let Ok(mut audit) = self.audit.lock() {
-            audit.record(command, exit_code, duration);
-        }
+    /// Add an entry to the audit log; returns it as recorded (redacted).
+    pub fn record(&self, command: &str, exit_code: i32, duration: Duration) -> super::audit::AuditEntry {
+        self.audit.lock().unwrap_or_else(|p| p.into_inner()).record(command, exit_code, duration)
     }
 
     /// Number of commands in the audit log.
@@ -138,11 +141,6 @@ impl Sandbox {
     /// The newest `limit` audit entries, newest first.
     pub fn history(&self, limit: usize) -> Vec<super::audit::AuditEntry> {
         self.audit.lock().map(|a| a.newest(limit)).unwrap_or_default()
-    }
-
-    /// The whole audit log, oldest first (for the state file).
-    pub fn audit_entries(&self) -> Vec<super::audit::AuditEntry> {
-        self.audit.lock().map(|a| a.entries()).unwrap_or_default()
     }
 
     pub(super) fn restore_audit(&self, entries: Vec<super::audit::AuditEntry>) {
@@ -326,11 +324,8 @@ pub struct SandboxManager {
     lifecycle_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Creations in progress, counted against `max_sandboxes`.
     pub(super) creating: AtomicUsize,
-    /// Poked after every change that belongs in the state file.
-    pub(super) dirty: Arc<tokio::sync::Notify>,
-    /// Set after a change that may wait for the next periodic write (the
-    /// audit log: a burst of commands must not cost an fsync each).
-    pub(super) history_dirty: Arc<std::sync::atomic::AtomicBool>,
+    /// The state database every change is recorded in.
+    pub(super) state: super::state::StateHandle,
     /// Sandboxes whose VM went away without being destroyed, with why. A
     /// lost name is never silently re-created: tools report it until
     /// `reset` or `destroy` acknowledges the loss.
@@ -356,8 +351,7 @@ impl SandboxManager {
             sandboxes: Mutex::default(),
             lifecycle_locks: Mutex::default(),
             creating: AtomicUsize::new(0),
-            dirty: Arc::default(),
-            history_dirty: Arc::default(),
+            state: Default::default(),
             lost: Mutex::default(),
             gone_children: Mutex::default(),
             host_ca: Default::default(),
@@ -410,12 +404,6 @@ impl SandboxManager {
             manager.lock_map().remove(&orphan.name);
         }
         Ok(manager)
-    }
-
-    /// Tell the state file writer that something it saves has changed; the
-    /// writer coalesces bursts into one write.
-    pub fn state_changed(&self) {
-        self.dirty.notify_one();
     }
 
     /// Register for destroy/replace events.
@@ -528,7 +516,7 @@ impl SandboxManager {
         tracing::warn!(sandbox = %name, "sandbox lost: {why}");
         self.lost.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), why.to_string());
         self.notify(|l| l.destroyed(name));
-        self.state_changed();
+        self.record_lost(name, why);
     }
 
     /// Acknowledge a lost sandbox: the name is free again. False if it was
@@ -536,7 +524,7 @@ impl SandboxManager {
     pub fn forget_lost(&self, name: &str) -> bool {
         let removed = self.lost.lock().unwrap_or_else(|p| p.into_inner()).remove(name).is_some();
         if removed {
-            self.state_changed();
+            self.record_found(name);
         }
         removed
     }
@@ -623,6 +611,7 @@ impl SandboxManager {
         for child in self.children(name) {
             let lock = self.lifecycle_lock(&child.name);
             let _guard = lock.lock().await;
+            self.record_destroying(&child.name);
             Box::pin(self.destroy_subtree(&child.name)).await;
             if let Err(e) = self.remove_vm(&child.name).await {
                 tracing::warn!(sandbox = %child.name, "could not destroy child sandbox: {e}");
@@ -638,7 +627,8 @@ impl SandboxManager {
         }
         if self.lock_map().remove(name).is_some() {
             self.notify(|l| l.destroyed(name));
-            self.state_changed();
+            self.record_removed(name);
+            self.committed().await;
         }
         Ok(())
     }
@@ -768,7 +758,8 @@ impl SandboxManager {
         sandbox.set_lease(lease.map(|t| SystemTime::now() + t));
         self.lock_map().insert(name.to_string(), sandbox.clone());
         self.gone_children.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
-        self.state_changed();
+        self.record_created(&sandbox);
+        self.committed().await;
         tracing::info!(sandbox = %name, "created sandbox");
         Ok(sandbox)
     }
@@ -817,6 +808,10 @@ impl SandboxManager {
         let lock = self.lifecycle_lock(name);
         let _guard = lock.lock().await;
         let sandbox = self.get(name)?;
+        // Durable before anything is destroyed: a crash from here on never
+        // brings the sandbox back as lost.
+        self.record_destroying(name);
+        self.committed().await;
         self.destroy_subtree(name).await;
         self.remove_vm(name).await?;
         if !keep_volumes {
@@ -942,6 +937,8 @@ impl SandboxManager {
         // A reset replaces the VM, not the lease: it must not extend it.
         if let Some(lease) = old.and_then(|s| s.lease_expires()) {
             fresh.set_lease(Some(lease));
+            self.record_sandbox(&fresh);
+            self.committed().await;
         }
         if existed {
             self.notify(|l| l.replaced(name));
@@ -1033,8 +1030,9 @@ impl SandboxManager {
             None => exec::run(&self.helper, &sandbox.name, process, &cmd.stdin, cmd.timeout).await?,
         };
         if let Some(text) = cmd.audit_as {
-            sandbox.record(&text, result.exit_code(), result.duration);
-            self.history_dirty.store(true, std::sync::atomic::Ordering::Relaxed);
+            let entry = sandbox.record(&text, result.exit_code(), result.duration);
+            self.record_history(&sandbox.name, &entry);
+            self.committed().await;
         }
         Ok(result)
     }

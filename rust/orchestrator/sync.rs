@@ -32,6 +32,7 @@ use super::{
     hostpath::{Entry, HostPath, expand_home},
     project::ProjectConfig,
     sandbox::Command,
+    state::SyncRecord,
     tarstream,
 };
 
@@ -283,11 +284,19 @@ impl SyncManager {
         };
         // Spawned under the lock: a job that ends at once cannot remove
         // itself before it was inserted.
-        let mut jobs = lock(&self.jobs);
-        let task = tokio::spawn(ctx.run(events, watcher));
-        jobs.insert(id.clone(), Job { spec: spec.clone(), task });
-        drop(jobs);
-        self.sandboxes.state_changed();
+        {
+            let mut jobs = lock(&self.jobs);
+            let task = tokio::spawn(ctx.run(events, watcher));
+            jobs.insert(id.clone(), Job { spec: spec.clone(), task });
+        }
+        self.sandboxes.record_sync(SyncRecord {
+            id: id.clone(),
+            local: spec.root.clone(),
+            sandbox: spec.sandbox.clone(),
+            dir: spec.dir.clone(),
+            files_synced: files_before + initial,
+        });
+        self.sandboxes.committed().await;
         tracing::info!(job = %id, sandbox = %spec.sandbox, local = %spec.root.display(), dir = %spec.dir, initial, "sync started");
         Ok((spec.info(), initial))
     }
@@ -305,7 +314,8 @@ impl SyncManager {
                 }
             }
         };
-        self.sandboxes.state_changed();
+        self.sandboxes.record_unsync(id);
+        self.sandboxes.committed().await;
         Ok(end(job).await)
     }
 
@@ -319,10 +329,8 @@ impl SyncManager {
         };
         let mut stopped = Vec::new();
         for job in gone {
+            self.sandboxes.record_unsync(&job.spec.id);
             stopped.push(end(job).await);
-        }
-        if !stopped.is_empty() {
-            self.sandboxes.state_changed();
         }
         stopped
     }

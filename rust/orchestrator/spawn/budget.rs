@@ -65,8 +65,8 @@ impl Reserved<'_> {
                 book.state.derived_policies.insert(child.name.clone(), derived);
             }
             book.reservations.remove(&self.plan.name);
+            m.sandboxes.record_spawn(&book.state);
         }
-        m.sandboxes.state_changed();
     }
 }
 

@@ -128,8 +128,9 @@ impl SpawnManager {
     /// policies of sandboxes that no longer exist are dropped.
     pub fn import_state(&self, mut state: SpawnState) {
         state.derived_policies.retain(|name, _| self.sandboxes.get(name).is_ok());
-        self.book().state = state;
-        self.sandboxes.state_changed();
+        let mut book = self.book();
+        book.state = state;
+        self.sandboxes.record_spawn(&book.state);
     }
 
     /// The policy `name` spawns under: its configured one, else the one it
@@ -157,7 +158,7 @@ impl SpawnManager {
         }
         let derived = parent_policy.derive(sandbox.lease_remaining().map(|d| d.as_secs()));
         book.state.derived_policies.insert(name.to_string(), derived.clone());
-        self.sandboxes.state_changed();
+        self.sandboxes.record_spawn(&book.state);
         Some(derived)
     }
 
@@ -203,6 +204,7 @@ impl SpawnManager {
         };
         let child = self.sandboxes.create(&plan.name, &origin).await?;
         reserved.register(&child);
+        self.sandboxes.committed().await;
         tracing::info!(sandbox = %child.name, parent, "spawned child sandbox");
         Ok(child)
     }
@@ -262,13 +264,14 @@ impl SandboxListener for FollowSpawns {
                 book.state.spawn_seqs.remove(name);
                 book.state.parent_generations.remove(name);
             }
+            m.sandboxes.record_spawn(&book.state);
         }
-        m.sandboxes.state_changed();
     }
 
     fn replaced(&self, name: &str) {
-        *self.0.book().state.parent_generations.entry(name.to_string()).or_default() += 1;
-        self.0.sandboxes.state_changed();
+        let mut book = self.0.book();
+        *book.state.parent_generations.entry(name.to_string()).or_default() += 1;
+        self.0.sandboxes.record_spawn(&book.state);
     }
 }
 

@@ -1,0 +1,742 @@
+//! What the orchestrator knows that the helper cannot tell it after a
+//! restart — leases, command history, persistent env, port forwards, sync
+//! jobs, spawn counters and derived policies, sandboxes that were lost or
+//! were being destroyed — kept in a SQLite database (`state.db`, WAL), and
+//! putting it back at start.
+//!
+//! Every change is a small transaction of its own, committed before the tool
+//! that made it answers ([`SandboxManager::committed`]). Changes that read
+//! what they modify (env) do so inside one write transaction, so several
+//! server processes sharing the file never lose each other's updates.
+//! Which sandboxes exist is never taken from the database: the helper's VMs
+//! (and their labels) are the truth, so a stale or damaged database can
+//! neither resurrect a sandbox nor orphan one.
+//!
+//! - [`store`]: opening, schema migrations, a damaged file set aside, the
+//!   database thread.
+//! - [`import`]: the JSON state file of earlier versions, imported once.
+pub mod import;
+pub mod store;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::PathBuf,
+    sync::{Arc, Mutex, OnceLock},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use rusqlite::{Connection, OptionalExtension as _, Transaction, TransactionBehavior};
+use serde::Deserialize;
+
+use super::{Orchestrator, audit::AuditEntry, sandbox::Sandbox, sandbox::SandboxManager, spawn::SpawnState};
+pub use store::Store;
+
+/// Where the database lives.
+pub fn path() -> PathBuf {
+    crate::paths::state_dir().join("state.db")
+}
+
+/// The JSON state file earlier versions wrote beside it.
+fn legacy_path(db: &std::path::Path) -> PathBuf {
+    db.with_file_name("state.json")
+}
+
+/// Everything that can go wrong with the database.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// A file operation failed.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The file or directory.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The database could not be opened (busy, permissions).
+    #[error("cannot open the state database {path}: {source}")]
+    Open {
+        /// The file.
+        path: String,
+        /// The error.
+        source: rusqlite::Error,
+    },
+    /// Even a fresh database could not be used.
+    #[error("the state database {path} is unreadable: {reason}")]
+    Damaged {
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// A newer sandbox-mcp wrote it; it is left untouched.
+    #[error(
+        "the state database {path} has schema version {version}, written by a newer sandbox-mcp; it is left untouched and nothing is saved until that version runs again"
+    )]
+    Newer {
+        /// The file.
+        path: String,
+        /// Its `user_version`.
+        version: u32,
+    },
+    /// The old JSON state file was not a state we know.
+    #[error("the old state file {path} is unreadable ({reason}); it was moved to {moved_to} and is ignored")]
+    Unimportable {
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+        /// Where it is now.
+        moved_to: String,
+    },
+    /// A statement failed.
+    #[error("state database: {0}")]
+    Db(#[from] rusqlite::Error),
+    /// The database thread is gone (the server is shutting down).
+    #[error("the state database is closed")]
+    Closed,
+}
+
+/// One sandbox's row.
+#[derive(Debug, Clone, Default)]
+pub struct SandboxRecord {
+    /// Sandbox name (also the VM id).
+    pub name: String,
+    /// Image it runs.
+    pub image: String,
+    /// Parent of a child.
+    pub parent: Option<String>,
+    /// Unix seconds of its start.
+    pub created_at: f64,
+    /// Unix seconds when its lease (a child's TTL) ends.
+    pub expires_at: Option<f64>,
+    /// CPU limit.
+    pub cpus: u32,
+    /// Memory limit in MiB.
+    pub memory_mb: u64,
+    /// 0 top level, 1 child, 2 grandchild.
+    pub generation: u32,
+}
+
+/// One history entry.
+#[derive(Debug, Clone, Deserialize)]
+pub struct AuditRecord {
+    /// Redacted command.
+    pub command: String,
+    /// Exit code.
+    pub exit_code: i32,
+    /// Milliseconds.
+    pub duration_ms: u64,
+    /// Unix seconds when it finished.
+    pub at: f64,
+}
+
+/// One port forward.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ForwardRecord {
+    /// Port on the host's loopback.
+    pub host_port: u16,
+    /// Sandbox name.
+    pub sandbox: String,
+    /// Port inside the sandbox.
+    pub port: u16,
+}
+
+/// One sync job.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SyncRecord {
+    /// Job id, kept across restarts.
+    pub id: String,
+    /// Host directory.
+    pub local: PathBuf,
+    /// Sandbox name.
+    pub sandbox: String,
+    /// Directory inside the sandbox.
+    pub dir: String,
+    /// Files pushed so far.
+    #[serde(default)]
+    pub files_synced: u64,
+}
+
+fn secs(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+fn time(secs: f64) -> SystemTime {
+    UNIX_EPOCH + Duration::try_from_secs_f64(secs).unwrap_or_default()
+}
+
+impl AuditRecord {
+    fn of(e: &AuditEntry) -> Self {
+        Self {
+            command: e.command.clone(),
+            exit_code: e.exit_code,
+            duration_ms: e.duration.as_millis() as u64,
+            at: secs(e.at),
+        }
+    }
+
+    fn entry(&self) -> AuditEntry {
+        AuditEntry {
+            command: self.command.clone(),
+            exit_code: self.exit_code,
+            duration: Duration::from_millis(self.duration_ms),
+            at: time(self.at),
+        }
+    }
+}
+
+impl SandboxRecord {
+    fn of(s: &Sandbox) -> Self {
+        Self {
+            name: s.name.clone(),
+            image: s.image.clone(),
+            parent: s.parent.clone(),
+            created_at: secs(s.started_at),
+            expires_at: s.lease_expires().map(secs),
+            cpus: s.cpus,
+            memory_mb: s.memory_bytes >> 20,
+            generation: s.generation,
+        }
+    }
+}
+
+/// The statements, each given an open transaction (or connection).
+pub(crate) mod ops {
+    use super::*;
+
+    /// Insert or update a sandbox's row; its `destroying` mark is kept.
+    pub fn put_sandbox(c: &Connection, r: &SandboxRecord) -> rusqlite::Result<()> {
+        c.execute(
+            "INSERT INTO sandboxes (name, image, parent, created_at, expires_at, cpus, memory_mb, generation)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+             ON CONFLICT (name) DO UPDATE SET image = excluded.image, parent = excluded.parent,
+                 created_at = excluded.created_at, expires_at = excluded.expires_at, cpus = excluded.cpus,
+                 memory_mb = excluded.memory_mb, generation = excluded.generation",
+            (&r.name, &r.image, &r.parent, r.created_at, r.expires_at, r.cpus, r.memory_mb as i64, r.generation),
+        )?;
+        Ok(())
+    }
+
+    /// Append a history entry, keeping the newest [`AUDIT_LOG_SIZE`](crate::orchestrator::audit::AUDIT_LOG_SIZE).
+    pub fn add_history(c: &Connection, sandbox: &str, a: &AuditRecord) -> rusqlite::Result<()> {
+        c.execute(
+            "INSERT INTO history (sandbox, command, exit_code, duration_ms, at) VALUES (?1, ?2, ?3, ?4, ?5)",
+            (sandbox, &a.command, a.exit_code, a.duration_ms as i64, a.at),
+        )?;
+        c.execute(
+            "DELETE FROM history WHERE sandbox = ?1 AND id <= (
+                 SELECT id FROM history WHERE sandbox = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)",
+            (sandbox, crate::orchestrator::audit::AUDIT_LOG_SIZE as i64),
+        )?;
+        Ok(())
+    }
+
+    /// Record a forward (replacing one on the same host port).
+    pub fn put_forward(c: &Connection, f: &ForwardRecord) -> rusqlite::Result<()> {
+        c.execute(
+            "INSERT OR REPLACE INTO forwards (host_port, sandbox, port) VALUES (?1, ?2, ?3)",
+            (f.host_port, &f.sandbox, f.port),
+        )?;
+        Ok(())
+    }
+
+    /// Record a sync job.
+    pub fn put_sync(c: &Connection, j: &SyncRecord) -> rusqlite::Result<()> {
+        c.execute(
+            "INSERT OR REPLACE INTO sync_jobs (id, local, sandbox, dir, files_synced) VALUES (?1, ?2, ?3, ?4, ?5)",
+            (&j.id, j.local.to_string_lossy(), &j.sandbox, &j.dir, j.files_synced as i64),
+        )?;
+        Ok(())
+    }
+
+    /// Record a lost sandbox; what was kept for it goes (a lost sandbox is
+    /// reset or destroyed, never brought back).
+    pub fn put_lost(c: &Connection, name: &str, why: &str) -> rusqlite::Result<()> {
+        c.execute("INSERT OR REPLACE INTO lost (name, reason) VALUES (?1, ?2)", (name, why))?;
+        forget_sandbox(c, name)
+    }
+
+    /// Forget a sandbox's row, history and env.
+    pub fn forget_sandbox(c: &Connection, name: &str) -> rusqlite::Result<()> {
+        for table in ["DELETE FROM sandboxes WHERE name = ?1", "DELETE FROM history WHERE sandbox = ?1"] {
+            c.execute(table, [name])?;
+        }
+        put_env(c, name, None)
+    }
+
+    /// Replace a sandbox's env (`None`: no record of it at all).
+    pub fn put_env(c: &Connection, name: &str, env: Option<&BTreeMap<String, String>>) -> rusqlite::Result<()> {
+        c.execute("DELETE FROM env WHERE sandbox = ?1", [name])?;
+        c.execute("DELETE FROM env_known WHERE sandbox = ?1", [name])?;
+        if let Some(env) = env {
+            c.execute("INSERT INTO env_known (sandbox) VALUES (?1)", [name])?;
+            for (k, v) in env {
+                c.execute("INSERT INTO env (sandbox, key, value) VALUES (?1, ?2, ?3)", (name, k, v))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A sandbox's env, if it was ever recorded.
+    pub fn env(c: &Connection, name: &str) -> rusqlite::Result<Option<BTreeMap<String, String>>> {
+        let known: bool =
+            c.query_row("SELECT EXISTS (SELECT 1 FROM env_known WHERE sandbox = ?1)", [name], |r| r.get(0))?;
+        if !known {
+            return Ok(None);
+        }
+        let mut stmt = c.prepare_cached("SELECT key, value FROM env WHERE sandbox = ?1")?;
+        let rows = stmt.query_map([name], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect::<rusqlite::Result<_>>().map(Some)
+    }
+
+    /// Save the spawn bookkeeping.
+    pub fn put_spawn(c: &Connection, s: &SpawnState) -> rusqlite::Result<()> {
+        let json = serde_json::to_string(s).map_err(|e| rusqlite::Error::ToSqlConversionFailure(e.into()))?;
+        c.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('spawn', ?1)", [json])?;
+        Ok(())
+    }
+}
+
+/// The state as the database holds it.
+#[derive(Debug, Default)]
+struct Snapshot {
+    sandboxes: Vec<(SandboxRecord, bool)>,
+    history: BTreeMap<String, Vec<AuditRecord>>,
+    env: BTreeMap<String, BTreeMap<String, String>>,
+    forwards: Vec<ForwardRecord>,
+    sync_jobs: Vec<SyncRecord>,
+    lost: BTreeMap<String, String>,
+    spawn: SpawnState,
+}
+
+fn load(c: &mut Connection) -> rusqlite::Result<Snapshot> {
+    let tx = c.transaction()?;
+    let mut s = Snapshot::default();
+    {
+        let mut q = tx.prepare(
+            "SELECT name, image, parent, created_at, expires_at, cpus, memory_mb, generation, destroying FROM sandboxes",
+        )?;
+        let rows = q.query_map([], |r| {
+            Ok((
+                SandboxRecord {
+                    name: r.get(0)?,
+                    image: r.get(1)?,
+                    parent: r.get(2)?,
+                    created_at: r.get(3)?,
+                    expires_at: r.get(4)?,
+                    cpus: r.get(5)?,
+                    memory_mb: r.get::<_, i64>(6)? as u64,
+                    generation: r.get(7)?,
+                },
+                r.get::<_, bool>(8)?,
+            ))
+        })?;
+        s.sandboxes = rows.collect::<rusqlite::Result<_>>()?;
+        let mut q = tx.prepare("SELECT sandbox, command, exit_code, duration_ms, at FROM history ORDER BY id")?;
+        let mut rows = q.query([])?;
+        while let Some(r) = rows.next()? {
+            s.history.entry(r.get(0)?).or_default().push(AuditRecord {
+                command: r.get(1)?,
+                exit_code: r.get(2)?,
+                duration_ms: r.get::<_, i64>(3)? as u64,
+                at: r.get(4)?,
+            });
+        }
+        let mut q = tx.prepare("SELECT sandbox FROM env_known")?;
+        let known: Vec<String> = q.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
+        for name in known {
+            s.env.insert(name.clone(), ops::env(&tx, &name)?.unwrap_or_default());
+        }
+        let mut q = tx.prepare("SELECT host_port, sandbox, port FROM forwards")?;
+        s.forwards = q
+            .query_map([], |r| Ok(ForwardRecord { host_port: r.get(0)?, sandbox: r.get(1)?, port: r.get(2)? }))?
+            .collect::<rusqlite::Result<_>>()?;
+        let mut q = tx.prepare("SELECT id, local, sandbox, dir, files_synced FROM sync_jobs")?;
+        s.sync_jobs = q
+            .query_map([], |r| {
+                Ok(SyncRecord {
+                    id: r.get(0)?,
+                    local: PathBuf::from(r.get::<_, String>(1)?),
+                    sandbox: r.get(2)?,
+                    dir: r.get(3)?,
+                    files_synced: r.get::<_, i64>(4)? as u64,
+                })
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        let mut q = tx.prepare("SELECT name, reason FROM lost")?;
+        s.lost = q.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
+        let spawn: Option<String> =
+            tx.query_row("SELECT value FROM meta WHERE key = 'spawn'", [], |r| r.get(0)).optional()?;
+        if let Some(json) = spawn {
+            match serde_json::from_str(&json) {
+                Ok(state) => s.spawn = state,
+                Err(e) => tracing::warn!("ignoring unreadable spawn bookkeeping in the state database: {e}"),
+            }
+        }
+    }
+    tx.finish()?;
+    Ok(s)
+}
+
+/// The database as the sandbox registry holds it: opened at
+/// [`Orchestrator::resume`]; until then (and when it cannot be opened)
+/// changes are not saved, and [`Self::notice`] says why.
+#[derive(Default)]
+pub struct StateHandle {
+    store: OnceLock<Store>,
+    notice: Mutex<Option<String>>,
+}
+
+impl StateHandle {
+    fn submit(&self, what: &'static str, f: impl FnOnce(&Transaction<'_>) -> rusqlite::Result<()> + Send + 'static) {
+        let Some(store) = self.store.get() else { return };
+        // Queued now, run in order: callers that answer a tool wait for
+        // `committed`, which runs after it.
+        store.queue(move |c| {
+            let done = c.transaction_with_behavior(TransactionBehavior::Immediate).and_then(|tx| {
+                f(&tx)?;
+                tx.commit()
+            });
+            if let Err(e) = done {
+                tracing::warn!("could not save {what} in the state database: {e}");
+            }
+        });
+    }
+
+    /// What a problem with the database means for the user, if there is one.
+    pub fn notice(&self) -> Option<String> {
+        self.notice.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set_notice(&self, text: String) {
+        tracing::warn!("{text}");
+        *self.notice.lock().unwrap_or_else(|p| p.into_inner()) = Some(text);
+    }
+}
+
+impl SandboxManager {
+    /// Wait until every change recorded so far is committed.
+    pub async fn committed(&self) {
+        if let Some(store) = self.state.store.get() {
+            let _ = store.call(|_| Ok(())).await;
+        }
+    }
+
+    /// At shutdown: wait for every change, then move the WAL's contents into
+    /// the database file, so the file alone is the whole state.
+    pub async fn close_state(&self) {
+        if let Some(store) = self.state.store.get() {
+            let done = store.call(|c| c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))).await;
+            if let Err(e) = done {
+                tracing::warn!("could not checkpoint the state database: {e}");
+            }
+        }
+    }
+
+    /// A problem with the state database, for `status` and `health`.
+    pub fn state_notice(&self) -> Option<String> {
+        self.state.notice()
+    }
+
+    /// A sandbox's row changed (its lease).
+    pub(super) fn record_sandbox(&self, s: &Sandbox) {
+        let r = SandboxRecord::of(s);
+        self.state.submit("a sandbox's lease", move |c| ops::put_sandbox(c, &r));
+    }
+
+    /// A sandbox was created (or replaced by reset/restore): a new row, no
+    /// history, its env as it starts, no loss.
+    pub(super) fn record_created(&self, s: &Sandbox) {
+        let (r, env) = (SandboxRecord::of(s), s.env());
+        self.state.submit("a new sandbox", move |c| {
+            ops::forget_sandbox(c, &r.name)?;
+            c.execute("DELETE FROM lost WHERE name = ?1", [&r.name])?;
+            ops::put_sandbox(c, &r)?;
+            ops::put_env(c, &r.name, Some(&env))
+        });
+    }
+
+    /// A sandbox is about to be destroyed: if the server dies before it is
+    /// gone, the next one finishes the job instead of reporting it lost.
+    pub(super) fn record_destroying(&self, name: &str) {
+        let name = name.to_string();
+        self.state.submit("a destroy", move |c| {
+            c.execute("UPDATE sandboxes SET destroying = 1 WHERE name = ?1", [&name]).map(drop)
+        });
+    }
+
+    /// A sandbox is gone (destroyed or reaped).
+    pub(super) fn record_removed(&self, name: &str) {
+        let name = name.to_string();
+        self.state.submit("a destroy", move |c| ops::forget_sandbox(c, &name));
+    }
+
+    /// A command finished.
+    pub(super) fn record_history(&self, name: &str, entry: &AuditEntry) {
+        let (name, a) = (name.to_string(), AuditRecord::of(entry));
+        self.state.submit("command history", move |c| ops::add_history(c, &name, &a));
+    }
+
+    /// A sandbox was lost.
+    pub(super) fn record_lost(&self, name: &str, why: &str) {
+        let (name, why) = (name.to_string(), why.to_string());
+        self.state.submit("a lost sandbox", move |c| ops::put_lost(c, &name, &why));
+    }
+
+    /// A loss was acknowledged.
+    pub(super) fn record_found(&self, name: &str) {
+        let name = name.to_string();
+        self.state
+            .submit("an acknowledged loss", move |c| c.execute("DELETE FROM lost WHERE name = ?1", [&name]).map(drop));
+    }
+
+    /// A port forward started.
+    pub(super) fn record_forward(&self, f: ForwardRecord) {
+        self.state.submit("a port forward", move |c| ops::put_forward(c, &f));
+    }
+
+    /// A port forward ended.
+    pub(super) fn record_unforward(&self, host_port: u16) {
+        self.state.submit("a port forward", move |c| {
+            c.execute("DELETE FROM forwards WHERE host_port = ?1", [host_port]).map(drop)
+        });
+    }
+
+    /// A sync job started.
+    pub(super) fn record_sync(&self, j: SyncRecord) {
+        self.state.submit("a sync job", move |c| ops::put_sync(c, &j));
+    }
+
+    /// A sync job ended.
+    pub(super) fn record_unsync(&self, id: &str) {
+        let id = id.to_string();
+        self.state.submit("a sync job", move |c| c.execute("DELETE FROM sync_jobs WHERE id = ?1", [&id]).map(drop));
+    }
+
+    /// The spawn bookkeeping changed.
+    pub(super) fn record_spawn(&self, s: &SpawnState) {
+        let s = s.clone();
+        self.state.submit("spawn bookkeeping", move |c| ops::put_spawn(c, &s));
+    }
+
+    /// Change one env key inside one write transaction and return the whole
+    /// env after it: a change made meanwhile by another server process is
+    /// kept, never overwritten. `current` is the env when the database has
+    /// no record of it (or there is no database).
+    pub(super) async fn change_env(
+        &self,
+        name: &str,
+        key: &str,
+        value: Option<&str>,
+        current: BTreeMap<String, String>,
+        commit: bool,
+    ) -> Result<BTreeMap<String, String>, StateError> {
+        let apply = {
+            let (key, value) = (key.to_string(), value.map(str::to_string));
+            move |env: &mut BTreeMap<String, String>| match &value {
+                Some(v) => drop(env.insert(key.clone(), v.clone())),
+                None => drop(env.remove(&key)),
+            }
+        };
+        let Some(store) = self.state.store.get() else {
+            let mut env = current;
+            apply(&mut env);
+            return Ok(env);
+        };
+        let name = name.to_string();
+        store
+            .call(move |c| {
+                let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let mut env = ops::env(&tx, &name)?.unwrap_or(current);
+                apply(&mut env);
+                if commit {
+                    ops::put_env(&tx, &name, Some(&env))?;
+                    tx.commit()?;
+                }
+                Ok(env)
+            })
+            .await
+    }
+}
+
+/// Open the database at `db` (importing an old `state.json` beside it once),
+/// and put what it holds back onto the freshly attached sandboxes: leases,
+/// history, env, lost sandboxes, destroys to finish, then forwards and sync
+/// jobs (which need their sandbox running). Problems are logged, and those
+/// the user must know of are shown by `status` and `health`; a forward whose
+/// port is now taken must not keep the others from coming back.
+pub async fn restore(o: &Orchestrator, db: PathBuf) {
+    let state = &o.sandboxes.state;
+    let opened = tokio::task::spawn_blocking(move || Store::open(&db).map(|s| (s, db))).await;
+    let (store, db) = match opened {
+        Ok(Ok(((store, set_aside), db))) => {
+            if let Some(aside) = set_aside {
+                state.set_notice(format!(
+                    "The state database was unreadable ({}) and was moved to {}; a new one was started, so leases, history and env saved before were not restored.",
+                    aside.reason,
+                    aside.moved_to.display()
+                ));
+            }
+            (store, db)
+        }
+        Ok(Err(e)) => {
+            state.set_notice(format!("State is not being saved: {e}"));
+            return;
+        }
+        Err(e) => {
+            state.set_notice(format!("State is not being saved: the database could not be opened: {e}"));
+            return;
+        }
+    };
+    let legacy = legacy_path(&db);
+    match store.call(move |c| Ok(import::import(c, &legacy))).await {
+        Ok(Ok(import::Imported::Done)) => tracing::info!("imported the old state file into {}", db.display()),
+        Ok(Ok(import::Imported::Nothing)) => {}
+        Ok(Err(e)) => state.set_notice(e.to_string()),
+        Err(e) => state.set_notice(e.to_string()),
+    }
+    let snapshot = match store.call(load).await {
+        Ok(s) => s,
+        Err(e) => {
+            state.set_notice(format!("State is not being saved: reading the state database failed: {e}"));
+            return;
+        }
+    };
+    let _ = state.store.set(store);
+    apply(o, snapshot).await;
+    o.sandboxes.committed().await;
+}
+
+async fn apply(o: &Orchestrator, mut saved: Snapshot) {
+    let m = &o.sandboxes;
+    let attached: BTreeMap<String, Arc<Sandbox>> = m.list().into_iter().map(|s| (s.name.clone(), s)).collect();
+    let mut lost = saved.lost.clone();
+    let mut recorded = BTreeSet::new();
+    for (record, destroying) in &saved.sandboxes {
+        let name = &record.name;
+        recorded.insert(name.clone());
+        match (attached.get(name), destroying) {
+            // The server that was destroying it died first: finish the job.
+            (Some(_), true) => {
+                tracing::info!(sandbox = %name, "finishing a destroy cut short by a crash");
+                if let Err(e) = m.destroy(name).await {
+                    tracing::warn!(sandbox = %name, "could not finish destroying: {e}");
+                }
+            }
+            (None, true) => m.record_removed(name),
+            (Some(s), false) => {
+                s.set_lease(record.expires_at.map(time));
+                let history = saved.history.remove(name).unwrap_or_default();
+                s.restore_audit(history.iter().map(AuditRecord::entry).collect());
+            }
+            (None, false) => {
+                let why = "its VM was gone when the server restarted (the VM helper stopped or the machine rebooted)";
+                let why = lost.entry(name.clone()).or_insert_with(|| why.into());
+                m.record_lost(name, why);
+            }
+        }
+    }
+    let attached: BTreeMap<String, Arc<Sandbox>> = m.list().into_iter().map(|s| (s.name.clone(), s)).collect();
+    for (name, s) in &attached {
+        match saved.env.remove(name) {
+            Some(env) => *s.env.lock().unwrap_or_else(|p| p.into_inner()) = env,
+            // Attached for the first time since this database exists: what
+            // the sandbox holds is the env.
+            None => {
+                let env = s.env();
+                let name = name.clone();
+                m.state.submit("a sandbox's env", move |c| ops::put_env(c, &name, Some(&env)));
+            }
+        }
+        if !recorded.contains(name) {
+            m.record_sandbox(s);
+        }
+    }
+    for name in lost.keys().filter(|n| attached.contains_key(*n)) {
+        m.record_found(name);
+    }
+    lost.retain(|name, _| !attached.contains_key(name));
+    m.set_lost(lost);
+    o.spawns.import_state(saved.spawn);
+    for f in saved.forwards.iter().filter(|f| attached.contains_key(&f.sandbox)) {
+        if let Err(e) = o.forwards.expose(&f.sandbox, f.port.into(), f.host_port.into()).await {
+            tracing::warn!(sandbox = %f.sandbox, host_port = f.host_port, "could not restore port forward: {e}");
+        }
+    }
+    for j in saved.sync_jobs.iter().filter(|j| attached.contains_key(&j.sandbox)) {
+        if let Err(e) = o.syncs.resume(&j.id, &j.local, &j.dir, &j.sandbox, j.files_synced).await {
+            tracing::warn!(job = %j.id, sandbox = %j.sandbox, "could not resume sync job: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("sandbox-mcp-state-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn open(path: &std::path::Path) -> Connection {
+        let (store, _) = Store::open(path).unwrap();
+        drop(store);
+        Connection::open(path).unwrap()
+    }
+
+    #[test]
+    fn history_keeps_the_newest_entries() {
+        let dir = temp_dir("history");
+        let c = open(&dir.join("state.db"));
+        let n = crate::orchestrator::audit::AUDIT_LOG_SIZE + 5;
+        for i in 0..n {
+            let a = AuditRecord { command: format!("c{i}"), exit_code: 0, duration_ms: 1, at: i as f64 };
+            ops::add_history(&c, "default", &a).unwrap();
+        }
+        let mut c = c;
+        let s = load(&mut c).unwrap();
+        let h = &s.history["default"];
+        assert_eq!(h.len(), crate::orchestrator::audit::AUDIT_LOG_SIZE);
+        assert_eq!(h.first().unwrap().command, "c5");
+        assert_eq!(h.last().unwrap().command, format!("c{}", n - 1));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn imports_a_v2_file_once_and_renames_it() {
+        let dir = temp_dir("import");
+        let json = dir.join("state.json");
+        std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/state_v2.json"), &json).unwrap();
+        let mut c = open(&dir.join("state.db"));
+        assert_eq!(import::import(&mut c, &json).unwrap(), import::Imported::Done);
+        assert!(!json.exists() && dir.join("state.json.imported").exists());
+        assert_eq!(import::import(&mut c, &json).unwrap(), import::Imported::Nothing);
+        let s = load(&mut c).unwrap();
+        let commands: Vec<&str> = s.history["default"].iter().map(|a| a.command.as_str()).collect();
+        assert_eq!(commands, ["echo imported-history-one", "echo imported-history-two"]);
+        assert_eq!(s.sandboxes[0].0.name, "default");
+        assert!(s.sandboxes[0].0.expires_at.is_some());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn an_unreadable_old_file_is_moved_aside_not_deleted() {
+        let dir = temp_dir("badjson");
+        let json = dir.join("state.json");
+        let mut c = open(&dir.join("state.db"));
+        for text in ["{not json", r#"{"schema_version": 7}"#, r#"{"schema_version": 2, "sandboxes": 5}"#] {
+            std::fs::write(&json, text).unwrap();
+            let err = import::import(&mut c, &json).unwrap_err();
+            let StateError::Unimportable { moved_to, .. } = &err else { panic!("{err}") };
+            assert_eq!(std::fs::read_to_string(moved_to).unwrap(), text);
+            assert!(!json.exists());
+            assert!(err.to_string().contains("is ignored"), "{err}");
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
