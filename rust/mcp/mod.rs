@@ -29,7 +29,8 @@ use rmcp::{
 };
 
 use crate::orchestrator::{
-    Orchestrator, OrchestratorError, SandboxManager, forward::ForwardManager, spawn::SpawnManager, sync::SyncManager,
+    Config, Orchestrator, OrchestratorError, SandboxManager, config, forward::ForwardManager, spawn::SpawnManager,
+    sync::SyncManager,
 };
 
 /// What the server tells the agent about the sandbox model on connect.
@@ -48,12 +49,16 @@ pub struct SandboxServer {
     forwards: Arc<ForwardManager>,
     syncs: Arc<SyncManager>,
     spawns: Arc<SpawnManager>,
+    /// The session's configuration (its client's environment and start
+    /// directory), which every tool call runs under.
+    session: Arc<Config>,
     tool_router: ToolRouter<Self>,
 }
 
 impl SandboxServer {
-    /// A server over `orchestrator` (shared by every MCP session).
-    pub fn new(orchestrator: &Orchestrator) -> Self {
+    /// A server over `orchestrator` (shared by every MCP session) for a
+    /// session configured by `session`.
+    pub fn new(orchestrator: &Orchestrator, session: Arc<Config>) -> Self {
         let tool_router = Self::core_router()
             + Self::files_router()
             + Self::lifecycle_router()
@@ -70,13 +75,19 @@ impl SandboxServer {
             forwards: orchestrator.forwards.clone(),
             syncs: orchestrator.syncs.clone(),
             spawns: orchestrator.spawns.clone(),
+            session,
             tool_router,
         }
     }
 
-    /// Serve one MCP session on stdin/stdout until the client disconnects.
-    pub async fn serve_stdio(self) -> Result<(), std::io::Error> {
-        let service = self.serve(rmcp::transport::stdio()).await.map_err(std::io::Error::other)?;
+    /// Serve one MCP session over a byte stream (a front-end's connection)
+    /// until the client disconnects.
+    pub async fn serve_stream<R, W>(self, read: R, write: W) -> Result<(), std::io::Error>
+    where
+        R: tokio::io::AsyncRead + Send + Unpin + 'static,
+        W: tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
+        let service = self.serve((read, write)).await.map_err(std::io::Error::other)?;
         service.waiting().await.map_err(std::io::Error::other)?;
         Ok(())
     }
@@ -91,7 +102,7 @@ impl ServerHandler for SandboxServer {
         context: rmcp::service::RequestContext<rmcp::RoleServer>,
     ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
-        let mut response = self.tool_router.call(tcc).await?;
+        let mut response = config::with_session(self.session.clone(), self.tool_router.call(tcc)).await?;
         if let rmcp::model::CallToolResponse::Complete(result) = &mut response {
             format::make_controls_visible(result);
         }
