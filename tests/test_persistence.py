@@ -13,6 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from conftest import stop_daemon
 from mcp_client import McpError
 from waiting import wait_for
 
@@ -145,6 +146,8 @@ def test_damaged_state_file_is_moved_aside_and_sandboxes_still_attach(server_fac
     first = server_factory()
     first.tool("exec", command="echo x > /workspace/x")
     first.close()
+    # The daemon keeps the state in memory while it runs: a new one reads the file.
+    stop_daemon(env)
     path = Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "state.json"
     path.write_text("{ not json")
     second = server_factory()
@@ -169,6 +172,7 @@ def test_helper_crash_is_noticed_restarted_and_sandboxes_reported_lost(server_fa
     assert not err and text.splitlines()[0] == "fresh", text
     # The loss survives a server restart and is acknowledged by reset.
     srv.close()
+    stop_daemon(env)
     again = server_factory()
     text, err = again.tool("exec", command="true")
     assert err and "was lost" in text, text
@@ -221,6 +225,7 @@ def test_a_sandbox_whose_creation_was_cut_short_is_not_handed_out(server_factory
     assert not err, text
     first.tool("exec", command="true", sandbox="whole")
     first.close()
+    stop_daemon(env)
     # What a server killed in the middle of creating 'half' leaves behind:
     # the VM, the marker naming that (now dead) server, and no record of
     # 'half' in the state file (it was never finished, so never saved).

@@ -44,7 +44,6 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 struct Sessions {
     open: AtomicUsize,
     idle_since: Mutex<Option<Instant>>,
-    changed: tokio::sync::Notify,
 }
 
 /// Counts one open session until dropped.
@@ -69,7 +68,6 @@ impl Drop for SessionGuard {
     fn drop(&mut self) {
         *self.0.idle_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.0.open.fetch_sub(1, Ordering::SeqCst);
-        self.0.changed.notify_waiters();
     }
 }
 
@@ -102,11 +100,14 @@ pub async fn run(helper_bin: PathBuf) -> Result<(), DaemonError> {
     tokio::spawn(stop_on_signal(daemon.shutdown.clone()));
     let idle = idle_limit();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    // Held from the end of a drain to exit: no call starts on a daemon that
+    // is going away.
+    let mut _no_more_calls = None;
     loop {
         tokio::select! {
             _ = daemon.shutdown.cancelled() => break,
             _ = daemon.draining.cancelled() => {
-                drain(&daemon).await;
+                _no_more_calls = drain(&daemon).await;
                 break;
             }
             _ = tick.tick() => {
@@ -165,22 +166,17 @@ async fn stop_on_signal(shutdown: CancellationToken) {
     shutdown.cancel();
 }
 
-/// A newer front-end asked this daemon to make way: no new sessions; the
-/// open ones get until [`DRAIN_TIMEOUT`] to finish before the daemon exits.
-async fn drain(daemon: &Daemon) {
+/// A newer front-end asked this daemon to make way: no new sessions, and
+/// the tool calls in progress get until [`DRAIN_TIMEOUT`] to finish (later
+/// calls wait) before the daemon saves its state and exits. The sandboxes stay
+/// in the helper for the next daemon.
+async fn drain(daemon: &Daemon) -> Option<tokio::sync::OwnedRwLockWriteGuard<()>> {
     tracing::info!(open = daemon.sessions.open.load(Ordering::SeqCst), "draining for a newer build");
-    let closed = async {
-        loop {
-            let changed = daemon.sessions.changed.notified();
-            if daemon.sessions.open.load(Ordering::SeqCst) == 0 {
-                return;
-            }
-            changed.await;
-        }
-    };
-    if tokio::time::timeout(DRAIN_TIMEOUT, closed).await.is_err() {
-        tracing::warn!("sessions still open after {} s of draining: exiting anyway", DRAIN_TIMEOUT.as_secs());
+    let calls = tokio::time::timeout(DRAIN_TIMEOUT, daemon.orchestrator.calls.clone().write_owned()).await;
+    if calls.is_err() {
+        tracing::warn!("calls still running after {} s of draining: exiting anyway", DRAIN_TIMEOUT.as_secs());
     }
+    calls.ok()
 }
 
 /// One front-end connection, from handshake to close.

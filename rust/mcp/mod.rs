@@ -52,6 +52,8 @@ pub struct SandboxServer {
     /// The session's configuration (its client's environment and start
     /// directory), which every tool call runs under.
     session: Arc<Config>,
+    /// The daemon's gauge of calls in progress (see [`Orchestrator::calls`]).
+    calls: Arc<tokio::sync::RwLock<()>>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -76,6 +78,7 @@ impl SandboxServer {
             syncs: orchestrator.syncs.clone(),
             spawns: orchestrator.spawns.clone(),
             session,
+            calls: orchestrator.calls.clone(),
             tool_router,
         }
     }
@@ -101,6 +104,7 @@ impl ServerHandler for SandboxServer {
         request: rmcp::model::CallToolRequestParams,
         context: rmcp::service::RequestContext<rmcp::RoleServer>,
     ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
+        let _in_progress = self.calls.read().await;
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
         let mut response = config::with_session(self.session.clone(), self.tool_router.call(tcc)).await?;
         if let rmcp::model::CallToolResponse::Complete(result) = &mut response {
