@@ -279,3 +279,58 @@ def test_a_newer_build_replaces_the_daemon_and_keeps_the_sandboxes(front_end, en
     assert Path(f"/proc/{new_pid}/exe").resolve() == Path(required_env("SANDBOX_MCP_BIN")).resolve()
     log = (Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "daemon.log").read_text()
     assert "draining for a newer build" in log
+
+
+def test_a_second_daemon_refuses_to_start(front_end, env):
+    front_end().tool("status")
+    out = subprocess.run([required_env("SANDBOX_MCP_BIN"), "daemon"], env={**os.environ, **env},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "another sandbox-mcp daemon is running" in out.stderr, out.stderr
+
+
+def test_a_daemon_that_cannot_start_is_reported_by_the_front_end(front_end, env):
+    with pytest.raises(McpError) as e:
+        front_end(SANDBOX_VM_HELPER_BIN="/nonexistent/sandbox-vm-helper")
+    log = Path(env["SANDBOX_MCP_TEST_TMP"]) / "front-end-0.log"
+    text = log.read_text()
+    assert "the sandbox-mcp daemon did not start: it exited" in text and "/nonexistent/sandbox-vm-helper" in text, text
+    assert "daemon.log" in text, text
+    assert daemon_pids(env) == []
+
+
+def test_a_broken_handshake_is_dropped_and_the_daemon_serves_on(front_end, env):
+    client = front_end()
+    for junk in (b"not json\n", b"{\"build\": 1}\n", b"x" * (2 << 20)):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(str(runtime(env) / "daemon.sock"))
+        s.settimeout(30)
+        try:
+            s.sendall(junk)
+            assert s.recv(100) == b""
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            s.close()
+    log = (Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "daemon.log").read_text()
+    assert "bad handshake line" in log and "handshake line incomplete or over" in log, log
+    assert not client.tool("exec", command="true")[1]
+
+
+def test_http_on_an_address_in_use_is_refused_naming_it(front_end, env):
+    front_end().tool("status")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        addr = "127.0.0.1:%d" % taken.getsockname()[1]
+        out = subprocess.run([required_env("SANDBOX_MCP_BIN"), "serve", "--http", addr], env={**os.environ, **env},
+                             capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and f"cannot listen on {addr}" in out.stderr, out.stderr
+
+
+def test_an_idle_daemon_without_sandboxes_exits(front_end, env):
+    client = front_end(SANDBOX_MCP_DAEMON_IDLE="1")
+    assert client.tool("status")[0].startswith("No active sandboxes")
+    pid = daemon_pid(env)
+    client.close()
+    until(lambda: exited(pid), "idle daemon exits")
+    assert not (runtime(env) / "daemon.sock").exists() and daemon_pid(env) is None
