@@ -8,6 +8,9 @@ Measures, on an isolated server (fresh XDG dirs, helper stopped at the end):
       (egress + host CA trust), with `trust_host_ca = false`, and with network `none`
       and no CA trust (profiles of the run's config file);
   (c) baseline: this Python process running `sh -c 'echo hi'` with subprocess, p50/p99;
+  (g) relay overhead: warm `exec echo hi` from a minimal JSON-RPC client (no SDK), through a
+      stdio front-end (`sandbox-mcp` relaying to the daemon) and directly on the daemon's
+      socket, RELAY_CALLS each: the difference is what the front-end adds;
   (d) port forward throughput: a server in the sandbox (bg, python3) sends FORWARD_MIB MiB
       of zeros through expose(); this process reads them from localhost, FORWARD_RUNS times (MB/s);
   (f) egress (the helper's network stack; needs root for the test host, else skipped): host
@@ -163,8 +166,12 @@ def server_env(base: str) -> dict[str, str]:
 
 
 def stop_helper(env: dict[str, str]) -> None:
-    """Stops the helper the server started (TERM, then KILL after 5 s)."""
-    pid_file = Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / "helper.pid"
+    """Stops the daemon, then the helper, the front-end started (TERM, then KILL after 5 s)."""
+    for name in ("daemon.pid", "helper.pid"):
+        stop_pid_file(Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / name)
+
+
+def stop_pid_file(pid_file: Path) -> None:
     try:
         pid = int(pid_file.read_text().strip())
         os.kill(pid, 15)
@@ -215,6 +222,67 @@ while True:
         c.sendall(block)
     c.close()
 """
+
+
+RELAY_CALLS = 500
+
+
+def raw_exec_calls(write: Callable[[bytes], None], readline: Callable[[], bytes]) -> list[float]:
+    """One MCP session over newline-delimited JSON-RPC: initialize, then
+    RELAY_CALLS warm `exec echo hi` calls, timed one by one (ms)."""
+    ids = iter(range(1, 1 << 30))
+
+    def rpc(method: str, params: dict) -> dict:
+        n = next(ids)
+        write(json.dumps({"jsonrpc": "2.0", "id": n, "method": method, "params": params}).encode() + b"\n")
+        while True:
+            line = readline()
+            if not line:
+                raise SystemExit(f"bench: the connection closed during {method}")
+            message = json.loads(line)
+            if message.get("id") == n:
+                if "error" in message or message.get("result", {}).get("isError"):
+                    raise SystemExit(f"bench: {method} failed: {message}")
+                return message
+
+    rpc("initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "bench", "version": "0"}})
+    write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+    call = {"name": "exec", "arguments": {"command": "echo hi", "sandbox": "bench"}}
+    for _ in range(WARMUP):
+        rpc("tools/call", call)
+    return [timed(lambda: rpc("tools/call", call)) for _ in range(RELAY_CALLS)]
+
+
+def bench_relay(binary: str, env: dict[str, str]) -> list[str]:
+    """Warm exec through a stdio front-end and directly on the daemon socket."""
+    proc = subprocess.Popen([binary], env={**os.environ, **env}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+
+    def write(b: bytes) -> None:
+        proc.stdin.write(b)
+        proc.stdin.flush()
+
+    try:
+        through = raw_exec_calls(write, proc.stdout.readline)
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    sock = socket.socket(socket.AF_UNIX)
+    sock.connect(str(Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / "daemon.sock"))
+    stream = sock.makefile("rb")
+    source = {"vars": {k: v for k, v in env.items() if k.startswith("SANDBOX_MCP_")}, "cwd": os.getcwd()}
+    sock.sendall(json.dumps({"build": "bench", "source": source, "mode": "stdio"}).encode() + b"\n")
+    reply = json.loads(stream.readline())
+    if reply.get("error"):
+        raise SystemExit(f"bench: the daemon refused the session: {reply['error']}")
+    try:
+        direct = raw_exec_calls(sock.sendall, stream.readline)
+    finally:
+        sock.close()
+    added = statistics.median(through) - statistics.median(direct)
+    return [row("exec (raw client, via front-end)", through), row("exec (raw client, daemon socket)", direct),
+            f"{'relay adds (p50 difference)':<34} {'':>5} {added:9.3f}"]
 
 
 def free_port() -> int:
@@ -435,6 +503,7 @@ def main() -> int:
                 rows.extend(create_rows(client))
                 return report(binary, rows, [])
             rows.append(row("exec `echo hi` (warm, MCP)", bench_warm_exec(client)))
+            rows.extend(bench_relay(binary, env))
             rows.extend(create_rows(client))
             checked(client, "destroy", sandbox="bench")
             extra = [

@@ -10,6 +10,7 @@
 //! - [`agent`]: the in-sandbox agent that runs one process per Exec.
 //! - [`orchestrator`]: sandboxes by name, exec semantics, env, audit; talks to a helper.
 //! - [`mcp`]: the MCP tool surface, a thin layer over the orchestrator.
+//! - [`daemon`]: the per-user orchestrator daemon and the front-ends MCP clients start.
 //! - [`netpolicy`]: the egress policy (parse and decide), shared by helper and orchestrator.
 //! - [`doctor`]: host checks behind `sandbox-mcp doctor`.
 //! - [`hostsetup`]: what root does once for ordinary users (`sandbox-mcp host-setup`).
@@ -18,6 +19,7 @@
 
 pub mod agent;
 pub mod ctl;
+pub mod daemon;
 pub mod doctor;
 pub mod helper;
 pub mod hostsetup;

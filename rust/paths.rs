@@ -5,7 +5,8 @@
 //!   volumes, which are user data and outlive everything else.
 //! - state (`$XDG_STATE_HOME/sandbox-mcp`, `~/.local/state/sandbox-mcp`): per-VM
 //!   writable layers, logs, the state file.
-//! - runtime (`$XDG_RUNTIME_DIR/sandbox-mcp`, else `<state>/run`): sockets and pid files.
+//! - runtime (`$XDG_RUNTIME_DIR/sandbox-mcp`, else `<state>/run`): sockets, pid files
+//!   and locks of the helper and the orchestrator daemon.
 //!
 //! Overrides: `SANDBOX_MCP_IMAGE_STORE` (image directory, so test runs can share
 //! one built image) and `SANDBOX_MCP_HELPER_SOCKET` (helper socket path).
@@ -73,6 +74,31 @@ pub fn helper_pid_file() -> PathBuf {
 /// The helper's log file (it runs detached, so stderr goes here).
 pub fn helper_log_file() -> PathBuf {
     state_dir().join("helper.log")
+}
+
+/// The orchestrator daemon's socket, where front-ends connect.
+pub fn daemon_socket() -> PathBuf {
+    runtime_dir().join("daemon.sock")
+}
+
+/// The daemon's pid file, next to its socket.
+pub fn daemon_pid_file() -> PathBuf {
+    daemon_socket().with_extension("pid")
+}
+
+/// The lock a daemon holds for as long as it runs: no two daemons per user.
+pub fn daemon_lock() -> PathBuf {
+    daemon_socket().with_extension("lock")
+}
+
+/// The lock front-ends take to start a daemon, so they start one, not several.
+pub fn daemon_start_lock() -> PathBuf {
+    daemon_socket().with_extension("start.lock")
+}
+
+/// The daemon's log file.
+pub fn daemon_log_file() -> PathBuf {
+    state_dir().join("daemon.log")
 }
 
 /// User configuration (`$XDG_CONFIG_HOME/sandbox-mcp`, `~/.config/sandbox-mcp`).

@@ -28,6 +28,8 @@ from mcp.client.stdio import get_default_environment  # noqa: E402
 
 # How long a helper gets between SIGTERM and SIGKILL at teardown.
 HELPER_STOP_TIMEOUT = 5.0
+# How long the orchestrator daemon gets between SIGTERM and SIGKILL at teardown.
+DAEMON_STOP_TIMEOUT = 10.0
 # How long an HTTP server gets between SIGTERM and SIGKILL.
 HTTP_STOP_TIMEOUT = 10.0
 # The line `serve --http` prints once it listens (port 0 gets a free port).
@@ -111,7 +113,17 @@ def _state(pid: int) -> str:
 def stop_helper(env: dict[str, str], timeout: float = HELPER_STOP_TIMEOUT) -> None:
     """Stops the helper a server started in `env` (pid from its pid file):
     SIGTERM, then SIGKILL if it is still there after `timeout`."""
-    pid_file = Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / "helper.pid"
+    _stop_by_pid_file(Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / "helper.pid", timeout)
+
+
+def stop_daemon(env: dict[str, str], timeout: float = DAEMON_STOP_TIMEOUT) -> None:
+    """Stops the orchestrator daemon the front-ends started in `env` (it saves
+    its state on the way out): SIGTERM, then SIGKILL after `timeout`. The next
+    front-end in `env` starts a new daemon, as a restart did before daemons."""
+    _stop_by_pid_file(Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / "daemon.pid", timeout)
+
+
+def _stop_by_pid_file(pid_file: Path, timeout: float) -> None:
     try:
         pid = int(pid_file.read_text().strip())
     except (OSError, ValueError):
@@ -141,6 +153,7 @@ def env() -> Iterator[dict[str, str]]:
     try:
         yield e
     finally:
+        stop_daemon(e)
         stop_helper(e)
         remove_env_dir(base)
 

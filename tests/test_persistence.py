@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import stop_daemon
 from mcp_client import McpError
 from waiting import wait_for
 
@@ -172,6 +173,8 @@ def test_damaged_database_is_set_aside_reported_and_sandboxes_still_attach(serve
         first.tool("exec", command=f"echo x > /workspace/x; echo padding-the-history-{i}-{'y' * 150}")
     first.tool("env", action="set", key="K", value="v")
     first.close()
+    # The daemon holds the database open while it runs: damage it stopped.
+    stop_daemon(env)
     db = db_path(env)
     for side in ("state.db-wal", "state.db-shm"):
         (db.parent / side).unlink(missing_ok=True)
@@ -212,6 +215,7 @@ def test_helper_crash_is_noticed_restarted_and_sandboxes_reported_lost(server_fa
     assert not err and text.splitlines()[0] == "fresh", text
     # The loss survives a server restart and is acknowledged by reset.
     srv.close()
+    stop_daemon(env)
     again = server_factory()
     text, err = again.tool("exec", command="true")
     assert err and "was lost" in text, text
@@ -265,6 +269,7 @@ def test_a_sandbox_whose_creation_was_cut_short_is_not_handed_out(server_factory
     assert not err, text
     first.tool("exec", command="true", sandbox="whole")
     first.close()
+    stop_daemon(env)
     # What a server killed in the middle of creating 'half' leaves behind:
     # the VM, the marker naming that (now dead) server, and no record of
     # 'half' in the database (it was never finished, so never saved).

@@ -1,17 +1,18 @@
-//! `sandbox-mcp`: the MCP server (stdio by default) and its admin commands.
-use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
+//! `sandbox-mcp`: the MCP front-end (stdio by default, or HTTP), the per-user
+//! daemon behind it, and the admin commands.
+use std::{io::IsTerminal, net::SocketAddr, path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use sandbox_mcp::{
+    daemon::{frontend, hello::Mode, server},
     doctor, hostsetup,
     image::{self, BuildRequest, ImageStore},
     mcp::{
-        SandboxServer,
         http::{self, HttpOptions},
         http_token,
         registration::{self, HttpTarget},
     },
-    orchestrator::{Config, Orchestrator, SandboxManager, helper_client::HelperClient, state, watchdog::Respawn},
+    orchestrator::{Config, config::ConfigSource},
     paths,
 };
 
@@ -24,8 +25,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Serve MCP on stdin/stdout (the default), or over Streamable HTTP.
+    /// Serve MCP on stdin/stdout (the default), or over Streamable HTTP, through the user's daemon.
     Serve(ServeArgs),
+    /// Run the user's orchestrator daemon in the foreground (front-ends start it on demand).
+    Daemon,
     /// Print the registration for an MCP client.
     Config {
         /// The client to register with.
@@ -123,40 +126,42 @@ fn helper_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("sandbox-vm-helper"))
 }
 
+/// The front-end: the session's configuration is checked here first (a bad
+/// one stops the server before anything starts, as it always did), then the
+/// daemon serves the session.
 async fn serve(args: ServeArgs) -> Result<(), String> {
-    // The config first: a bad one stops the server before anything starts.
-    let config = Config::load().map_err(|e| e.to_string())?;
-    // Before anything is written there (the helper's log, sockets, state).
-    paths::make_private_dirs();
-    let respawn = Respawn { socket: paths::helper_socket(), binary: helper_bin() };
-    let helper = HelperClient::connect_or_spawn(&respawn.socket, &respawn.binary).await.map_err(|e| e.to_string())?;
-    let manager = Arc::new(SandboxManager::start(helper, config).await.map_err(|e| e.to_string())?);
-    let orchestrator = Arc::new(Orchestrator::new(manager));
-    orchestrator.resume(state::path(), respawn).await;
+    let source = ConfigSource::current();
+    Config::load_from(&source).map_err(|e| e.to_string())?;
     let Some(addr) = args.http else {
-        let served = SandboxServer::new(&orchestrator).serve_stdio().await.map_err(|e| e.to_string());
-        orchestrator.sandboxes.close_state().await;
-        return served;
+        let conn = frontend::open(source, Mode::Stdio).await.map_err(|e| e.to_string())?;
+        return frontend::relay_stdio(conn).await.map_err(|e| e.to_string());
     };
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let on_signal = shutdown.clone();
-    tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            },
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-        on_signal.cancel();
-    });
     let options = HttpOptions { addr, token: args.token, no_auth: args.no_auth, allowed_hosts: args.allowed_hosts };
-    let served = http::serve_http(orchestrator.clone(), options, shutdown).await.map_err(|e| e.to_string());
-    orchestrator.sandboxes.close_state().await;
-    served
+    let listen = options.resolve().map_err(|e| e.to_string())?;
+    let token_required = listen.token.is_some();
+    let conn = frontend::open(source, Mode::Http(listen)).await.map_err(|e| e.to_string())?;
+    frontend::hold_http(conn, token_required).await.map_err(|e| e.to_string())
+}
+
+/// Logs of the daemon: its log file, and stderr too when run by hand from a
+/// terminal (started by a front-end, its stderr is that file already).
+fn init_daemon_logs() -> Result<(), String> {
+    use tracing_subscriber::{Layer, layer::SubscriberExt, util::SubscriberInitExt};
+    let path = paths::daemon_log_file();
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let by_hand = std::io::stderr().is_terminal();
+    let to_file = tracing_subscriber::fmt::layer().with_ansi(false).with_writer(std::sync::Mutex::new(file));
+    let to_stderr =
+        by_hand.then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(log_filter()));
+    tracing_subscriber::registry().with(to_file.with_filter(log_filter())).with(to_stderr).init();
+    Ok(())
 }
 
 /// `config <client>`: the registration on stdout, where it goes on stderr.
@@ -211,17 +216,13 @@ fn image_cmd(cmd: ImageCmd) -> Result<(), String> {
     Ok(())
 }
 
-/// Logs to stderr only (stdout belongs to the MCP stdio transport), coloured
-/// only on a terminal: clients such as Claude Desktop write stderr to log
-/// files, where escape codes are clutter.
-fn init_logging() {
-    use std::io::IsTerminal;
+/// The log level: RUST_LOG, else INFO. rmcp logs each session's whole
+/// peer_info, every notification and each HTTP session's creation at INFO:
+/// per-request detail for debugging. It cannot be re-levelled from here, so
+/// below DEBUG rmcp shows warnings only, unless RUST_LOG asks for rmcp by name.
+fn log_filter() -> tracing_subscriber::EnvFilter {
     use tracing_subscriber::{EnvFilter, filter::LevelFilter};
     let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    // rmcp logs each session's whole peer_info, every notification and each
-    // HTTP session's creation at INFO: per-request detail for debugging. It
-    // cannot be re-levelled from here, so below DEBUG rmcp shows warnings
-    // only, unless RUST_LOG asks for rmcp by name.
     let names_rmcp = std::env::var("RUST_LOG").is_ok_and(|v| v.contains("rmcp"));
     if !names_rmcp
         && filter.max_level_hint().is_none_or(|max| max < LevelFilter::DEBUG)
@@ -229,22 +230,51 @@ fn init_logging() {
     {
         filter = filter.add_directive(quiet);
     }
+    filter
+}
+
+/// Logs to stderr only (stdout belongs to the MCP stdio transport), coloured
+/// only on a terminal: clients such as Claude Desktop write stderr to log
+/// files, where escape codes are clutter.
+fn init_logging() {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(filter)
+        .with_env_filter(log_filter())
         .init();
 }
 
 fn main() -> ExitCode {
-    init_logging();
     let cli = Cli::parse();
-    let result = match cli.command.unwrap_or(Cmd::Serve(ServeArgs::default())) {
+    let command = cli.command.unwrap_or(Cmd::Serve(ServeArgs::default()));
+    if !matches!(command, Cmd::Daemon) {
+        init_logging();
+    }
+    let result = match command {
+        // One thread: the front-end only relays bytes.
+        Cmd::Serve(args) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())
+            .map(|rt| {
+                let served = rt.block_on(serve(args));
+                // Reading stdin blocks a thread that only the client's EOF ends.
+                rt.shutdown_background();
+                served
+            })
+            .and_then(|r| r),
         // Multi-threaded: a single thread measured the same exec latency but
         // cost a sixth of port-forward throughput.
-        Cmd::Serve(args) => {
-            tokio::runtime::Runtime::new().map_err(|e| e.to_string()).and_then(|rt| rt.block_on(serve(args)))
-        }
+        Cmd::Daemon => init_daemon_logs().and_then(|()| {
+            let rt = tokio::runtime::Runtime::new().map_err(|e| e.to_string())?;
+            let ran = rt.block_on(server::run(helper_bin())).map_err(|e| e.to_string());
+            // Sessions still open are cut; blocking work is not waited for.
+            rt.shutdown_timeout(std::time::Duration::from_secs(1));
+            if let Err(e) = &ran {
+                tracing::error!("{e}");
+            }
+            ran
+        }),
         Cmd::Config { client, http, token } => config_cmd(client, http, token),
         Cmd::Doctor => {
             let report = tokio::runtime::Runtime::new()

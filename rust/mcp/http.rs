@@ -2,6 +2,10 @@
 //! `/mcp`, one MCP session per client over one shared [`Orchestrator`], and the
 //! guards in front of it: bearer token, `Host` and `Origin` checks against DNS
 //! rebinding. Token storage lives in [`super::http_token`].
+//!
+//! The front-end a user starts resolves the options ([`HttpOptions::resolve`],
+//! where the token is announced); the daemon binds and serves
+//! ([`bind`], [`serve_on`]) for as long as that front-end stays connected.
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use axum::{
@@ -15,10 +19,12 @@ use axum::{
 use rmcp::transport::streamable_http_server::{
     StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
 };
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::{SandboxServer, http_compat, http_token};
-use crate::orchestrator::Orchestrator;
+use crate::orchestrator::{Config, Orchestrator};
 
 /// Where the MCP endpoint is mounted.
 pub const MCP_PATH: &str = "/mcp";
@@ -71,6 +77,57 @@ pub struct HttpOptions {
     pub allowed_hosts: Vec<String>,
 }
 
+/// A listener as resolved by the front-end: what the daemon binds and checks.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HttpListen {
+    /// Listen address.
+    pub addr: SocketAddr,
+    /// The bearer token required; `None` only with `--no-auth`.
+    pub token: Option<String>,
+    /// `--allowed-host` entries.
+    pub allowed_hosts: Vec<String>,
+}
+
+impl HttpOptions {
+    /// The token to require: the given one (checked), else the stored one
+    /// (generated and announced on first use), loopback too: any local
+    /// process, and any other user of the machine, reaches a loopback port
+    /// (a sandbox did, through its network).
+    pub fn resolve(self) -> Result<HttpListen, HttpError> {
+        let token = match (self.token, self.no_auth) {
+            (Some(_), true) => {
+                return Err(HttpError::InvalidToken("--token and --no-auth exclude each other".into()));
+            }
+            (Some(t), false) => Some(http_token::validate(&t)?),
+            (None, false) => Some(http_token::load_or_create(&http_token::token_path())?),
+            (None, true) => {
+                eprintln!(
+                    "sandbox-mcp: --no-auth: HTTP requests are NOT authenticated; any process or user that can \
+                     reach {} can run commands in your sandboxes and upload and download host files",
+                    self.addr
+                );
+                None
+            }
+        };
+        if self.addr.ip().is_unspecified() && self.allowed_hosts.is_empty() {
+            tracing::warn!(
+                "bound to a wildcard address: remote clients must reach it by a name given with --allowed-host \
+                 (only loopback Host headers are accepted otherwise)"
+            );
+        }
+        Ok(HttpListen { addr: self.addr, token, allowed_hosts: self.allowed_hosts })
+    }
+}
+
+/// The line a front-end prints once the daemon listens (tests and users
+/// read the real port from it).
+pub fn announce(local: SocketAddr, token_required: bool) {
+    eprintln!(
+        "sandbox-mcp: serving MCP at http://{local}{MCP_PATH} ({})",
+        if token_required { "bearer token required" } else { "no token: --no-auth" }
+    );
+}
+
 /// What every request to `/mcp` is checked against before rmcp sees it.
 #[derive(Debug)]
 struct Guard {
@@ -95,8 +152,9 @@ fn allowed_hosts(addr: &SocketAddr, extra: &[String]) -> Vec<String> {
 
 /// The router: `/mcp` behind the guard, 404 elsewhere. Each MCP session gets
 /// its own [`SandboxServer`] over the one orchestrator, so sessions share
-/// sandboxes.
-fn router(orchestrator: Arc<Orchestrator>, guard: Guard, shutdown: CancellationToken) -> Router {
+/// sandboxes; all of them run under the configuration of the front-end that
+/// opened the listener.
+fn router(orchestrator: Arc<Orchestrator>, session: Arc<Config>, guard: Guard, shutdown: CancellationToken) -> Router {
     let config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(guard.allowed_hosts.clone())
         .with_cancellation_token(shutdown)
@@ -106,7 +164,7 @@ fn router(orchestrator: Arc<Orchestrator>, guard: Guard, shutdown: CancellationT
         // rmcp's 4 MiB HTTP default: a write_file's contents ride in one.
         .with_max_request_body_bytes(rmcp::transport::async_rw::DEFAULT_MAX_LINE_LENGTH);
     let service = StreamableHttpService::new(
-        move || Ok(SandboxServer::new(&orchestrator)),
+        move || Ok(SandboxServer::new(&orchestrator, session.clone())),
         Arc::new(LocalSessionManager::default()),
         config,
     );
@@ -186,44 +244,21 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Serves MCP over HTTP on `options.addr` until `shutdown` is cancelled. The
-/// actual address (useful with port 0) is printed to stderr once listening.
-pub async fn serve_http(
+/// Binds the listen address.
+pub async fn bind(listen: &HttpListen) -> Result<TcpListener, HttpError> {
+    TcpListener::bind(listen.addr).await.map_err(|source| HttpError::Bind { addr: listen.addr, source })
+}
+
+/// Serves MCP over HTTP on `listener` until `shutdown` is cancelled.
+pub async fn serve_on(
+    listener: TcpListener,
     orchestrator: Arc<Orchestrator>,
-    options: HttpOptions,
+    session: Arc<Config>,
+    listen: HttpListen,
     shutdown: CancellationToken,
 ) -> Result<(), HttpError> {
-    // Loopback too: any local process, and any other user of the machine,
-    // reaches a loopback port (a sandbox did, through its network).
-    let token = match (options.token, options.no_auth) {
-        (Some(_), true) => return Err(HttpError::InvalidToken("--token and --no-auth exclude each other".into())),
-        (Some(t), false) => Some(http_token::validate(&t)?),
-        (None, false) => Some(http_token::load_or_create(&http_token::token_path())?),
-        (None, true) => {
-            eprintln!(
-                "sandbox-mcp: --no-auth: HTTP requests are NOT authenticated; any process or user that can reach \
-                 {} can run commands in your sandboxes and upload and download host files",
-                options.addr
-            );
-            None
-        }
-    };
-    let guard = Guard { token, allowed_hosts: allowed_hosts(&options.addr, &options.allowed_hosts) };
-    let listener = tokio::net::TcpListener::bind(options.addr)
-        .await
-        .map_err(|source| HttpError::Bind { addr: options.addr, source })?;
-    let local = listener.local_addr().map_err(HttpError::Serve)?;
-    if options.addr.ip().is_unspecified() && options.allowed_hosts.is_empty() {
-        tracing::warn!(
-            "bound to a wildcard address: remote clients must reach it by a name given with --allowed-host \
-             (only loopback Host headers are accepted otherwise)"
-        );
-    }
-    eprintln!(
-        "sandbox-mcp: serving MCP at http://{local}{MCP_PATH} ({})",
-        if guard.token.is_some() { "bearer token required" } else { "no token: --no-auth" }
-    );
-    let app = router(orchestrator, guard, shutdown.child_token());
+    let guard = Guard { token: listen.token, allowed_hosts: allowed_hosts(&listen.addr, &listen.allowed_hosts) };
+    let app = router(orchestrator, session, guard, shutdown.child_token());
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await

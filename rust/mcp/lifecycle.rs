@@ -62,7 +62,7 @@ impl SandboxServer {
                     format::status_line(s, alive, unlimited.get(&s.name).map(String::as_str))
                 })
                 .collect();
-            lines.extend(format::status_footer(m.config()));
+            lines.extend(format::status_footer(&m.config()));
             lines.extend(format::status_blocks(&self.forwards.list(), &self.syncs.list(), &lost));
             Ok(format!("{notice}{}", lines.join("\n")))
         };

@@ -33,7 +33,8 @@ use rmcp::{
 };
 
 use crate::orchestrator::{
-    Orchestrator, OrchestratorError, SandboxManager, forward::ForwardManager, spawn::SpawnManager, sync::SyncManager,
+    Config, Orchestrator, OrchestratorError, SandboxManager, config, forward::ForwardManager, spawn::SpawnManager,
+    sync::SyncManager,
 };
 
 /// What the server tells the agent about the sandbox model on connect.
@@ -52,12 +53,18 @@ pub struct SandboxServer {
     forwards: Arc<ForwardManager>,
     syncs: Arc<SyncManager>,
     spawns: Arc<SpawnManager>,
+    /// The session's configuration (its client's environment and start
+    /// directory), which every tool call runs under.
+    session: Arc<Config>,
+    /// The daemon's gauge of calls in progress (see [`Orchestrator::calls`]).
+    calls: Arc<tokio::sync::RwLock<()>>,
     tool_router: ToolRouter<Self>,
 }
 
 impl SandboxServer {
-    /// A server over `orchestrator` (shared by every MCP session).
-    pub fn new(orchestrator: &Orchestrator) -> Self {
+    /// A server over `orchestrator` (shared by every MCP session) for a
+    /// session configured by `session`.
+    pub fn new(orchestrator: &Orchestrator, session: Arc<Config>) -> Self {
         let mut tool_router = Self::core_router()
             + Self::files_router()
             + Self::lifecycle_router()
@@ -80,19 +87,15 @@ impl SandboxServer {
             forwards: orchestrator.forwards.clone(),
             syncs: orchestrator.syncs.clone(),
             spawns: orchestrator.spawns.clone(),
+            session,
+            calls: orchestrator.calls.clone(),
             tool_router,
         }
     }
 
-    /// Serve one MCP session on stdin/stdout until the client disconnects.
-    pub async fn serve_stdio(self) -> Result<(), std::io::Error> {
-        let (read, write) = rmcp::transport::stdio();
-        self.serve_lines(read, write).await
-    }
-
-    /// Serve one MCP session of newline-delimited JSON-RPC on a byte stream
-    /// pair (stdio, or a socket relayed from a front-end) until it closes.
-    pub async fn serve_lines<R, W>(self, read: R, write: W) -> Result<(), std::io::Error>
+    /// Serve one MCP session of newline-delimited JSON-RPC over a byte stream
+    /// (a front-end's connection) until the client disconnects.
+    pub async fn serve_stream<R, W>(self, read: R, write: W) -> Result<(), std::io::Error>
     where
         R: tokio::io::AsyncRead + Send + Unpin + 'static,
         W: tokio::io::AsyncWrite + Send + Unpin + 'static,
@@ -112,6 +115,7 @@ impl ServerHandler for SandboxServer {
         request: rmcp::model::CallToolRequestParams,
         context: rmcp::service::RequestContext<rmcp::RoleServer>,
     ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
+        let _in_progress = self.calls.read().await;
         let mut request = request;
         if let Some(tool) = self.tool_router.get(&request.name) {
             let mut arguments = request.arguments.take().unwrap_or_default();
@@ -121,7 +125,7 @@ impl ServerHandler for SandboxServer {
             request.arguments = Some(arguments);
         }
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
-        let mut response = self.tool_router.call(tcc).await?;
+        let mut response = config::with_session(self.session.clone(), self.tool_router.call(tcc)).await?;
         if let rmcp::model::CallToolResponse::Complete(result) = &mut response {
             args::prefix_decode_error(result);
             format::make_controls_visible(result);

@@ -3,6 +3,9 @@
 //! directory (see [`super::project`]). Read from a TOML file
 //! (`$XDG_CONFIG_HOME/sandbox-mcp/config.toml`, or `SANDBOX_MCP_CONFIG`), then
 //! overridden by environment variables. Precedence: env > file > built-in.
+//! The environment and start directory are a [`ConfigSource`]: this process's
+//! own, or in the daemon, those of the front-end a session came through, so
+//! each session gets the configuration its client started it with.
 //!
 //! ```toml
 //! idle_ttl = 1800                      # seconds; 0 disables reaping
@@ -32,10 +35,11 @@
 use std::{
     collections::{BTreeMap, HashMap},
     path::PathBuf,
+    sync::Arc,
     time::Duration,
 };
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use toml::Value;
 
 use super::{
@@ -202,20 +206,73 @@ fn apply(base: &Profile, f: &ProfileFile, key: &str) -> Result<Profile, Orchestr
     Ok(p)
 }
 
-/// An environment variable, unset when empty.
-pub(super) fn env(key: &str) -> Option<String> {
-    std::env::var(key).ok().filter(|v| !v.is_empty())
+/// The prefix of every environment variable that configures sandbox-mcp.
+pub const ENV_PREFIX: &str = "SANDBOX_MCP_";
+
+/// What a configuration is read from besides the files: the `SANDBOX_MCP_*`
+/// environment and the start directory (the default host root and project
+/// directory).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigSource {
+    /// `SANDBOX_MCP_*` variables.
+    pub vars: BTreeMap<String, String>,
+    /// The start directory.
+    pub cwd: PathBuf,
+}
+
+impl ConfigSource {
+    /// This process's environment and working directory.
+    pub fn current() -> Self {
+        Self {
+            vars: std::env::vars().filter(|(k, _)| k.starts_with(ENV_PREFIX)).collect(),
+            cwd: std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/nonexistent")),
+        }
+    }
+
+    /// A variable, unset when empty.
+    pub fn var(&self, key: &str) -> Option<String> {
+        self.vars.get(key).filter(|v| !v.is_empty()).cloned()
+    }
+}
+
+tokio::task_local! {
+    /// The configuration of the session a tool call came from (see
+    /// [`with_session`]); absent outside sessions (restore, reaper, watchdog).
+    static SESSION: Arc<Config>;
+}
+
+/// Runs `f` with `config` as the configuration every
+/// [`super::SandboxManager::config`] call inside it sees.
+pub async fn with_session<F: std::future::Future>(config: Arc<Config>, f: F) -> F::Output {
+    SESSION.scope(config, f).await
+}
+
+/// The configuration of the session this task serves, if it serves one.
+pub(super) fn session() -> Option<Arc<Config>> {
+    SESSION.try_with(Arc::clone).ok()
 }
 
 impl Config {
     /// The config file's path.
     pub fn path() -> PathBuf {
-        env("SANDBOX_MCP_CONFIG").map(PathBuf::from).unwrap_or_else(|| crate::paths::config_dir().join("config.toml"))
+        Self::path_for(&ConfigSource::current())
     }
 
-    /// Load the file (if present) and apply environment overrides.
+    fn path_for(source: &ConfigSource) -> PathBuf {
+        source
+            .var("SANDBOX_MCP_CONFIG")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| crate::paths::config_dir().join("config.toml"))
+    }
+
+    /// Load the file (if present) and apply this process's environment.
     pub fn load() -> Result<Self, OrchestratorError> {
-        let path = Self::path();
+        Self::load_from(&ConfigSource::current())
+    }
+
+    /// Load the file (if present) and apply `source`'s environment.
+    pub fn load_from(source: &ConfigSource) -> Result<Self, OrchestratorError> {
+        let path = Self::path_for(source);
         let file: ConfigFile = match std::fs::read_to_string(&path) {
             Ok(text) => toml::from_str(&text)
                 .map_err(|e| OrchestratorError::InvalidArgument(format!("config file {}: {e}", path.display())))?,
@@ -224,10 +281,11 @@ impl Config {
                 return Err(OrchestratorError::InvalidArgument(format!("cannot read {}: {e}", path.display())));
             }
         };
-        Self::from_file(file)
+        Self::from_file(file, source)
     }
 
-    fn from_file(file: ConfigFile) -> Result<Self, OrchestratorError> {
+    fn from_file(file: ConfigFile, source: &ConfigSource) -> Result<Self, OrchestratorError> {
+        let env = |key: &str| source.var(key);
         let builtin = Profile {
             image: crate::image::DEFAULT_IMAGE.to_string(),
             cpus: 2,
@@ -273,9 +331,7 @@ impl Config {
             Some(v) => v.split(':').filter(|s| !s.is_empty()).map(PathBuf::from).collect(),
             None => match file.host_roots {
                 Some(list) => list.iter().map(|s| super::hostpath::expand_home(s)).collect(),
-                None => {
-                    vec![std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/nonexistent"))]
-                }
+                None => vec![source.cwd.clone()],
             },
         };
         let host_roots = HostRoots::new(&roots)?;
@@ -289,7 +345,7 @@ impl Config {
             idle_ttl: (idle_secs > 0).then(|| Duration::from_secs(idle_secs)),
             host_roots,
             volumes_dir: crate::paths::volumes_dir(),
-            limits: Limits::load(file.lease_ttl, file.max_lease_ttl, file.max_sandboxes)?,
+            limits: Limits::load(file.lease_ttl, file.max_lease_ttl, file.max_sandboxes, source)?,
             project_dir,
             spawn_policies,
         })
@@ -331,14 +387,16 @@ mod tests {
             "idle_ttl = 0\nhost_roots = [\"/tmp\"]\n[defaults]\ncpus = 1\n[profiles.off]\nnetwork = \"none\"\nmemory = \"1G\"\n",
         )
         .unwrap();
-        let c = Config::from_file(file).unwrap();
+        let c = Config::from_file(file, &ConfigSource::default()).unwrap();
         assert_eq!(c.idle_ttl, None);
         assert_eq!(c.profile_for("off").network, Network::None);
         assert_eq!(c.profile_for("off").cpus, 1);
         assert_eq!(c.profile_for("off").memory_bytes, 1 << 30);
         assert_eq!(c.profile_for("other").memory_bytes, 512 << 20);
         let bad: ConfigFile = toml::from_str("[profiles.x]\nnetwork = \"wifi\"\n").unwrap();
-        assert!(Config::from_file(bad).unwrap_err().to_string().contains("profiles.x.network"));
+        assert!(
+            Config::from_file(bad, &ConfigSource::default()).unwrap_err().to_string().contains("profiles.x.network")
+        );
         assert!(toml::from_str::<ConfigFile>("bogus = 1\n").is_err());
     }
 
@@ -358,7 +416,7 @@ mod tests {
 
     fn load(text: &str) -> Result<Config, String> {
         let file: ConfigFile = toml::from_str(text).map_err(|e| e.to_string())?;
-        Config::from_file(file).map_err(|e| e.to_string())
+        Config::from_file(file, &ConfigSource::default()).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -402,16 +460,17 @@ mod tests {
 
     #[test]
     fn spawn_policies_builtin_or_listed() {
-        let c = Config::from_file(toml::from_str("host_roots = [\"/tmp\"]\n").unwrap()).unwrap();
+        let c =
+            Config::from_file(toml::from_str("host_roots = [\"/tmp\"]\n").unwrap(), &ConfigSource::default()).unwrap();
         assert_eq!(c.spawn_policies.keys().collect::<Vec<_>>(), ["default"]);
         assert!(!c.spawn_policies["default"].inject_ctl);
         assert_eq!(c.spawn_policies["default"].allowed_images, vec![c.defaults().image.clone()]);
         let file = "host_roots = [\"/tmp\"]\n[spawn_policies.boss]\ninject_ctl = true\nmax_total = 2\n";
-        let c = Config::from_file(toml::from_str(file).unwrap()).unwrap();
+        let c = Config::from_file(toml::from_str(file).unwrap(), &ConfigSource::default()).unwrap();
         assert_eq!(c.spawn_policies.keys().collect::<Vec<_>>(), ["boss"]);
         assert_eq!((c.spawn_policies["boss"].max_total, c.spawn_policies["boss"].inject_ctl), (2, true));
         let bad = "host_roots = [\"/tmp\"]\n[spawn_policies.boss]\nchild_network_peers = \"x\"\n";
-        let e = Config::from_file(toml::from_str(bad).unwrap()).unwrap_err().to_string();
+        let e = Config::from_file(toml::from_str(bad).unwrap(), &ConfigSource::default()).unwrap_err().to_string();
         assert!(e.contains("spawn_policies.boss.child_network_peers"), "{e}");
         let e = toml::from_str::<ConfigFile>("[spawn_policies.boss]\nmax_kids = 1\n").unwrap_err().to_string();
         assert!(e.contains("max_kids"), "{e}");

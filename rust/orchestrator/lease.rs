@@ -14,7 +14,7 @@ use std::{
 };
 
 use super::{
-    config::{Profile, env, invalid},
+    config::{ConfigSource, Profile, invalid},
     error::OrchestratorError,
     sandbox::{Sandbox, SandboxManager},
 };
@@ -48,8 +48,8 @@ pub struct Limits {
     pub min_free_disk: u64,
 }
 
-fn env_number(key: &str) -> Result<Option<u64>, OrchestratorError> {
-    match env(key) {
+fn env_number(source: &ConfigSource, key: &str) -> Result<Option<u64>, OrchestratorError> {
+    match source.var(key) {
         None => Ok(None),
         Some(v) => v.trim().parse().map(Some).map_err(|_| invalid(key, format!("'{v}' is not a whole number"))),
     }
@@ -66,7 +66,9 @@ impl Limits {
         lease_ttl: Option<u64>,
         max_lease_ttl: Option<u64>,
         max_sandboxes: Option<usize>,
+        source: &ConfigSource,
     ) -> Result<Self, OrchestratorError> {
+        let env_number = |key| env_number(source, key);
         let max_minutes =
             env_number("SANDBOX_MCP_MAX_LEASE_TTL")?.or(max_lease_ttl).unwrap_or(DEFAULT_MAX_LEASE_MINUTES);
         if !(1..=MAX_LEASE_MINUTES_LIMIT).contains(&max_minutes) {
@@ -274,18 +276,33 @@ mod tests {
 
     #[test]
     fn file_limits_are_checked() {
-        let l = Limits::load(Some(1), None, None).unwrap();
+        let l = Limits::load(Some(1), None, None, &ConfigSource::default()).unwrap();
         assert_eq!(
             (l.lease_ttl, l.max_lease, l.max_sandboxes),
             (Some(Duration::from_secs(60)), Duration::from_secs(7200), 16)
         );
-        assert_eq!(Limits::load(None, None, None).unwrap().lease_ttl, None);
-        assert!(Limits::load(Some(121), None, None).unwrap_err().to_string().contains("lease_ttl"));
-        assert!(Limits::load(Some(10), Some(5), None).is_err());
-        assert!(Limits::load(None, Some(0), None).unwrap_err().to_string().contains("max_lease_ttl"));
-        assert!(Limits::load(Some(u64::MAX), Some(u64::MAX), None).is_err());
-        assert!(Limits::load(Some(u64::MAX), None, None).is_err());
-        assert!(Limits::load(None, None, Some(0)).unwrap_err().to_string().contains("max_sandboxes"));
+        assert_eq!(Limits::load(None, None, None, &ConfigSource::default()).unwrap().lease_ttl, None);
+        assert!(
+            Limits::load(Some(121), None, None, &ConfigSource::default())
+                .unwrap_err()
+                .to_string()
+                .contains("lease_ttl")
+        );
+        assert!(Limits::load(Some(10), Some(5), None, &ConfigSource::default()).is_err());
+        assert!(
+            Limits::load(None, Some(0), None, &ConfigSource::default())
+                .unwrap_err()
+                .to_string()
+                .contains("max_lease_ttl")
+        );
+        assert!(Limits::load(Some(u64::MAX), Some(u64::MAX), None, &ConfigSource::default()).is_err());
+        assert!(Limits::load(Some(u64::MAX), None, None, &ConfigSource::default()).is_err());
+        assert!(
+            Limits::load(None, None, Some(0), &ConfigSource::default())
+                .unwrap_err()
+                .to_string()
+                .contains("max_sandboxes")
+        );
     }
 
     #[test]

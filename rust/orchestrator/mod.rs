@@ -80,6 +80,9 @@ pub struct Orchestrator {
     pub spawns: Arc<SpawnManager>,
     /// The sandbox-ctl sockets.
     pub ctl: Arc<CtlServer>,
+    /// Held shared by every tool call in progress; held exclusively by a
+    /// daemon draining for a newer build, so it exits between calls.
+    pub calls: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Orchestrator {
@@ -98,7 +101,7 @@ impl Orchestrator {
         sandboxes.subscribe(Arc::new(ctl::FollowCtl(ctl.clone())));
         ctl.reattach();
         sandboxes.spawn_reaper();
-        Self { sandboxes, forwards, syncs, spawns, ctl }
+        Self { sandboxes, forwards, syncs, spawns, ctl, calls: Arc::default() }
     }
 
     /// Pick up where the previous server left off: open the state database

@@ -217,8 +217,9 @@ pub enum Validation {
 impl SandboxManager {
     /// The profile `name` is created with and the project file, if any.
     pub(super) fn creation_profile(&self, name: &str) -> Result<(Profile, Option<ProjectConfig>), OrchestratorError> {
-        let user = self.config().profile_for(name);
-        Ok(match ProjectConfig::load(&self.config().project_dir)? {
+        let config = self.config();
+        let user = config.profile_for(name);
+        Ok(match ProjectConfig::load(&config.project_dir)? {
             Some((_, project)) => (project.apply(user), Some(project)),
             None => (user.clone(), None),
         })
@@ -242,9 +243,10 @@ impl SandboxManager {
     /// Check a project file: `path` empty means the project directory's; else
     /// a host file or a directory holding one (under the host roots).
     pub fn validate_project(&self, path: &str) -> Result<Validation, OrchestratorError> {
-        let user = self.config().profile_for("default");
+        let config = self.config();
+        let user = config.profile_for("default");
         let (file, text) = if path.is_empty() {
-            let file = self.config().project_dir.join(PROJECT_FILE);
+            let file = config.project_dir.join(PROJECT_FILE);
             if !file.exists() {
                 return Ok(Validation::Absent { path: file, resolved: user.clone() });
             }

@@ -318,7 +318,9 @@ pub trait SandboxListener: Send + Sync {
 pub struct SandboxManager {
     listeners: Mutex<Vec<Arc<dyn SandboxListener>>>,
     pub(super) helper: HelperClient,
-    config: Config,
+    /// The daemon's own configuration: what sessions fall back on and what
+    /// work outside any session (restore, reaping) uses.
+    config: Arc<Config>,
     sandboxes: Mutex<BTreeMap<String, Arc<Sandbox>>>,
     /// One lock per name so concurrent first uses create a sandbox once.
     lifecycle_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -347,7 +349,7 @@ impl SandboxManager {
         let manager = Self {
             listeners: Mutex::default(),
             helper,
-            config,
+            config: Arc::new(config),
             sandboxes: Mutex::default(),
             lifecycle_locks: Mutex::default(),
             creating: AtomicUsize::new(0),
@@ -428,9 +430,10 @@ impl SandboxManager {
         }
     }
 
-    /// The configuration sandboxes are created with.
-    pub fn config(&self) -> &Config {
-        &self.config
+    /// The configuration sandboxes are created with: the calling session's
+    /// (its client's environment and start directory), else the daemon's.
+    pub fn config(&self) -> Arc<Config> {
+        super::config::session().unwrap_or_else(|| self.config.clone())
     }
 
     fn lock_map(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Sandbox>>> {
@@ -754,7 +757,7 @@ impl SandboxManager {
         }
         // Where creation time goes (the create benchmark reads these).
         tracing::debug!(sandbox = %name, seeded, create = ?(t1 - t0), start = ?(t2 - t1), prepare = ?t2.elapsed(), "creation steps");
-        let lease = origin.lease.or(self.config.limits.lease_ttl);
+        let lease = origin.lease.or(self.config().limits.lease_ttl);
         sandbox.set_lease(lease.map(|t| SystemTime::now() + t));
         self.lock_map().insert(name.to_string(), sandbox.clone());
         self.gone_children.lock().unwrap_or_else(|p| p.into_inner()).remove(name);

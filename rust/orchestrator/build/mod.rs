@@ -285,7 +285,8 @@ impl SandboxManager {
             user: base.config.user.clone(),
             ..State::default()
         };
-        let profile = self.config().defaults();
+        let config = self.config();
+        let profile = config.defaults();
         let mut job = Job {
             helper: self.helper.clone(),
             name: spec.name.clone(),

@@ -1,0 +1,213 @@
+//! The front-end: what an MCP client starts (`sandbox-mcp`, `sandbox-mcp
+//! serve`, `serve --http`). It finds the user's daemon, starting it when none
+//! runs (under a lock, so concurrent front-ends start one), hands over the
+//! session's context, and then stays out of the way: a stdio front-end
+//! splices bytes between its stdin/stdout and the daemon connection; an HTTP
+//! front-end holds the connection open for as long as the listener should
+//! live.
+//!
+//! If the daemon goes away mid-session, the stdio front-end says so on
+//! stderr and exits non-zero: the client sees its server end (requests in
+//! flight get no answer) and restarting the server starts a new daemon,
+//! which re-attaches the sandboxes.
+use std::{
+    fs::OpenOptions,
+    os::unix::{fs::OpenOptionsExt, process::CommandExt},
+    path::Path,
+    process::{Child, Stdio},
+    time::Duration,
+};
+
+use tokio::{
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader},
+    net::{
+        UnixStream,
+        unix::{OwnedReadHalf, OwnedWriteHalf},
+    },
+};
+
+use super::{
+    DaemonError,
+    hello::{self, Hello, Mode, Reply},
+    socket,
+};
+use crate::{mcp::http, orchestrator::config::ConfigSource, paths};
+
+/// How long a new daemon gets to answer (it may first start the helper and
+/// re-attach every sandbox).
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// An open, handshaken connection to the daemon.
+pub struct Connection {
+    read: BufReader<OwnedReadHalf>,
+    write: OwnedWriteHalf,
+    /// The daemon's answer.
+    pub reply: Reply,
+}
+
+/// Connects to the daemon for `mode`, starting it (the `daemon` subcommand of
+/// this binary) if none answers. A daemon of another build is asked to drain
+/// and replaced by one of this build.
+pub async fn open(source: ConfigSource, mode: Mode) -> Result<Connection, DaemonError> {
+    let build = hello::build_id();
+    let mut conn = handshake(connect_or_start().await?, &build, &source, mode.clone()).await?;
+    if conn.reply.build != build {
+        tracing::info!(old = %conn.reply.build, new = %build, "replacing a daemon of another build");
+        replace().await?;
+        conn = handshake(connect_or_start().await?, &build, &source, mode).await?;
+    }
+    if let Some(e) = conn.reply.error.take() {
+        return Err(DaemonError::Refused(e));
+    }
+    Ok(conn)
+}
+
+async fn handshake(
+    stream: UnixStream,
+    build: &str,
+    source: &ConfigSource,
+    mode: Mode,
+) -> Result<Connection, DaemonError> {
+    let (read, mut write) = stream.into_split();
+    let mut read = BufReader::new(read);
+    let hello = Hello { build: build.to_string(), source: source.clone(), mode };
+    hello::send(&mut write, &hello).await?;
+    let reply: Reply = hello::receive(&mut read).await?;
+    Ok(Connection { read, write, reply })
+}
+
+/// Asks the running daemon to drain and waits until it has exited (its
+/// lock is free), so the next start is of this build.
+async fn replace() -> Result<(), DaemonError> {
+    let stream = UnixStream::connect(paths::daemon_socket()).await.map_err(DaemonError::Connection)?;
+    let source = ConfigSource::default();
+    handshake(stream, &hello::build_id(), &source, Mode::Drain).await?;
+    let lock = paths::daemon_lock();
+    tokio::task::spawn_blocking(move || socket::lock(&lock, true).map(drop))
+        .await
+        .map_err(|e| DaemonError::Connection(std::io::Error::other(e)))?
+}
+
+/// A connection to the running daemon, or to one started now.
+async fn connect_or_start() -> Result<UnixStream, DaemonError> {
+    let path = paths::daemon_socket();
+    if let Ok(s) = UnixStream::connect(&path).await {
+        return Ok(s);
+    }
+    socket::private_dir(&paths::runtime_dir())?;
+    // Front-ends starting together start one daemon: the rest wait here and
+    // then find it answering.
+    let start_lock = paths::daemon_start_lock();
+    let _lock = tokio::task::spawn_blocking(move || socket::lock(&start_lock, true))
+        .await
+        .map_err(|e| DaemonError::Connection(std::io::Error::other(e)))??;
+    if let Ok(s) = UnixStream::connect(&path).await {
+        return Ok(s);
+    }
+    let log = paths::daemon_log_file();
+    let start_failed = |reason: String| DaemonError::Start { reason, log: log.clone() };
+    let mut child = spawn_daemon(&log).map_err(|e| start_failed(format!("cannot run this binary: {e}")))?;
+    let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+    loop {
+        match UnixStream::connect(&path).await {
+            Ok(s) => {
+                // Reap it whenever it exits; a daemon is never waited for.
+                std::thread::spawn(move || child.wait());
+                return Ok(s);
+            }
+            Err(e) => {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(start_failed(format!("it exited ({status}): {}", log_tail(&log))));
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(start_failed(format!(
+                        "no answer on {} within {:?} ({e})",
+                        path.display(),
+                        START_TIMEOUT
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+/// Starts `<this binary> daemon`, detached (its own session, so it outlives
+/// the client killing our process group), logging to `log`.
+fn spawn_daemon(log: &Path) -> std::io::Result<Child> {
+    if let Some(dir) = log.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let out = OpenOptions::new().create(true).append(true).mode(0o600).open(log)?;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.arg("daemon").stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from));
+    }
+    cmd.spawn()
+}
+
+/// The last lines of the daemon's log, for a start failure.
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().rev().take(5).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}
+
+/// Relays MCP between stdin/stdout and the daemon until the client closes
+/// stdin (then the daemon's last answers are still delivered) or the daemon
+/// goes away ([`DaemonError::Gone`]).
+pub async fn relay_stdio(conn: Connection) -> Result<(), DaemonError> {
+    let Connection { mut read, mut write, .. } = conn;
+    let up = async {
+        let _ = pump(&mut tokio::io::stdin(), &mut write).await;
+        // Half-close: the daemon sees the client's end of input.
+        let _ = write.shutdown().await;
+    };
+    let mut stdout = tokio::io::stdout();
+    let down = pump(&mut read, &mut stdout);
+    tokio::pin!(up, down);
+    tokio::select! {
+        _ = &mut up => {
+            let _ = down.await;
+            Ok(())
+        }
+        _ = &mut down => Err(DaemonError::Gone(paths::daemon_log_file())),
+    }
+}
+
+/// Copies `from` to `to` until end of input, flushing after every read so a
+/// message is passed on as soon as it arrives.
+async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(from: &mut R, to: &mut W) -> std::io::Result<()> {
+    let mut buf = vec![0; 64 << 10];
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        to.write_all(&buf[..n]).await?;
+        to.flush().await?;
+    }
+}
+
+/// Holds an HTTP listener open: announces it, then waits for SIGTERM/SIGINT
+/// (closing the connection stops the listener; the daemon closes its end
+/// once the listener is down) or for the daemon to go away.
+pub async fn hold_http(conn: Connection, token_required: bool) -> Result<(), DaemonError> {
+    let Connection { mut read, mut write, reply } = conn;
+    let addr = reply.http_addr.ok_or_else(|| DaemonError::Protocol("the daemon named no HTTP address".into()))?;
+    http::announce(addr, token_required);
+    let mut rest = Vec::new();
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Connection)?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+        _ = read.read_to_end(&mut rest) => return Err(DaemonError::Gone(paths::daemon_log_file())),
+    }
+    let _ = write.shutdown().await;
+    // The listener is closed once the daemon closes its end.
+    let _ = tokio::time::timeout(Duration::from_secs(10), read.read_to_end(&mut rest)).await;
+    Ok(())
+}

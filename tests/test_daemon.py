@@ -1,0 +1,336 @@
+"""One orchestrator per user (issue 11): every front-end in an environment,
+stdio or HTTP, is served by the same `sandbox-mcp daemon`, so all of them see
+one truth; the daemon is private to its user, started once, replaced by a
+newer build, and its death ends a session cleanly."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from conftest import required_env
+from mcp_client import McpClient, McpError
+from test_persistence import _get, exited, free_port, until
+
+Client = Callable[..., McpClient]
+
+
+def runtime(env: dict[str, str]) -> Path:
+    return Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp"
+
+
+def daemon_pid(env: dict[str, str]) -> int | None:
+    try:
+        return int((runtime(env) / "daemon.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def daemon_pids(env: dict[str, str]) -> list[int]:
+    """Pids of `sandbox-mcp daemon` processes running in `env`."""
+    want = f"XDG_STATE_HOME={env['XDG_STATE_HOME']}".encode()
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+            environ = (d / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmd[:2] and cmd[1] == b"daemon" and cmd[0].endswith(b"sandbox-mcp") and want in environ:
+            pids.append(int(d.name))
+    return pids
+
+
+@pytest.fixture
+def front_end(env: dict[str, str]) -> Iterator[Client]:
+    """Starts a stdio front-end (`$SANDBOX_MCP_BIN`, or `binary`) in `env`
+    with extra environment; every one is closed at teardown."""
+    clients: list[McpClient] = []
+
+    def start(binary: str | None = None, cwd: str | None = None, **extra: str) -> McpClient:
+        log = f"{env['SANDBOX_MCP_TEST_TMP']}/front-end-{len(clients)}.log"
+        client = McpClient(binary or required_env("SANDBOX_MCP_BIN"), env={**env, **extra}, stderr_path=log, cwd=cwd)
+        clients.append(client)
+        return client
+
+    try:
+        yield start
+    finally:
+        for c in clients:
+            c.close()
+
+
+@pytest.fixture
+def trio(front_end: Client, http_server) -> Iterator[tuple[McpClient, McpClient, McpClient]]:
+    """Two stdio front-ends and an HTTP session, all started before any sandbox exists."""
+    a, b = front_end(), front_end()
+    h = http_server().client()
+    try:
+        yield a, b, h
+    finally:
+        h.close()
+
+
+def test_a_sandbox_created_through_one_front_end_is_usable_from_another(trio):
+    a, b, h = trio
+    text, err = a.tool("exec", command="echo made-by-a > /root/mark", sandbox="x")
+    assert not err, text
+    for other in (b, h):
+        text, err = other.tool("exec", command="cat /root/mark", sandbox="x")
+        assert not err and text.splitlines()[0] == "made-by-a", text
+
+
+def test_a_sandbox_destroyed_through_one_front_end_is_not_reported_lost_by_another(front_end, http_server):
+    a = front_end()
+    text, err = a.tool("exec", command="true", sandbox="x")
+    assert not err, text
+    # Started after 'x' exists, so they know it from the start.
+    b = front_end()
+    h = http_server().client()
+    try:
+        text, err = a.tool("destroy", sandbox="x")
+        assert not err, text
+        for other in (b, h):
+            text, _ = other.tool("status")
+            assert "lost" not in text and not any(line.split()[:1] == ["x"] for line in text.splitlines()), text
+            text, err = other.tool("exec", command="echo fresh", sandbox="x")
+            assert not err and text.splitlines()[0] == "fresh", text
+            other.tool("destroy", sandbox="x")
+    finally:
+        h.close()
+
+
+def test_list_all_is_the_same_from_every_front_end(trio):
+    a, b, h = trio
+    a.tool("exec", command="true", sandbox="one")
+    b.tool("exec", command="true", sandbox="two")
+    h.tool("exec", command="true", sandbox="three")
+
+    def names(c: McpClient) -> list[str]:
+        text, err = c.tool("list_all")
+        assert not err, text
+        return [row.split()[0] for row in text.splitlines()[2:] if row.strip()]
+
+    assert names(a) == names(b) == names(h) == ["one", "three", "two"]
+
+
+def test_env_sets_from_every_front_end_are_kept(trio):
+    # Interleaved, one at a time: concurrent sets on one sandbox are the
+    # orchestrator's own ordering question, not the front-ends'.
+    clients = trio
+    clients[0].tool("exec", command="true")
+    for i in range(8):
+        for n, c in enumerate(clients):
+            text, err = c.tool("env", action="set", key=f"K_{n}_{i}", value=f"v{n}{i}")
+            assert not err, text
+    want = {f"K_{n}_{i}=v{n}{i}" for i in range(8) for n in range(3)}
+    for c in clients:
+        text, err = c.tool("exec", command="env")
+        assert not err and want <= set(text.splitlines()), text
+
+
+def test_front_ends_started_together_start_one_daemon(front_end, env):
+    with ThreadPoolExecutor(3) as pool:
+        clients = list(pool.map(lambda _: front_end(), range(3)))
+    assert all(not c.tool("exec", command="true")[1] for c in clients)
+    assert daemon_pids(env) == [daemon_pid(env)]
+
+
+def test_the_daemon_socket_is_private(front_end, env):
+    front_end().tool("status")
+    sock = runtime(env) / "daemon.sock"
+    assert stat.S_ISSOCK(sock.stat().st_mode)
+    assert stat.S_IMODE(sock.stat().st_mode) == 0o600
+    assert stat.S_IMODE(runtime(env).stat().st_mode) == 0o700
+    assert (Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "daemon.log").read_text().count("daemon listening") == 1
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="connecting as another user needs root")
+def test_another_user_is_refused_even_through_open_modes(front_end, env):
+    front_end().tool("status")
+    sock = runtime(env) / "daemon.sock"
+    # Open every mode on the way, so that only the peer check stands between.
+    for p in (Path(env["SANDBOX_MCP_TEST_TMP"]), Path(env["XDG_RUNTIME_DIR"]), runtime(env)):
+        p.chmod(0o755)
+    sock.chmod(0o777)
+    hello = json.dumps({"build": "x", "source": {"vars": {}, "cwd": "/"}, "mode": "stdio"}) + "\n"
+    probe = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        f"s.connect({str(sock)!r})\n"
+        "s.settimeout(20)\n"
+        "try:\n"
+        f"    s.sendall({hello!r}.encode())\n"
+        "    answer = s.recv(4096)\n"
+        "except (BrokenPipeError, ConnectionResetError):\n"
+        "    answer = b''\n"
+        "print(repr(answer) if answer else 'closed')\n"
+    )
+    out = subprocess.run(["runuser", "-u", "nobody", "--", "python3", "-c", probe],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "closed", (out.stdout, out.stderr)
+    log = (Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "daemon.log").read_text()
+    assert "refused a connection from another user" in log
+
+
+def test_a_stale_socket_is_replaced(front_end, env):
+    first = front_end()
+    first.tool("exec", command="echo kept > /workspace/k")
+    old = daemon_pid(env)
+    os.kill(old, signal.SIGKILL)
+    until(lambda: exited(old), "old daemon gone")
+    assert (runtime(env) / "daemon.sock").exists()
+    text, err = front_end().tool("exec", command="cat /workspace/k")
+    assert not err and text.splitlines()[0] == "kept", text
+    assert daemon_pid(env) not in (None, old)
+
+
+def test_the_daemon_dying_mid_session_ends_the_front_end_cleanly(front_end, env):
+    client = front_end()
+    client.tool("exec", command="echo kept > /workspace/k")
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            client.tool("exec", command="sleep 50", _timeout=120)
+            outcome.append(None)
+        except McpError as e:
+            outcome.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    until(lambda: "sleep 50" in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout,
+          "the command runs")
+    os.kill(daemon_pid(env), signal.SIGKILL)
+    t.join(timeout=100)
+    assert outcome and outcome[0] is not None, "the call in flight was answered by a dead daemon?"
+    assert "no answer within" not in str(outcome[0]), outcome[0]
+    assert "closed the connection mid-session" in Path(client.stderr_path).read_text()
+    # The next front-end starts a new daemon, which re-attaches the sandbox.
+    text, err = front_end().tool("exec", command="cat /workspace/k")
+    assert not err and text.splitlines()[0] == "kept", text
+
+
+def test_each_session_runs_under_its_own_start_directory_and_environment(front_end, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    for d, mode in ((one, "first"), (two, "second")):
+        d.mkdir()
+        (d / ".sandbox-mcp.toml").write_text(f'[env]\nAPP_MODE = "{mode}"\n')
+    a = front_end(cwd=str(one))
+    b = front_end(cwd=str(two))
+    text, err = a.tool("exec", command='echo "$APP_MODE"', sandbox="pa")
+    assert not err and text.splitlines()[0] == "first", text
+    text, err = b.tool("exec", command='echo "$APP_MODE"', sandbox="pb")
+    assert not err and text.splitlines()[0] == "second", text
+    # Host roots too: each session may reach its own start directory only.
+    (one / "f").write_text("from one")
+    text, err = b.tool("upload", local_path=str(one / "f"), sandbox_path="/tmp/f", sandbox="pb")
+    assert err and "outside the allowed host roots" in text, text
+    text, err = a.tool("upload", local_path=str(one / "f"), sandbox_path="/tmp/f", sandbox="pa")
+    assert not err, text
+
+
+def test_an_invalid_session_config_is_refused_at_start_naming_the_variable(front_end, env):
+    front_end().tool("status")
+    with pytest.raises(McpError) as e:
+        front_end(SANDBOX_MCP_NETWORK="wifi")
+    assert "SANDBOX_MCP_NETWORK" in str(e.value)
+    # The daemon and its other sessions are unaffected.
+    assert not front_end().tool("exec", command="true")[1]
+
+
+def test_a_forward_outlives_the_session_that_made_it(front_end, env):
+    port = free_port()
+    a = front_end()
+    a.tool("bg", command="python3 -m http.server 8000 --bind 127.0.0.1", name="web")
+    text, err = a.tool("expose", port=8000, host_port=port)
+    assert not err, text
+    until(lambda: _get(f"http://127.0.0.1:{port}/"), "forward answers")
+    a.close()
+    body = until(lambda: _get(f"http://127.0.0.1:{port}/"), "forward still answers after its session closed")
+    assert "Directory listing" in body
+
+
+def test_a_newer_build_replaces_the_daemon_and_keeps_the_sandboxes(front_end, env):
+    old_bin = Path(env["SANDBOX_MCP_TEST_TMP"]) / "old" / "sandbox-mcp"
+    old_bin.parent.mkdir()
+    shutil.copy(required_env("SANDBOX_MCP_BIN"), old_bin)
+    old = front_end(binary=str(old_bin))
+    text, err = old.tool("exec", command="echo kept > /workspace/k; echo mark > /root/m")
+    assert not err, text
+    old.tool("env", action="set", key="KEPT", value="yes")
+    old_pid = daemon_pid(env)
+    assert Path(f"/proc/{old_pid}/exe").resolve() == old_bin.resolve()
+    new = front_end()
+    text, err = new.tool("exec", command="cat /workspace/k /root/m; printenv KEPT")
+    assert not err and text.splitlines()[:3] == ["kept", "mark", "yes"], text
+    assert exited(old_pid)
+    new_pid = daemon_pid(env)
+    assert Path(f"/proc/{new_pid}/exe").resolve() == Path(required_env("SANDBOX_MCP_BIN")).resolve()
+    log = (Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "daemon.log").read_text()
+    assert "draining for a newer build" in log
+
+
+def test_a_second_daemon_refuses_to_start(front_end, env):
+    front_end().tool("status")
+    out = subprocess.run([required_env("SANDBOX_MCP_BIN"), "daemon"], env={**os.environ, **env},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "another sandbox-mcp daemon is running" in out.stderr, out.stderr
+
+
+def test_a_daemon_that_cannot_start_is_reported_by_the_front_end(front_end, env):
+    with pytest.raises(McpError) as e:
+        front_end(SANDBOX_VM_HELPER_BIN="/nonexistent/sandbox-vm-helper")
+    log = Path(env["SANDBOX_MCP_TEST_TMP"]) / "front-end-0.log"
+    text = log.read_text()
+    assert "the sandbox-mcp daemon did not start: it exited" in text and "/nonexistent/sandbox-vm-helper" in text, text
+    assert "daemon.log" in text, text
+    assert daemon_pids(env) == []
+
+
+def test_a_broken_handshake_is_dropped_and_the_daemon_serves_on(front_end, env):
+    client = front_end()
+    for junk in (b"not json\n", b"{\"build\": 1}\n", b"x" * (2 << 20)):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(str(runtime(env) / "daemon.sock"))
+        s.settimeout(30)
+        try:
+            s.sendall(junk)
+            assert s.recv(100) == b""
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            s.close()
+    log = (Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "daemon.log").read_text()
+    assert "bad handshake line" in log and "handshake line incomplete or over" in log, log
+    assert not client.tool("exec", command="true")[1]
+
+
+def test_http_on_an_address_in_use_is_refused_naming_it(front_end, env):
+    front_end().tool("status")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        addr = "127.0.0.1:%d" % taken.getsockname()[1]
+        out = subprocess.run([required_env("SANDBOX_MCP_BIN"), "serve", "--http", addr], env={**os.environ, **env},
+                             capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and f"cannot listen on {addr}" in out.stderr, out.stderr
+
+
+def test_an_idle_daemon_without_sandboxes_exits(front_end, env):
+    client = front_end(SANDBOX_MCP_DAEMON_IDLE="1")
+    assert client.tool("status")[0].startswith("No active sandboxes")
+    pid = daemon_pid(env)
+    client.close()
+    until(lambda: exited(pid), "idle daemon exits")
+    assert not (runtime(env) / "daemon.sock").exists() and daemon_pid(env) is None
