@@ -127,7 +127,7 @@ pub async fn run(helper_bin: PathBuf) -> Result<(), DaemonError> {
     drop(listener);
     let _ = std::fs::remove_file(paths::daemon_socket());
     daemon.shutdown.cancel();
-    state::save_now(&daemon.orchestrator, &state::path());
+    daemon.orchestrator.sandboxes.close_state().await;
     tracing::info!("daemon stopped");
     Ok(())
 }
