@@ -191,6 +191,7 @@ def test_damaged_database_is_set_aside_reported_and_sandboxes_still_attach(serve
     # The new database works: this command is saved.
     assert any("cat /workspace/x" in c for (c,) in rows(env, "SELECT command FROM history"))
     second.close()
+    stop_daemon(env)
     # A second damaged file never overwrites the first copy.
     (db.parent / "state.db-wal").unlink(missing_ok=True)
     (db.parent / "state.db-shm").unlink(missing_ok=True)
