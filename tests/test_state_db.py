@@ -79,14 +79,16 @@ def test_concurrent_writes_of_one_file_all_succeed(http_server):
     client = http_server().client()
     try:
         client.tool("exec", command="true")
-        contents = [f"version {n}\n" * 200 for n in range(24)]
+        contents = [f"version {n}\n" * (1 + n % 7) for n in range(100)]
 
         def write(content: str) -> tuple[str, bool]:
             return client.tool("write_file", path="same.txt", content=content)
 
-        with ThreadPoolExecutor(12) as pool:
-            results = list(pool.map(write, contents))
-        assert all(not err for _, err in results), [r for r in results if r[1]][:3]
+        # Rounds, because the race (writes overlapping in the agent) needs luck.
+        for _ in range(4):
+            with ThreadPoolExecutor(32) as pool:
+                results = list(pool.map(write, contents))
+            assert all(not err for _, err in results), [r for r in results if r[1]][:3]
         text, err = client.tool("read_file", path="same.txt")
         assert not err and text in contents, text[:200]
         text, err = client.tool("exec", command="ls -A /workspace")
