@@ -154,3 +154,12 @@ def test_the_old_state_file_is_imported_once(server_factory, env):
     text, err = third.tool("history", limit=10)
     assert text.count("imported-history-one") == 1, text
     third.close()
+
+
+def test_a_write_that_cannot_replace_its_target_leaves_no_temp_file(server):
+    text, err = server.tool("exec", command="mkdir -p /workspace/dir/sub")
+    assert not err, text
+    text, err = server.tool("write_file", path="dir/sub", content="x")
+    assert err and "Is a directory" in text, text
+    text, err = server.tool("exec", command="ls -A /workspace/dir")
+    assert not err and text.splitlines()[0] == "sub", text
