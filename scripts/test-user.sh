@@ -43,7 +43,7 @@ cp -a .git "$run/repo/"  # tests that ask git about the checkout
 for b in sandbox-mcp sandbox-vm-helper sandbox-ctl; do cp "$bin_dir/$b" "$run/repo/target/bin/"; done
 # The helper conformance tests too (the attack tests on the helper itself).
 conformance=$(cargo test --quiet --no-run --test helper_conformance --message-format=json 2>/dev/null |
-    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+    sed -n 's/.*"executable":"\([^"]*\/helper_conformance-[^"]*\)".*/\1/p' | tail -n 1)
 cp "$conformance" "$run/repo/target/bin/helper-conformance"
 chown -R "$user:" "$run/repo"
 SANDBOX_MCP_BIN=$run/repo/target/bin/sandbox-mcp
