@@ -4,6 +4,7 @@ noticed, the helper restarted, and its sandboxes reported as lost (never
 silently re-created)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -58,7 +59,9 @@ def kill9_server(env: dict[str, str]) -> None:
     pids = server_pids(env)
     assert pids, "no server process found"
     for pid in pids:
-        os.kill(pid, signal.SIGKILL)
+        # A front-end may end on its own meanwhile (its daemon killed first).
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     until(lambda: all(exited(p) for p in pids), "server gone")
 
 

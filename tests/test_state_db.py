@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from conftest import stop_daemon
 from test_persistence import _swallow, db_path, kill9_server, rows
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -130,6 +131,8 @@ def test_the_old_state_file_is_imported_once(server_factory, env):
     text, err = first.tool("exec", command="true")
     assert not err, text
     first.close()
+    # The daemon holds the database open while it runs: replace it stopped.
+    stop_daemon(env)
     state_dir = db_path(env).parent
     for name in ("state.db", "state.db-wal", "state.db-shm"):
         (state_dir / name).unlink(missing_ok=True)
@@ -150,6 +153,7 @@ def test_the_old_state_file_is_imported_once(server_factory, env):
     assert abs(rows(env, "SELECT expires_at FROM sandboxes WHERE name = 'default'")[0][0] - (lease + 60)) < 1.0
     assert not (state_dir / "state.json").exists() and (state_dir / "state.json.imported").exists()
     second.close()
+    stop_daemon(env)
     third = server_factory()
     text, err = third.tool("history", limit=10)
     assert text.count("imported-history-one") == 1, text
