@@ -30,13 +30,13 @@ else
         fi
         sudo=(sudo)
     fi
-    # Says what runs as root (issue 10: an ordinary user's install uses sudo for apt only).
-    echo "deps: ${sudo[*]}${sudo:+ }apt-get update; ${sudo[*]}${sudo:+ }apt-get install ${missing[*]}"
-    log=$(mktemp)
-    trap 'rm -f "$log"' EXIT
     # apt-get itself under sudo (not a shell), so a sudoers rule can allow
     # exactly this and the sudo log shows what ran.
     apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get)
+    # Says what runs as root (issue 10: an ordinary user's install uses sudo for apt only).
+    echo "deps: ${apt[*]} update -qq; ${apt[*]} install -y -qq --no-install-recommends ${missing[*]}"
+    log=$(mktemp)
+    trap 'rm -f "$log"' EXIT
     if ! { "${apt[@]}" update -qq && "${apt[@]}" install -y -qq --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
         tail -n 30 "$log" >&2
         echo "deps: apt-get failed" >&2

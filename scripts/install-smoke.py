@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -26,7 +27,9 @@ def main() -> None:
     registration = subprocess.run([binary, "config", "cursor"], capture_output=True, text=True, check=True).stdout
     server = json.loads(registration)["mcpServers"]["sandbox"]
     step("registration", Path(server["command"]) == Path(binary), f"{server['command']} {server['args']}")
-    with McpClient(server["command"], server["args"], env=dict(os.environ)) as client:
+    log = Path(tempfile.mkstemp(prefix="install-smoke-", suffix=".log", dir=Path.home())[1])
+    print(f"install-smoke: server log {log}", flush=True)
+    with McpClient(server["command"], server["args"], env=dict(os.environ), stderr_path=str(log)) as client:
         out, err = client.call("exec", sandbox="smoke", command="id -u; cat /etc/debian_version")
         step("exec (creates the sandbox)", not err and out.startswith("0\n"), out)
         out, err = client.call("write_file", sandbox="smoke", path="notes.txt", content="written by the smoke test\n")

@@ -528,6 +528,34 @@ mod tests {
     }
 
     #[test]
+    fn chown_mapped_hands_over_and_names_what_it_cannot() {
+        use std::os::unix::fs::MetadataExt as _;
+        let mapper = IdMapper::detect().expect("an id map for the test user");
+        let dir = std::env::temp_dir().join(format!("userns-chown-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        // As a rootless helper's directories are: its root's (a root test
+        // process's own ids are not in its map).
+        let (root_uid, root_gid) = mapper.id_map().host_root();
+        std::os::unix::fs::chown(&dir, Some(root_uid), Some(root_gid)).unwrap();
+        let hand = |path: &Path, inside: u32| crate::helper::seed::HandOver {
+            path: path.to_path_buf(),
+            uid: host_id(&mapper.id_map().uids, inside).unwrap(),
+            gid: host_id(&mapper.id_map().gids, inside).unwrap(),
+        };
+        let to_42 = hand(&dir, 42);
+        chown_mapped(&mapper, std::slice::from_ref(&to_42)).unwrap();
+        let md = std::fs::metadata(&dir).unwrap();
+        assert_eq!((md.uid(), md.gid()), (to_42.uid, to_42.gid));
+        let unmapped = crate::helper::seed::HandOver { uid: 7, gid: 7, ..to_42.clone() };
+        let err = chown_mapped(&mapper, &[unmapped]).unwrap_err().to_string();
+        assert!(err.contains("host ids 7:7") && err.contains("does not reach"), "{err}");
+        let gone = hand(&dir.join("gone"), 42);
+        let err = chown_mapped(&mapper, &[gone]).unwrap_err().to_string();
+        assert!(err.contains("chown 42:42") && err.contains("inside the sandbox's id map"), "{err}");
+        remove_tree(&dir).unwrap();
+    }
+
+    #[test]
     fn host_ids_convert_back_to_the_ids_inside() {
         let map = rootless_map(1001, (100_000, 65_536));
         assert_eq!(inside_id(&map, 1001), Some(0));
