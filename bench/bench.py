@@ -272,7 +272,7 @@ def bench_relay(binary: str, env: dict[str, str]) -> list[str]:
     sock.connect(str(Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / "daemon.sock"))
     stream = sock.makefile("rb")
     source = {"vars": {k: v for k, v in env.items() if k.startswith("SANDBOX_MCP_")}, "cwd": os.getcwd()}
-    sock.sendall(json.dumps({"build": "bench", "source": source, "mode": "stdio"}).encode() + b"\n")
+    sock.sendall(json.dumps({"build": {"version": "0", "written_ns": 0}, "source": source, "mode": "stdio"}).encode() + b"\n")
     reply = json.loads(stream.readline())
     if reply.get("error"):
         raise SystemExit(f"bench: the daemon refused the session: {reply['error']}")

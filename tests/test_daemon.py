@@ -163,7 +163,8 @@ def test_another_user_is_refused_even_through_open_modes(front_end, env):
     for p in (Path(env["SANDBOX_MCP_TEST_TMP"]), Path(env["XDG_RUNTIME_DIR"]), runtime(env)):
         p.chmod(0o755)
     sock.chmod(0o777)
-    hello = json.dumps({"build": "x", "source": {"vars": {}, "cwd": "/"}, "mode": "stdio"}) + "\n"
+    hello = json.dumps({"build": {"version": "0", "written_ns": 0}, "source": {"vars": {}, "cwd": "/"},
+                        "mode": "stdio"}) + "\n"
     probe = (
         "import socket, sys\n"
         "s = socket.socket(socket.AF_UNIX)\n"
@@ -261,10 +262,19 @@ def test_a_forward_outlives_the_session_that_made_it(front_end, env):
     assert "Directory listing" in body
 
 
-def test_a_newer_build_replaces_the_daemon_and_keeps_the_sandboxes(front_end, env):
+def older_copy(env: dict[str, str]) -> Path:
+    """A copy of $SANDBOX_MCP_BIN that counts as an older install of the same
+    version: its binary was written a day earlier."""
     old_bin = Path(env["SANDBOX_MCP_TEST_TMP"]) / "old" / "sandbox-mcp"
     old_bin.parent.mkdir()
     shutil.copy(required_env("SANDBOX_MCP_BIN"), old_bin)
+    written = Path(required_env("SANDBOX_MCP_BIN")).stat().st_mtime - 86400
+    os.utime(old_bin, (written, written))
+    return old_bin
+
+
+def test_a_newer_build_replaces_the_daemon_and_keeps_the_sandboxes(front_end, env):
+    old_bin = older_copy(env)
     old = front_end(binary=str(old_bin))
     text, err = old.tool("exec", command="echo kept > /workspace/k; echo mark > /root/m")
     assert not err, text
@@ -334,3 +344,13 @@ def test_an_idle_daemon_without_sandboxes_exits(front_end, env):
     client.close()
     until(lambda: exited(pid), "idle daemon exits")
     assert not (runtime(env) / "daemon.sock").exists() and daemon_pid(env) is None
+
+
+def test_an_older_front_end_uses_a_newer_daemon_as_it_is(front_end, env):
+    new = front_end()
+    new.tool("exec", command="true")
+    pid = daemon_pid(env)
+    old = front_end(binary=str(older_copy(env)))
+    text, err = old.tool("exec", command="echo from-old")
+    assert not err and text.splitlines()[0] == "from-old", text
+    assert daemon_pid(env) == pid and not new.tool("exec", command="true")[1]

@@ -28,7 +28,7 @@ use tokio::{
 
 use super::{
     DaemonError,
-    hello::{self, Hello, Mode, Reply},
+    hello::{self, Build, Hello, Mode, Reply},
     socket,
 };
 use crate::{mcp::http, orchestrator::config::ConfigSource, paths};
@@ -46,13 +46,14 @@ pub struct Connection {
 }
 
 /// Connects to the daemon for `mode`, starting it (the `daemon` subcommand of
-/// this binary) if none answers. A daemon of another build is asked to drain
-/// and replaced by one of this build.
+/// this binary) if none answers. A daemon of an older build is asked to drain
+/// and replaced by one of this build; a newer one serves an older front-end
+/// as it is (the handshake and MCP do not change between builds).
 pub async fn open(source: ConfigSource, mode: Mode) -> Result<Connection, DaemonError> {
-    let build = hello::build_id();
+    let build = Build::current();
     let mut conn = handshake(connect_or_start().await?, &build, &source, mode.clone()).await?;
-    if conn.reply.build != build {
-        tracing::info!(old = %conn.reply.build, new = %build, "replacing a daemon of another build");
+    if build.is_newer_than(&conn.reply.build) {
+        tracing::info!(old = %conn.reply.build, new = %build, "replacing a daemon of an older build");
         replace().await?;
         conn = handshake(connect_or_start().await?, &build, &source, mode).await?;
     }
@@ -64,13 +65,13 @@ pub async fn open(source: ConfigSource, mode: Mode) -> Result<Connection, Daemon
 
 async fn handshake(
     stream: UnixStream,
-    build: &str,
+    build: &Build,
     source: &ConfigSource,
     mode: Mode,
 ) -> Result<Connection, DaemonError> {
     let (read, mut write) = stream.into_split();
     let mut read = BufReader::new(read);
-    let hello = Hello { build: build.to_string(), source: source.clone(), mode };
+    let hello = Hello { build: build.clone(), source: source.clone(), mode };
     hello::send(&mut write, &hello).await?;
     let reply: Reply = hello::receive(&mut read).await?;
     Ok(Connection { read, write, reply })
@@ -81,7 +82,7 @@ async fn handshake(
 async fn replace() -> Result<(), DaemonError> {
     let stream = UnixStream::connect(paths::daemon_socket()).await.map_err(DaemonError::Connection)?;
     let source = ConfigSource::default();
-    handshake(stream, &hello::build_id(), &source, Mode::Drain).await?;
+    handshake(stream, &Build::current(), &source, Mode::Drain).await?;
     let lock = paths::daemon_lock();
     tokio::task::spawn_blocking(move || socket::lock(&lock, true).map(drop))
         .await

@@ -79,7 +79,7 @@ struct Daemon {
     shutdown: CancellationToken,
     /// Cancelled to stop accepting (drain): open sessions may finish.
     draining: CancellationToken,
-    build: String,
+    build: hello::Build,
 }
 
 /// Runs the daemon until it is told to stop or has nothing left to keep.
@@ -94,7 +94,7 @@ pub async fn run(helper_bin: PathBuf) -> Result<(), DaemonError> {
         sessions: Arc::default(),
         shutdown: CancellationToken::new(),
         draining: CancellationToken::new(),
-        build: hello::build_id(),
+        build: hello::Build::current(),
     });
     tracing::info!(socket = %paths::daemon_socket().display(), build = %daemon.build, "daemon listening");
     tokio::spawn(stop_on_signal(daemon.shutdown.clone()));

@@ -12,7 +12,7 @@
 //! lease_ttl = 60                       # minutes every new sandbox lives; 0: no lease
 //! max_lease_ttl = 120                  # minutes: bound of lease_ttl and of extend_ttl
 //! max_sandboxes = 16
-//! host_roots = ["~/src", "/data/in"]   # default: the server's start directory
+//! host_roots = ["~/src", "/data/in"]   # default: the session's start directory
 //! [defaults]
 //! image = "mcp-dev"
 //! cpus = 2
@@ -111,7 +111,7 @@ pub struct Config {
     /// Leases and capacity limits.
     pub limits: Limits,
     /// Where `.sandbox-mcp.toml` is looked for: `SANDBOX_MCP_PROJECT_DIR`,
-    /// else the first host root (the server's start directory by default).
+    /// else the first host root (the session's start directory by default).
     pub project_dir: PathBuf,
     /// Who may spawn child sandboxes, by parent name.
     pub spawn_policies: BTreeMap<String, SpawnPolicy>,
@@ -456,6 +456,22 @@ mod tests {
         assert!(
             load("[profiles.x.network]\nallow = [\"ok.org\", \"not a rule\"]\n").unwrap_err().contains("not a rule")
         );
+    }
+
+    #[test]
+    fn a_source_gives_the_start_directory_and_environment() {
+        let vars = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let source = ConfigSource {
+            vars: vars(&[("SANDBOX_MCP_NETWORK", "none"), ("SANDBOX_MCP_DEFAULT_IMAGE", "")]),
+            cwd: PathBuf::from("/tmp"),
+        };
+        let c = Config::from_file(ConfigFile::default(), &source).unwrap();
+        assert_eq!((c.project_dir.clone(), c.defaults().network.clone()), (PathBuf::from("/tmp"), Network::None));
+        // An empty variable counts as unset.
+        assert_eq!(c.defaults().image, crate::image::DEFAULT_IMAGE);
+        let bad = ConfigSource { vars: vars(&[("SANDBOX_MCP_NETWORK", "wifi")]), cwd: PathBuf::from("/tmp") };
+        let e = Config::from_file(ConfigFile::default(), &bad).unwrap_err().to_string();
+        assert!(e.contains("SANDBOX_MCP_NETWORK"), "{e}");
     }
 
     #[test]
