@@ -129,7 +129,9 @@ pub fn make_private_dirs() {
     }
 }
 
-fn make_private(dir: &Path) -> std::io::Result<()> {
+/// Makes `dir` (and its parents) if missing and closes it to every other
+/// user (0700), tightening an existing one.
+pub fn make_private(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
     if let Some(parent) = dir.parent() {
         std::fs::create_dir_all(parent)?;

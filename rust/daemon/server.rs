@@ -84,6 +84,8 @@ struct Daemon {
 
 /// Runs the daemon until it is told to stop or has nothing left to keep.
 pub async fn run(helper_bin: PathBuf) -> Result<(), DaemonError> {
+    // Before anything is written there (the helper's log, sockets, state).
+    paths::make_private_dirs();
     socket::private_dir(&paths::runtime_dir())?;
     let _lock = socket::lock(&paths::daemon_lock(), false)?;
     let orchestrator = start_orchestrator(helper_bin).await?;

@@ -3,8 +3,8 @@
 //! (`SO_PEERCRED`), a lock held for the daemon's lifetime so no two run, and
 //! the pid file.
 use std::{
-    fs::{DirBuilder, OpenOptions, Permissions},
-    os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt},
+    fs::{OpenOptions, Permissions},
+    os::unix::fs::{OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
 };
 
@@ -15,9 +15,11 @@ use super::DaemonError;
 
 /// Creates `dir` (and parents) private to the user, tightening an existing one.
 pub fn private_dir(dir: &Path) -> Result<(), DaemonError> {
-    let io = |source| DaemonError::Io { what: "create the runtime directory", path: dir.to_path_buf(), source };
-    DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io)?;
-    std::fs::set_permissions(dir, Permissions::from_mode(0o700)).map_err(io)
+    crate::paths::make_private(dir).map_err(|source| DaemonError::Io {
+        what: "create the runtime directory",
+        path: dir.to_path_buf(),
+        source,
+    })
 }
 
 /// Takes the lock file at `path`: blocking (`wait`) or failing with
