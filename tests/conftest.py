@@ -110,9 +110,11 @@ def _state(pid: int) -> str:
         return ""
 
 
-def stop_helper(env: dict[str, str], timeout: float = HELPER_STOP_TIMEOUT) -> None:
-    """Stops the helper a server started in `env` (pid from its pid file):
-    SIGTERM, then SIGKILL if it is still there after `timeout`."""
+def stop_servers(env: dict[str, str], timeout: float = HELPER_STOP_TIMEOUT) -> None:
+    """Stops what front-ends started in `env`: the daemon first (its watchdog
+    would start the helper again), then the helper (pid from its pid file):
+    SIGTERM, then SIGKILL if still there after the timeout."""
+    stop_daemon(env)
     _stop_by_pid_file(Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / "helper.pid", timeout)
 
 
@@ -153,8 +155,7 @@ def env() -> Iterator[dict[str, str]]:
     try:
         yield e
     finally:
-        stop_daemon(e)
-        stop_helper(e)
+        stop_servers(e)
         remove_env_dir(base)
 
 

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-from conftest import isolated_env, new_env_dir, remove_env_dir, required_env, shared_image_store, stop_helper
+from conftest import isolated_env, new_env_dir, remove_env_dir, required_env, shared_image_store, stop_servers
 from mcp_client import McpClient
 
 # A sandbox that attacks never touch: it must keep answering, with the file
@@ -107,7 +107,7 @@ def sec_server(config: str | None = None, own_images: bool = False, **extra_env:
     finally:
         if srv is not None:
             srv.client.close()
-        stop_helper(env)
+        stop_servers(env)
         remove_env_dir(base)
 
 

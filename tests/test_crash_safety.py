@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import isolated_env, new_env_dir, remove_env_dir, required_env, stop_helper
+from conftest import isolated_env, new_env_dir, remove_env_dir, required_env, stop_servers
 from mcp_client import McpClient, McpError
 from test_persistence import _lost, _restarted, helper_pid, until
 
@@ -85,10 +85,13 @@ def test_helper_killed_mid_snapshot_takes_its_frozen_sandbox_along(server_factor
     for seed in SNAPSHOT_KILL_SEEDS:
         rng = random.Random(seed)
         name = f"snap{seed}"
-        # Enough to copy that the sandbox stays frozen for a while, and a
-        # process of its own besides the agent.
+        # Enough to copy that the sandbox stays frozen for a while (one big
+        # file is a reflink or copy_file_range, milliseconds: many small
+        # files cost the copy per file), and a process of its own besides
+        # the agent.
         text, err = srv.tool(
-            "exec", sandbox=name, command=f"head -c 150M /dev/urandom > /root/big && (sleep 4242{seed} &) && echo ok"
+            "exec", sandbox=name,
+            command=f"mkdir /root/many && cd /root/many && seq 40000 | xargs touch && (sleep 4242{seed} &) && echo ok",
         )
         assert not err and text.startswith("ok"), text
         helper = helper_pid(env)
@@ -208,7 +211,7 @@ def test_helpers_sharing_a_store_keep_the_layers_each_others_sandboxes_use(env, 
         for client in (b, a):
             if client is not None:
                 client.close()
-        stop_helper(other_env)
+        stop_servers(other_env)
         remove_env_dir(other_base)
 
 

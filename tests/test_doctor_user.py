@@ -5,7 +5,7 @@ from __future__ import annotations
 import pwd
 import subprocess
 
-from conftest import required_env, run_as, stop_helper, user_env
+from conftest import required_env, run_as, stop_servers, user_env
 from test_doctor import lines_by_check
 
 
@@ -14,7 +14,7 @@ def doctor_as(user: str) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
     try:
         out = run_as(user, [required_env("SANDBOX_MCP_BIN"), "doctor"], env)
     finally:
-        stop_helper(env)
+        stop_servers(env)
     return out, lines_by_check(out.stdout)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from conftest import required_env, stop_helper
+from conftest import required_env, stop_servers
 from mcp_client import McpClient
 from waiting import wait_for
 
@@ -182,7 +182,7 @@ def test_race_through_another_servers_volume(env, roots, outside):
     finally:
         srv.close()
         attacker.close()
-        stop_helper(other)
+        stop_servers(other)
 
 
 def test_race_through_three_clients_at_once(env, roots, outside, http_server):

@@ -99,7 +99,7 @@ def test_helpers_with_separate_state_do_not_share_cgroups(server):
     counters."""
     import os
 
-    from conftest import isolated_env, new_env_dir, remove_env_dir, stop_helper
+    from conftest import isolated_env, new_env_dir, remove_env_dir, stop_servers
     from mcp_client import McpClient
 
     server.tool("exec", command="python3 -c 'x = bytearray(900 * 1024 * 1024)'", timeout=60)
@@ -113,5 +113,5 @@ def test_helpers_with_separate_state_do_not_share_cgroups(server):
         assert "OOM" not in text and "0 issue(s)" in text, text
     finally:
         other.close()
-        stop_helper(env)
+        stop_servers(env)
         remove_env_dir(base)

@@ -20,7 +20,7 @@ from typing import Iterator
 
 import pytest
 
-from conftest import remove_env_dir, required_env, run_as, shared_image_store, stop_helper, user_env
+from conftest import remove_env_dir, required_env, run_as, shared_image_store, stop_servers, user_env
 from mcp_client import McpClient
 
 IMAGE = "two-users"
@@ -205,5 +205,5 @@ def test_two_users_see_neither_each_others_sandboxes_nor_ids(new_user, rootfs_ta
         for c in clients:
             c.close()
         for env in envs:
-            stop_helper(env)
+            stop_servers(env)
             remove_env_dir(env["SANDBOX_MCP_TEST_TMP"])
