@@ -238,7 +238,8 @@ impl EventFilter {
         while let Some(end) = self.pending.windows(2).position(|w| w == b"\n\n") {
             let event: Vec<u8> = self.pending.drain(..end + 2).collect();
             let repeated = self.replayed.as_deref().is_some_and(|id| event_id(&event) == Some(id.as_bytes()));
-            if !repeated && !(self.drop_priming && is_priming(&event)) {
+            let dropped = repeated || (self.drop_priming && is_priming(&event));
+            if !dropped {
                 kept.extend_from_slice(&event);
             }
         }
