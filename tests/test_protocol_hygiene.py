@@ -381,3 +381,17 @@ def test_a_dropped_call_resumed_in_time_finishes_and_repeats_no_event(http_serve
     result = json.loads(replayed[-1]["data"])
     assert result["id"] == 2 and not result["result"]["isError"], result
     assert result["result"]["content"][0]["text"].startswith("resumed-ok"), result
+
+
+def test_a_body_over_the_limit_is_refused_whole(http_server):
+    server = http_server()
+    session = RawSession(server)
+    big = "a" * (4 << 20)
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "write_file", "arguments": {"path": "big", "content": big}}}
+    assert post(server, call, **session.headers).status_code == 413
+    assert post(server, {**init_message(), "padding": big}).status_code == 413
+    check = {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+             "params": {"name": "exec", "arguments": {"command": "test ! -e /workspace/big && echo absent"}}}
+    text, err = tool_text(json.loads(sse_events(post(server, check, **session.headers).text)[-1]["data"]))
+    assert not err and text.startswith("absent"), text

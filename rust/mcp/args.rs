@@ -220,6 +220,17 @@ mod tests {
     }
 
     #[test]
+    fn what_rmcp_still_refuses_reads_as_an_error() {
+        let mut result =
+            CallToolResult::error(vec![ContentBlock::text(format!("{RMCP_DECODE_ERROR}missing field `x`"))]);
+        prefix_decode_error(&mut result);
+        assert_eq!(
+            result.content[0].as_text().map(|t| t.text.as_str()),
+            Some("Error: invalid arguments: missing field `x`")
+        );
+    }
+
+    #[test]
     fn mistakes_name_the_argument_and_what_it_takes() {
         let err = |args: Value| conformed(args).unwrap_err();
         assert_eq!(err(json!({"timeout": 1})), "argument `command` is required");

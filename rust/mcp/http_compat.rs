@@ -34,11 +34,6 @@ use super::SandboxServer;
 /// The first protocol version whose clients expect priming events.
 const PRIMING_SINCE: &str = "2025-11-25";
 
-/// Largest request body read here (to learn an initialize's protocol
-/// version, a request's id): the largest stdio message, and more than rmcp
-/// itself accepts, so rmcp's own answer to an oversized body stands.
-const MAX_BODY_BYTES: usize = super::stdio::MAX_LINE_BYTES + 1;
-
 /// How long a dropped request waits for its session to resume a stream
 /// before it is cancelled: a few of the 3 s reconnection delays rmcp asks
 /// clients for.
@@ -59,6 +54,11 @@ impl Compat {
     /// The layer's state over `service`.
     pub fn new(service: McpService) -> Self {
         Self { service, resumed: Arc::default() }
+    }
+
+    /// The largest request body rmcp takes, and so the most read here.
+    fn body_limit(&self) -> usize {
+        self.service.config.max_request_body_bytes
     }
 
     fn resumed(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
@@ -82,11 +82,11 @@ pub async fn adjust(State(compat): State<Compat>, request: Request<Body>, next: 
             compat.resumed().insert(session.clone(), Instant::now());
         }
     }
-    let (request, wants_priming) = match knows_priming(request).await {
+    let (request, wants_priming) = match knows_priming(request, compat.body_limit()).await {
         Ok(checked) => checked,
         Err(response) => return response,
     };
-    let (request, cancel) = match cancellation_for(request).await {
+    let (request, cancel) = match cancellation_for(request, compat.body_limit()).await {
         Ok(found) => found,
         Err(response) => return response,
     };
@@ -104,12 +104,15 @@ pub async fn adjust(State(compat): State<Compat>, request: Request<Body>, next: 
 
 /// For a request within a session, the `notifications/cancelled` that
 /// stands for its client going away (rebuilt with the headers rmcp checks).
-async fn cancellation_for(request: Request<Body>) -> Result<(Request<Body>, Option<Request<Body>>), Response> {
+async fn cancellation_for(
+    request: Request<Body>,
+    limit: usize,
+) -> Result<(Request<Body>, Option<Request<Body>>), Response> {
     if request.method() != Method::POST || !request.headers().contains_key("mcp-session-id") {
         return Ok((request, None));
     }
     let (parts, body) = request.into_parts();
-    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| too_large())?;
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| too_large(limit))?;
     let id = super::stdio::leading_id(&bytes);
     let request = Request::from_parts(parts, Body::from(bytes));
     let Some(id) = id else {
@@ -134,22 +137,24 @@ async fn cancellation_for(request: Request<Body>) -> Result<(Request<Body>, Opti
     Ok((request, cancel.body(Body::from(notice.to_string())).ok()))
 }
 
-fn too_large() -> Response {
-    (StatusCode::PAYLOAD_TOO_LARGE, format!("Payload Too Large: the limit is {MAX_BODY_BYTES} bytes\n")).into_response()
+/// What rmcp answers a body over its limit, which a body read here must
+/// not get past either.
+fn too_large(limit: usize) -> Response {
+    (StatusCode::PAYLOAD_TOO_LARGE, format!("Payload Too Large: the limit is {limit} bytes\n")).into_response()
 }
 
 /// Whether the client behind `request` negotiated a protocol that knows
 /// priming events: the `MCP-Protocol-Version` header on a session's
 /// requests (clients older than 2025-06-18 send none), the version asked for
 /// in an `initialize` (the server takes it, or its own newer latest one).
-async fn knows_priming(request: Request<Body>) -> Result<(Request<Body>, bool), Response> {
+async fn knows_priming(request: Request<Body>, limit: usize) -> Result<(Request<Body>, bool), Response> {
     if request.method() != Method::POST || request.headers().contains_key("mcp-session-id") {
         let version = request.headers().get("mcp-protocol-version").and_then(|v| v.to_str().ok());
         let knows = version.is_some_and(|v| v >= PRIMING_SINCE);
         return Ok((request, knows));
     }
     let (parts, body) = request.into_parts();
-    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| too_large())?;
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| too_large(limit))?;
     let asked = serde_json::from_slice::<serde_json::Value>(&bytes)
         .ok()
         .and_then(|v| v.pointer("/params/protocolVersion")?.as_str().map(str::to_string));
@@ -238,7 +243,8 @@ impl EventFilter {
         while let Some(end) = self.pending.windows(2).position(|w| w == b"\n\n") {
             let event: Vec<u8> = self.pending.drain(..end + 2).collect();
             let repeated = self.replayed.as_deref().is_some_and(|id| event_id(&event) == Some(id.as_bytes()));
-            if !repeated && !(self.drop_priming && is_priming(&event)) {
+            let dropped = repeated || (self.drop_priming && is_priming(&event));
+            if !dropped {
                 kept.extend_from_slice(&event);
             }
         }

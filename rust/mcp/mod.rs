@@ -112,11 +112,11 @@ impl ServerHandler for SandboxServer {
     /// Every tool call, with its text made safe for a terminal once, here.
     async fn call_tool(
         &self,
-        request: rmcp::model::CallToolRequestParams,
+        mut request: rmcp::model::CallToolRequestParams,
         context: rmcp::service::RequestContext<rmcp::RoleServer>,
     ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
         let _in_progress = self.calls.read().await;
-        let mut request = request;
+        // Arguments first fit the tool's schema, so a mistake reads `Error: argument …`.
         if let Some(tool) = self.tool_router.get(&request.name) {
             let mut arguments = request.arguments.take().unwrap_or_default();
             if let Err(e) = args::conform(&tool.input_schema, &mut arguments) {
