@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import httpx2
 import pytest
-from conftest import required_env
+from conftest import required_env, stop_servers
 from mcp.client.stdio import get_default_environment
 from waiting import wait_for
 
@@ -203,14 +203,19 @@ def test_tool_schemas_use_only_json_schema_formats(server):
 
 
 def test_logs_are_plain_text_and_peer_info_is_debug_only(env):
+    daemon_log = Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "daemon.log"
     for level, peer_info_shown in (("info", False), ("debug", True)):
+        # The daemon logs what the sessions do, at the level of the
+        # environment it was started in: a fresh one per level.
+        stop_servers(env)
+        daemon_log.unlink(missing_ok=True)
         server = RawStdio({**env, "RUST_LOG": level}, f"{env['SANDBOX_MCP_TEST_TMP']}/log-{level}.log")
         try:
             server.initialize()
-            assert tool_text(server.call(2, "env", {"action": "list"}))[1] is False
+            assert tool_text(server.call(2, "list_all", {}))[1] is False
         finally:
             server.close()
-        log = server.log()
+        log = server.log() + daemon_log.read_text(errors="replace")
         assert "\x1b[" not in log, log[-2000:]
         assert ("peer_info" in log) == peer_info_shown, log[-2000:]
 
@@ -386,7 +391,8 @@ def test_a_dropped_call_resumed_in_time_finishes_and_repeats_no_event(http_serve
 def test_a_body_over_the_limit_is_refused_whole(http_server):
     server = http_server()
     session = RawSession(server)
-    big = "a" * (4 << 20)
+    # Over one MCP message's ceiling (16 MiB, as a stdio line).
+    big = "a" * (16 << 20)
     call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
             "params": {"name": "write_file", "arguments": {"path": "big", "content": big}}}
     assert post(server, call, **session.headers).status_code == 413
