@@ -27,9 +27,11 @@ cleanup() {
     local home pidfile
     home=$(getent passwd "$user" | cut -d: -f6)
     if [ -n "$home" ]; then
-        # The helper is a daemon of the user's: stopped by its pid file.
-        pidfile=$home/.local/state/sandbox-mcp/run/helper.pid
-        [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null && sleep 2
+        # The orchestrator daemon, then the helper (the daemon would start it
+        # again), each stopped by its pid file.
+        for pidfile in "$home"/.local/state/sandbox-mcp/run/{daemon,helper}.pid; do
+            [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null && sleep 2
+        done
         userdel -r -f "$user" >/dev/null 2>&1
     fi
     rm -f "$sudoers" "$sudo_log"
