@@ -61,12 +61,18 @@ def test_a_running_background_process_keeps_its_sandbox_from_idle_reaping(server
     assert reaped(srv, "web"), srv.tool("status")[0]
 
 
-def test_a_busy_child_keeps_its_parent(server_factory, env):
+def _parent_with_child(server_factory, env):
+    """A server with a short idle TTL, sandbox 'par' and its child 'par..kid'."""
     write_config(env, PAR_SPAWNS)
     srv = server_factory(SANDBOX_MCP_IDLE_TTL=IDLE_TTL)
     assert not srv.tool("exec", command="true", sandbox="par")[1]
     text, err = spawn(srv, parent="par", name="kid")
     assert not err, text
+    return srv
+
+
+def test_a_busy_child_keeps_its_parent(server_factory, env):
+    srv = _parent_with_child(server_factory, env)
     assert not srv.tool("bg", command="sleep 600", name="work", sandbox="par..kid")[1]
     assert not srv.tool("exec", command="true", sandbox="temp")[1]
     assert reaped(srv, "temp"), srv.tool("status")[0]
@@ -74,11 +80,7 @@ def test_a_busy_child_keeps_its_parent(server_factory, env):
 
 
 def test_using_a_reaped_child_says_what_happened(server_factory, env):
-    write_config(env, PAR_SPAWNS)
-    srv = server_factory(SANDBOX_MCP_IDLE_TTL=IDLE_TTL)
-    assert not srv.tool("exec", command="true", sandbox="par")[1]
-    text, err = spawn(srv, parent="par", name="kid")
-    assert not err, text
+    srv = _parent_with_child(server_factory, env)
     assert reaped(srv, "par"), srv.tool("status")[0]
     text, err = srv.tool("exec", command="true", sandbox="par..kid")
     assert err and "'par..kid' was a child of 'par'" in text and "reaped" in text and "spawn" in text, text
