@@ -13,6 +13,7 @@ import pwd
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -108,6 +109,23 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return ""
+
+
+def saved_state(env: dict[str, str]) -> str:
+    """Everything the state database holds, as text (every row of every
+    table), read as a separate process would: what a secret must never be in.
+    Empty while there is no database yet."""
+    path = Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "state.db"
+    if not path.exists():
+        return ""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    try:
+        tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return "\n".join(repr(row) for t in tables for row in db.execute(f'SELECT * FROM "{t}"'))
+    except sqlite3.Error:
+        return ""
+    finally:
+        db.close()
 
 
 def stop_servers(env: dict[str, str], timeout: float = HELPER_STOP_TIMEOUT) -> None:

@@ -17,7 +17,16 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-from conftest import isolated_env, new_env_dir, remove_env_dir, required_env, shared_image_store, stop_servers
+from conftest import (
+    isolated_env,
+    new_env_dir,
+    remove_env_dir,
+    required_env,
+    saved_state,
+    shared_image_store,
+    stop_daemon,
+    stop_servers,
+)
 from mcp_client import McpClient
 
 # A sandbox that attacks never touch: it must keep answering, with the file
@@ -53,17 +62,15 @@ class SecServer:
         return self.sh(f"python3 -c \"import base64; exec(base64.b64decode('{b64}'))\"", sandbox, timeout)
 
     def restart(self) -> None:
-        """Stops this server (its sandboxes live on in the helper) and starts
-        a new one on the same state."""
+        """Stops this server and its daemon (the sandboxes live on in the
+        helper) and starts a new one on the same state."""
         self.client.close()
+        stop_daemon(self.env)
         self.client = _start(self.env, **self.extra_env)
 
-    def state(self) -> dict:
-        """The server's state file (empty if missing or mid-write)."""
-        try:
-            return json.loads((Path(self.env["XDG_STATE_HOME"]) / "sandbox-mcp" / "state.json").read_text())
-        except (OSError, ValueError):
-            return {}
+    def saved(self) -> str:
+        """What the state database holds, as text (see conftest.saved_state)."""
+        return saved_state(self.env)
 
     def names(self) -> set[str]:
         """Names of the sandboxes `status` shows."""

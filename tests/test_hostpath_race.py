@@ -149,17 +149,24 @@ def assert_no_leak(
             assert secret.encode() not in p.read_bytes(), p
 
 
-def test_race_through_another_servers_volume(env, roots, outside):
-    """The fd walk alone: the roots hold the volume of a sandbox that this
-    server does not know as its own (another server's data directory), so
-    only walking without following symlinks stands between it and the host."""
-    outside_dir, secret = outside
+def other_server_env(env: dict[str, str], roots: Path) -> dict[str, str]:
+    """XDG dirs of a second server (its own daemon and helper) whose data
+    directory, and so its sandboxes' volumes, lie under `roots`."""
     base = env["SANDBOX_MCP_TEST_TMP"]
     other = {k: f"{base}/other-{k.split('_')[1].lower()}" for k in
              ("XDG_STATE_HOME", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME")}
     other["XDG_DATA_HOME"] = str(roots / "otherdata")
     for d in other.values():
         os.makedirs(d, mode=0o700, exist_ok=True)
+    return other
+
+
+def test_race_through_another_servers_volume(env, roots, outside):
+    """The fd walk alone: the roots hold the volume of a sandbox that this
+    server does not know as its own (another server's data directory), so
+    only walking without following symlinks stands between it and the host."""
+    outside_dir, secret = outside
+    other = other_server_env(env, roots)
     attacker = start_server(env, "attacker", **other)
     srv = start_server(env, "victim", SANDBOX_MCP_HOST_ROOTS=str(roots))
     try:
@@ -186,12 +193,15 @@ def test_race_through_another_servers_volume(env, roots, outside):
 
 
 def test_race_through_three_clients_at_once(env, roots, outside, http_server):
-    """Two stdio clients and an HTTP client at once, on one helper: the first
-    drives the sandbox that swaps its /workspace/d for a symlink, while the
-    second stdio client and the HTTP client run every host-path tool through
-    that directory concurrently, each for a sandbox of its own."""
+    """Two stdio clients and an HTTP client at once: the first drives the
+    sandbox that swaps its /workspace/d for a symlink (under a daemon of its
+    own, whose data directory lies in the roots: one daemon would refuse its
+    own data outright, see below), while the second stdio client and the
+    HTTP client, sharing one daemon, run every host-path tool through that
+    directory concurrently, each for a sandbox of its own."""
     outside_dir, secret = outside
-    attacker = start_server(env, "attacker3", XDG_DATA_HOME=str(roots / "otherdata"))
+    other = other_server_env(env, roots)
+    attacker = start_server(env, "attacker3", **other)
     victim = start_server(env, "victim3", SANDBOX_MCP_HOST_ROOTS=str(roots))
     web = http_server(SANDBOX_MCP_HOST_ROOTS=str(roots)).client()
     try:
@@ -223,6 +233,7 @@ def test_race_through_three_clients_at_once(env, roots, outside, http_server):
         web.close()
         victim.close()
         attacker.close()
+        stop_servers(other)
 
 
 def test_race_through_own_volume_is_refused_outright(env, outside):

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from conftest import CTL_RAW_CLIENT as RAW_CLIENT, write_config
-from waiting import wait_for
+from conftest import CTL_RAW_CLIENT as RAW_CLIENT, stop_daemon, write_config
+from test_persistence import rows
 
 IMAGE = os.environ.get("SANDBOX_MCP_TEST_IMAGE", "mcp-test")
 
@@ -256,18 +256,13 @@ def test_spawn_counters_survive_a_server_restart(server_factory, env, ctl_bin):
     first = server_factory(SANDBOX_CTL_BIN=ctl_bin)
     assert sh(first, "sandbox-ctl spawn --name kid") == ("default..kid\n", "", 0)
     assert sh(first, "sandbox-ctl spawn --name grand", sandbox="default..kid") == ("default..kid..grand\n", "", 0)
-    state_file = os.path.join(env["XDG_STATE_HOME"], "sandbox-mcp", "state.json")
-
-    def saved() -> dict:
-        try:
-            with open(state_file) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return {}
-
-    assert wait_for(lambda: saved().get("spawn_seqs") == {"default": 1, "default..kid": 1}), saved()
-    assert saved()["derived_policies"]["default..kid"]["max_total"] == 4
+    # Committed before the tool answered: read as another process would.
+    (spawn,) = rows(env, "SELECT value FROM meta WHERE key = 'spawn'")[0]
+    saved = json.loads(spawn)
+    assert saved.get("spawn_seqs") == {"default": 1, "default..kid": 1}, saved
+    assert saved["derived_policies"]["default..kid"]["max_total"] == 4
     first.close()
+    stop_daemon(env)
     second = server_factory(SANDBOX_CTL_BIN=ctl_bin)
     text, _ = second.tool("children")
     assert text.endswith("Lifetime spawns: 1/8"), text

@@ -8,6 +8,7 @@ import json
 import os
 import time
 
+from conftest import saved_state
 from waiting import wait_for
 
 PORT = 18641
@@ -164,15 +165,7 @@ def test_history_and_state_file_redact_secrets(server_factory, env):
         assert shown in history, (shown, history)
     assert "bg[b]: sleep 60 --password=***" in history and "python: password = ***" in history, history
 
-    state_file = os.path.join(env["XDG_STATE_HOME"], "sandbox-mcp", "state.json")
-
-    def saved() -> str:
-        try:
-            with open(state_file) as f:
-                return f.read()
-        except OSError:
-            return ""
-
-    assert wait_for(lambda: "python: password" in saved(), timeout=20), saved()
-    text = saved()
+    # Committed before the tool answered: read as another process would.
+    text = saved_state(env)
+    assert "python: password" in text, text
     assert "S3cret" not in text and "FOO_TOKEN=***" in text, text

@@ -53,6 +53,10 @@ def test_download_never_writes_through_a_symlink(srv, roots):
 
 def test_download_errors(srv, roots):
     text, err = srv.tool("download", sandbox_path="/nope", local_path=str(roots / "x"))
+    # A read-only tool never creates the sandbox (weakness #50).
+    assert err and text == "Error: no active sandbox 'default'", text
+    assert not srv.tool("exec", command="true")[1]
+    text, err = srv.tool("download", sandbox_path="/nope", local_path=str(roots / "x"))
     assert err and text == "Error: /nope does not exist in sandbox"
     text, err = srv.tool("download", sandbox_path="/etc/hostname", local_path="/etc/evil")
     assert err and "outside the allowed host roots" in text
