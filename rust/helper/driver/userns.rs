@@ -325,7 +325,11 @@ pub fn run_joined(userns: &OwnedFd, mut cmd: Command) -> Result<std::process::Ou
     // an fd and integers.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::setns(fd, libc::CLONE_NEWUSER) != 0
+            // Dies with the helper: a copy left running after its helper was
+            // killed would keep its half-copied layer alive (the new helper
+            // spares a `.tmp-*` layer while a process is writing it).
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0
+                || libc::setns(fd, libc::CLONE_NEWUSER) != 0
                 || libc::setresgid(0, 0, 0) != 0
                 || libc::setgroups(0, std::ptr::null()) != 0
                 || libc::setresuid(0, 0, 0) != 0
