@@ -1,6 +1,7 @@
 //! Child sandbox tools: spawn, children, destroy_child. Policies and budgets
 //! live in the orchestrator's [`SpawnManager`](crate::orchestrator::spawn::SpawnManager);
 //! this file maps parameters in and results to the reference's text.
+use crate::orchestrator::names;
 use rmcp::{handler::server::wrapper::Parameters, model::CallToolResult, schemars, tool, tool_router};
 use serde::Deserialize;
 
@@ -45,8 +46,8 @@ pub struct DestroyChildParams {
 
 fn spawned_text(parent: &str, c: &Sandbox) -> String {
     let mut lines = vec![
-        format!("Spawned child '{}': {}", c.name, c.name),
-        format!("  Parent: {parent}"),
+        format!("Spawned child '{}': {}", c.shown(), c.shown()),
+        format!("  Parent: {}", names::display(parent)),
         format!("  Image: {}", c.image),
         format!("  Resources: {} CPUs, {}MB", c.cpus, c.memory_bytes >> 20),
     ];
@@ -60,8 +61,8 @@ fn child_line(c: &Sandbox) -> String {
     let ttl = c.lease_remaining().map(|l| format!(" [TTL={}s]", l.as_secs())).unwrap_or_default();
     format!(
         "  {}: {} ({} CPUs, {}MB, image={}){ttl} idle={}s",
-        c.name,
-        c.name,
+        c.shown(),
+        c.shown(),
         c.cpus,
         c.memory_bytes >> 20,
         c.image,
@@ -96,12 +97,18 @@ impl SandboxServer {
         if children.is_empty() {
             return ok(match policy {
                 Some(pol) => {
-                    format!("No active children for '{}' ({used}/{} lifetime spawns used)", p.parent, pol.max_total)
+                    format!(
+                        "No active children for '{}' ({used}/{} lifetime spawns used)",
+                        names::display(&p.parent),
+                        pol.max_total
+                    )
                 }
-                None => format!("No active children for '{}' (no spawn policy configured)", p.parent),
+                None => {
+                    format!("No active children for '{}' (no spawn policy configured)", names::display(&p.parent))
+                }
             });
         }
-        let mut lines = vec![format!("Children of '{}' ({} active):", p.parent, children.len())];
+        let mut lines = vec![format!("Children of '{}' ({} active):", names::display(&p.parent), children.len())];
         lines.extend(children.iter().map(|c| child_line(c)));
         let max = policy.map(|pol| pol.max_total.to_string()).unwrap_or_else(|| "?".into());
         lines.push(format!("Lifetime spawns: {used}/{max}"));
@@ -116,6 +123,6 @@ impl SandboxServer {
         &self,
         Parameters(p): Parameters<DestroyChildParams>,
     ) -> Result<CallToolResult, rmcp::ErrorData> {
-        reply(self.spawns.destroy_child(&p.name).await.map(|s| format!("Destroyed sandbox '{}' ({})", s.name, s.name)))
+        reply(self.spawns.destroy_child(&p.name).await.map(|s| format!("Destroyed sandbox '{}' ({})", s.shown(), s.shown())))
     }
 }

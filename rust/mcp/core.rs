@@ -221,9 +221,9 @@ impl SandboxServer {
                 "set" => m
                     .set_env(&sandbox, &p.key, &p.value)
                     .await
-                    .map(|_| format!("Set {} in '{}' (persists across commands)", p.key, p.sandbox)),
-                "unset" => m.unset_env(&sandbox, &p.key).await.map(|_| format!("Unset {} in '{}'", p.key, p.sandbox)),
-                _ => Ok(format::env_list(&p.sandbox, &sandbox.env())),
+                    .map(|_| format!("Set {} in '{}' (persists across commands)", p.key, sandbox.shown())),
+                "unset" => m.unset_env(&sandbox, &p.key).await.map(|_| format!("Unset {} in '{}'", p.key, sandbox.shown())),
+                _ => Ok(format::env_list(&sandbox.shown(), &sandbox.env())),
             }
         };
         reply(result.await)

@@ -1,6 +1,7 @@
 //! The text shapes of tool results, kept identical to the reference server's
 //! so prompts written for it keep working (`[exit code N]`, `(12.3ms)`, the
 //! status and history tables).
+use crate::orchestrator::names;
 use std::{
     borrow::Cow,
     time::{Duration, SystemTime},
@@ -162,7 +163,7 @@ impl StatsOutput {
     pub fn new(s: &Sandbox, obs: &Observation, bg: &[BackgroundInfo]) -> Self {
         let st = obs.stats.as_ref();
         Self {
-            sandbox: s.name.clone(),
+            sandbox: s.shown(),
             cpus: s.cpus,
             memory_limit_bytes: s.memory_bytes,
             memory_used_bytes: st.map(|x| x.memory_used),
@@ -235,13 +236,13 @@ pub fn memory(bytes: u64) -> String {
 /// and pids limits are not enforced, if they are not.
 pub fn status_line(s: &Sandbox, alive: bool, unlimited: Option<&str>) -> String {
     let mut fields = vec![
-        format!("  {:<12} {}", s.name, s.name),
+        format!("  {:<12} {}", s.shown(), s.shown()),
         format!("shell:{}", if alive { "alive" } else { "dead" }),
         format!("idle:{}s", s.idle().as_secs()),
         format!("{}cpu/{}", s.cpus, memory(s.memory_bytes)),
     ];
     if let Some(parent) = &s.parent {
-        fields.push(format!("parent:{parent}"));
+        fields.push(format!("parent:{}", names::display(parent)));
     }
     let cmds = s.command_count();
     if cmds > 0 {
@@ -315,18 +316,20 @@ pub fn status_blocks(
 /// The `list_all` table.
 pub fn list_table(rows: &[(std::sync::Arc<Sandbox>, bool)]) -> String {
     let mut out = vec![
-        format!("{:<12}  {:<16}  {:<6}  {:>8}  {}", "Name", "Container", "Shell", "Idle", "Resources"),
-        "─".repeat(65),
+        format!("{:<12}  {:<16}  {:<6}  {:>8}  {:<10}  {}", "Name", "Container", "Shell", "Idle", "Resources", "Project"),
+        "─".repeat(90),
     ];
     for (s, alive) in rows {
+        let dir = s.project_dir.as_ref().map(|d| d.display().to_string()).unwrap_or_else(|| "(before projects)".into());
         out.push(format!(
-            "{:<12}  {:<16}  {:<6}  {:>8}  {}cpu/{}",
-            s.name,
-            s.name,
+            "{:<12}  {:<16}  {:<6}  {:>8}  {:<10}  {}:{} {dir}",
+            s.shown(),
+            s.shown(),
             if *alive { "alive" } else { "dead" },
             format!("{}s", s.idle().as_secs()),
-            s.cpus,
-            memory(s.memory_bytes)
+            format!("{}cpu/{}", s.cpus, memory(s.memory_bytes)),
+            s.project_id(),
+            s.plain()
         ));
     }
     out.join("\n")
@@ -423,7 +426,7 @@ fn limits_not_enforced(why: &str) -> String {
 
 /// The `stats` text.
 pub fn stats(s: &Sandbox, obs: &Observation, bg: &[BackgroundInfo]) -> String {
-    let mut lines = vec![format!("Sandbox: {} ('{}', {}cpu/{})", s.name, s.name, s.cpus, memory(s.memory_bytes))];
+    let mut lines = vec![format!("Sandbox: {} ('{}', {}cpu/{})", s.shown(), s.shown(), s.cpus, memory(s.memory_bytes))];
     match &obs.stats {
         Some(st) => {
             let pct = obs.mem_pct().map(|p| format!(" ({p}%)")).unwrap_or_default();
@@ -481,7 +484,7 @@ pub fn health(rows: &[(std::sync::Arc<Sandbox>, Observation)]) -> String {
     let mut issues = 0;
     let mut lines = Vec::new();
     for (s, obs) in rows {
-        let mut fields = vec![format!("{}:", s.name), format!("shell={}", if obs.alive { "ok" } else { "DEAD" })];
+        let mut fields = vec![format!("{}:", s.shown()), format!("shell={}", if obs.alive { "ok" } else { "DEAD" })];
         if !obs.alive {
             issues += 1;
         }

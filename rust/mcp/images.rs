@@ -2,6 +2,7 @@
 //! delete_snapshot, images, build_image, clone. `build_image` reports each
 //! step as a progress notification and stops (removing its build VMs and
 //! intermediate images) when the client cancels.
+use crate::orchestrator::names;
 use std::{
     collections::BTreeMap,
     time::{Duration, SystemTime},
@@ -123,7 +124,7 @@ impl SandboxServer {
             Ok((s, layer, took)) => ok(format!(
                 "Snapshot '{}' saved from {} (incremental, {}, {}ms)",
                 s.name,
-                p.sandbox,
+                names::display(&p.sandbox),
                 human_size(layer),
                 took.as_millis()
             )),
@@ -137,7 +138,7 @@ impl SandboxServer {
     )]
     async fn restore(&self, Parameters(p): Parameters<SnapshotParams>) -> Result<CallToolResult, rmcp::ErrorData> {
         match self.manager.restore(&p.snapshot_name, &p.sandbox).await {
-            Ok(s) => ok(format!("Restored '{}' as '{}': {}", p.snapshot_name, p.sandbox, s.name)),
+            Ok(s) => ok(format!("Restored '{}' as '{}': {}", p.snapshot_name, s.shown(), s.shown())),
             Err(ImagesError::Restoring(e)) => fail_as("Error restoring", e),
             Err(e) => fail(e),
         }
@@ -150,7 +151,7 @@ impl SandboxServer {
             Ok(list) => {
                 let mut lines = vec!["Available snapshots:".to_string()];
                 lines.extend(list.iter().map(|s| {
-                    let from = s.image.labels.get(SOURCE_LABEL).map(|f| format!(", from '{f}'")).unwrap_or_default();
+                    let from = s.image.labels.get(SOURCE_LABEL).map(|f| format!(", from '{}'", names::display(f))).unwrap_or_default();
                     format!(
                         "  - {} ({} layer, {} in all{from}, {} ago)",
                         s.name,
@@ -230,9 +231,9 @@ impl SandboxServer {
         match self.manager.clone_sandbox(&p.source, &p.target).await {
             Ok(c) => ok(format!(
                 "Cloned '{}' -> '{}': {} ({}, {}ms)",
-                p.source,
-                p.target,
-                c.sandbox.name,
+                names::display(&p.source),
+                names::display(&p.target),
+                c.sandbox.shown(),
                 human_size(c.workspace_bytes),
                 c.elapsed.as_millis()
             )),

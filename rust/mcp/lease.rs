@@ -79,7 +79,7 @@ impl SandboxServer {
     async fn extend_ttl(&self, Parameters(p): Parameters<ExtendTtlParams>) -> Result<CallToolResult, rmcp::ErrorData> {
         reply(self.manager.extend_lease(&p.sandbox, p.minutes).await.map(|(s, ends)| {
             let left = ends.duration_since(SystemTime::now()).unwrap_or_default();
-            format!("Lease of '{}' now ends at {} (in {}m)", s.name, iso_utc(ends), left.as_secs().div_ceil(60))
+            format!("Lease of '{}' now ends at {} (in {}m)", s.shown(), iso_utc(ends), left.as_secs().div_ceil(60))
         }))
     }
 

@@ -1,4 +1,5 @@
 //! Lifecycle and observability tools: status, list_all, destroy, reset, history.
+use crate::orchestrator::names;
 use rmcp::{handler::server::wrapper::Parameters, model::CallToolResult, schemars, tool, tool_router};
 use serde::Deserialize;
 
@@ -34,6 +35,15 @@ pub struct HistoryParams {
     pub sandbox: String,
 }
 
+/// Parameters of `list_all`.
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
+pub struct ListAllParams {
+    /// Also list other projects' sandboxes (reach one as `<project-id>:<name>`); by default only this
+    /// session's project's.
+    #[serde(default)]
+    pub all_projects: bool,
+}
+
 fn default_limit() -> u32 {
     20
 }
@@ -41,13 +51,13 @@ fn default_limit() -> u32 {
 #[tool_router(router = lifecycle_router, vis = "pub(super)")]
 impl SandboxServer {
     #[tool(
-        description = "Show every sandbox with its state, idle time, resources and command count.",
+        description = "Show every sandbox of this session's project with its state, idle time, resources and command count.",
         annotations(read_only_hint = true, open_world_hint = false)
     )]
     async fn status(&self) -> Result<CallToolResult, rmcp::ErrorData> {
         let m = &self.manager;
         let result = async {
-            let sandboxes = m.list();
+            let sandboxes = m.list_own();
             let lost = m.lost();
             let notice = m.state_notice().map(|n| format!("{n}\n")).unwrap_or_default();
             if sandboxes.is_empty() && lost.is_empty() {
@@ -69,11 +79,14 @@ impl SandboxServer {
         reply(result.await)
     }
 
-    #[tool(description = "Table of all sandboxes.", annotations(read_only_hint = true, open_world_hint = false))]
-    async fn list_all(&self) -> Result<CallToolResult, rmcp::ErrorData> {
+    #[tool(
+        description = "Table of this session's project's sandboxes, with their project. all_projects=true lists every project's; another project's sandbox is reached as `<project-id>:<name>`.",
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn list_all(&self, Parameters(p): Parameters<ListAllParams>) -> Result<CallToolResult, rmcp::ErrorData> {
         let m = &self.manager;
         let result = async {
-            let sandboxes = m.list();
+            let sandboxes = if p.all_projects { m.list() } else { m.list_own() };
             if sandboxes.is_empty() {
                 return Ok("No active sandboxes. Use any sandbox tool to auto-create 'default'.".to_string());
             }
@@ -100,9 +113,12 @@ impl SandboxServer {
         }
         let destroyed = self.manager.destroy(&p.sandbox).await;
         if matches!(destroyed, Err(OrchestratorError::Lost { .. })) && self.manager.acknowledge_lost(&p.sandbox).await {
-            return ok(format!("Forgot sandbox '{}': its VM was already gone. Its /workspace is kept.", p.sandbox));
+            return ok(format!(
+                "Forgot sandbox '{}': its VM was already gone. Its /workspace is kept.",
+                names::display(&p.sandbox)
+            ));
         }
-        reply(destroyed.map(|s| format!("Destroyed sandbox '{}' ({})", s.name, s.name)))
+        reply(destroyed.map(|s| format!("Destroyed sandbox '{}' ({})", s.shown(), s.shown())))
     }
 
     #[tool(
@@ -118,7 +134,7 @@ impl SandboxServer {
             self.manager
                 .reset(&p.sandbox, p.wipe_workspace)
                 .await
-                .map(|s| format!("Fresh sandbox '{}' ready: {} ({kept})", s.name, s.name)),
+                .map(|s| format!("Fresh sandbox '{}' ready: {} ({kept})", s.shown(), s.shown())),
         )
     }
 
@@ -134,10 +150,10 @@ impl SandboxServer {
             Err(e) => return fail(e),
         };
         let text = if entries.is_empty() {
-            format!("No command history for '{}'.", p.sandbox)
+            format!("No command history for '{}'.", names::display(&p.sandbox))
         } else {
-            format::history(&p.sandbox, &entries)
+            format::history(&names::display(&p.sandbox), &entries)
         };
-        ok_structured(text, format::HistoryOutput::new(&p.sandbox, &entries))
+        ok_structured(text, format::HistoryOutput::new(&names::display(&p.sandbox), &entries))
     }
 }

@@ -122,6 +122,9 @@ impl ServerHandler for SandboxServer {
             if let Err(e) = args::conform(&tool.input_schema, &mut arguments) {
                 return fail(e).map(Into::into);
             }
+            if let Err(e) = self.resolve_names(&request.name, &tool.input_schema, &mut arguments) {
+                return fail(e).map(Into::into);
+            }
             request.arguments = Some(arguments);
         }
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
@@ -137,6 +140,38 @@ impl ServerHandler for SandboxServer {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("sandbox-mcp", env!("CARGO_PKG_VERSION")))
             .with_instructions(INSTRUCTIONS)
+    }
+}
+
+/// Arguments that name a sandbox (`name` only in `destroy_child`).
+const SANDBOX_ARGUMENTS: [&str; 4] = ["sandbox", "parent", "source", "target"];
+
+impl SandboxServer {
+    /// Turn the sandbox names in a call's arguments into the orchestrator's
+    /// keys, in this session's project (see [`SandboxManager::resolve`]),
+    /// once here for every tool: no tool can reach another project's
+    /// sandbox by a plain name. An absent `sandbox` is `default`.
+    fn resolve_names(
+        &self,
+        tool: &str,
+        schema: &rmcp::model::JsonObject,
+        args: &mut rmcp::model::JsonObject,
+    ) -> Result<(), OrchestratorError> {
+        let Some(properties) = schema.get("properties").and_then(serde_json::Value::as_object) else {
+            return Ok(());
+        };
+        let named = SANDBOX_ARGUMENTS.into_iter().chain((tool == "destroy_child").then_some("name"));
+        for arg in named.filter(|a| properties.contains_key(*a)) {
+            let given = match args.get(arg) {
+                Some(serde_json::Value::String(s)) => s.clone(),
+                None if arg == "sandbox" => default_sandbox(),
+                // Other types were refused by `args::conform`.
+                _ => continue,
+            };
+            let key = self.manager.resolve(&self.session.project, arg, &given)?;
+            args.insert(arg.to_string(), serde_json::Value::String(key));
+        }
+        Ok(())
     }
 }
 

@@ -67,7 +67,7 @@ fn network_text(rows: &[NetworkRow], forwards: &[ForwardInfo]) -> String {
     for row in rows {
         let s = &row.sandbox;
         let alive = if row.alive { "alive" } else { "dead" };
-        lines.push(format!("{:<12}  {}  net:{}  shell:{alive}", s.name, s.name, s.network.mode()));
+        lines.push(format!("{:<12}  {}  net:{}  shell:{alive}", s.shown(), s.shown(), s.network.mode()));
         lines.extend(policy_lines(&s.network));
         if let Some(now) = &row.configured {
             let rules = match now {
@@ -78,7 +78,7 @@ fn network_text(rows: &[NetworkRow], forwards: &[ForwardInfo]) -> String {
                 "  configuration now says: {}{rules}; this sandbox keeps the network it was created with until \
                  reset(sandbox='{}')",
                 now.mode(),
-                s.name
+                s.shown()
             ));
         }
         lines.extend(event_lines(&row.events));

@@ -47,7 +47,7 @@ impl SandboxServer {
         let m = &self.manager;
         let result = async {
             let mut rows = Vec::new();
-            for sandbox in m.list() {
+            for sandbox in m.list_own() {
                 let obs = m.observe(&sandbox).await?;
                 rows.push((sandbox, obs));
             }

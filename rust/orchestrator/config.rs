@@ -113,6 +113,9 @@ pub struct Config {
     /// Where `.sandbox-mcp.toml` is looked for: `SANDBOX_MCP_PROJECT_DIR`,
     /// else the first host root (the session's start directory by default).
     pub project_dir: PathBuf,
+    /// The project the session's sandbox names belong to: its project
+    /// directory's (see [`super::project::Project`]).
+    pub project: super::project::Project,
     /// Who may spawn child sandboxes, by parent name.
     pub spawn_policies: BTreeMap<String, SpawnPolicy>,
 }
@@ -346,6 +349,7 @@ impl Config {
             host_roots,
             volumes_dir: crate::paths::volumes_dir(),
             limits: Limits::load(file.lease_ttl, file.max_lease_ttl, file.max_sandboxes, source)?,
+            project: super::project::Project::of(&project_dir),
             project_dir,
             spawn_policies,
         })

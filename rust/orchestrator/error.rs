@@ -1,6 +1,6 @@
 //! The orchestrator's error type. Messages are written for the agent on the
 //! other side of MCP: each says what was wrong and, where useful, what to do.
-use super::helper_client::HelperError;
+use super::{helper_client::HelperError, names::display};
 
 /// Everything an orchestrator operation can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -12,8 +12,28 @@ pub enum OrchestratorError {
     )]
     InvalidName(String),
     /// No sandbox of that name exists.
-    #[error("no active sandbox '{0}'")]
+    #[error("no active sandbox '{}'", display(.0))]
     NoSuchSandbox(String),
+    /// A qualified sandbox name (`<project-id>:<name>`) has the wrong form.
+    #[error("argument `{arg}`: '{value}' is not a sandbox name: {why}")]
+    MalformedName {
+        /// The tool argument.
+        arg: String,
+        /// What was given.
+        value: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// A qualified sandbox name names a project this daemon does not know.
+    #[error(
+        "argument `{arg}`: no project '{project}' (list_all(all_projects=true) shows every project with sandboxes)"
+    )]
+    UnknownProject {
+        /// The tool argument.
+        arg: String,
+        /// The project id given.
+        project: String,
+    },
     /// A child sandbox of that name existed and was reaped; the message says
     /// why and how to get a new one.
     #[error("{0}")]
@@ -40,7 +60,7 @@ pub enum OrchestratorError {
     #[error(transparent)]
     HostPath(#[from] super::hostfs::HostFsError),
     /// A background process id is unknown.
-    #[error("no background process '{name}' in sandbox '{sandbox}'. Running: {running}")]
+    #[error("no background process '{name}' in sandbox '{}'. Running: {running}", display(sandbox))]
     NoSuchProcess {
         /// The id asked for.
         name: String,
@@ -51,7 +71,8 @@ pub enum OrchestratorError {
     },
     /// The sandbox's VM went away without being destroyed.
     #[error(
-        "sandbox '{name}' was lost: {why}. Its processes and root filesystem changes are gone; its /workspace is kept. reset(sandbox='{name}') starts a fresh one, destroy('{name}') forgets it"
+        "sandbox '{shown}' was lost: {why}. Its processes and root filesystem changes are gone; its /workspace is kept. reset(sandbox='{shown}') starts a fresh one, destroy('{shown}') forgets it",
+        shown = display(name)
     )]
     Lost {
         /// The sandbox.
@@ -60,7 +81,7 @@ pub enum OrchestratorError {
         why: String,
     },
     /// A sandbox of that name exists already.
-    #[error("sandbox '{0}' already exists. Reset it first.")]
+    #[error("sandbox '{}' already exists. Reset it first.", display(.0))]
     AlreadyExists(String),
     /// The operation is not allowed on this sandbox (e.g. on a child).
     #[error("{0}")]

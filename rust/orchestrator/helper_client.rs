@@ -533,7 +533,7 @@ impl From<VmConfig> for pb::VmSpec {
                 })
                 .collect(),
             env: cfg.env,
-            hostname: super::names::hostname(&cfg.id),
+            hostname: super::names::hostname(super::names::plain(&cfg.id)),
             network: pb::NetworkMode::from(&cfg.network) as i32,
             network_policy: Option::<pb::NetworkPolicy>::from(&cfg.network),
             labels: cfg.labels,

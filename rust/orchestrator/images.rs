@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use super::{
     error::OrchestratorError,
     helper_client::{CommitConfig, HelperError, ImageSummary},
-    names::validate_sandbox_name,
+    names::validate_key,
     sandbox::{Origin, Sandbox, SandboxManager, WORKSPACE},
 };
 
@@ -171,7 +171,7 @@ impl SandboxManager {
     /// `name`; /workspace is kept, env comes back from the snapshot.
     pub async fn restore(&self, name: &str, sandbox: &str) -> Result<Arc<Sandbox>, ImagesError> {
         validate_snapshot_name(name)?;
-        validate_sandbox_name(sandbox)?;
+        validate_key(sandbox)?;
         if self.find_snapshot(name).await?.is_none() {
             return Err(ImagesError::SnapshotNotFound(name.to_string()));
         }
@@ -214,7 +214,7 @@ impl SandboxManager {
         if from.parent.is_some() {
             return Err(ImagesError::NotPermitted("cloning from a child sandbox is not permitted"));
         }
-        validate_sandbox_name(target)?;
+        validate_key(target)?;
         let origin = Origin { clone_from: Some(source.to_string()), ..Origin::default() };
         let sandbox = self.create(target, &origin).await?;
         match self.copy_workspace(source, target).await {

@@ -10,7 +10,53 @@
 //! preserved workspace). Both kinds are valid VM ids
 //! (`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`) and valid path components, so the
 //! full name is the VM id and the volume directory as before.
+//!
+//! Names belong to a project (see [`super::project::Project`]): what a
+//! client writes is its **plain** name; the orchestrator keys a sandbox by
+//! `<tag>-<plain>` (the project's 6-hex tag, see [`key`]), which is also its
+//! VM id and volume directory, so two projects' `default`s never meet.
+//! Sandboxes made before projects existed keep their plain name as key and
+//! belong to the `legacy` project.
 use super::error::OrchestratorError;
+
+/// Hex digits of a project's tag.
+pub const TAG_LEN: usize = 6;
+/// The project id of sandboxes made before names belonged to projects.
+pub const LEGACY_PROJECT: &str = "legacy";
+/// Between a project id and a name in a qualified name (`api-3f2a1c:default`).
+pub const QUALIFIER_SEPARATOR: char = ':';
+
+/// The key of `plain` in the project tagged `tag`: `<tag>-<plain>`, or
+/// `plain` itself in the legacy project (empty tag).
+pub fn key(tag: &str, plain: &str) -> String {
+    if tag.is_empty() { plain.to_string() } else { format!("{tag}-{plain}") }
+}
+
+/// A key's project tag (empty: legacy) and plain name.
+pub fn split_key(key: &str) -> (&str, &str) {
+    let bytes = key.as_bytes();
+    let tagged = bytes.len() > TAG_LEN + 1
+        && bytes[TAG_LEN] == b'-'
+        && bytes[..TAG_LEN].iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b));
+    if tagged { (&key[..TAG_LEN], &key[TAG_LEN + 1..]) } else { ("", key) }
+}
+
+/// The plain name a user knows the sandbox keyed `key` by.
+pub fn plain(key: &str) -> &str {
+    split_key(key).1
+}
+
+/// How the sandbox keyed `key` is shown to the session serving this task:
+/// its plain name in the session's own project, else the qualified name
+/// that reaches it (`<project-id>:<plain>`).
+pub fn display(key: &str) -> String {
+    let (tag, plain) = split_key(key);
+    let own = super::config::session().map(|c| c.project.tag.clone()).unwrap_or_default();
+    if tag == own {
+        return plain.to_string();
+    }
+    format!("{}{QUALIFIER_SEPARATOR}{plain}", super::project::Project::id_of_tag(tag))
+}
 
 /// Longest top-level sandbox name (and child segment).
 pub const MAX_NAME_LEN: usize = 48;
@@ -83,14 +129,33 @@ pub fn validate_sandbox_name(name: &str) -> Result<(), OrchestratorError> {
     Err(invalid_name(name))
 }
 
+/// Check a key (see [`key`]): its plain name is a valid sandbox name and the
+/// whole key a valid VM id.
+pub fn validate_key(key: &str) -> Result<(), OrchestratorError> {
+    validate_sandbox_name(plain(key))?;
+    if key.len() > MAX_FULL_NAME_LEN {
+        return Err(invalid_name(plain(key)));
+    }
+    Ok(())
+}
+
+/// Check the key of a top-level sandbox.
+pub fn validate_top_level_key(key: &str) -> Result<(), OrchestratorError> {
+    validate_top_level_name(plain(key))
+}
+
 /// Why a child's segment cannot be used under a parent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ChildNameError {
     /// The segment breaks the name rule.
     #[error("Invalid child name: {0}")]
     Invalid(String),
-    /// The full name would be longer than a VM id may be.
-    #[error("Child name '{0}' is too long: its full name '{1}' has {2} characters (at most 63)")]
+    /// The full name would be longer than a VM id may be (with its
+    /// project's tag, see [`key`]).
+    #[error(
+        "Child name '{0}' is too long: its full name '{full}' has {2} characters with its project's tag (at most 63)",
+        full = plain(.1)
+    )]
     TooLong(String, String, usize),
 }
 
@@ -208,6 +273,24 @@ mod tests {
             let full = child_name(parent, seg).unwrap();
             assert!(validate_sandbox_name(&full).is_ok() && validate_top_level_name(&full).is_err(), "{full}");
         }
+    }
+
+    #[test]
+    fn keys_carry_the_project_tag() {
+        assert_eq!(key("3f2a1c", "default"), "3f2a1c-default");
+        assert_eq!(key("", "default"), "default");
+        assert_eq!(split_key("3f2a1c-default..kid"), ("3f2a1c", "default..kid"));
+        assert_eq!(plain("3f2a1c-default..kid"), "default..kid");
+        // A legacy name that is not a tag and a dash stays whole.
+        for legacy in ["default", "3F2A1C-x", "3f2a1-x", "3f2a1c-", "3f2a1cx-y", "3f2a1g-x"] {
+            assert_eq!(split_key(legacy), ("", legacy), "{legacy}");
+        }
+        // Every valid top-level name keeps a valid VM id as a key.
+        let long = "x".repeat(MAX_NAME_LEN);
+        assert!(validate_top_level_key(&key("3f2a1c", &long)).is_ok());
+        assert!(validate_key(&key("3f2a1c", "a..b")).is_ok());
+        assert!(validate_top_level_key(&key("3f2a1c", "a..b")).is_err());
+        assert!(validate_key(&key("3f2a1c", &format!("{long}..{}", "c".repeat(14)))).is_err());
     }
 
     #[test]

@@ -218,7 +218,7 @@ impl SandboxManager {
     /// A helper that does not report refusals (or fails to for one sandbox)
     /// leaves that sandbox without events; it never fails the report.
     pub async fn network_report(&self) -> Result<Vec<NetworkRow>, OrchestratorError> {
-        let sandboxes = self.list();
+        let sandboxes = self.list_own();
         if sandboxes.is_empty() {
             return Ok(Vec::new());
         }

@@ -40,6 +40,78 @@ use super::{
 /// The file's name in the project directory.
 pub const PROJECT_FILE: &str = ".sandbox-mcp.toml";
 
+/// A project's identity: the canonical path of its directory, the tag that
+/// keys its sandboxes (see [`super::names::key`]) and the id users write to
+/// reach its sandboxes from another project (`<id>:<name>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Project {
+    /// Canonical path of the project directory.
+    pub dir: PathBuf,
+    /// First 6 hex digits of the SHA-256 of the path.
+    pub tag: String,
+    /// `<directory name>-<tag>`, e.g. `api-3f2a1c`.
+    pub id: String,
+}
+
+/// Projects seen by this process, by tag: how a key's project is shown.
+static KNOWN: std::sync::Mutex<BTreeMap<String, Project>> = std::sync::Mutex::new(BTreeMap::new());
+
+impl Project {
+    /// The project whose directory is `dir` (canonicalized when it exists:
+    /// `./api` and `/home/me/api` are one project).
+    pub fn of(dir: &Path) -> Self {
+        use sha2::{Digest, Sha256};
+        let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        let digest = Sha256::digest(dir.as_os_str().as_encoded_bytes());
+        let tag: String = digest.iter().take(3).map(|b| format!("{b:02x}")).collect();
+        // The id's label is the directory name in the characters of a
+        // sandbox name, short enough to read: the tag alone identifies.
+        let label: String = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().to_lowercase())
+            .unwrap_or_default()
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .take(24)
+            .collect();
+        let label = label.trim_matches('-');
+        let id = if label.is_empty() { format!("p-{tag}") } else { format!("{label}-{tag}") };
+        let project = Self { dir, tag, id };
+        project.remember();
+        project
+    }
+
+    /// Make this project's id known to [`Self::id_of_tag`].
+    pub fn remember(&self) {
+        KNOWN.lock().unwrap_or_else(|p| p.into_inner()).insert(self.tag.clone(), self.clone());
+    }
+
+    /// A project seen by this process, by tag.
+    pub fn by_tag(tag: &str) -> Option<Self> {
+        KNOWN.lock().unwrap_or_else(|p| p.into_inner()).get(tag).cloned()
+    }
+
+    /// The id of the project tagged `tag`: `legacy` for the empty tag, the
+    /// tag itself for a project not seen (yet).
+    pub fn id_of_tag(tag: &str) -> String {
+        if tag.is_empty() {
+            return super::names::LEGACY_PROJECT.to_string();
+        }
+        Self::by_tag(tag).map(|p| p.id).unwrap_or_else(|| tag.to_string())
+    }
+
+    /// The tag a project id names (`api-3f2a1c` → `3f2a1c`; `legacy` → ""),
+    /// if it has the form of one.
+    pub fn tag_of_id(id: &str) -> Option<&str> {
+        if id == super::names::LEGACY_PROJECT {
+            return Some("");
+        }
+        let (_, tag) = id.rsplit_once('-')?;
+        (tag.len() == super::names::TAG_LEN && tag.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+            .then_some(tag)
+    }
+}
+
 const TOP_KEYS: [&str; 9] = ["image", "cpus", "memory", "network", "disk", "trust_host_ca", "env", "sync", "services"];
 const SYNC_KEYS: [&str; 1] = ["exclude"];
 

@@ -17,13 +17,16 @@ use super::{
     error::OrchestratorError,
     exec::{self, ExecResult},
     helper_client::{HelperClient, HelperError, ProcessConfig, VmConfig, VmInfo, VmState},
-    names::{self, validate_sandbox_name},
+    names::{self, validate_key},
     network::Network,
     shell,
 };
 
 /// Label on every VM the orchestrator creates, holding the sandbox name.
 const NAME_LABEL: &str = "sandbox-mcp.name";
+/// Label holding the canonical path of the sandbox's project directory
+/// (absent on sandboxes made before names belonged to projects: `legacy`).
+const PROJECT_LABEL: &str = "sandbox-mcp.project";
 /// Label of a child sandbox's VM: its parent's name.
 const PARENT_LABEL: &str = "sandbox-mcp.parent";
 /// Label of a child sandbox's VM: its generation (1 = child, 2 = grandchild).
@@ -47,8 +50,11 @@ const CACHE_VOLUMES: [(&str, &str); 3] =
 /// One live sandbox.
 #[derive(Debug)]
 pub struct Sandbox {
-    /// Logical name (also the VM id).
+    /// Key: `<project tag>-<plain name>` (see [`names::key`]), also the VM
+    /// id and the volume directory. Users see [`Self::plain`].
     pub name: String,
+    /// The project's directory; `None` for the legacy project.
+    pub project_dir: Option<PathBuf>,
     /// Image it runs.
     pub image: String,
     /// Shell used for `-c` commands.
@@ -95,8 +101,13 @@ impl Sandbox {
             }),
             None => vm.network.clone(),
         };
+        let project_dir = vm.labels.get(PROJECT_LABEL).map(PathBuf::from);
+        if let Some(dir) = &project_dir {
+            super::project::Project::of(dir);
+        }
         Self {
             network,
+            project_dir,
             parent: vm.labels.get(PARENT_LABEL).cloned(),
             generation: vm.labels.get(GENERATION_LABEL).and_then(|g| g.parse().ok()).unwrap_or(0),
             name,
@@ -112,6 +123,22 @@ impl Sandbox {
             running: AtomicUsize::new(0),
             lease: Mutex::default(),
         }
+    }
+
+    /// The name users know it by, within its project.
+    pub fn plain(&self) -> &str {
+        names::plain(&self.name)
+    }
+
+    /// Its name as the session serving this task sees it (see
+    /// [`names::display`]).
+    pub fn shown(&self) -> String {
+        names::display(&self.name)
+    }
+
+    /// The id of its project (`legacy` for sandboxes from before projects).
+    pub fn project_id(&self) -> String {
+        super::project::Project::id_of_tag(names::split_key(&self.name).0)
     }
 
     /// Time since the last command ended; zero while one runs.
@@ -450,9 +477,52 @@ impl SandboxManager {
         self.lock_map().values().cloned().collect()
     }
 
+    /// The sandboxes of the calling session's project, sorted by name.
+    pub fn list_own(&self) -> Vec<Arc<Sandbox>> {
+        let tag = self.config().project.tag.clone();
+        self.lock_map().values().filter(|s| names::split_key(&s.name).0 == tag).cloned().collect()
+    }
+
+    /// The key of the sandbox a client of `project` names `name` in
+    /// argument `arg`: a plain name belongs to `project`; another
+    /// project's sandbox is reached only by its qualified name
+    /// `<project-id>:<name>` (`list_all(all_projects=true)` shows them).
+    pub fn resolve(
+        &self,
+        own: &super::project::Project,
+        arg: &str,
+        name: &str,
+    ) -> Result<String, OrchestratorError> {
+        let Some((project, plain)) = name.split_once(names::QUALIFIER_SEPARATOR) else {
+            names::validate_sandbox_name(name)?;
+            let key = names::key(&own.tag, name);
+            names::validate_key(&key)?;
+            return Ok(key);
+        };
+        let malformed = |why: &str| OrchestratorError::MalformedName {
+            arg: arg.to_string(),
+            value: name.to_string(),
+            why: why.to_string(),
+        };
+        if project.is_empty() || plain.is_empty() || plain.contains(names::QUALIFIER_SEPARATOR) {
+            return Err(malformed("a qualified name is <project-id>:<name>, one of each"));
+        }
+        let Some(tag) = super::project::Project::tag_of_id(project) else {
+            return Err(malformed("the project id before ':' is <directory name>-<6 hex digits> or 'legacy'"));
+        };
+        names::validate_sandbox_name(plain)?;
+        let known = tag.is_empty() || super::project::Project::by_tag(tag).is_some_and(|p| p.id == project);
+        if !known {
+            return Err(OrchestratorError::UnknownProject { arg: arg.to_string(), project: project.to_string() });
+        }
+        let key = names::key(tag, plain);
+        names::validate_key(&key)?;
+        Ok(key)
+    }
+
     /// An existing sandbox (never creates one).
     pub fn get(&self, name: &str) -> Result<Arc<Sandbox>, OrchestratorError> {
-        validate_sandbox_name(name)?;
+        validate_key(name)?;
         if let Some(s) = self.lock_map().get(name) {
             return Ok(s.clone());
         }
@@ -483,6 +553,7 @@ impl SandboxManager {
         for child in subtree {
             let Some(parent) = &child.parent else { continue };
             let segment = child.name.rsplit(names::CHILD_SEPARATOR).next().unwrap_or(&child.name);
+            let (parent, child_name) = (names::plain(parent), child.plain());
             // Bounded: a long-lived server reaping many children keeps only
             // the most recent explanations that fit.
             if gone.len() >= MAX_GONE_CHILDREN {
@@ -491,10 +562,9 @@ impl SandboxManager {
             gone.insert(
                 child.name.clone(),
                 format!(
-                    "sandbox '{}' was a child of '{parent}' and is gone: {cause} (at {}), which destroys its children \
-                     too. A child's name is never created by first use: spawn(parent='{parent}', name='{segment}') \
-                     starts a new one (its /workspace starts empty)",
-                    child.name,
+                    "sandbox '{child_name}' was a child of '{parent}' and is gone: {cause} (at {}), which destroys its \
+                     children too. A child's name is never created by first use: spawn(parent='{parent}', \
+                     name='{segment}') starts a new one (its /workspace starts empty)",
                     super::watchdog::clock()
                 ),
             );
@@ -556,7 +626,7 @@ impl SandboxManager {
 
     /// The named sandbox, created and booted on first use.
     pub async fn get_or_create(&self, name: &str) -> Result<Arc<Sandbox>, OrchestratorError> {
-        validate_sandbox_name(name)?;
+        validate_key(name)?;
         if let Some(s) = self.lock_map().get(name) {
             return Ok(s.clone());
         }
@@ -578,7 +648,7 @@ impl SandboxManager {
     /// created under its parent's lifecycle lock, so a parent being
     /// destroyed or reset never leaves a child behind.
     pub async fn create(&self, name: &str, origin: &Origin) -> Result<Arc<Sandbox>, OrchestratorError> {
-        validate_sandbox_name(name)?;
+        validate_key(name)?;
         let parent_lock = origin.parent.as_deref().map(|p| self.lifecycle_lock(p));
         let _parent_guard = match &parent_lock {
             Some(l) => Some(l.lock().await),
@@ -646,14 +716,14 @@ impl SandboxManager {
         // `<parent>..<segment>`, a top-level name never has that form.
         let in_namespace = match &origin.parent {
             Some(parent) => names::is_child_of(name, parent),
-            None => names::validate_top_level_name(name).is_ok(),
+            None => names::validate_top_level_key(name).is_ok(),
         };
         if !in_namespace {
             return Err(OrchestratorError::InvalidName(name.to_string()));
         }
         // A child never takes a profile by its own name: it runs under its
         // root's, with the spawn's image and size and its parent's network.
-        let (mut profile, project) = self.creation_profile(names::root_of_name(name))?;
+        let (mut profile, project) = self.creation_profile(names::plain(names::root_of_name(name)))?;
         // A child's project is its parent's business: only top-level
         // sandboxes get the project's env and services.
         let project = project.filter(|_| origin.parent.is_none() && origin.clone_from.is_none());
@@ -693,6 +763,9 @@ impl SandboxManager {
             (NAME_LABEL.to_string(), name.to_string()),
             (NETWORK_LABEL.to_string(), profile.network.to_label()),
         ]);
+        if let Some(project) = super::project::Project::by_tag(names::split_key(name).0) {
+            labels.insert(PROJECT_LABEL.to_string(), project.dir.display().to_string());
+        }
         let generation = match &origin.parent {
             Some(parent) => {
                 let generation = self.get(parent)?.generation + 1;
@@ -833,7 +906,7 @@ impl SandboxManager {
     pub async fn reap_idle(&self) -> Vec<String> {
         let Some(ttl) = self.config.idle_ttl else { return Vec::new() };
         let candidates: Vec<Arc<Sandbox>> =
-            self.list().into_iter().filter(|s| s.name != "default" && s.idle() > ttl).collect();
+            self.list().into_iter().filter(|s| s.plain() != "default" && s.idle() > ttl).collect();
         let mut reaped = Vec::new();
         for sandbox in candidates {
             let name = sandbox.name.clone();
@@ -841,7 +914,8 @@ impl SandboxManager {
             if !self.lock_map().contains_key(&name) || self.in_use(&sandbox, ttl).await {
                 continue;
             }
-            self.remember_reaped(&name, &format!("'{name}' was reaped after {}s idle", ttl.as_secs()));
+            let plain = names::plain(&name);
+            self.remember_reaped(&name, &format!("'{plain}' was reaped after {}s idle", ttl.as_secs()));
             match self.destroy(&name).await {
                 Ok(_) => {
                     tracing::info!(sandbox = %name, "reaped idle sandbox");
@@ -899,7 +973,7 @@ impl SandboxManager {
         origin: &Origin,
         wipe_workspace: bool,
     ) -> Result<Arc<Sandbox>, OrchestratorError> {
-        validate_sandbox_name(name)?;
+        validate_key(name)?;
         let lock = self.lifecycle_lock(name);
         let _guard = lock.lock().await;
         let old = self.lock_map().get(name).cloned();
@@ -952,7 +1026,7 @@ impl SandboxManager {
     /// Refuse a replacement of `name` from `origin` that [`Self::create_locked`]
     /// would refuse: its name, its project file and settings, its image.
     async fn check_replacement(&self, name: &str, origin: &Origin) -> Result<(), OrchestratorError> {
-        names::validate_top_level_name(name).map_err(|_| OrchestratorError::InvalidName(name.to_string()))?;
+        names::validate_top_level_key(name)?;
         let (profile, _) = self.creation_profile(name)?;
         let image = origin.image.as_ref().unwrap_or(&profile.image);
         if !self.helper.list_images().await?.iter().any(|i| &i.name == image) {

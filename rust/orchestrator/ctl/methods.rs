@@ -91,7 +91,7 @@ fn epoch(t: Option<SystemTime>) -> Value {
 
 fn child_json(s: &Sandbox) -> Value {
     json!({
-        "name": s.name, "container": s.name, "image": s.image, "cpus": s.cpus,
+        "name": s.plain(), "container": s.plain(), "image": s.image, "cpus": s.cpus,
         "memory_mb": s.memory_bytes >> 20, "expires_at": epoch(s.lease_expires()),
     })
 }
@@ -118,7 +118,7 @@ pub(super) async fn call(
     params: &Map<String, Value>,
 ) -> Result<Value, Failure> {
     match method {
-        "ping" => Ok(json!({"ok": true, "parent": parent})),
+        "ping" => Ok(json!({"ok": true, "parent": crate::orchestrator::names::plain(parent)})),
         "spawn" => {
             let req = SpawnRequest {
                 image: string(params, "image")?,
@@ -138,7 +138,7 @@ pub(super) async fn call(
         "destroy" => {
             let name = required(params, "name")?;
             let child = spawns.destroy_own_child(parent, &name).await?;
-            Ok(json!({"ok": true, "message": format!("Destroyed sandbox '{}' ({})", child.name, child.name)}))
+            Ok(json!({"ok": true, "message": format!("Destroyed sandbox '{}' ({})", child.plain(), child.plain())}))
         }
         "exec" => {
             let name = required(params, "name")?;
@@ -146,7 +146,7 @@ pub(super) async fn call(
             let (timeout, workdir) = (timeout(params)?, string(params, "workdir")?);
             let child = spawns.own_child(parent, &name)?;
             let result = exec_in(spawns, &child, &command, timeout, &workdir).await?;
-            Ok(json!({"name": child.name, "result": result}))
+            Ok(json!({"name": child.plain(), "result": result}))
         }
         "run" => {
             let command = required(params, "command")?;
@@ -159,7 +159,7 @@ pub(super) async fn call(
             if let Err(e) = spawns.sandboxes().discard(&child.name).await {
                 tracing::warn!(sandbox = %child.name, "could not destroy ctl run child: {e}");
             }
-            Ok(json!({"name": child.name, "result": result?}))
+            Ok(json!({"name": child.plain(), "result": result?}))
         }
         other => Err(invalid(format!("Unknown method: {other}"))),
     }

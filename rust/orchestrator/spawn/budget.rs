@@ -9,7 +9,7 @@ use super::{
     policy::{MIN_CHILD_MEMORY_MB, parse_child_memory},
 };
 use crate::orchestrator::{
-    names::{ChildNameError, child_name},
+    names::{self, ChildNameError, child_name},
     sandbox::Sandbox,
 };
 
@@ -101,22 +101,23 @@ impl SpawnManager {
         let mut book = self.book();
         let all = self.sandboxes.list();
         let find = |n: &str| all.iter().find(|s| s.name == n);
-        let parent_sb = find(parent).ok_or_else(|| SpawnError::Value(format!("No active sandbox '{parent}'")))?;
+        let parent_sb = find(parent).ok_or_else(|| SpawnError::Value(format!("No active sandbox '{}'", names::plain(parent))))?;
         if parent_sb.generation >= MAX_SPAWN_GENERATION {
             return Err(SpawnError::Permission(format!(
-                "Sandbox '{parent}' is at generation {} (max spawn depth is {MAX_SPAWN_GENERATION})",
+                "Sandbox '{}' is at generation {} (max spawn depth is {MAX_SPAWN_GENERATION})",
+                names::plain(parent),
                 parent_sb.generation
             )));
         }
         let policy = self
             .effective_in(&mut book, parent)
-            .ok_or_else(|| SpawnError::Permission(format!("Sandbox '{parent}' is not permitted to spawn children")))?;
+            .ok_or_else(|| SpawnError::Permission(format!("Sandbox '{}' is not permitted to spawn children", names::plain(parent))))?;
         let Some(default_image) = policy.allowed_images.first() else {
-            return Err(SpawnError::Permission(format!("Sandbox '{parent}' has no allowed child images configured")));
+            return Err(SpawnError::Permission(format!("Sandbox '{}' has no allowed child images configured", names::plain(parent))));
         };
         let image = if req.image.is_empty() { default_image.clone() } else { req.image.clone() };
         if !policy.allowed_images.contains(&image) {
-            return Err(SpawnError::Permission(format!("Image '{image}' not allowed for children of '{parent}'")));
+            return Err(SpawnError::Permission(format!("Image '{image}' not allowed for children of '{}'", names::plain(parent))));
         }
         let cpus = if req.cpus == 0 { i64::from(policy.child_max_cpus) } else { req.cpus };
         let cpus = cpus.min(i64::from(policy.child_max_cpus));
@@ -149,7 +150,7 @@ impl SpawnManager {
             return Err(SpawnError::Limit("Aggregate child memory budget exceeded".into()));
         }
         let root = root_of(&all, parent);
-        if let Some(root_policy) = self.policies.get(&root) {
+        if let Some(root_policy) = self.policy(&root) {
             let tree = all.iter().filter(|s| s.parent.is_some() && root_of(&all, &s.name) == root);
             let (tc, tm) = usage(tree, book.reservations.values().filter(|r| r.root == root), &book);
             if tc + u64::from(cpus) > u64::from(root_policy.total_child_cpus) {
@@ -176,7 +177,7 @@ impl SpawnManager {
         }
         .map_err(|e| SpawnError::Value(e.to_string()))?;
         if taken(&name) {
-            return Err(SpawnError::Value(format!("Sandbox '{name}' already exists")));
+            return Err(SpawnError::Value(format!("Sandbox '{}' already exists", names::plain(&name))));
         }
         let generation = parent_sb.generation + 1;
         let derived = (policy.child_can_spawn && generation < MAX_SPAWN_GENERATION).then(|| policy.derive(None));

@@ -133,6 +133,12 @@ impl SpawnManager {
         self.sandboxes.record_spawn(&book.state);
     }
 
+    /// The configured policy of the top-level sandbox keyed `key`: policies
+    /// name sandboxes by their plain names, in every project.
+    pub(super) fn policy(&self, key: &str) -> Option<&SpawnPolicy> {
+        self.policies.get(names::plain(key))
+    }
+
     /// The policy `name` spawns under: its configured one, else the one it
     /// was derived as a child allowed to spawn.
     pub fn effective_policy(&self, name: &str) -> Option<SpawnPolicy> {
@@ -143,7 +149,7 @@ impl SpawnManager {
         // A configured policy is a top-level sandbox's: a child never takes
         // one by its name, whatever it is called.
         let is_child = names::is_child_name(name) || self.sandboxes.get(name).is_ok_and(|s| s.parent.is_some());
-        if let Some(p) = self.policies.get(name).filter(|_| !is_child) {
+        if let Some(p) = self.policy(name).filter(|_| !is_child) {
             return Some(p.clone());
         }
         if let Some(p) = book.state.derived_policies.get(name) {
@@ -152,7 +158,7 @@ impl SpawnManager {
         // A child attached without saved bookkeeping gets its policy back
         // from its parent's configured one.
         let sandbox = self.sandboxes.get(name).ok()?;
-        let parent_policy = self.policies.get(sandbox.parent.as_deref()?)?;
+        let parent_policy = self.policy(sandbox.parent.as_deref()?)?;
         if !parent_policy.child_can_spawn || sandbox.generation >= MAX_SPAWN_GENERATION {
             return None;
         }
@@ -167,10 +173,10 @@ impl SpawnManager {
     /// `child_can_spawn` (its children may spawn, through ctl).
     pub fn wants_ctl(&self, name: &str, parent: Option<&str>) -> bool {
         match parent {
-            None => !names::is_child_name(name) && self.policies.get(name).is_some_and(|p| p.inject_ctl),
+            None => !names::is_child_name(name) && self.policy(name).is_some_and(|p| p.inject_ctl),
             Some(parent) => {
                 self.sandboxes.get(parent).is_ok_and(|p| p.generation + 1 < MAX_SPAWN_GENERATION)
-                    && self.policies.get(parent).is_some_and(|p| p.inject_ctl && p.child_can_spawn)
+                    && self.policy(parent).is_some_and(|p| p.inject_ctl && p.child_can_spawn)
             }
         }
     }
@@ -232,14 +238,16 @@ impl SpawnManager {
     /// `name` (a full name, or a segment under `parent`) if it is a live
     /// direct child of `parent`.
     pub fn own_child(&self, parent: &str, name: &str) -> Result<Arc<Sandbox>, SpawnError> {
-        let full = if names::is_child_of(name, parent) {
-            Some(name.to_string())
+        // Inside a sandbox names are plain: its own project's, never another's.
+        let (tag, parent_plain) = names::split_key(parent);
+        let full = if names::is_child_of(name, parent_plain) {
+            Some(names::key(tag, name))
         } else {
             names::child_name(parent, name).ok()
         };
         match full.map(|n| self.sandboxes.get(&n)) {
             Some(Ok(s)) if s.parent.as_deref() == Some(parent) => Ok(s),
-            _ => Err(SpawnError::NotFound(format!("Child '{name}' not found under '{parent}'"))),
+            _ => Err(SpawnError::NotFound(format!("Child '{name}' not found under '{parent_plain}'"))),
         }
     }
 
@@ -260,7 +268,7 @@ impl SandboxListener for FollowSpawns {
         {
             let mut book = m.book();
             book.state.derived_policies.remove(name);
-            if !m.policies.contains_key(name) {
+            if m.policy(name).is_none() {
                 book.state.spawn_seqs.remove(name);
                 book.state.parent_generations.remove(name);
             }

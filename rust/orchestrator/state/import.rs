@@ -113,6 +113,7 @@ pub fn import(conn: &mut Connection, file: &Path) -> Result<Imported, StateError
                 cpus: s.cpus,
                 memory_mb: s.memory_mb,
                 generation: s.generation,
+                project: None,
             };
             ops::put_sandbox(&tx, &record)?;
             for a in &s.audit {

@@ -117,6 +117,8 @@ pub struct SandboxRecord {
     pub memory_mb: u64,
     /// 0 top level, 1 child, 2 grandchild.
     pub generation: u32,
+    /// Canonical path of its project's directory; `None`: the legacy project.
+    pub project: Option<String>,
 }
 
 /// One history entry.
@@ -198,6 +200,7 @@ impl SandboxRecord {
             cpus: s.cpus,
             memory_mb: s.memory_bytes >> 20,
             generation: s.generation,
+            project: s.project_dir.as_ref().map(|d| d.display().to_string()),
         }
     }
 }
@@ -209,12 +212,22 @@ pub(crate) mod ops {
     /// Insert or update a sandbox's row; its `destroying` mark is kept.
     pub fn put_sandbox(c: &Connection, r: &SandboxRecord) -> rusqlite::Result<()> {
         c.execute(
-            "INSERT INTO sandboxes (name, image, parent, created_at, expires_at, cpus, memory_mb, generation)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+            "INSERT INTO sandboxes (name, image, parent, created_at, expires_at, cpus, memory_mb, generation, project)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
              ON CONFLICT (name) DO UPDATE SET image = excluded.image, parent = excluded.parent,
                  created_at = excluded.created_at, expires_at = excluded.expires_at, cpus = excluded.cpus,
-                 memory_mb = excluded.memory_mb, generation = excluded.generation",
-            (&r.name, &r.image, &r.parent, r.created_at, r.expires_at, r.cpus, r.memory_mb as i64, r.generation),
+                 memory_mb = excluded.memory_mb, generation = excluded.generation, project = excluded.project",
+            (
+                &r.name,
+                &r.image,
+                &r.parent,
+                r.created_at,
+                r.expires_at,
+                r.cpus,
+                r.memory_mb as i64,
+                r.generation,
+                &r.project,
+            ),
         )?;
         Ok(())
     }
@@ -316,7 +329,8 @@ fn load(c: &mut Connection) -> rusqlite::Result<Snapshot> {
     let mut s = Snapshot::default();
     {
         let mut q = tx.prepare(
-            "SELECT name, image, parent, created_at, expires_at, cpus, memory_mb, generation, destroying FROM sandboxes",
+            "SELECT name, image, parent, created_at, expires_at, cpus, memory_mb, generation, destroying, project \
+             FROM sandboxes",
         )?;
         let rows = q.query_map([], |r| {
             Ok((
@@ -329,6 +343,7 @@ fn load(c: &mut Connection) -> rusqlite::Result<Snapshot> {
                     cpus: r.get(5)?,
                     memory_mb: r.get::<_, i64>(6)? as u64,
                     generation: r.get(7)?,
+                    project: r.get(9)?,
                 },
                 r.get::<_, bool>(8)?,
             ))

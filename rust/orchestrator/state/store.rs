@@ -56,6 +56,9 @@ const MIGRATIONS: &[&str] = &[
      );
      CREATE TABLE lost (name TEXT PRIMARY KEY, reason TEXT NOT NULL);
      CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
+    // 2: sandbox names belong to a project: the canonical path of its
+    // directory. Rows from before (NULL) are the `legacy` project's.
+    "ALTER TABLE sandboxes ADD COLUMN project TEXT;",
 ];
 
 /// How long a writer waits for another process's transaction to end.
