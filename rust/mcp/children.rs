@@ -123,6 +123,11 @@ impl SandboxServer {
         &self,
         Parameters(p): Parameters<DestroyChildParams>,
     ) -> Result<CallToolResult, rmcp::ErrorData> {
-        reply(self.spawns.destroy_child(&p.name).await.map(|s| format!("Destroyed sandbox '{}' ({})", s.shown(), s.shown())))
+        reply(
+            self.spawns
+                .destroy_child(&p.name)
+                .await
+                .map(|s| format!("Destroyed sandbox '{}' ({})", s.shown(), s.shown())),
+        )
     }
 }

@@ -222,7 +222,9 @@ impl SandboxServer {
                     .set_env(&sandbox, &p.key, &p.value)
                     .await
                     .map(|_| format!("Set {} in '{}' (persists across commands)", p.key, sandbox.shown())),
-                "unset" => m.unset_env(&sandbox, &p.key).await.map(|_| format!("Unset {} in '{}'", p.key, sandbox.shown())),
+                "unset" => {
+                    m.unset_env(&sandbox, &p.key).await.map(|_| format!("Unset {} in '{}'", p.key, sandbox.shown()))
+                }
                 _ => Ok(format::env_list(&sandbox.shown(), &sandbox.env())),
             }
         };

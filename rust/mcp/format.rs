@@ -316,7 +316,10 @@ pub fn status_blocks(
 /// The `list_all` table.
 pub fn list_table(rows: &[(std::sync::Arc<Sandbox>, bool)]) -> String {
     let mut out = vec![
-        format!("{:<12}  {:<16}  {:<6}  {:>8}  {:<10}  {}", "Name", "Container", "Shell", "Idle", "Resources", "Project"),
+        format!(
+            "{:<12}  {:<16}  {:<6}  {:>8}  {:<10}  {}",
+            "Name", "Container", "Shell", "Idle", "Resources", "Project"
+        ),
         "─".repeat(90),
     ];
     for (s, alive) in rows {

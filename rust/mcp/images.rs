@@ -151,7 +151,12 @@ impl SandboxServer {
             Ok(list) => {
                 let mut lines = vec!["Available snapshots:".to_string()];
                 lines.extend(list.iter().map(|s| {
-                    let from = s.image.labels.get(SOURCE_LABEL).map(|f| format!(", from '{}'", names::display(f))).unwrap_or_default();
+                    let from = s
+                        .image
+                        .labels
+                        .get(SOURCE_LABEL)
+                        .map(|f| format!(", from '{}'", names::display(f)))
+                        .unwrap_or_default();
                     format!(
                         "  - {} ({} layer, {} in all{from}, {} ago)",
                         s.name,

@@ -487,12 +487,7 @@ impl SandboxManager {
     /// argument `arg`: a plain name belongs to `project`; another
     /// project's sandbox is reached only by its qualified name
     /// `<project-id>:<name>` (`list_all(all_projects=true)` shows them).
-    pub fn resolve(
-        &self,
-        own: &super::project::Project,
-        arg: &str,
-        name: &str,
-    ) -> Result<String, OrchestratorError> {
+    pub fn resolve(&self, own: &super::project::Project, arg: &str, name: &str) -> Result<String, OrchestratorError> {
         let Some((project, plain)) = name.split_once(names::QUALIFIER_SEPARATOR) else {
             names::validate_sandbox_name(name)?;
             let key = names::key(&own.tag, name);

@@ -101,7 +101,8 @@ impl SpawnManager {
         let mut book = self.book();
         let all = self.sandboxes.list();
         let find = |n: &str| all.iter().find(|s| s.name == n);
-        let parent_sb = find(parent).ok_or_else(|| SpawnError::Value(format!("No active sandbox '{}'", names::plain(parent))))?;
+        let parent_sb =
+            find(parent).ok_or_else(|| SpawnError::Value(format!("No active sandbox '{}'", names::plain(parent))))?;
         if parent_sb.generation >= MAX_SPAWN_GENERATION {
             return Err(SpawnError::Permission(format!(
                 "Sandbox '{}' is at generation {} (max spawn depth is {MAX_SPAWN_GENERATION})",
@@ -109,15 +110,21 @@ impl SpawnManager {
                 parent_sb.generation
             )));
         }
-        let policy = self
-            .effective_in(&mut book, parent)
-            .ok_or_else(|| SpawnError::Permission(format!("Sandbox '{}' is not permitted to spawn children", names::plain(parent))))?;
+        let policy = self.effective_in(&mut book, parent).ok_or_else(|| {
+            SpawnError::Permission(format!("Sandbox '{}' is not permitted to spawn children", names::plain(parent)))
+        })?;
         let Some(default_image) = policy.allowed_images.first() else {
-            return Err(SpawnError::Permission(format!("Sandbox '{}' has no allowed child images configured", names::plain(parent))));
+            return Err(SpawnError::Permission(format!(
+                "Sandbox '{}' has no allowed child images configured",
+                names::plain(parent)
+            )));
         };
         let image = if req.image.is_empty() { default_image.clone() } else { req.image.clone() };
         if !policy.allowed_images.contains(&image) {
-            return Err(SpawnError::Permission(format!("Image '{image}' not allowed for children of '{}'", names::plain(parent))));
+            return Err(SpawnError::Permission(format!(
+                "Image '{image}' not allowed for children of '{}'",
+                names::plain(parent)
+            )));
         }
         let cpus = if req.cpus == 0 { i64::from(policy.child_max_cpus) } else { req.cpus };
         let cpus = cpus.min(i64::from(policy.child_max_cpus));
