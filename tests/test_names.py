@@ -93,14 +93,14 @@ def test_names_differing_by_case_or_dots_and_bad_names_are_refused_or_namespaced
     # Nothing but the one child was made, and no top-level name was touched.
     assert set(status_names(srv)) == {"default", "default..kid"}, status_names(srv)
 
-    # A full name too long for a VM id is refused with its length.
+    # A full name too long for a VM id (with the project's 7-character tag) is refused with its length.
     sh(srv, "true", sandbox=LONG)
-    text, err = srv.call("spawn", parent=LONG, name="c" * 14, call_timeout=120)
+    text, err = srv.call("spawn", parent=LONG, name="c" * 7, call_timeout=120)
     assert err and text == (
-        f"Error: ValueError: Child name '{'c' * 14}' is too long: its full name '{LONG}..{'c' * 14}' has 64 "
-        "characters (at most 63)"), text
-    text, err = srv.call("spawn", parent=LONG, name="c" * 13, call_timeout=120)
-    assert not err and text.startswith(f"Spawned child '{LONG}..{'c' * 13}'"), text
+        f"Error: ValueError: Child name '{'c' * 7}' is too long: its full name '{LONG}..{'c' * 7}' has 57 "
+        "characters, at most 56 (63 less the project's tag)"), text
+    text, err = srv.call("spawn", parent=LONG, name="c" * 6, call_timeout=120)
+    assert not err and text.startswith(f"Spawned child '{LONG}..{'c' * 6}'"), text
 
 
 def test_a_child_never_takes_another_live_sandbox(server_factory, env, ctl_bin):

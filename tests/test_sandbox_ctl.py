@@ -7,6 +7,7 @@ import os
 import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -176,7 +177,8 @@ def test_socket_dir_is_read_only_in_the_sandbox(ctl_srv, env):
     # files and symlinks in a host directory the server chmods paths in.
     _, err, code = sh(ctl_srv, "touch /run/sandbox-ctl/x; ln -s / /run/sandbox-ctl/y; rm -f /run/sandbox-ctl/ctl.sock")
     assert code == 1 and err.count("Read-only file system") == 3, err
-    host_dir = os.path.join(env["XDG_RUNTIME_DIR"], "sandbox-mcp", "ctl", "default")
+    # The directory is named by the sandbox's key: `<project tag>-default`.
+    (host_dir,) = Path(env["XDG_RUNTIME_DIR"], "sandbox-mcp", "ctl").glob("??????-default")
     assert os.listdir(host_dir) == ["ctl.sock"]
     assert sh(ctl_srv, "sandbox-ctl ping") == ("ok (parent: default)\n", "", 0)
 
@@ -259,8 +261,11 @@ def test_spawn_counters_survive_a_server_restart(server_factory, env, ctl_bin):
     # Committed before the tool answered: read as another process would.
     (spawn,) = rows(env, "SELECT value FROM meta WHERE key = 'spawn'")[0]
     saved = json.loads(spawn)
-    assert saved.get("spawn_seqs") == {"default": 1, "default..kid": 1}, saved
-    assert saved["derived_policies"]["default..kid"]["max_total"] == 4
+    # Keyed by `<project tag>-<name>`.
+    seqs = {k.split("-", 1)[1]: v for k, v in saved.get("spawn_seqs", {}).items()}
+    assert seqs == {"default": 1, "default..kid": 1}, saved
+    (derived,) = [v for k, v in saved["derived_policies"].items() if k.endswith("-default..kid")]
+    assert derived["max_total"] == 4
     first.close()
     stop_daemon(env)
     second = server_factory(SANDBOX_CTL_BIN=ctl_bin)

@@ -112,7 +112,7 @@ def test_two_servers_on_one_helper_keep_every_acknowledged_env_key(http_server, 
             done = [pool.submit(set_keys, c, p) for c, p in ((one, "A"), (two, "B"))]
             results = [r for d in done for r in d.result()]
         assert all(not err for _, err in results), [r for r in results if r[1]][:3]
-        keys = {k for (k,) in rows(env, "SELECT key FROM env WHERE sandbox = 'default'")}
+        keys = {k for (k,) in rows(env, "SELECT key FROM env WHERE sandbox LIKE '%-default'")}
         assert keys == {f"{p}{n}" for p in "AB" for n in range(35)}, sorted(keys)
     finally:
         one.close()
@@ -130,6 +130,8 @@ def test_the_old_state_file_is_imported_once(server_factory, env):
     first = server_factory()
     text, err = first.tool("exec", command="true")
     assert not err, text
+    # The sandbox's key (`<project tag>-default`): the old file's sandbox is that VM.
+    ((key,),) = rows(env, "SELECT name FROM sandboxes")
     first.close()
     # The daemon holds the database open while it runs: replace it stopped.
     stop_daemon(env)
@@ -142,7 +144,7 @@ def test_the_old_state_file_is_imported_once(server_factory, env):
     lease = time.time() + 3600
     saved["sandboxes"]["default"]["expires_at"] = lease
     saved["lost"] = {"ghost": "its VM went away with the VM helper"}
-    (state_dir / "state.json").write_text(json.dumps(saved))
+    (state_dir / "state.json").write_text(json.dumps(saved).replace('"default"', f'"{key}"'))
     second = server_factory()
     text, err = second.tool("history", limit=10)
     assert "imported-history-one" in text and "imported-history-two" in text, text
@@ -150,7 +152,7 @@ def test_the_old_state_file_is_imported_once(server_factory, env):
     assert "ghost" in text, text
     text, err = second.tool("extend_ttl", minutes=1)
     assert not err, text
-    assert abs(rows(env, "SELECT expires_at FROM sandboxes WHERE name = 'default'")[0][0] - (lease + 60)) < 1.0
+    assert abs(rows(env, "SELECT expires_at FROM sandboxes WHERE name = ?", key)[0][0] - (lease + 60)) < 1.0
     assert not (state_dir / "state.json").exists() and (state_dir / "state.json.imported").exists()
     second.close()
     stop_daemon(env)

@@ -294,21 +294,32 @@ pub fn status_blocks(
     let mut lines = Vec::new();
     if !forwards.is_empty() {
         lines.push("Port forwards:".to_string());
-        lines.extend(
-            forwards.iter().map(|f| {
-                format!("  localhost:{} -> '{}':{} ({} conns)", f.host_port, f.sandbox, f.port, f.connections)
-            }),
-        );
+        lines.extend(forwards.iter().map(|f| {
+            format!(
+                "  localhost:{} -> '{}':{} ({} conns)",
+                f.host_port,
+                names::display(&f.sandbox),
+                f.port,
+                f.connections
+            )
+        }));
     }
     if !syncs.is_empty() {
         lines.push("Sync jobs:".to_string());
         lines.extend(syncs.iter().map(|j| {
-            format!("  {}: {} -> {}:{} ({} files, running)", j.id, j.local.display(), j.sandbox, j.dir, j.files_synced)
+            format!(
+                "  {}: {} -> {}:{} ({} files, running)",
+                j.id,
+                j.local.display(),
+                names::display(&j.sandbox),
+                j.dir,
+                j.files_synced
+            )
         }));
     }
     if !lost.is_empty() {
         lines.push("Lost (reset or destroy to acknowledge):".to_string());
-        lines.extend(lost.iter().map(|(name, why)| format!("  {name}: {why}")));
+        lines.extend(lost.iter().map(|(name, why)| format!("  {}: {why}", names::display(name))));
     }
     lines
 }

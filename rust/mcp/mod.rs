@@ -162,9 +162,11 @@ impl SandboxServer {
         };
         let named = SANDBOX_ARGUMENTS.into_iter().chain((tool == "destroy_child").then_some("name"));
         for arg in named.filter(|a| properties.contains_key(*a)) {
-            let given = match args.get(arg) {
-                Some(serde_json::Value::String(s)) => s.clone(),
-                None if arg == "sandbox" => default_sandbox(),
+            let default = properties[arg].get("default").and_then(serde_json::Value::as_str);
+            let given = match (args.get(arg), default) {
+                (Some(serde_json::Value::String(s)), _) => s.clone(),
+                (None, Some(default)) => default.to_string(),
+                (None, None) if arg == "sandbox" => default_sandbox(),
                 // Other types were refused by `args::conform`.
                 _ => continue,
             };

@@ -38,7 +38,12 @@ pub struct UnexposeParams {
 fn exposed_text(e: &Exposed) -> String {
     let f = &e.forward;
     let mut lines = vec![
-        format!("Forwarding localhost:{} -> '{}':{}", f.host_port, f.sandbox, f.port),
+        format!(
+            "Forwarding localhost:{} -> '{}':{}",
+            f.host_port,
+            crate::orchestrator::names::display(&f.sandbox),
+            f.port
+        ),
         format!("  URL:  http://localhost:{}", f.host_port),
         format!("  curl: curl http://localhost:{}", f.host_port),
     ];
@@ -51,7 +56,10 @@ fn exposed_text(e: &Exposed) -> String {
 fn unexposed_text(f: &ForwardInfo) -> String {
     format!(
         "Stopped forwarding localhost:{} -> '{}':{} ({} connections served)",
-        f.host_port, f.sandbox, f.port, f.connections
+        f.host_port,
+        crate::orchestrator::names::display(&f.sandbox),
+        f.port,
+        f.connections
     )
 }
 

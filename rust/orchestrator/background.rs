@@ -32,7 +32,7 @@ impl SandboxManager {
         let info = self.helper.start_background(&sandbox.name, &name, process).await.map_err(|e| match e {
             HelperError::AlreadyExists(_) => OrchestratorError::InvalidArgument(format!(
                 "background process '{name}' is still running in '{}'; kill('{name}') first or pick another name",
-                sandbox.name
+                sandbox.shown()
             )),
             other => other.into(),
         })?;

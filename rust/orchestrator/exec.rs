@@ -88,7 +88,8 @@ pub async fn run(
         // The VM stopped under us (its agent or init died, e.g. killed from
         // inside): say how to get going again rather than retrying silently.
         HelperError::FailedPrecondition(m) => HelperError::FailedPrecondition(format!(
-            "{m}; reset(sandbox='{vm_id}') starts a fresh sandbox (its /workspace is kept)"
+            "{m}; reset(sandbox='{}') starts a fresh sandbox (its /workspace is kept)",
+            super::names::display(vm_id)
         )),
         other => other,
     })?;

@@ -37,7 +37,10 @@ pub enum ForwardError {
         value: i64,
     },
     /// The host port already serves a forward.
-    #[error("localhost:{host_port} already forwarding to '{sandbox}':{port}. Use unexpose({host_port}) first.")]
+    #[error(
+        "localhost:{host_port} already forwarding to '{}':{port}. Use unexpose({host_port}) first.",
+        super::names::display(sandbox)
+    )]
     InUse {
         /// The host port.
         host_port: u16,

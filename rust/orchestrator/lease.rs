@@ -153,7 +153,12 @@ impl SandboxManager {
     /// free disk would go past the limits; nothing is created before this.
     pub(super) fn preflight(&self, name: &str, profile: &Profile) -> Result<CreateSlot<'_>, OrchestratorError> {
         let limits = &self.config().limits;
-        let refuse = |why: String| OrchestratorError::InvalidArgument(format!("cannot create sandbox '{name}': {why}"));
+        let refuse = |why: String| {
+            OrchestratorError::InvalidArgument(format!(
+                "cannot create sandbox '{}': {why}",
+                super::names::display(name)
+            ))
+        };
         let pending = self.creating.fetch_add(1, Ordering::SeqCst);
         let slot = CreateSlot(&self.creating);
         let existing = self.list().len() + pending;
@@ -201,7 +206,8 @@ impl SandboxManager {
         let sandbox = self.get(name)?;
         if sandbox.parent.is_some() {
             return Err(OrchestratorError::NotPermitted(format!(
-                "'{name}' is a child sandbox: its lifetime is its parent's child_ttl, not a lease to extend"
+                "'{}' is a child sandbox: its lifetime is its parent's child_ttl, not a lease to extend",
+                super::names::display(name)
             )));
         }
         let now = SystemTime::now();
@@ -220,7 +226,7 @@ impl SandboxManager {
             self.list().into_iter().filter(|s| s.lease_expired()).map(|s| s.name.clone()).collect();
         let mut reaped = Vec::new();
         for name in expired {
-            self.remember_reaped(&name, &format!("the lease of '{name}' ended"));
+            self.remember_reaped(&name, &format!("the lease of '{}' ended", super::names::plain(&name)));
             match self.destroy(&name).await {
                 Ok(_) => {
                     tracing::info!(sandbox = %name, "reaped sandbox whose lease ended");

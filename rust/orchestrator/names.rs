@@ -153,8 +153,11 @@ pub enum ChildNameError {
     /// The full name would be longer than a VM id may be (with its
     /// project's tag, see [`key`]).
     #[error(
-        "Child name '{0}' is too long: its full name '{full}' has {2} characters with its project's tag (at most 63)",
-        full = plain(.1)
+        "Child name '{0}' is too long: its full name '{full}' has {len} characters, at most {max} (63 less the \
+         project's tag)",
+        full = plain(.1),
+        len = plain(.1).len(),
+        max = MAX_FULL_NAME_LEN - TAG_LEN - 1
     )]
     TooLong(String, String, usize),
 }

@@ -714,7 +714,7 @@ impl SandboxManager {
             None => names::validate_top_level_key(name).is_ok(),
         };
         if !in_namespace {
-            return Err(OrchestratorError::InvalidName(name.to_string()));
+            return Err(OrchestratorError::InvalidName(names::plain(name).to_string()));
         }
         // A child never takes a profile by its own name: it runs under its
         // root's, with the spawn's image and size and its parent's network.
@@ -974,7 +974,8 @@ impl SandboxManager {
         let old = self.lock_map().get(name).cloned();
         if old.as_ref().is_some_and(|s| s.parent.is_some()) {
             return Err(OrchestratorError::NotPermitted(format!(
-                "'{name}' is a child sandbox; destroy_child('{name}') and spawn a new one instead"
+                "'{shown}' is a child sandbox; destroy_child('{shown}') and spawn a new one instead",
+                shown = names::display(name)
             )));
         }
         // Everything that can refuse the new sandbox is checked while the
@@ -1026,7 +1027,8 @@ impl SandboxManager {
         let image = origin.image.as_ref().unwrap_or(&profile.image);
         if !self.helper.list_images().await?.iter().any(|i| &i.name == image) {
             return Err(OrchestratorError::InvalidArgument(format!(
-                "cannot replace sandbox '{name}': image '{image}' does not exist (see images); the sandbox is unchanged"
+                "cannot replace sandbox '{}': image '{image}' does not exist (see images); the sandbox is unchanged",
+                names::display(name)
             )));
         }
         Ok(())

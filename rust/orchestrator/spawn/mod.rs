@@ -220,11 +220,15 @@ impl SpawnManager {
         let sandbox = self.sandboxes.get(name)?;
         let Some(parent) = &sandbox.parent else {
             return Err(OrchestratorError::NotPermitted(format!(
-                "'{name}' is not a child sandbox (use destroy instead)"
+                "'{}' is not a child sandbox (use destroy instead)",
+                names::display(name)
             )));
         };
         if self.effective_policy(parent).is_none() {
-            return Err(OrchestratorError::NotPermitted(format!("parent of '{name}' has no spawn policy")));
+            return Err(OrchestratorError::NotPermitted(format!(
+                "parent of '{}' has no spawn policy",
+                names::display(name)
+            )));
         }
         self.sandboxes.destroy(name).await
     }
