@@ -279,6 +279,26 @@ mod tests {
     }
 
     #[test]
+    fn a_database_from_before_projects_keeps_its_rows_in_the_legacy_project() {
+        let dir = temp_dir("v1");
+        let path = dir.join("state.db");
+        // Written by the build before projects: sandbox `default`, its env and history.
+        std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/state_v1.db"), &path).unwrap();
+        let conn = connect(&path).ok().unwrap();
+        let v: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+        assert_eq!(v as usize, MIGRATIONS.len());
+        let project: Option<String> =
+            conn.query_row("SELECT project FROM sandboxes WHERE name = 'default'", [], |r| r.get(0)).unwrap();
+        assert_eq!(project, None);
+        let command: String =
+            conn.query_row("SELECT command FROM history WHERE sandbox = 'default'", [], |r| r.get(0)).unwrap();
+        assert_eq!(command, "echo made-by-main");
+        let env: String = conn.query_row("SELECT value FROM env WHERE key = 'OLD'", [], |r| r.get(0)).unwrap();
+        assert_eq!(env, "1");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
     fn a_newer_schema_is_refused_and_left_alone() {
         let dir = temp_dir("newer");
         let path = dir.join("state.db");
