@@ -8,6 +8,7 @@ without it fails loudly rather than skipping.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import pwd
 import re
@@ -377,6 +378,20 @@ def ctl_bin() -> Iterator[str]:
         yield str(copy)
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def sandbox_key(name: str, project: str | os.PathLike[str] | None = None) -> str:
+    """The orchestrator's key of sandbox `name` (its VM id and volume directory):
+    `<tag>-<name>`, the tag the first 6 hex digits of the SHA-256 of the project
+    directory's canonical path (default: the current directory, which servers
+    started by these fixtures have as theirs unless given host roots)."""
+    path = os.path.realpath(project if project is not None else os.getcwd())
+    return f"{hashlib.sha256(path.encode()).hexdigest()[:6]}-{name}"
+
+
+def volume_dir(env: dict[str, str], name: str, project: str | os.PathLike[str] | None = None) -> Path:
+    """The volume directory (workspace and caches) of sandbox `name` of `project`."""
+    return Path(env["XDG_DATA_HOME"]) / "sandbox-mcp" / "volumes" / sandbox_key(name, project)
 
 
 def write_config(env: dict[str, str], text: str) -> Path:

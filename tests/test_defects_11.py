@@ -9,7 +9,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from conftest import write_config
+from conftest import volume_dir, write_config
 from test_children import _vm_init_above, names, spawn
 from test_grpc import grpcurl_path
 from test_project_config import BAD
@@ -171,7 +171,7 @@ def test_throwaway_run_children_leave_no_workspace(ctl_srv, env):  # noqa: F811
     out, err, code = sh(ctl_srv, "sandbox-ctl --json run -- sh -c 'echo junk > /workspace/j'")
     assert code == 0, (out, err)
     child = json.loads(out)["name"]
-    assert not (volumes / child).exists(), sorted(p.name for p in volumes.iterdir())
+    assert not volume_dir(env, child).exists(), sorted(p.name for p in volumes.iterdir())
 
 
 def test_batch_write_error_is_complete(server):

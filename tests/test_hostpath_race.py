@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from conftest import required_env, stop_servers
+from conftest import required_env, stop_servers, volume_dir
 from mcp_client import McpClient
 from waiting import wait_for
 
@@ -245,7 +245,7 @@ def test_race_through_own_volume_is_refused_outright(env, outside):
     srv = start_server(env, "server", SANDBOX_MCP_HOST_ROOTS=str(base))
     try:
         start_swapping(srv, outside_dir, "default")
-        volume = base / "data/sandbox-mcp/volumes/default/workspace"
+        volume = volume_dir(env, "default", base) / "workspace"
         prepare_payloads(srv)
         results = []
         for i in range(ROUNDS // 5):
@@ -265,7 +265,7 @@ def test_own_directories_are_out_of_reach(env):
     srv = start_server(env, "server", SANDBOX_MCP_HOST_ROOTS=str(base))
     try:
         srv.tool("exec", command="echo inside > /workspace/w.txt")
-        volume = base / "data/sandbox-mcp/volumes/default/workspace"
+        volume = volume_dir(env, "default", base) / "workspace"
         assert (volume / "w.txt").is_file()
         for path in (volume / "w.txt", volume, base / "state/sandbox-mcp", base / "run/sandbox-mcp"):
             text, err = srv.tool("upload", local_path=str(path))

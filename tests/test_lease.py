@@ -64,7 +64,7 @@ def test_lease_expiry_reaps_default_and_its_forwards(server_factory, env):
 
     assert wait_for(refused, timeout=5), "the forward kept listening after its sandbox's lease ended"
     # Destroyed through the normal path: the workspace volume survives.
-    assert (volumes(env) / "default" / "workspace" / "keep.txt").read_text() == "kept\n"
+    assert (volume_dir(env, "default") / "workspace" / "keep.txt").read_text() == "kept\n"
 
 
 def test_extend_ttl_keeps_a_leased_sandbox_alive(server_factory):
@@ -100,7 +100,7 @@ def test_max_sandboxes_refuses_before_creating(server_factory, env):
         "Error: cannot create sandbox 'second': 1 sandboxes already exist (max_sandboxes = 1); destroy one first"
     ), text
     assert "second" not in srv.tool("status")[0]
-    assert not (volumes(env) / "second").exists(), "the refused sandbox left a volume behind"
+    assert not volume_dir(env, "second").exists(), "the refused sandbox left a volume behind"
     srv.tool("destroy", sandbox="default")
     text, err = srv.tool("exec", command="echo ok", sandbox="second")
     assert not err and text.startswith("ok"), text
@@ -117,7 +117,7 @@ def test_memory_preflight_refuses(server_factory, env):
     )
     assert m and int(m.group(2)) == 512 + (1 << 40) and int(m.group(3)) == 1 << 40, text
     assert srv.tool("status")[0].startswith("No active sandboxes")
-    assert not (volumes(env) / "default").exists()
+    assert not volume_dir(env, "default").exists()
 
 
 def test_disk_preflight_refuses(server_factory):

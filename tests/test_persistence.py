@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -15,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import stop_daemon
+from conftest import sandbox_key, stop_daemon, volume_dir
 from mcp_client import McpError
 from waiting import wait_for
 
@@ -79,7 +80,8 @@ def rows(env: dict[str, str], sql: str, *args) -> list[tuple]:
 
 
 def sandbox_names(env: dict[str, str]) -> set[str]:
-    return {name for (name,) in rows(env, "SELECT name FROM sandboxes")}
+    """Plain names of the sandboxes in the database (rows are keyed `<project tag>-<name>`)."""
+    return {re.sub(r"^[0-9a-f]{6}-", "", name) for (name,) in rows(env, "SELECT name FROM sandboxes")}
 
 
 def free_port() -> int:
@@ -113,8 +115,9 @@ def test_kill9_mid_operation_then_restart_restores_everything(server_factory, en
     assert rows(env, "SELECT host_port, port FROM forwards") == [(port, 8000)]
     ((parent, generation, lease),) = rows(env, "SELECT parent, generation, expires_at FROM sandboxes")
     assert parent is None and generation == 0
-    assert any("hello-history" in c for (c,) in rows(env, "SELECT command FROM history WHERE sandbox = 'default'"))
-    assert rows(env, "SELECT key, value FROM env WHERE sandbox = 'default'") == [("GREETING", "hi")]
+    key = sandbox_key("default", roots)
+    assert any("hello-history" in c for (c,) in rows(env, "SELECT command FROM history WHERE sandbox = ?", key))
+    assert rows(env, "SELECT key, value FROM env WHERE sandbox = ?", key) == [("GREETING", "hi")]
     assert lease and lease > time.time() + 25 * 60
 
     # kill -9 while a command runs: nothing is saved at exit, nothing may be lost.
@@ -131,7 +134,7 @@ def test_kill9_mid_operation_then_restart_restores_everything(server_factory, en
     text, _ = second.tool("status")
     assert f"localhost:{port}" in text and job in text, text
     # The lease kept its end instead of starting over.
-    assert abs(rows(env, "SELECT expires_at FROM sandboxes WHERE name = 'default'")[0][0] - lease) < 1.0
+    assert abs(rows(env, "SELECT expires_at FROM sandboxes WHERE name = ?", key)[0][0] - lease) < 1.0
     body = until(lambda: _get(f"http://127.0.0.1:{port}/"), "forward restored")
     assert "Directory listing" in body
     # The sync job came back under its id and still mirrors.
@@ -240,7 +243,8 @@ def test_destroy_forgets_a_lost_sandbox(server_factory, env):
     assert not err and "Forgot sandbox 'gone'" in text, text
     text, err = srv.tool("destroy", sandbox="gone")
     assert err and "no active sandbox 'gone'" in text, text
-    until(lambda: not rows(env, "SELECT name FROM lost WHERE name = 'gone'"), "the loss forgotten in the database")
+    gone = sandbox_key("gone")
+    until(lambda: not rows(env, "SELECT name FROM lost WHERE name = ?", gone), "the loss forgotten in the database")
 
 
 def _restarted(env: dict[str, str], old: int) -> bool:
@@ -264,7 +268,7 @@ def test_database_never_lists_destroyed_sandboxes(server_factory, env):
     assert "a" in sandbox_names(env)
     srv.tool("destroy", sandbox="a")
     assert "a" not in sandbox_names(env)
-    assert not rows(env, "SELECT command FROM history WHERE sandbox = 'a'")
+    assert not rows(env, "SELECT command FROM history WHERE sandbox = ?", sandbox_key("a"))
 
 
 def test_a_sandbox_whose_creation_was_cut_short_is_not_handed_out(server_factory, env):
@@ -277,15 +281,15 @@ def test_a_sandbox_whose_creation_was_cut_short_is_not_handed_out(server_factory
     # What a server killed in the middle of creating 'half' leaves behind:
     # the VM, the marker naming that (now dead) server, and no record of
     # 'half' in the database (it was never finished, so never saved).
-    volumes = Path(env["XDG_DATA_HOME"]) / "sandbox-mcp" / "volumes"
-    (volumes / "half" / ".creating").write_text("4194305:1")
+    half = volume_dir(env, "half")
+    (half / ".creating").write_text("4194305:1")
     db = sqlite3.connect(db_path(env), timeout=10)
     with db:
-        db.execute("DELETE FROM sandboxes WHERE name = 'half'")
+        db.execute("DELETE FROM sandboxes WHERE name = ?", (sandbox_key("half"),))
     db.close()
     second = server_factory()
     text, err = second.tool("exec", command="cat /root/mark 2>&1; cat /workspace/w", sandbox="half")
     assert not err and "half-done" not in text and "ws" in text.splitlines(), text
-    assert not (volumes / "half" / ".creating").exists()
+    assert not (half / ".creating").exists()
     text, err = second.tool("exec", command="true", sandbox="whole")
     assert not err, text

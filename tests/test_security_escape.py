@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import needs_cgroup_limits
+from conftest import needs_cgroup_limits, volume_dir
 from security_support import BYSTANDER, assert_unaffected, sec_server
 from waiting import wait_for
 
@@ -368,7 +368,7 @@ def test_fork_bomb_hits_the_pids_limit_and_everything_stays_up(srv):
     srv.sh("mkdir -p /workspace/bomb; rm -f /workspace/bomb/*", sandbox="bomb")
     assert not srv.call("write_file", path="/tmp/bomb.py", content=FORK_BOMB, sandbox="bomb")[1]
     # The bomb's refusals land in its workspace, which the test sees on the host.
-    refused = Path(srv.env["XDG_DATA_HOME"]) / "sandbox-mcp" / "volumes" / "bomb" / "workspace" / "bomb"
+    refused = volume_dir(srv.env, "bomb") / "workspace" / "bomb"
     result = {}
 
     def bomb():

@@ -97,7 +97,8 @@ def srv(tmp_path_factory):
 def created_names(srv) -> set[str]:
     """Every sandbox name the server or helper made anything for."""
     volumes = Path(srv.env["XDG_DATA_HOME"]) / "sandbox-mcp" / "volumes"
-    return srv.names() | set(os.listdir(volumes))
+    # Volume directories are named by key: `<project tag>-<name>`.
+    return srv.names() | {d.split("-", 1)[1] for d in os.listdir(volumes)}
 
 
 @pytest.mark.parametrize("tool,fixed,arg,refusal", TARGETS, ids=[f"{t[0]}.{t[2]}" for t in TARGETS])
