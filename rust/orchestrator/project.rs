@@ -435,4 +435,23 @@ mod tests {
         assert_eq!(problems.len(), 9);
         assert!(ProjectConfig::parse("cpus = [").unwrap_err()[0].starts_with("not valid TOML"));
     }
+
+    #[test]
+    fn a_project_is_its_canonical_directory() {
+        let dir = std::env::temp_dir().join(format!("smcp-project-id-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("My App")).unwrap();
+        let p = Project::of(&dir.join("My App"));
+        assert_eq!(p.tag.len(), 6);
+        assert_eq!(p.id, format!("my-app-{}", p.tag));
+        // Another spelling of the same directory is the same project.
+        assert_eq!(Project::of(&dir.join("My App/../My App/.")), p);
+        assert_ne!(Project::of(&dir).tag, p.tag);
+        assert_eq!(Project::tag_of_id(&p.id), Some(p.tag.as_str()));
+        assert_eq!(Project::id_of_tag(&p.tag), p.id);
+        assert_eq!(Project::tag_of_id("legacy"), Some(""));
+        for bad in ["app", "app-3f2a1", "app-3F2A1C", "app-3f2a1g", ""] {
+            assert_eq!(Project::tag_of_id(bad), None, "{bad}");
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }
