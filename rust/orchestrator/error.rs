@@ -51,7 +51,8 @@ pub enum OrchestratorError {
     },
     /// The sandbox's VM went away without being destroyed.
     #[error(
-        "sandbox '{name}' was lost: {why}. Its processes and root filesystem changes are gone; its /workspace is kept. reset(sandbox='{name}') starts a fresh one, destroy('{name}') forgets it"
+        "sandbox '{name}' was lost: {why}. Its processes and root filesystem changes are gone; its /workspace is kept. {}",
+        lost_hint(.name)
     )]
     Lost {
         /// The sandbox.
@@ -71,4 +72,14 @@ pub enum OrchestratorError {
     /// A change could not be committed to the state database.
     #[error("the change was not saved: {0}")]
     State(#[from] super::state::StateError),
+}
+
+/// What acknowledges the loss of `name`: a child (`<parent>..<name>`) is
+/// neither reset nor destroyed, only `destroy_child` takes it.
+fn lost_hint(name: &str) -> String {
+    if name.contains("..") {
+        format!("destroy_child(name='{name}') forgets it; spawn a new child for a fresh one")
+    } else {
+        format!("reset(sandbox='{name}') starts a fresh one, destroy('{name}') forgets it")
+    }
 }
