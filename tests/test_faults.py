@@ -395,7 +395,7 @@ class FaultSuite:
             state = _survivors({pid: start}).get(pid)
             assert state in ("S", "R"), f"{where} background process gone or frozen (state {state!r})"
         self.check_processes(where)
-        self.check_disk(where, live | lost)
+        self.check_disk(where, c)
 
     def check_processes(self, where: str) -> None:
         helper = _helper_pid(self.env)
@@ -408,14 +408,18 @@ class FaultSuite:
         orphans = {p: st for p, st in _survivors(self.seen).items() if p not in now}
         assert not orphans, f"{where} processes of a helper's sandboxes outside any live helper: {orphans}"
 
-    def check_disk(self, where: str, sandboxes: set[str]) -> None:
+    def check_disk(self, where: str, client: McpClient) -> None:
         assert not _temp_layers(str(self.store)), f"{where} half-copied layers: {_temp_layers(str(self.store))}"
         present, named = store_layers(self.store)
         refs = {line for f in (self.store / ".refs").glob("*/*") for line in f.read_text().splitlines()}
         leaked = present - named - refs
         assert not leaked, f"{where} layers nothing uses: {leaked}"
+        # Listed before asking for the sandboxes: a sandbox-ctl spawn the kill
+        # cut short retries its connection and may make its child meanwhile.
         vms = Path(self.env["XDG_STATE_HOME"]) / "sandbox-mcp" / "vms"
-        stray = {p.name for p in vms.iterdir()} - sandboxes if vms.is_dir() else set()
+        layers = {p.name for p in vms.iterdir()} if vms.is_dir() else set()
+        live, lost = status_names(client)
+        stray = layers - live - lost
         assert not stray, f"{where} writable layers of no sandbox: {stray}"
 
     def tidy(self) -> None:
@@ -439,7 +443,7 @@ class FaultSuite:
         L.created.clear()
         L.snapshots.clear()
         L.syncs.clear()
-        self.check_disk("[after tidying]", status_names(c)[0])
+        self.check_disk("[after tidying]", c)
 
     def close(self) -> None:
         self.clients.close()
