@@ -39,7 +39,7 @@ from test_persistence import _get, _restarted, db_path, exited, free_port, helpe
 from waiting import wait_for
 
 SEED = int(os.environ.get("SANDBOX_MCP_FAULT_SEED") or random.SystemRandom().randrange(1 << 32))
-ROUNDS = int(os.environ.get("SANDBOX_MCP_FAULT_ROUNDS") or 4)
+ROUNDS = int(os.environ.get("SANDBOX_MCP_FAULT_ROUNDS") or 6)
 OPERATIONS = ("create", "exec", "write_file", "snapshot", "spawn", "sync")
 IMAGE = os.environ.get("SANDBOX_MCP_TEST_IMAGE", "mcp-test")
 # The sandboxes every client works on at once; `fa` may spawn children.
@@ -493,48 +493,82 @@ def _fill(path: Path) -> None:
                 f.write(b"\0" * 512)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small filesystem under the state directory needs root "
+@pytest.fixture
+def full_disk(env: dict[str, str]) -> Iterator[tuple[Clients, Callable[[bool], None]]]:
+    """Clients on a state directory of its own small filesystem (the
+    database's), with the sandboxes' writable layers on another (so that the
+    database fills up, not they); the callable fills it (True) or frees it."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small filesystem under the state directory needs root "
                     "(RLIMIT_FSIZE would stop the daemon with SIGXFSZ, not fail its writes)")
-def test_a_full_disk_under_the_state_dir_is_reported_loses_nothing_and_recovers(env):
     state = Path(env["XDG_STATE_HOME"])
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=0700", "tmpfs", str(state)], check=True)
+    vms = state / "sandbox-mcp" / "vms"
+    filler = state / "filler"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m,mode=0700", "tmpfs", str(state)], check=True)
     clients = None
     try:
+        vms.mkdir(parents=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1g,mode=0700", "tmpfs", str(vms)], check=True)
         clients = Clients(env)
-        a, b, h = clients.all
-        ok(a, "exec", command="echo kept > /workspace/k", sandbox="d")
-        ok(b, "env", action="set", key="BEFORE", value="1", sandbox="d")
-        filler = state / "filler"
-        _fill(filler)
-        # Every client gets an answer naming the problem; nothing hangs.
-        refused = {}
-        for n, c in enumerate(clients.all):
-            text, err = c.call("env", action="set", key=f"FULL{n}", value="x", sandbox="d", call_timeout=CALL_LIMIT)
-            if err:
-                assert re.search(r"disk|space|full", text, re.I), text
-                refused[f"FULL{n}"] = text
-            text, err = c.call("exec", command="cat /workspace/k", sandbox="d", call_timeout=CALL_LIMIT)
-            assert (not err and text.startswith("kept")) or re.search(r"disk|space|full", text, re.I), text
-            assert ok(c, "status")
-        filler.unlink()
-        for n, c in enumerate(clients.all):
-            ok(c, "env", action="set", key=f"AFTER{n}", value="y", sandbox="d")
-        # Nothing acknowledged is lost, even to a kill right after.
-        os.kill(daemon_pid(env), signal.SIGKILL)
-        clients.restart()
-        text = ok(clients.first, "env", action="list", sandbox="d")
-        want = ["BEFORE", "AFTER0", "AFTER1", "AFTER2"] + [f"FULL{n}" for n in range(3) if f"FULL{n}" not in refused]
-        assert all(f"export {k}=" in text for k in want), (want, text)
-        text = ok(clients.first, "status")
-        assert "unreadable" not in text, text
-        out, code = sh(clients.first, "cat /workspace/k", "d")
-        assert out == "kept\n", out
+        yield clients, lambda full: _fill(filler) if full else filler.unlink()
     finally:
         if clients is not None:
             clients.close()
         stop_servers(env)
-        # The sandboxes' mount namespaces may still hold it a moment.
+        # The sandboxes' mount namespaces may still hold them a moment.
+        subprocess.run(["umount", "-l", str(vms)], check=False)
         subprocess.run(["umount", "-l", str(state)], check=False)
+
+
+def test_a_full_disk_under_the_state_dir_is_reported_loses_nothing_and_recovers(full_disk, env):
+    clients, fill = full_disk
+    a, b, h = clients.all
+    ok(a, "exec", command="echo kept > /workspace/k", sandbox="d")
+    ok(b, "env", action="set", key="BEFORE", value="1", sandbox="d")
+    fill(True)
+    # Every client gets an answer naming the problem; nothing hangs.
+    refused = {}
+    for n, c in enumerate(clients.all):
+        text, err = c.call("env", action="set", key=f"FULL{n}", value="x", sandbox="d", call_timeout=CALL_LIMIT)
+        if err:
+            assert "the change was not saved" in text and re.search(r"disk|space|full", text, re.I), text
+            refused[f"FULL{n}"] = text
+        out, code = sh(c, "cat /workspace/k", "d")
+        assert out == "kept\n", out
+        assert ok(c, "status")
+    assert refused, "a full database acknowledged every change"
+    fill(False)
+    for n, c in enumerate(clients.all):
+        ok(c, "env", action="set", key=f"AFTER{n}", value="y", sandbox="d")
+    # Nothing acknowledged is lost, even to a kill right after.
+    os.kill(daemon_pid(env), signal.SIGKILL)
+    clients.restart()
+    text = ok(clients.first, "env", action="list", sandbox="d")
+    want = ["BEFORE", "AFTER0", "AFTER1", "AFTER2"] + [f"FULL{n}" for n in range(3) if f"FULL{n}" not in refused]
+    assert all(f"export {k}=" in text for k in want), (want, text)
+    assert not any(f"export {k}=" in text for k in refused), (refused, text)
+    text = ok(clients.first, "status")
+    assert "unreadable" not in text, text
+    out, code = sh(clients.first, "cat /workspace/k", "d")
+    assert out == "kept\n", out
+
+
+@pytest.mark.xfail(strict=True, reason="found by this suite, left to the branch that makes tools await their "
+                   "queued state writes: an exec answers success while its history entry failed to save")
+def test_an_exec_answered_on_a_full_database_has_its_history_entry_or_says_it_has_none(full_disk, env):
+    clients, fill = full_disk
+    ok(clients.first, "exec", command="true", sandbox="d")
+    fill(True)
+    answered = []
+    for n, c in enumerate(clients.all):
+        text = ok(c, "exec", command=f"echo ran # full-{n}", sandbox="d")
+        if "not saved" not in text:
+            answered.append(f"# full-{n}")
+    fill(False)
+    os.kill(daemon_pid(env), signal.SIGKILL)
+    clients.restart()
+    text = ok(clients.first, "history", sandbox="d", limit=100)
+    assert all(mark in text for mark in answered), (answered, text)
 
 
 def test_a_database_damaged_between_daemons_is_set_aside_once_while_clients_pile_in(env):
