@@ -297,14 +297,15 @@ class Round:
         keeper_pid, keeper_start = s.keeper
         assert _survivors({keeper_pid: keeper_start}) == {}, f"{self.where} the background process outlived its helper"
         # Every sandbox of the dead helper is lost, never silently re-created:
-        # reset acknowledges it (its /workspace is kept), or destroy (a
-        # creation that got no answer; a child).
+        # reset acknowledges it (its /workspace is kept), or destroy (the
+        # round's own; a child).
         client = s.clients.first
         for name in sorted(existing):
             until(lambda: name in status_names(client)[1] or name not in status_names(client)[0],
                   f"{self.where} {name} reported lost")
-        for name in sorted(status_names(client)[1]):
-            if name in SHARED or name in s.ledger.created:
+        lost = status_names(client)[1]
+        for name in sorted(lost):
+            if name in SHARED:
                 ok(client, "reset", sandbox=name)
             elif ".." in name:
                 ok(client, "destroy_child", name=name)
@@ -314,6 +315,8 @@ class Round:
         # sync jobs went with it. A reset starts a fresh one, whose env and
         # history start over; only /workspace stays.
         with s.ledger.lock:
+            s.ledger.created -= lost
+            s.ledger.files = {k: v for k, v in s.ledger.files.items() if k[0] in SHARED or k[0] not in lost}
             s.ledger.env.clear()
             s.ledger.history.clear()
             s.ledger.children.clear()
