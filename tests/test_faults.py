@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import random
 import re
@@ -91,7 +92,6 @@ class Clients:
     def __init__(self, env: dict[str, str]):
         self.env = env
         self.generation = 0
-        self.stdio: list[McpClient] = []
         self.http: HttpServer | None = None
         self.all: list[McpClient] = []
         self.start()
@@ -100,16 +100,16 @@ class Clients:
         tmp = self.env["SANDBOX_MCP_TEST_TMP"]
         g = self.generation
         binary = required_env("SANDBOX_MCP_BIN")
-        self.stdio = [McpClient(binary, env=self.env, stderr_path=f"{tmp}/front-{g}-{n}.log") for n in range(2)]
+        stdio = [McpClient(binary, env=self.env, stderr_path=f"{tmp}/front-{g}-{n}.log") for n in range(2)]
         self.http = HttpServer(self.env, f"{tmp}/http-{g}.log")
-        self.all = [*self.stdio, self.http.client()]
+        self.all = [*stdio, self.http.client()]
 
     def close(self) -> None:
         for c in self.all:
             c.close()
         if self.http is not None:
             self.http.stop()
-        self.all, self.stdio, self.http = [], [], None
+        self.all, self.http = [], None
 
     def restart(self) -> None:
         self.close()
@@ -148,8 +148,6 @@ def _helper_pid(env: dict[str, str]) -> int | None:
 
 def store_layers(store: Path) -> tuple[set[str], set[str]]:
     """(layer dirs present, layers some image names), relative to the store."""
-    import json
-
     layers_dir = store / "layers"
     present = {f"layers/{p.name}" for p in layers_dir.iterdir()} if layers_dir.is_dir() else set()
     named: set[str] = set()
@@ -326,6 +324,9 @@ class Round:
 
 
 class FaultSuite:
+    """The clients, what they were told (the ledger), every process seen
+    under a helper (none may outlive its helper), and the checks."""
+
     def __init__(self, env: dict[str, str], store: Path, roots: Path):
         self.env, self.store, self.roots = env, store, roots
         self.ledger = Ledger()
@@ -462,10 +463,9 @@ def faults(env: dict[str, str], image_store: str, roots: Path, ctl_bin: str) -> 
     finally:
         suite.close()
         stop_daemon(env)
-        with contextlib.suppress(Exception):
-            helper = _helper_pid(env)
-            if helper:
-                suite.seen.update(_descendants(helper))
+        helper = _helper_pid(env)
+        if helper:
+            suite.seen.update(_descendants(helper))
         stop_servers(env)
         left = wait_for(lambda: not _survivors(suite.seen), timeout=20)
         _kill_survivors(suite.seen)
@@ -474,6 +474,7 @@ def faults(env: dict[str, str], image_store: str, roots: Path, ctl_bin: str) -> 
 
 def test_kill9_of_daemon_and_helper_during_concurrent_work_loses_nothing(faults):
     rng = random.Random(SEED)
+    # Captured, and so shown with a failure: the seed that replays it.
     print(f"SANDBOX_MCP_FAULT_SEED={SEED} SANDBOX_MCP_FAULT_ROUNDS={ROUNDS}")
     faults.setup()
     faults.check("[before any kill]", helper_killed=False)
