@@ -20,11 +20,15 @@ RELEASE_BIN := $(CURDIR)/target/release
 TEST_USER ?= smcp-test
 USER_TESTS ?= tests/
 
+# Kills the fault suite (tests/test_faults.py) makes under `make test-faults`; `make test` runs its
+# small default. SANDBOX_MCP_FAULT_SEED picks the seed (else a random one, printed on failure).
+FAULT_ROUNDS ?= 40
+
 # Seconds each fuzz target runs: `make fuzz` (FUZZ_SECONDS) and within `make test` (TEST_FUZZ_SECONDS).
 FUZZ_SECONDS ?= 20
 TEST_FUZZ_SECONDS ?= 10
 
-.PHONY: deps build install test test-user test-install test-image venv bench clean-test fuzz
+.PHONY: deps build install test test-user test-faults test-install test-image venv bench clean-test fuzz
 
 deps:
 	@scripts/install-deps.sh
@@ -76,6 +80,19 @@ test-user: export SANDBOX_VM_HELPER_BIN := $(DEBUG_BIN)/sandbox-vm-helper
 test-user:
 	$(CARGO) build --quiet
 	@scripts/test-user.sh $(TEST_USER) $(TEST_PACKAGES) $(USER_TESTS)
+
+# The fault suite at FAULT_ROUNDS kills, as root and then in the unprivileged pass. Heavier than its
+# share of `make test`: .ci/run runs it afterwards when the CI time budget allows.
+test-faults: export SANDBOX_MCP_TEST_IMAGE_STORE := $(TEST_IMAGE_STORE)
+test-faults: export SANDBOX_MCP_TEST_IMAGE := $(TEST_IMAGE)
+test-faults: export SANDBOX_MCP_BIN := $(DEBUG_BIN)/sandbox-mcp
+test-faults: export SANDBOX_VM_HELPER_BIN := $(DEBUG_BIN)/sandbox-vm-helper
+test-faults: export SANDBOX_MCP_FAULT_ROUNDS := $(FAULT_ROUNDS)
+test-faults: deps venv
+	$(CARGO) build --quiet
+	@$(MAKE) --no-print-directory test-image
+	@status=0; $(VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/test_faults.py || status=1; \
+	    $(MAKE) --no-print-directory test-user USER_TESTS=tests/test_faults.py || status=1; exit $$status
 
 # `make install` end to end as a new ordinary user (scripts/test-install.sh):
 # its sudo limited to apt-get and host-setup, a release build and the default

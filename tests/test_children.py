@@ -324,3 +324,29 @@ def test_a_parent_whose_vm_dies_takes_its_children(server_factory):
     assert not srv.tool("reset")[1]
     text, err = srv.tool("children")
     assert text == "No active children for 'default' (1/10 lifetime spawns used)", text
+
+
+def test_a_lost_child_is_acknowledged_by_destroy_child(server_factory):
+    # The fault suite's find: a child whose VM went away (here its init
+    # killed; there its helper) answered destroy_child with the loss, whose
+    # message offered reset, which children refuse.
+    srv = server_factory()
+    assert not srv.tool("exec", command="true")[1]
+    text, err = spawn(srv, name="kid")
+    assert not err, text
+    text, err = srv.tool("exec", command="sleep 4244 >/dev/null 2>&1 &", sandbox="default..kid")
+    assert not err, text
+    init = _vm_init_above("4244")
+    assert init, "the child's VM init process was not found"
+    os.kill(init, 9)
+
+    def lost() -> str | None:
+        text, err = srv.tool("exec", command="true", sandbox="default..kid")
+        return text if err and "was lost" in text else None
+
+    text = wait_for(lost, timeout=20)
+    assert text and "destroy_child(name='default..kid') forgets it" in text and "reset(" not in text, text
+    text, err = srv.tool("destroy_child", name="default..kid")
+    assert not err and "Forgot child sandbox 'default..kid'" in text, text
+    assert "default..kid" not in srv.tool("status")[0]
+    assert not srv.tool("exec", command="true")[1]

@@ -6,6 +6,7 @@ one image store never collect a layer another one's sandbox runs on; and
 payloads over gRPC's 4 MiB message size go through."""
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -15,7 +16,9 @@ from pathlib import Path
 
 from conftest import isolated_env, new_env_dir, remove_env_dir, required_env, stop_servers
 from mcp_client import McpClient, McpError
+from test_daemon import daemon_pid
 from test_persistence import _lost, _restarted, helper_pid, until
+from waiting import wait_for
 
 # Seeds of the moments, after the snapshot froze the sandbox, at which the
 # helper is killed.
@@ -233,3 +236,104 @@ def test_payloads_over_the_grpc_message_size(server):
     for tool in ("exec", "bg"):
         text, err = server.tool(tool, command="echo " + "a" * (5 << 20))
         assert err and f"at most {MAX_COMMAND_BYTES} bytes" in text and "write_file" in text, text[:300]
+
+
+def _set_child_subreaper(on: bool) -> None:
+    """Makes this process adopt its orphaned descendants (PR_SET_CHILD_SUBREAPER),
+    as init does, except that it reaps them only when told to."""
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(36, int(on), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def test_a_helper_killed_mid_snapshot_before_anyone_reaps_it_leaves_no_half_copied_layer(env, image_store):
+    """The fault suite's find: a helper whose daemon was killed is adopted by
+    init (or a subreaper), and once killed itself stays a zombie until that
+    one reaps it; the next helper took the zombie's /proc entry for a live
+    copy and kept its half-copied layer for good. Here the test is the
+    subreaper, and reaps only at the end."""
+    binary = required_env("SANDBOX_MCP_BIN")
+    store_env = {**env, "SANDBOX_MCP_IMAGE_STORE": image_store}
+    log = f"{env['SANDBOX_MCP_TEST_TMP']}/server.log"
+    _set_child_subreaper(True)
+    first = second = None
+    helper = 0
+    try:
+        first = McpClient(binary, env=store_env, stderr_path=log)
+        text, err = first.tool(
+            "exec", sandbox="z", command="mkdir /root/many && cd /root/many && seq 40000 | xargs touch && "
+            "(sleep 42429 &) && echo ok")
+        assert not err and text.startswith("ok"), text
+        helper = helper_pid(env)
+        os.kill(daemon_pid(env), signal.SIGKILL)
+        first.close()
+        until(lambda: Path(f"/proc/{helper}/stat").read_text().rsplit(")", 1)[1].split()[1] == str(os.getpid()),
+              "the helper adopted by the subreaper")
+        second = McpClient(binary, env=store_env, stderr_path=log)
+        procs = _descendants(helper)
+        sleeper = next(p for p in procs if Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"sleep\x0042429"))
+        outcome: list[tuple[str, bool]] = []
+
+        def snapshot() -> None:
+            try:
+                outcome.append(second.tool("snapshot", snapshot_name="z", sandbox="z"))
+            except McpError as e:
+                outcome.append((str(e), True))
+
+        call = threading.Thread(target=snapshot)
+        call.start()
+        try:
+            until(lambda: _state(sleeper) == "T", "the snapshot freezing the sandbox", timeout=60)
+            os.kill(helper, signal.SIGKILL)
+        finally:
+            call.join(timeout=120)
+        assert outcome and outcome[0][1], f"the snapshot survived its helper: {outcome}"
+        until(lambda: _state(helper) == "Z", "the killed helper a zombie nobody reaped yet")
+        until(lambda: _restarted(env, helper), "helper restarted")
+        until(lambda: _lost(second, "z"), "z reported lost")
+        until(lambda: not _temp_layers(image_store), f"the half-copied layer removed (left: {_temp_layers(image_store)})")
+    finally:
+        _set_child_subreaper(False)
+        for client in (second, first):
+            if client is not None:
+                client.close()
+        stop_servers(env)
+        # What the test adopted: the killed helper's zombie, and whatever else ended meanwhile.
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+
+
+def test_a_creation_cut_short_by_the_helpers_death_leaves_no_writable_layer(server_factory, env):
+    """The fault suite's find: a helper killed while a sandbox was being
+    created left that VM's writable layer behind for good (the cleanup asked
+    the dead helper, the new one knew nothing of the VM)."""
+    srv = server_factory()
+    assert not srv.tool("exec", command="true")[1]
+    helper = helper_pid(env)
+    vm_dir = Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "vms" / "cut"
+    outcome: list[tuple[str, bool]] = []
+
+    def create() -> None:
+        try:
+            outcome.append(srv.tool("exec", command="true", sandbox="cut"))
+        except McpError as e:
+            outcome.append((str(e), True))
+
+    call = threading.Thread(target=create)
+    call.start()
+    try:
+        # Stopped the moment its directory exists, so the creation cannot finish first.
+        assert wait_for(vm_dir.exists, timeout=60, every=0.001), "the VM's directory never appeared"
+        os.kill(helper, signal.SIGSTOP)
+        os.kill(helper, signal.SIGKILL)
+    finally:
+        call.join(timeout=120)
+    assert outcome and outcome[0][1], f"the creation survived its helper: {outcome}"
+    until(lambda: _restarted(env, helper), "helper restarted")
+    until(lambda: not vm_dir.exists(), f"{vm_dir} freed once a helper answers")
+    text, err = srv.tool("status")
+    assert not err and "cut" not in text, text
+    text, err = srv.tool("exec", command="echo made", sandbox="cut")
+    assert not err and text.startswith("made"), text

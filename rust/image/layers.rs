@@ -162,10 +162,7 @@ impl ImageStore {
         let mut out = Vec::new();
         for entry in fs::read_dir(self.root().join(LAYERS_DIR)).into_iter().flatten().flatten() {
             let Some(name) = entry.file_name().to_str().map(String::from) else { continue };
-            let live_copy = name
-                .strip_prefix(TMP_PREFIX)
-                .and_then(|rest| rest.split('-').next())
-                .is_some_and(|pid| pid == std::process::id().to_string() || Path::new("/proc").join(pid).exists());
+            let live_copy = name.strip_prefix(TMP_PREFIX).and_then(|rest| rest.split('-').next()).is_some_and(running);
             if !live_copy {
                 out.push(format!("{LAYERS_DIR}/{name}"));
             }
@@ -203,6 +200,20 @@ impl ImageStore {
         }
         Ok(used)
     }
+}
+
+/// Whether the process `pid` (a copy's owner) still runs: ours, or one whose
+/// `/proc` entry is not a zombie's. A helper killed while its parent is gone
+/// stays a zombie until init or a subreaper reaps it, which may take a while
+/// (or forever, under a PID 1 that never reaps): its copy is dead all the same.
+fn running(pid: &str) -> bool {
+    if pid == std::process::id().to_string() {
+        return true;
+    }
+    let Ok(stat) = fs::read_to_string(Path::new("/proc").join(pid).join("stat")) else { return false };
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| !matches!(state, "Z" | "X"))
 }
 
 pub(super) fn random_hex() -> Result<String, ImageError> {
@@ -281,6 +292,28 @@ mod tests {
         store.gc().unwrap();
         assert!(!store.root().join("base").exists());
         assert_eq!(fs::read_dir(store.root().join(LAYERS_DIR)).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn gc_collects_the_copy_of_a_zombie() {
+        let t = TempDir::new("gc-zombie");
+        let store = ImageStore::new(t.path().to_path_buf());
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let stat = format!("/proc/{}/stat", child.id());
+        let zombie = (0..2000).any(|_| {
+            let done =
+                fs::read_to_string(&stat).is_ok_and(|s| s.rsplit_once(')').unwrap().1.trim_start().starts_with('Z'));
+            if !done {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            done
+        });
+        assert!(zombie, "the child never became a zombie");
+        let copy = store.root().join(LAYERS_DIR).join(format!(".tmp-{}-00", child.id()));
+        fs::create_dir_all(&copy).unwrap();
+        let removed = store.gc().unwrap();
+        child.wait().unwrap();
+        assert_eq!(removed, [format!("layers/.tmp-{}-00", child.id())]);
     }
 
     #[test]

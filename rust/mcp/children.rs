@@ -6,7 +6,7 @@ use rmcp::{handler::server::wrapper::Parameters, model::CallToolResult, schemars
 use serde::Deserialize;
 
 use super::{SandboxServer, default_sandbox, fail, ok, reply};
-use crate::orchestrator::{Sandbox, spawn::SpawnRequest};
+use crate::orchestrator::{OrchestratorError, Sandbox, spawn::SpawnRequest};
 
 /// Parameters of `spawn`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -123,11 +123,12 @@ impl SandboxServer {
         &self,
         Parameters(p): Parameters<DestroyChildParams>,
     ) -> Result<CallToolResult, rmcp::ErrorData> {
-        reply(
-            self.spawns
-                .destroy_child(&p.name)
-                .await
-                .map(|s| format!("Destroyed sandbox '{}' ({})", s.shown(), s.shown())),
-        )
+        let destroyed = self.spawns.destroy_child(&p.name).await;
+        // A child lost with its VM (its helper died, its init was killed) is
+        // acknowledged here as `destroy` does for a top-level one.
+        if matches!(destroyed, Err(OrchestratorError::Lost { .. })) && self.manager.acknowledge_lost(&p.name).await {
+            return ok(format!("Forgot child sandbox '{}': its VM was already gone.", names::display(&p.name)));
+        }
+        reply(destroyed.map(|s| format!("Destroyed sandbox '{}' ({})", s.shown(), s.shown())))
     }
 }

@@ -71,7 +71,8 @@ pub enum OrchestratorError {
     },
     /// The sandbox's VM went away without being destroyed.
     #[error(
-        "sandbox '{shown}' was lost: {why}. Its processes and root filesystem changes are gone; its /workspace is kept. reset(sandbox='{shown}') starts a fresh one, destroy('{shown}') forgets it",
+        "sandbox '{shown}' was lost: {why}. Its processes and root filesystem changes are gone; its /workspace is kept. {}",
+        lost_hint(&display(name)),
         shown = display(name)
     )]
     Lost {
@@ -92,4 +93,14 @@ pub enum OrchestratorError {
     /// A change could not be committed to the state database.
     #[error("the change was not saved: {0}")]
     State(#[from] super::state::StateError),
+}
+
+/// What acknowledges the loss of `name`: a child (`<parent>..<name>`) is
+/// neither reset nor destroyed, only `destroy_child` takes it.
+fn lost_hint(name: &str) -> String {
+    if name.contains("..") {
+        format!("destroy_child(name='{name}') forgets it; spawn a new child for a fresh one")
+    } else {
+        format!("reset(sandbox='{name}') starts a fresh one, destroy('{name}') forgets it")
+    }
 }

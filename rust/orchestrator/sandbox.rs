@@ -2,7 +2,7 @@
 //! helper's running VMs after an orchestrator restart, destroy and reset, and
 //! running commands with the sandbox's persistent env and audit log.
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     path::PathBuf,
     sync::{
         Arc, Mutex,
@@ -363,6 +363,10 @@ pub struct SandboxManager {
     /// name is never created by first use, so a later use says why it is
     /// gone and how to get a new one rather than just "no such sandbox".
     gone_children: Mutex<BTreeMap<String, String>>,
+    /// VMs of creations that failed while the helper could not be reached
+    /// (it died mid-creation): their writable layers wait for a helper that
+    /// answers to delete them (see [`Self::discard_vm`]).
+    unfreed: Mutex<BTreeSet<String>>,
     /// The host's CA certificates, for sandboxes that trust them.
     host_ca: super::ca_trust::HostCaCache,
     /// What host CA trust writes into a sandbox, per image.
@@ -383,6 +387,7 @@ impl SandboxManager {
             state: Default::default(),
             lost: Mutex::default(),
             gone_children: Mutex::default(),
+            unfreed: Mutex::default(),
             host_ca: Default::default(),
             ca_seeds: Default::default(),
         };
@@ -612,6 +617,35 @@ impl SandboxManager {
         true
     }
 
+    /// Deletes the VM of a creation that failed. When the helper cannot be
+    /// reached (it died mid-creation: the next one knows nothing of the VM,
+    /// but its directory stays), the name waits in `unfreed` until a helper
+    /// answers ([`Self::free_unfreed`]).
+    async fn discard_vm(&self, name: &str) {
+        match self.helper.delete_vm(name).await {
+            Ok(()) | Err(HelperError::NotFound(_)) => {}
+            Err(e) => {
+                tracing::warn!(sandbox = %name, error = %e, "cannot delete the VM of a failed creation yet; will once the helper answers");
+                self.unfreed.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string());
+            }
+        }
+    }
+
+    /// Deletes the VMs [`Self::discard_vm`] could not, unless their name was
+    /// created again meanwhile (then the directory is that sandbox's).
+    pub(super) async fn free_unfreed(&self) {
+        let names: Vec<String> = self.unfreed.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect();
+        for name in names {
+            let lock = self.lifecycle_lock(&name);
+            let Ok(_guard) = lock.try_lock() else { continue };
+            let freed = self.lock_map().contains_key(&name)
+                || matches!(self.helper.delete_vm(&name).await, Ok(()) | Err(HelperError::NotFound(_)));
+            if freed {
+                self.unfreed.lock().unwrap_or_else(|p| p.into_inner()).remove(&name);
+            }
+        }
+    }
+
     fn check_lost(&self, name: &str) -> Result<(), OrchestratorError> {
         match self.lost.lock().unwrap_or_else(|p| p.into_inner()).get(name) {
             Some(why) => Err(OrchestratorError::Lost { name: name.to_string(), why: why.clone() }),
@@ -791,7 +825,17 @@ impl SandboxManager {
             files,
         };
         let t0 = Instant::now();
-        let created = self.helper.create_vm(cfg(seed.as_ref().map(|s| s.files.to_vec()).unwrap_or_default())).await?;
+        let created =
+            match self.helper.create_vm(cfg(seed.as_ref().map(|s| s.files.to_vec()).unwrap_or_default())).await {
+                Ok(created) => created,
+                // The helper went away mid-call: it may have made the VM's
+                // directory before it died.
+                Err(e @ (HelperError::Unavailable { .. } | HelperError::Other(_))) => {
+                    self.discard_vm(name).await;
+                    return Err(e.into());
+                }
+                Err(e) => return Err(e.into()),
+            };
         let seeded = match &seed {
             Some(s) if s.image_created_at_ms == created.image_created_at_ms => true,
             Some(_) => {
@@ -808,7 +852,7 @@ impl SandboxManager {
             Ok(vm) => vm,
             Err(e) => {
                 // Never leave a half-made VM behind (the reference leaked these).
-                self.helper.delete_vm(name).await.ok();
+                self.discard_vm(name).await;
                 return Err(e.into());
             }
         };
@@ -820,7 +864,7 @@ impl SandboxManager {
             (h, image)
         });
         if let Err(e) = self.prepare(&sandbox, origin, project.as_ref(), trust).await {
-            self.helper.delete_vm(name).await.ok();
+            self.discard_vm(name).await;
             return Err(e);
         }
         // Where creation time goes (the create benchmark reads these).
