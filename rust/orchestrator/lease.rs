@@ -151,12 +151,26 @@ fn free_disk(dir: &Path) -> Option<u64> {
 impl SandboxManager {
     /// Refuse to create `name` when the sandbox count, available memory or
     /// free disk would go past the limits; nothing is created before this.
-    pub(super) fn preflight(&self, name: &str, profile: &Profile) -> Result<CreateSlot<'_>, OrchestratorError> {
+    /// `replacing`: how many existing sandboxes go before it is created (a
+    /// reset's old sandbox and its children), which are then unchanged if
+    /// it is refused.
+    pub(super) fn preflight(
+        &self,
+        name: &str,
+        profile: &Profile,
+        replacing: usize,
+    ) -> Result<CreateSlot<'_>, OrchestratorError> {
         let limits = &self.config().limits;
-        let refuse = |why: String| OrchestratorError::InvalidArgument(format!("cannot create sandbox '{name}': {why}"));
+        let refuse = |why: String| {
+            OrchestratorError::InvalidArgument(if replacing > 0 {
+                format!("cannot replace sandbox '{name}': {why}; the sandbox is unchanged")
+            } else {
+                format!("cannot create sandbox '{name}': {why}")
+            })
+        };
         let pending = self.creating.fetch_add(1, Ordering::SeqCst);
         let slot = CreateSlot(&self.creating);
-        let existing = self.list().len() + pending;
+        let existing = (self.list().len() + pending).saturating_sub(replacing);
         if existing >= limits.max_sandboxes {
             return Err(refuse(format!(
                 "{existing} sandboxes already exist (max_sandboxes = {}); destroy one first",

@@ -56,6 +56,9 @@ const MIGRATIONS: &[&str] = &[
      );
      CREATE TABLE lost (name TEXT PRIMARY KEY, reason TEXT NOT NULL);
      CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);",
+    // 2: what a later use of a reaped child's name is told, so a restart
+    // does not turn it into a bare "no such sandbox".
+    "CREATE TABLE gone_children (name TEXT PRIMARY KEY, message TEXT NOT NULL);",
 ];
 
 /// How long a writer waits for another process's transaction to end.
@@ -253,17 +256,11 @@ fn set_aside(path: &Path) -> Result<PathBuf, StateError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn temp_dir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("sandbox-mcp-store-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
+    use crate::test_support::scratch_dir;
 
     #[test]
     fn migrates_to_the_newest_version_once() {
-        let dir = temp_dir("migrate");
+        let dir = scratch_dir("store-migrate");
         let path = dir.join("state.db");
         for _ in 0..2 {
             let conn = connect(&path).ok().unwrap();
@@ -277,7 +274,7 @@ mod tests {
 
     #[test]
     fn a_newer_schema_is_refused_and_left_alone() {
-        let dir = temp_dir("newer");
+        let dir = scratch_dir("store-newer");
         let path = dir.join("state.db");
         drop(connect(&path).ok().unwrap());
         Connection::open(&path).unwrap().pragma_update(None, "user_version", 999).unwrap();
@@ -292,7 +289,7 @@ mod tests {
 
     #[test]
     fn damaged_copies_never_overwrite_each_other() {
-        let dir = temp_dir("aside");
+        let dir = scratch_dir("store-aside");
         let path = dir.join("state.db");
         std::fs::write(&path, "garbage one, not a database").unwrap();
         let (_store, aside) = Store::open(&path).unwrap();
