@@ -147,7 +147,8 @@ async fn connect_or_start() -> Result<UnixStream, DaemonError> {
     wait_for_exit().await;
     let log = paths::daemon_log_file();
     let start_failed = |reason: String| DaemonError::Start { reason, log: log.clone() };
-    let mut child = spawn_daemon(&log).map_err(|e| start_failed(format!("cannot run this binary: {e}")))?;
+    let spawn = || spawn_daemon(&log).map_err(|e| start_failed(format!("cannot run this binary: {e}")));
+    let mut child = spawn()?;
     let deadline = tokio::time::Instant::now() + START_TIMEOUT;
     loop {
         match UnixStream::connect(&path).await {
@@ -157,8 +158,18 @@ async fn connect_or_start() -> Result<UnixStream, DaemonError> {
                 return Ok(s);
             }
             Err(e) => {
-                if let Ok(Some(status)) = child.try_wait() {
-                    return Err(start_failed(format!("it exited ({status}): {}", log_tail(&log))));
+                match child.try_wait() {
+                    // It went idle before this front-end got through (a
+                    // loaded machine): start another.
+                    Ok(Some(status)) if status.success() && tokio::time::Instant::now() < deadline => {
+                        tracing::debug!("the daemon started for this session exited idle: starting another");
+                        child = spawn()?;
+                        continue;
+                    }
+                    Ok(Some(status)) => {
+                        return Err(start_failed(format!("it exited ({status}): {}", log_tail(&log))));
+                    }
+                    _ => {}
                 }
                 if tokio::time::Instant::now() >= deadline {
                     return Err(start_failed(format!(

@@ -103,7 +103,10 @@ pub async fn run(helper_bin: PathBuf) -> Result<(), DaemonError> {
     tracing::info!(socket = %paths::daemon_socket().display(), build = %daemon.build, "daemon listening");
     tokio::spawn(stop_on_signal(daemon.shutdown.clone()));
     let idle = idle_limit();
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    // The first check a second after start: the front-end that started this
+    // daemon is connecting.
+    let every = Duration::from_secs(1);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     // Held from the end of a drain to exit: no call starts on a daemon that
     // is going away.
     let mut _no_more_calls = None;
