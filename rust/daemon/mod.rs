@@ -69,7 +69,9 @@ impl DaemonError {
         use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
         match self {
             DaemonError::Closed => true,
-            DaemonError::Connection(e) => matches!(e.kind(), BrokenPipe | ConnectionAborted | ConnectionReset | UnexpectedEof),
+            DaemonError::Connection(e) => {
+                matches!(e.kind(), BrokenPipe | ConnectionAborted | ConnectionReset | UnexpectedEof)
+            }
             _ => false,
         }
     }

@@ -324,11 +324,8 @@ fn stream_of(id: &[u8]) -> Option<&str> {
 
 /// Whether an event carries a JSON-RPC response (a result or an error).
 fn is_response(event: &[u8]) -> bool {
-    let data: Vec<&[u8]> = event
-        .split(|b| *b == b'\n')
-        .filter_map(|line| line.strip_prefix(b"data:"))
-        .map(<[u8]>::trim_ascii)
-        .collect();
+    let data: Vec<&[u8]> =
+        event.split(|b| *b == b'\n').filter_map(|line| line.strip_prefix(b"data:")).map(<[u8]>::trim_ascii).collect();
     let Ok(message) = serde_json::from_slice::<serde_json::Value>(&data.join(&b'\n')) else { return false };
     message.get("id").is_some() && (message.get("result").is_some() || message.get("error").is_some())
 }
