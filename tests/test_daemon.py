@@ -370,3 +370,15 @@ def test_front_ends_racing_the_idle_exit_are_all_served(front_end, env):
     # The race was run: daemons exited and new ones started in between.
     log = (Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "daemon.log").read_text()
     assert log.count("daemon listening") > 1, log[-2000:]
+
+
+def test_front_ends_racing_a_drain_are_all_served(front_end, env):
+    old = front_end(binary=str(older_copy(env)))
+    assert not old.tool("exec", command="echo kept > /workspace/k")[1]
+    # Each finds the older daemon; one drains it, the others reach it while it drains.
+    with ThreadPoolExecutor(RACE_WORKERS) as pool:
+        clients = list(pool.map(lambda _: front_end(), range(RACE_WORKERS)))
+    for c in clients:
+        text, err = c.tool("exec", command="cat /workspace/k")
+        assert not err and text.splitlines()[0] == "kept", text
+    assert daemon_pids(env) == [daemon_pid(env)]
