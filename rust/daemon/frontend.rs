@@ -73,7 +73,8 @@ pub async fn open(source: ConfigSource, mode: Mode) -> Result<Connection, Daemon
             }
             Err(e) => return Err(e),
         };
-        if build.is_newer_than(&conn.reply.build) {
+        // Past the deadline an older daemon that does not go is used as it is.
+        if build.is_newer_than(&conn.reply.build) && tokio::time::Instant::now() < deadline {
             tracing::info!(old = %conn.reply.build, new = %build, "replacing a daemon of an older build");
             drop(conn);
             drain().await?;
@@ -104,7 +105,10 @@ async fn handshake(
 /// on, so reaching a daemon again waits for it to go and starts one of this
 /// build.
 async fn drain() -> Result<(), DaemonError> {
-    let stream = UnixStream::connect(paths::daemon_socket()).await.map_err(DaemonError::Connection)?;
+    let Ok(stream) = UnixStream::connect(paths::daemon_socket()).await else {
+        // Its socket is gone already: it is on its way out.
+        return Ok(());
+    };
     let source = ConfigSource::default();
     match handshake(stream, &Build::current(), &source, Mode::Drain).await {
         // Another front-end asked first.
