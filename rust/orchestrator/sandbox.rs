@@ -679,7 +679,7 @@ impl SandboxManager {
         let project = project.filter(|_| origin.parent.is_none() && origin.clone_from.is_none());
         let _slot = match reserved {
             Some(slot) => slot,
-            None => self.preflight(name, &profile, 0)?,
+            None => self.preflight(name, &profile, &[])?,
         };
         let volume = self.config.volumes_dir.join(name);
         let mut mounts = vec![(self.workspace_dir(name), WORKSPACE.to_string(), false)];
@@ -1007,8 +1007,9 @@ impl SandboxManager {
             )));
         }
         let subtree = format!("{name}{}", names::CHILD_SEPARATOR);
-        let replaced = self.list().iter().filter(|s| s.name == name || s.name.starts_with(&subtree)).count();
-        self.preflight(name, &profile, replaced)
+        let replaced: Vec<_> =
+            self.list().into_iter().filter(|s| s.name == name || s.name.starts_with(&subtree)).collect();
+        self.preflight(name, &profile, &replaced)
     }
 
     /// Run a command in the named sandbox (created on first use), with the
