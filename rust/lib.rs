@@ -29,3 +29,5 @@ pub mod netpolicy;
 pub mod orchestrator;
 pub mod paths;
 pub mod proto;
+#[cfg(test)]
+mod test_support;

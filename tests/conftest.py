@@ -8,6 +8,7 @@ without it fails loudly rather than skipping.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pwd
@@ -184,12 +185,14 @@ class HttpServer:
     `token` is the bearer token it requires (None with --no-auth): the one
     given by --token or SANDBOX_MCP_TOKEN, else the one it stored."""
 
-    def __init__(self, env: dict[str, str], log_path: str, addr: str = "127.0.0.1:0", args: tuple[str, ...] = ()):
+    def __init__(self, env: dict[str, str], log_path: str, addr: str = "127.0.0.1:0", args: tuple[str, ...] = (),
+                 binary: str | None = None, cwd: str | None = None):
         self.log_path = log_path
         self._log = open(log_path, "a", buffering=1)
         self.proc = subprocess.Popen(
-            [required_env("SANDBOX_MCP_BIN"), "serve", "--http", addr, *args],
+            [binary or required_env("SANDBOX_MCP_BIN"), "serve", "--http", addr, *args],
             env={**get_default_environment(), **env},
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=self._log,
@@ -281,23 +284,21 @@ def http_server(env: dict[str, str]) -> Iterator[Callable[..., HttpServer]]:
             s.stop()
 
 
-@pytest.fixture(params=["stdio", "http"])
-def server_factory(request: pytest.FixtureRequest, env: dict[str, str]) -> Iterator[Callable[..., McpClient]]:
-    """Starts `$SANDBOX_MCP_BIN` in `env`, over stdio or (second run of every
-    test) Streamable HTTP on a loopback port; call it again for a second
-    server on the same state (restart tests). Extra keyword arguments are
-    added to the environment. Every client (and HTTP server) is closed at
-    teardown, before the `env` fixture stops the helper."""
-    binary = required_env("SANDBOX_MCP_BIN")
+@contextlib.contextmanager
+def _sessions(env: dict[str, str], transport: str, log_name: str) -> Iterator[Callable[..., McpClient]]:
+    """A function that starts a front-end (`$SANDBOX_MCP_BIN`, or `binary`)
+    in `env`, started in `cwd` and with extra environment, over `transport`
+    ("stdio" or "http" on a loopback port), its log `<log_name>-<n>.log` in the
+    test's temp dir; every one is closed on the way out."""
     clients: list[McpClient] = []
 
-    def start(**extra_env: str) -> McpClient:
-        n = len(clients)
-        log = f"{env['SANDBOX_MCP_TEST_TMP']}/server-{n}.log"
-        if request.param == "http":
-            client: McpClient = HttpServerClient(HttpServer({**env, **extra_env}, log))
+    def start(binary: str | None = None, cwd: str | None = None, **extra_env: str) -> McpClient:
+        log = f"{env['SANDBOX_MCP_TEST_TMP']}/{log_name}-{len(clients)}.log"
+        if transport == "http":
+            client: McpClient = HttpServerClient(HttpServer({**env, **extra_env}, log, binary=binary, cwd=cwd))
         else:
-            client = McpClient(binary, env={**env, **extra_env}, stderr_path=log)
+            client = McpClient(binary or required_env("SANDBOX_MCP_BIN"), env={**env, **extra_env},
+                               stderr_path=log, cwd=cwd)
         clients.append(client)
         return client
 
@@ -306,6 +307,25 @@ def server_factory(request: pytest.FixtureRequest, env: dict[str, str]) -> Itera
     finally:
         for c in clients:
             c.close()
+
+
+@pytest.fixture(params=["stdio", "http"])
+def server_factory(request: pytest.FixtureRequest, env: dict[str, str]) -> Iterator[Callable[..., McpClient]]:
+    """Starts `$SANDBOX_MCP_BIN` in `env`, over stdio or (second run of every
+    test) Streamable HTTP on a loopback port; call it again for a second
+    server on the same state (restart tests). Extra keyword arguments are
+    added to the environment. Every client (and HTTP server) is closed at
+    teardown, before the `env` fixture stops the helper."""
+    with _sessions(env, request.param, "server") as start:
+        yield start
+
+
+@pytest.fixture
+def front_end(env: dict[str, str]) -> Iterator[Callable[..., McpClient]]:
+    """Starts a stdio front-end (`$SANDBOX_MCP_BIN`, or `binary`) in `env`,
+    in `cwd`, with extra environment; every one is closed at teardown."""
+    with _sessions(env, "stdio", "front-end") as start:
+        yield start
 
 
 @pytest.fixture

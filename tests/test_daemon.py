@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
 import stat
 import subprocess
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator
@@ -23,6 +25,13 @@ from mcp_client import McpClient, McpError
 from test_persistence import _get, exited, free_port, until
 
 Client = Callable[..., McpClient]
+SEED = 11
+# The idle-exit race: front-ends connecting at once, sessions each, and the
+# longest pause between two sessions, long enough for the 1 s idle checks
+# to find no connection now and then.
+RACE_WORKERS = 3
+RACE_ROUNDS = 12
+RACE_MAX_PAUSE = 1.2
 
 
 def runtime(env: dict[str, str]) -> Path:
@@ -49,25 +58,6 @@ def daemon_pids(env: dict[str, str]) -> list[int]:
         if cmd[:2] and cmd[1] == b"daemon" and cmd[0].endswith(b"sandbox-mcp") and want in environ:
             pids.append(int(d.name))
     return pids
-
-
-@pytest.fixture
-def front_end(env: dict[str, str]) -> Iterator[Client]:
-    """Starts a stdio front-end (`$SANDBOX_MCP_BIN`, or `binary`) in `env`
-    with extra environment; every one is closed at teardown."""
-    clients: list[McpClient] = []
-
-    def start(binary: str | None = None, cwd: str | None = None, **extra: str) -> McpClient:
-        log = f"{env['SANDBOX_MCP_TEST_TMP']}/front-end-{len(clients)}.log"
-        client = McpClient(binary or required_env("SANDBOX_MCP_BIN"), env={**env, **extra}, stderr_path=log, cwd=cwd)
-        clients.append(client)
-        return client
-
-    try:
-        yield start
-    finally:
-        for c in clients:
-            c.close()
 
 
 @pytest.fixture
@@ -354,3 +344,41 @@ def test_an_older_front_end_uses_a_newer_daemon_as_it_is(front_end, env):
     text, err = old.tool("exec", command="echo from-old")
     assert not err and text.splitlines()[0] == "from-old", text
     assert daemon_pid(env) == pid and not new.tool("exec", command="true")[1]
+
+
+def test_front_ends_racing_the_idle_exit_are_all_served(front_end, env):
+    # SANDBOX_MCP_DAEMON_IDLE=0: the daemon exits at every check that finds no
+    # connection, so connects keep landing while it decides to go and goes.
+    rng = random.Random(SEED)
+    pauses = [[rng.uniform(0, RACE_MAX_PAUSE) for _ in range(RACE_ROUNDS)] for _ in range(RACE_WORKERS)]
+    failures: list[str] = []
+
+    def worker(w: int) -> None:
+        for i, pause in enumerate(pauses[w]):
+            time.sleep(pause)
+            try:
+                with front_end(SANDBOX_MCP_DAEMON_IDLE="0") as client:
+                    text, err = client.tool("status")
+                if err:
+                    failures.append(text)
+            except McpError as e:
+                failures.append(f"worker {w} round {i}: {e}")
+
+    with ThreadPoolExecutor(RACE_WORKERS) as pool:
+        list(pool.map(worker, range(RACE_WORKERS)))
+    assert not failures, "\n\n".join(failures[:2])
+    # The race was run: daemons exited and new ones started in between.
+    log = (Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "daemon.log").read_text()
+    assert log.count("daemon listening") > 1, log[-2000:]
+
+
+def test_front_ends_racing_a_drain_are_all_served(front_end, env):
+    old = front_end(binary=str(older_copy(env)))
+    assert not old.tool("exec", command="echo kept > /workspace/k")[1]
+    # Each finds the older daemon; one drains it, the others reach it while it drains.
+    with ThreadPoolExecutor(RACE_WORKERS) as pool:
+        clients = list(pool.map(lambda _: front_end(), range(RACE_WORKERS)))
+    for c in clients:
+        text, err = c.tool("exec", command="cat /workspace/k")
+        assert not err and text.splitlines()[0] == "kept", text
+    assert daemon_pids(env) == [daemon_pid(env)]

@@ -12,6 +12,7 @@ from pathlib import Path
 from conftest import volume_dir, write_config
 from test_children import _vm_init_above, names, spawn
 from test_grpc import grpcurl_path
+from test_persistence import kill9_server
 from test_project_config import BAD
 from test_sandbox_ctl import ctl_srv, sh  # noqa: F401 (ctl_srv is a fixture)
 from waiting import wait_for
@@ -45,6 +46,19 @@ def test_restore_refused_by_a_broken_project_file_keeps_the_sandbox(isrv, roots)
     assert "default" in names(isrv)
     text, err = isrv.tool("exec", command="cat /etc/marker /workspace/w")
     assert not err and text.startswith("after\nws\n"), text
+
+
+def test_reset_refused_for_capacity_keeps_the_sandbox(server_factory):
+    roomy = server_factory()
+    assert not roomy.tool("exec", command="echo root > /etc/marker", sandbox="a")[1]
+    assert not roomy.tool("exec", command="true", sandbox="b")[1]
+    # A session allowed one sandbox: replacing 'a' would make two.
+    tight = server_factory(SANDBOX_MCP_MAX_SANDBOXES="1")
+    text, err = tight.tool("reset", sandbox="a")
+    assert err and "max_sandboxes = 1" in text and "the sandbox is unchanged" in text, text
+    assert {"a", "b"} <= names(roomy), roomy.tool("status")[0]
+    text, err = roomy.tool("exec", command="cat /etc/marker", sandbox="a")
+    assert not err and text.startswith("root"), text
 
 
 # ---------------------------------------------------------------- #32
@@ -85,6 +99,15 @@ def test_using_a_reaped_child_says_what_happened(server_factory, env):
     text, err = srv.tool("exec", command="true", sandbox="par..kid")
     assert err and "'par..kid' was a child of 'par'" in text and "reaped" in text and "spawn" in text, text
     assert not ({"par", "par..kid"} & names(srv)), srv.tool("status")[0]
+
+
+def test_a_reaped_childs_explanation_survives_kill9_of_the_daemon(server_factory, env):
+    srv = _parent_with_child(server_factory, env)
+    assert reaped(srv, "par"), srv.tool("status")[0]
+    kill9_server(env)
+    again = server_factory(SANDBOX_MCP_IDLE_TTL=IDLE_TTL)
+    text, err = again.tool("exec", command="true", sandbox="par..kid")
+    assert err and "'par..kid' was a child of 'par'" in text and "reaped" in text and "spawn" in text, text
 
 
 # ---------------------------------------------------------------- #50

@@ -337,7 +337,8 @@ def ts_sdk_dir() -> Path:
                              capture_output=True, text=True, timeout=600)
         if out.returncode != 0:
             pytest.skip(f"npm could not install the TypeScript SDK: {out.stderr[-500:]}")
-    shutil.copy(TS_CLIENT / "client.mjs", cache / "client.mjs")
+    for script in TS_CLIENT.glob("*.mjs"):
+        shutil.copy(script, cache / script.name)
     return cache
 
 
@@ -349,6 +350,24 @@ def test_typescript_sdk_client_prints_no_schema_warnings(env):
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["tools"] > 20 and summary["text"].startswith("from-ts") and not summary["isError"], summary
     assert "unknown format" not in out.stderr, out.stderr[-3000:]
+
+
+# How long the TypeScript client is watched after it cancels a call: rmcp asks for
+# reconnections every 3 s, so a client caught re-fetching makes several GETs in it.
+TS_WATCH_SECONDS = 12
+
+
+def test_typescript_sdk_client_stops_fetching_after_a_cancelled_call(http_server):
+    server = http_server()
+    cache = ts_sdk_dir()
+    out = subprocess.run(["node", str(cache / "cancel.mjs"), server.url, server.token or "", str(TS_WATCH_SECONDS)],
+                         capture_output=True, text=True, timeout=REPLY_TIMEOUT * 2)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["outcome"].startswith("rejected") and "cancels the call" in summary["outcome"], summary
+    # At most one attempt to resume the cancelled call's stream, answered so the client stops.
+    assert len(summary["gets"]) <= 1, summary
+    assert summary["text"].startswith("still-works") and not summary["errors"], summary
 
 
 def read_events(response: httpx2.Response, until) -> list[dict[str, str]]:

@@ -5,18 +5,51 @@ one file all succeed, and the JSON state file of earlier versions is imported
 once."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
+import signal
+import sqlite3
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from conftest import stop_daemon
-from test_persistence import _swallow, db_path, kill9_server, rows
+from test_persistence import _lost, _restarted, _swallow, db_path, helper_pid, kill9_server, rows, until
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SEED = 11
+# How long another process holds the database's write lock: well past the
+# tool call it is held across, well within the daemon's 10 s busy timeout.
+HOLD_SECONDS = 3.0
+
+
+@contextlib.contextmanager
+def write_lock_held(env: dict[str, str]):
+    """Another process's write transaction on the state database for
+    HOLD_SECONDS from entry: the daemon's writes wait for it. Leaving waits
+    until it has ended."""
+    taken = threading.Event()
+
+    def hold() -> None:
+        db = sqlite3.connect(db_path(env), timeout=10, isolation_level=None)
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            taken.set()
+            time.sleep(HOLD_SECONDS)
+            db.execute("ROLLBACK")
+        finally:
+            db.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert taken.wait(timeout=20), "could not take the database's write lock"
+        yield
+    finally:
+        holder.join()
 
 
 def test_history_of_the_last_exec_survives_kill9_right_after_the_answer(server_factory, env):
@@ -55,6 +88,26 @@ def test_kill9_during_destroy_never_brings_the_sandbox_back_as_lost(server_facto
         assert "Lost" not in text, (i, text)
         again.tool("destroy", sandbox=name)
         again.close()
+
+
+def test_acknowledging_a_lost_sandbox_is_committed_before_the_answer(server_factory, env):
+    srv = server_factory()
+    assert not srv.tool("exec", command="true", sandbox="gone")[1]
+    old = helper_pid(env)
+    os.kill(old, signal.SIGKILL)
+    until(lambda: _restarted(env, old), "helper restarted")
+    until(lambda: _lost(srv, "gone"), "lost")
+    # The acknowledgement cannot be written until the lock goes; an answer
+    # given before then, and a kill -9 right after it, would lose it.
+    with write_lock_held(env):
+        text, err = srv.tool("destroy", sandbox="gone")
+        assert not err and "Forgot sandbox 'gone'" in text, text
+        kill9_server(env)
+    again = server_factory()
+    text, _ = again.tool("status")
+    assert "Lost" not in text, text
+    text, err = again.tool("exec", command="true", sandbox="gone")
+    assert not err, text
 
 
 def test_concurrent_env_sets_in_one_http_server_are_all_kept(http_server):

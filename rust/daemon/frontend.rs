@@ -6,6 +6,10 @@
 //! front-end holds the connection open for as long as the listener should
 //! live.
 //!
+//! A daemon that hangs up before answering the handshake was going away
+//! (an idle exit or a drain caught it mid-connect): the front-end waits for
+//! it to exit and reaches the next one, started anew if need be.
+//!
 //! If the daemon goes away mid-session, the stdio front-end says so on
 //! stderr and exits non-zero: the client sees its server end (requests in
 //! flight get no answer) and restarting the server starts a new daemon,
@@ -36,6 +40,13 @@ use crate::{mcp::http, orchestrator::config::ConfigSource, paths};
 /// How long a new daemon gets to answer (it may first start the helper and
 /// re-attach every sandbox).
 const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a front-end keeps reaching for a daemon while old ones go away:
+/// a drain lets the calls in progress finish first (up to 30 s).
+const REACH_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long an exiting daemon (its socket gone) gets to let go of its lock.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The pause between attempts to reach a daemon going away.
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
 /// An open, handshaken connection to the daemon.
 pub struct Connection {
@@ -51,16 +62,29 @@ pub struct Connection {
 /// as it is (the handshake and MCP do not change between builds).
 pub async fn open(source: ConfigSource, mode: Mode) -> Result<Connection, DaemonError> {
     let build = Build::current();
-    let mut conn = handshake(connect_or_start().await?, &build, &source, mode.clone()).await?;
-    if build.is_newer_than(&conn.reply.build) {
-        tracing::info!(old = %conn.reply.build, new = %build, "replacing a daemon of an older build");
-        replace().await?;
-        conn = handshake(connect_or_start().await?, &build, &source, mode).await?;
+    let deadline = tokio::time::Instant::now() + REACH_TIMEOUT;
+    loop {
+        let mut conn = match handshake(connect_or_start().await?, &build, &source, mode.clone()).await {
+            Ok(conn) => conn,
+            Err(e) if e.is_hangup() && tokio::time::Instant::now() < deadline => {
+                tracing::debug!("the daemon hung up before answering ({e}): reaching the next one");
+                tokio::time::sleep(RETRY_PAUSE).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        // Past the deadline an older daemon that does not go is used as it is.
+        if build.is_newer_than(&conn.reply.build) && tokio::time::Instant::now() < deadline {
+            tracing::info!(old = %conn.reply.build, new = %build, "replacing a daemon of an older build");
+            drop(conn);
+            drain().await?;
+            continue;
+        }
+        if let Some(e) = conn.reply.error.take() {
+            return Err(DaemonError::Refused(e));
+        }
+        return Ok(conn);
     }
-    if let Some(e) = conn.reply.error.take() {
-        return Err(DaemonError::Refused(e));
-    }
-    Ok(conn)
 }
 
 async fn handshake(
@@ -77,16 +101,35 @@ async fn handshake(
     Ok(Connection { read, write, reply })
 }
 
-/// Asks the running daemon to drain and waits until it has exited (its
-/// lock is free), so the next start is of this build.
-async fn replace() -> Result<(), DaemonError> {
-    let stream = UnixStream::connect(paths::daemon_socket()).await.map_err(DaemonError::Connection)?;
+/// Asks the running daemon to drain. It answers no connection from then
+/// on, so reaching a daemon again waits for it to go and starts one of this
+/// build.
+async fn drain() -> Result<(), DaemonError> {
+    let Ok(stream) = UnixStream::connect(paths::daemon_socket()).await else {
+        // Its socket is gone already: it is on its way out.
+        return Ok(());
+    };
     let source = ConfigSource::default();
-    handshake(stream, &Build::current(), &source, Mode::Drain).await?;
-    let lock = paths::daemon_lock();
-    tokio::task::spawn_blocking(move || socket::lock(&lock, true).map(drop))
-        .await
-        .map_err(|e| DaemonError::Connection(std::io::Error::other(e)))?
+    match handshake(stream, &Build::current(), &source, Mode::Drain).await {
+        // Another front-end asked first.
+        Err(e) if e.is_hangup() => Ok(()),
+        done => done.map(drop),
+    }
+}
+
+/// Waits (up to [`EXIT_TIMEOUT`]) until no daemon holds the daemon lock: one
+/// whose socket is gone may still be saving its state on the way out, and a
+/// daemon started meanwhile would find the lock taken and give up. Called
+/// under the start lock, so the lock is only probed while no daemon is
+/// being started. A daemon that keeps it is left to the start to report.
+async fn wait_for_exit() {
+    let deadline = tokio::time::Instant::now() + EXIT_TIMEOUT;
+    while tokio::time::Instant::now() < deadline {
+        match socket::lock(&paths::daemon_lock(), false) {
+            Err(DaemonError::AlreadyRunning(_)) => tokio::time::sleep(RETRY_PAUSE).await,
+            _ => return,
+        }
+    }
 }
 
 /// A connection to the running daemon, or to one started now.
@@ -105,9 +148,11 @@ async fn connect_or_start() -> Result<UnixStream, DaemonError> {
     if let Ok(s) = UnixStream::connect(&path).await {
         return Ok(s);
     }
+    wait_for_exit().await;
     let log = paths::daemon_log_file();
     let start_failed = |reason: String| DaemonError::Start { reason, log: log.clone() };
-    let mut child = spawn_daemon(&log).map_err(|e| start_failed(format!("cannot run this binary: {e}")))?;
+    let spawn = || spawn_daemon(&log).map_err(|e| start_failed(format!("cannot run this binary: {e}")));
+    let mut child = spawn()?;
     let deadline = tokio::time::Instant::now() + START_TIMEOUT;
     loop {
         match UnixStream::connect(&path).await {
@@ -117,8 +162,18 @@ async fn connect_or_start() -> Result<UnixStream, DaemonError> {
                 return Ok(s);
             }
             Err(e) => {
-                if let Ok(Some(status)) = child.try_wait() {
-                    return Err(start_failed(format!("it exited ({status}): {}", log_tail(&log))));
+                match child.try_wait() {
+                    // It went idle before this front-end got through (a
+                    // loaded machine): start another.
+                    Ok(Some(status)) if status.success() && tokio::time::Instant::now() < deadline => {
+                        tracing::debug!("the daemon started for this session exited idle: starting another");
+                        child = spawn()?;
+                        continue;
+                    }
+                    Ok(Some(status)) => {
+                        return Err(start_failed(format!("it exited ({status}): {}", log_tail(&log))));
+                    }
+                    _ => {}
                 }
                 if tokio::time::Instant::now() >= deadline {
                     return Err(start_failed(format!(

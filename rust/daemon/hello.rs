@@ -104,12 +104,11 @@ pub async fn send<W: AsyncWrite + Unpin, T: Serialize>(w: &mut W, message: &T) -
 pub async fn receive<R: AsyncBufRead + Unpin, T: DeserializeOwned>(r: &mut R) -> Result<T, DaemonError> {
     let mut line = Vec::new();
     (&mut *r).take(MAX_LINE).read_until(b'\n', &mut line).await.map_err(DaemonError::Connection)?;
+    if line.is_empty() {
+        return Err(DaemonError::Closed);
+    }
     if !line.ends_with(b"\n") {
-        return Err(DaemonError::Protocol(if line.is_empty() {
-            "the connection closed before the handshake".into()
-        } else {
-            format!("handshake line incomplete or over {MAX_LINE} bytes")
-        }));
+        return Err(DaemonError::Protocol(format!("handshake line incomplete or over {MAX_LINE} bytes")));
     }
     serde_json::from_slice(&line).map_err(|e| DaemonError::Protocol(format!("bad handshake line: {e}")))
 }

@@ -38,6 +38,10 @@ pub enum DaemonError {
         /// The daemon's log.
         log: PathBuf,
     },
+    /// The other side closed the connection before its handshake line (a
+    /// daemon does so when it is exiting or draining).
+    #[error("the connection closed before the handshake")]
+    Closed,
     /// Reading from or writing to the daemon connection failed.
     #[error("connection to the sandbox-mcp daemon: {0}")]
     Connection(std::io::Error),
@@ -56,4 +60,19 @@ pub enum DaemonError {
     /// Starting the orchestrator failed.
     #[error("{0}")]
     Orchestrator(String),
+}
+
+impl DaemonError {
+    /// Whether the daemon hung up before answering the handshake: it was
+    /// going away (idle exit, drain), so the next one is to be reached.
+    pub fn is_hangup(&self) -> bool {
+        use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+        match self {
+            DaemonError::Closed => true,
+            DaemonError::Connection(e) => {
+                matches!(e.kind(), BrokenPipe | ConnectionAborted | ConnectionReset | UnexpectedEof)
+            }
+            _ => false,
+        }
+    }
 }

@@ -4,10 +4,13 @@
 //! front-end gets a TCP listener for as long as it stays connected.
 //!
 //! The daemon exits on SIGTERM/SIGINT, after a drain request from a newer
-//! front-end, or once it has had no session and no sandbox for
+//! front-end, or once it has had no connection and no sandbox for
 //! `SANDBOX_MCP_DAEMON_IDLE` seconds (default 30): nothing is left for it to
 //! keep. State is saved on the way out; the sandboxes stay in the helper and
-//! the next daemon re-attaches them.
+//! the next daemon re-attaches them. A connection is counted from the moment
+//! it is accepted, so an idle exit never cuts a handshake short; one that
+//! reaches a daemon going away (still queued on the socket, or during a
+//! drain) gets no answer, and its front-end reaches the next daemon.
 use std::{
     path::PathBuf,
     sync::{
@@ -38,15 +41,15 @@ const DEFAULT_IDLE_SECS: u64 = 30;
 /// How long a drain waits for the sessions to close before exiting anyway.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Open sessions (stdio sessions and HTTP listeners), and since when there
-/// have been none.
+/// Open connections (handshakes, stdio sessions, HTTP listeners), and
+/// since when there have been none.
 #[derive(Default)]
 struct Sessions {
     open: AtomicUsize,
     idle_since: Mutex<Option<Instant>>,
 }
 
-/// Counts one open session until dropped.
+/// Counts one open connection until dropped.
 struct SessionGuard(Arc<Sessions>);
 
 impl Sessions {
@@ -86,7 +89,6 @@ struct Daemon {
 pub async fn run(helper_bin: PathBuf) -> Result<(), DaemonError> {
     // Before anything is written there (the helper's log, sockets, state).
     paths::make_private_dirs();
-    socket::private_dir(&paths::runtime_dir())?;
     let _lock = socket::lock(&paths::daemon_lock(), false)?;
     let orchestrator = start_orchestrator(helper_bin).await?;
     let listener = socket::bind(&paths::daemon_socket())?;
@@ -101,7 +103,10 @@ pub async fn run(helper_bin: PathBuf) -> Result<(), DaemonError> {
     tracing::info!(socket = %paths::daemon_socket().display(), build = %daemon.build, "daemon listening");
     tokio::spawn(stop_on_signal(daemon.shutdown.clone()));
     let idle = idle_limit();
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    // The first check a second after start: the front-end that started this
+    // daemon is connecting.
+    let every = Duration::from_secs(1);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     // Held from the end of a drain to exit: no call starts on a daemon that
     // is going away.
     let mut _no_more_calls = None;
@@ -112,6 +117,8 @@ pub async fn run(helper_bin: PathBuf) -> Result<(), DaemonError> {
                 _no_more_calls = drain(&daemon).await;
                 break;
             }
+            // One task decides both: a connection accepted is counted
+            // before the next idle check.
             _ = tick.tick() => {
                 if daemon.sessions.idle_for().is_some_and(|d| d >= idle) && daemon.orchestrator.sandboxes.list().is_empty() {
                     tracing::info!("no sessions and no sandboxes for {} s: exiting", idle.as_secs());
@@ -120,7 +127,8 @@ pub async fn run(helper_bin: PathBuf) -> Result<(), DaemonError> {
             }
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    tokio::spawn(connection(daemon.clone(), stream));
+                    let counted = daemon.sessions.enter();
+                    tokio::spawn(connection(daemon.clone(), stream, counted));
                 }
                 Err(e) => tracing::warn!("accept on the daemon socket: {e}"),
             },
@@ -181,8 +189,9 @@ async fn drain(daemon: &Daemon) -> Option<tokio::sync::OwnedRwLockWriteGuard<()>
     calls.ok()
 }
 
-/// One front-end connection, from handshake to close.
-async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
+/// One front-end connection, from handshake to close; it counts as open
+/// until `_counted` is dropped with it.
+async fn connection(daemon: Arc<Daemon>, stream: UnixStream, _counted: SessionGuard) {
     match socket::same_user(&stream) {
         Ok(true) => {}
         Ok(false) => {
@@ -214,7 +223,9 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
         return;
     }
     if daemon.draining.is_cancelled() {
-        let _ = hello::send(&mut write, &reply(Some("the daemon is draining for a newer build".into()), None)).await;
+        // No answer: the front-end waits for this daemon to go and starts
+        // one of the newer build.
+        tracing::info!("closed a connection that came in while draining");
         return;
     }
     let config = match Config::load_from(&hello.source) {
@@ -224,7 +235,6 @@ async fn connection(daemon: Arc<Daemon>, stream: UnixStream) {
             return;
         }
     };
-    let _session = daemon.sessions.enter();
     match hello.mode {
         Mode::Stdio => {
             if hello::send(&mut write, &reply(None, None)).await.is_err() {

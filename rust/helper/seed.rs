@@ -256,14 +256,7 @@ fn make_parents(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// An empty scratch directory for one test (removed by the test at its end).
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("seed-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
+    use crate::test_support::scratch_dir;
 
     fn file(path: &str, content: &str) -> SeedFile {
         SeedFile { path: path.into(), kind: SeedKind::File { content: content.into(), mode: 0 } }
@@ -271,7 +264,7 @@ mod tests {
 
     #[test]
     fn follows_image_symlinks_and_keeps_its_directories() {
-        let t = scratch("links");
+        let t = scratch_dir("seed-links");
         let (upper, top, base) = (t.join("upper"), t.join("top"), t.join("base"));
         for d in [&upper, &top.join("etc"), &base.join("etc/pki/certs"), &base.join("gone")] {
             std::fs::create_dir_all(d).unwrap();
@@ -305,7 +298,7 @@ mod tests {
 
     #[test]
     fn whiteouts_and_opaque_directories_hide_lower_layers() {
-        let t = scratch("hide");
+        let t = scratch_dir("seed-hide");
         let (top, base) = (t.join("top"), t.join("base"));
         std::fs::create_dir_all(base.join("d/sub")).unwrap();
         std::fs::create_dir_all(top.join("d")).unwrap();

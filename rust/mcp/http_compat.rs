@@ -13,6 +13,12 @@
 //!   timeout. A client may instead resume the stream (`Last-Event-ID`) after
 //!   a dropped connection, so the cancellation waits [`RESUME_GRACE`] and is
 //!   not sent when the session resumed a stream meanwhile.
+//! - A request's stream that ended without an answer (the request was
+//!   cancelled) has nothing more to give: resuming it (`Last-Event-ID`) gets
+//!   204 No Content, which tells an SSE client to stop reconnecting. rmcp
+//!   replays such a stream and closes it again, and the TypeScript SDK
+//!   reconnects after every close, so it re-fetched every 3 s until rmcp
+//!   forgot the stream a minute later.
 use axum::{
     body::{Body, Bytes},
     extract::{Request, State},
@@ -21,7 +27,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -39,21 +45,46 @@ const PRIMING_SINCE: &str = "2025-11-25";
 /// clients for.
 pub const RESUME_GRACE: Duration = Duration::from_secs(10);
 
+/// Ended streams remembered per session: the newest ones, which are those
+/// a client still tries to resume.
+const ENDED_PER_SESSION: usize = 64;
+
 /// The MCP service behind this layer, which cancellations are sent to.
 pub type McpService = StreamableHttpService<SandboxServer, LocalSessionManager>;
 
-/// What the layer keeps: the service, and when each session last resumed a
-/// stream.
+/// What the layer keeps: the service, when each session last resumed a
+/// stream, and each session's request streams that ended without an answer
+/// (by the request part of their event ids).
 #[derive(Clone)]
 pub struct Compat {
     service: McpService,
     resumed: Arc<Mutex<HashMap<String, Instant>>>,
+    ended: Arc<Mutex<HashMap<String, VecDeque<String>>>>,
 }
 
 impl Compat {
     /// The layer's state over `service`.
     pub fn new(service: McpService) -> Self {
-        Self { service, resumed: Arc::default() }
+        Self { service, resumed: Arc::default(), ended: Arc::default() }
+    }
+
+    fn ended(&self) -> std::sync::MutexGuard<'_, HashMap<String, VecDeque<String>>> {
+        self.ended.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn has_ended(&self, session: &str, stream: &str) -> bool {
+        self.ended().get(session).is_some_and(|streams| streams.iter().any(|s| s == stream))
+    }
+
+    fn mark_ended(&self, session: &str, stream: String) {
+        let mut ended = self.ended();
+        let streams = ended.entry(session.to_string()).or_default();
+        if !streams.contains(&stream) {
+            if streams.len() >= ENDED_PER_SESSION {
+                streams.pop_front();
+            }
+            streams.push_back(stream);
+        }
     }
 
     /// The largest request body rmcp takes, and so the most read here.
@@ -78,7 +109,11 @@ pub async fn adjust(State(compat): State<Compat>, request: Request<Body>, next: 
     if let Some(session) = &session {
         if delete {
             compat.resumed().remove(session);
-        } else if request.method() == Method::GET && request.headers().contains_key("last-event-id") {
+            compat.ended().remove(session);
+        } else if let Some(id) = &replayed {
+            if stream_of(id.as_bytes()).is_some_and(|s| compat.has_ended(session, s)) {
+                return StatusCode::NO_CONTENT.into_response();
+            }
             compat.resumed().insert(session.clone(), Instant::now());
         }
     }
@@ -95,9 +130,9 @@ pub async fn adjust(State(compat): State<Compat>, request: Request<Body>, next: 
         *response.status_mut() = StatusCode::OK;
     }
     if is_event_stream(response.headers()) && (!wants_priming || cancel.is_some() || replayed.is_some()) {
-        let filter = (!wants_priming || replayed.is_some()).then(|| EventFilter::new(!wants_priming, replayed));
-        let cancel = cancel.zip(session).map(|(request, session)| Cancel { compat, session, request });
-        response = response.map(|body| relay(body, filter, cancel));
+        let filter = EventFilter::new(!wants_priming, replayed);
+        let watch = session.map(|session| Watch { compat, session, cancel });
+        response = response.map(|body| relay(body, filter, watch));
     }
     response
 }
@@ -169,28 +204,39 @@ fn is_event_stream(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
-/// The cancellation of one request, for when its client goes away.
-struct Cancel {
+/// A session's stream as it is relayed: how it ended matters.
+struct Watch {
     compat: Compat,
     session: String,
-    request: Request<Body>,
+    /// The cancellation of its request (a POST's stream), for when its
+    /// client goes away.
+    cancel: Option<Request<Body>>,
 }
 
-impl Cancel {
-    /// Sends it after [`RESUME_GRACE`], unless the session resumed a stream.
-    async fn send(self, dropped: Instant) {
+impl Watch {
+    /// The client went away: sends the cancellation after [`RESUME_GRACE`],
+    /// unless the session resumed a stream meanwhile.
+    async fn client_gone(self, dropped: Instant) {
+        let Some(request) = self.cancel else { return };
         tokio::time::sleep(RESUME_GRACE).await;
         if self.compat.resumed().get(&self.session).is_some_and(|at| *at >= dropped) {
             return;
         }
-        let answer = self.compat.service.handle(self.request).await;
+        let answer = self.compat.service.handle(request).await;
         tracing::debug!(status = %answer.status(), "cancelled a request whose client disconnected");
+    }
+
+    /// The stream ended: with no answer on it, a resume gets nothing more.
+    fn stream_ended(&self, filter: &EventFilter) {
+        if let (false, Some(stream)) = (filter.answered, &filter.stream) {
+            self.compat.mark_ended(&self.session, stream.clone());
+        }
     }
 }
 
-/// The SSE body relayed as it comes, through `filter` when given; when the
-/// client goes away before the stream ends, `cancel` is sent.
-fn relay(body: Body, mut filter: Option<EventFilter>, cancel: Option<Cancel>) -> Body {
+/// The SSE body relayed as it comes, through `filter`; `watch` learns how a
+/// session's stream ended.
+fn relay(body: Body, mut filter: EventFilter, watch: Option<Watch>) -> Body {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, axum::Error>>(16);
     tokio::spawn(async move {
         let mut chunks = body.into_data_stream();
@@ -199,11 +245,13 @@ fn relay(body: Body, mut filter: Option<EventFilter>, cancel: Option<Cancel>) ->
                 chunk = chunks.next() => chunk,
                 () = tx.closed() => break,
             };
-            let Some(chunk) = chunk else { return };
-            let out = match (&mut filter, chunk) {
-                (Some(f), Ok(bytes)) => Ok(Bytes::from(f.push(&bytes))),
-                (_, chunk) => chunk,
+            let Some(chunk) = chunk else {
+                if let Some(watch) = &watch {
+                    watch.stream_ended(&filter);
+                }
+                return;
             };
+            let out = chunk.map(|bytes| Bytes::from(filter.push(&bytes)));
             if matches!(&out, Ok(kept) if kept.is_empty()) {
                 continue;
             }
@@ -213,27 +261,33 @@ fn relay(body: Body, mut filter: Option<EventFilter>, cancel: Option<Cancel>) ->
         }
         // The client went away with the stream still open.
         drop(chunks);
-        if let Some(cancel) = cancel {
-            cancel.send(Instant::now()).await;
+        if let Some(watch) = watch {
+            watch.client_gone(Instant::now()).await;
         }
     });
     Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
 /// Splits SSE text into events and drops priming events (when asked to)
-/// and the event a resumed stream repeats.
+/// and the event a resumed stream repeats; notes which request's stream it
+/// is and whether an answer went by.
 #[derive(Default)]
 pub struct EventFilter {
     pending: Vec<u8>,
     drop_priming: bool,
     replayed: Option<String>,
+    /// The request part of the stream's event ids.
+    stream: Option<String>,
+    /// Whether a JSON-RPC response went by.
+    answered: bool,
 }
 
 impl EventFilter {
     /// A filter dropping priming events if `drop_priming`, and the event
     /// whose id is `replayed`.
     pub fn new(drop_priming: bool, replayed: Option<String>) -> Self {
-        Self { pending: Vec::new(), drop_priming, replayed }
+        let stream = replayed.as_deref().and_then(|id| stream_of(id.as_bytes())).map(str::to_string);
+        Self { pending: Vec::new(), drop_priming, replayed, stream, answered: false }
     }
 
     /// Takes the next bytes of the stream; returns the complete events kept.
@@ -242,6 +296,10 @@ impl EventFilter {
         let mut kept = Vec::new();
         while let Some(end) = self.pending.windows(2).position(|w| w == b"\n\n") {
             let event: Vec<u8> = self.pending.drain(..end + 2).collect();
+            if let Some(stream) = event_id(&event).and_then(stream_of) {
+                self.stream = Some(stream.to_string());
+            }
+            self.answered |= is_response(&event);
             let repeated = self.replayed.as_deref().is_some_and(|id| event_id(&event) == Some(id.as_bytes()));
             let dropped = repeated || (self.drop_priming && is_priming(&event));
             if !dropped {
@@ -255,6 +313,21 @@ impl EventFilter {
 /// The value of an event's `id` field.
 fn event_id(event: &[u8]) -> Option<&[u8]> {
     event.split(|b| *b == b'\n').find_map(|line| line.strip_prefix(b"id:")).map(<[u8]>::trim_ascii)
+}
+
+/// The request part of an rmcp event id (`<index>/<request>`); the
+/// session's standalone stream has none.
+fn stream_of(id: &[u8]) -> Option<&str> {
+    let (_, stream) = std::str::from_utf8(id).ok()?.split_once('/')?;
+    Some(stream)
+}
+
+/// Whether an event carries a JSON-RPC response (a result or an error).
+fn is_response(event: &[u8]) -> bool {
+    let data: Vec<&[u8]> =
+        event.split(|b| *b == b'\n').filter_map(|line| line.strip_prefix(b"data:")).map(<[u8]>::trim_ascii).collect();
+    let Ok(message) = serde_json::from_slice::<serde_json::Value>(&data.join(&b'\n')) else { return false };
+    message.get("id").is_some() && (message.get("result").is_some() || message.get("error").is_some())
 }
 
 /// An event with no data and no name: only `id`/`retry` fields.
@@ -279,6 +352,19 @@ mod tests {
         assert_eq!(f.push(b"retry: 3000\n\n:\n\nid: 1\nda"), b":\n\n");
         assert_eq!(f.push(b"ta: {\"a\":1}\n\n"), b"id: 1\ndata: {\"a\":1}\n\n");
         assert_eq!(f.push(b"event: x\ndata:\n\n"), b"event: x\ndata:\n\n");
+    }
+
+    #[test]
+    fn notes_the_stream_and_whether_it_was_answered() {
+        let mut f = EventFilter::new(false, None);
+        f.push(b"id: 0/3\nretry: 3000\ndata:\n\n");
+        f.push(b"id: 1/3\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\"}\n\n");
+        assert_eq!((f.stream.as_deref(), f.answered), (Some("3"), false));
+        f.push(b"id: 2/3\ndata: {\"jsonrpc\":\"2.0\",\"id\":5,\"result\":{}}\n\n");
+        assert!(f.answered);
+        let resumed = EventFilter::new(false, Some("4/7".into()));
+        assert_eq!(resumed.stream.as_deref(), Some("7"));
+        assert_eq!(EventFilter::new(false, Some("4".into())).stream, None);
     }
 
     #[test]

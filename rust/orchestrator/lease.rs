@@ -151,17 +151,26 @@ fn free_disk(dir: &Path) -> Option<u64> {
 impl SandboxManager {
     /// Refuse to create `name` when the sandbox count, available memory or
     /// free disk would go past the limits; nothing is created before this.
-    pub(super) fn preflight(&self, name: &str, profile: &Profile) -> Result<CreateSlot<'_>, OrchestratorError> {
+    /// `replacing`: the sandboxes that go before it is created (a reset's
+    /// old sandbox and its children), counted as gone, their memory limits
+    /// as available; they are unchanged if it is refused.
+    pub(super) fn preflight(
+        &self,
+        name: &str,
+        profile: &Profile,
+        replacing: &[Arc<Sandbox>],
+    ) -> Result<CreateSlot<'_>, OrchestratorError> {
         let limits = &self.config().limits;
         let refuse = |why: String| {
-            OrchestratorError::InvalidArgument(format!(
-                "cannot create sandbox '{}': {why}",
-                super::names::display(name)
-            ))
+            OrchestratorError::InvalidArgument(if !replacing.is_empty() {
+                format!("cannot replace sandbox '{}': {why}; the sandbox is unchanged", super::names::display(name))
+            } else {
+                format!("cannot create sandbox '{}': {why}", super::names::display(name))
+            })
         };
         let pending = self.creating.fetch_add(1, Ordering::SeqCst);
         let slot = CreateSlot(&self.creating);
-        let existing = self.list().len() + pending;
+        let existing = (self.list().len() + pending).saturating_sub(replacing.len());
         if existing >= limits.max_sandboxes {
             return Err(refuse(format!(
                 "{existing} sandboxes already exist (max_sandboxes = {}); destroy one first",
@@ -169,7 +178,8 @@ impl SandboxManager {
             )));
         }
         let needed = profile.memory_bytes.saturating_add(limits.memory_headroom);
-        if let Some(avail) = mem_available().filter(|a| *a < needed) {
+        let freed = replacing.iter().map(|s| s.memory_bytes).sum::<u64>();
+        if let Some(avail) = mem_available().map(|a| a.saturating_add(freed)).filter(|a| *a < needed) {
             return Err(refuse(format!(
                 "host has {} MiB memory available, needs {} MiB (the sandbox's limit + {} MiB headroom)",
                 avail >> 20,

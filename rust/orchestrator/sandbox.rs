@@ -13,7 +13,7 @@ use std::{
 
 use super::{
     audit::AuditLog,
-    config::Config,
+    config::{Config, Profile},
     error::OrchestratorError,
     exec::{self, ExecResult},
     helper_client::{HelperClient, HelperError, ProcessConfig, VmConfig, VmInfo, VmState},
@@ -38,7 +38,7 @@ const AGENT_ANSWER_TIMEOUT: Duration = Duration::from_secs(3);
 /// [`Network::to_label`]): children inherit it, also after a restart.
 const NETWORK_LABEL: &str = "sandbox-mcp.network";
 /// Reaped children whose explanation is kept (see `gone_children`).
-const MAX_GONE_CHILDREN: usize = 256;
+pub(super) const MAX_GONE_CHILDREN: usize = 256;
 /// Where a sandbox's workspace volume is mounted.
 pub const WORKSPACE: &str = "/workspace";
 
@@ -361,7 +361,8 @@ pub struct SandboxManager {
     lost: Mutex<BTreeMap<String, String>>,
     /// Child sandboxes the reaper destroyed, with what happened. A child's
     /// name is never created by first use, so a later use says why it is
-    /// gone and how to get a new one rather than just "no such sandbox".
+    /// gone and how to get a new one rather than just "no such sandbox"
+    /// (also after a restart: they are in the state database).
     gone_children: Mutex<BTreeMap<String, String>>,
     /// VMs of creations that failed while the helper could not be reached
     /// (it died mid-creation): their writable layers wait for a helper that
@@ -559,15 +560,26 @@ impl SandboxManager {
             if gone.len() >= MAX_GONE_CHILDREN {
                 gone.pop_first();
             }
-            gone.insert(
-                child.name.clone(),
-                format!(
-                    "sandbox '{child_name}' was a child of '{parent}' and is gone: {cause} (at {}), which destroys its \
-                     children too. A child's name is never created by first use: spawn(parent='{parent}', \
-                     name='{segment}') starts a new one (its /workspace starts empty)",
-                    super::watchdog::clock()
-                ),
+            let message = format!(
+                "sandbox '{child_name}' was a child of '{parent}' and is gone: {cause} (at {}), which destroys its children \
+                 too. A child's name is never created by first use: spawn(parent='{parent}', name='{segment}') \
+                 starts a new one (its /workspace starts empty)",
+                super::watchdog::clock()
             );
+            self.record_gone_child(&child.name, &message);
+            gone.insert(child.name.clone(), message);
+        }
+    }
+
+    /// Add the reaped children's explanations the state database kept; one
+    /// remembered since this start is newer and stays.
+    pub(super) fn set_gone_children(&self, saved: BTreeMap<String, String>) {
+        let mut gone = self.gone_children.lock().unwrap_or_else(|p| p.into_inner());
+        for (name, message) in saved {
+            if gone.len() >= MAX_GONE_CHILDREN {
+                break;
+            }
+            gone.entry(name).or_insert(message);
         }
     }
 
@@ -610,6 +622,9 @@ impl SandboxManager {
         if !self.forget_lost(name) {
             return false;
         }
+        // Acknowledged when the caller hears so: a crash from here on must
+        // not report the sandbox lost again.
+        self.committed().await;
         match self.helper.delete_vm(name).await {
             Ok(()) | Err(HelperError::NotFound(_)) => {}
             Err(e) => tracing::warn!(sandbox = %name, error = %e, "cannot free the disk of a lost sandbox"),
@@ -670,7 +685,7 @@ impl SandboxManager {
         if let Some(s) = self.lock_map().get(name) {
             return Ok(s.clone());
         }
-        self.create_locked(name, &Origin::default()).await
+        self.create_locked(name, &Origin::default(), None).await
     }
 
     /// Create a sandbox that must not exist yet (spawn, clone). A child is
@@ -691,7 +706,7 @@ impl SandboxManager {
         if self.lock_map().contains_key(name) {
             return Err(OrchestratorError::AlreadyExists(name.to_string()));
         }
-        self.create_locked(name, origin).await
+        self.create_locked(name, origin, None).await
     }
 
     /// Replace a sandbox (and its subtree) with a new VM from `origin`,
@@ -740,7 +755,14 @@ impl SandboxManager {
         self.config.volumes_dir.join(name).join("workspace")
     }
 
-    async fn create_locked(&self, name: &str, origin: &Origin) -> Result<Arc<Sandbox>, OrchestratorError> {
+    /// Create `name` (its lock is held) within the capacity `reserved` for
+    /// it, or checked now when `None`.
+    async fn create_locked(
+        &self,
+        name: &str,
+        origin: &Origin,
+        reserved: Option<super::lease::CreateSlot<'_>>,
+    ) -> Result<Arc<Sandbox>, OrchestratorError> {
         // The two namespaces never mix: a child's name is its parent's
         // `<parent>..<segment>`, a top-level name never has that form.
         let in_namespace = match &origin.parent {
@@ -752,19 +774,14 @@ impl SandboxManager {
         }
         // A child never takes a profile by its own name: it runs under its
         // root's, with the spawn's image and size and its parent's network.
-        let (mut profile, project) = self.creation_profile(names::plain(names::root_of_name(name)))?;
+        let (profile, project) = self.planned_profile(name, origin)?;
         // A child's project is its parent's business: only top-level
         // sandboxes get the project's env and services.
         let project = project.filter(|_| origin.parent.is_none() && origin.clone_from.is_none());
-        if let Some(image) = &origin.image {
-            profile.image = image.clone();
-        }
-        profile.cpus = origin.cpus.unwrap_or(profile.cpus);
-        profile.memory_bytes = origin.memory_bytes.unwrap_or(profile.memory_bytes);
-        if let Some(parent) = &origin.parent {
-            profile.network = Network::for_child(&self.get(parent)?.network);
-        }
-        let _slot = self.preflight(name, &profile)?;
+        let _slot = match reserved {
+            Some(slot) => slot,
+            None => self.preflight(name, &profile, &[])?,
+        };
         let volume = self.config.volumes_dir.join(name);
         let mut mounts = vec![(self.workspace_dir(name), WORKSPACE.to_string(), false)];
         // A child starts with an empty workspace: what an earlier child of
@@ -877,6 +894,26 @@ impl SandboxManager {
         self.committed().await;
         tracing::info!(sandbox = %name, "created sandbox");
         Ok(sandbox)
+    }
+
+    /// What `name` is created from `origin` with, and the project file. A
+    /// child never takes a profile by its own name: it runs under its
+    /// root's, with the spawn's image and size and its parent's network.
+    fn planned_profile(
+        &self,
+        name: &str,
+        origin: &Origin,
+    ) -> Result<(Profile, Option<super::project::ProjectConfig>), OrchestratorError> {
+        let (mut profile, project) = self.creation_profile(names::root_of_name(name))?;
+        if let Some(image) = &origin.image {
+            profile.image = image.clone();
+        }
+        profile.cpus = origin.cpus.unwrap_or(profile.cpus);
+        profile.memory_bytes = origin.memory_bytes.unwrap_or(profile.memory_bytes);
+        if let Some(parent) = &origin.parent {
+            profile.network = Network::for_child(&self.get(parent)?.network);
+        }
+        Ok((profile, project))
     }
 
     /// Make a booted sandbox ready: the host's CA trust (`trust`: the host's
@@ -1023,9 +1060,9 @@ impl SandboxManager {
             )));
         }
         // Everything that can refuse the new sandbox is checked while the
-        // old one still runs: a broken project file or a missing image must
-        // not cost it its processes and root filesystem.
-        self.check_replacement(name, origin).await?;
+        // old one still runs: a broken project file, a missing image or a
+        // full host must not cost it its processes and root filesystem.
+        let slot = self.check_replacement(name, origin).await?;
         self.forget_lost(name);
         let existed = old.is_some();
         if existed {
@@ -1040,13 +1077,16 @@ impl SandboxManager {
                     .map_err(|source| OrchestratorError::Volume { path: dir.display().to_string(), source })?;
             }
         }
-        let fresh = match self.create_locked(name, origin).await {
+        let fresh = match self.create_locked(name, origin, Some(slot)).await {
             Ok(fresh) => fresh,
             Err(e) => {
-                // The old VM is gone (a preflight or project config refused
-                // the new one): what hung off it must follow.
+                // The old VM is gone (the helper failed to make the new
+                // one): what hung off it must follow, and a restart must not
+                // report it lost.
                 if existed {
                     self.notify(|l| l.destroyed(name));
+                    self.record_removed(name);
+                    self.committed().await;
                 }
                 return Err(e);
             }
@@ -1059,23 +1099,34 @@ impl SandboxManager {
         }
         if existed {
             self.notify(|l| l.replaced(name));
+            // The spawn bookkeeping counts the replacement.
+            self.committed().await;
         }
         Ok(fresh)
     }
 
     /// Refuse a replacement of `name` from `origin` that [`Self::create_locked`]
-    /// would refuse: its name, its project file and settings, its image.
-    async fn check_replacement(&self, name: &str, origin: &Origin) -> Result<(), OrchestratorError> {
+    /// would refuse: its name, its project file and settings, its image, the
+    /// capacity (counted as if `name` and its subtree were gone already),
+    /// which is reserved for it.
+    async fn check_replacement(
+        &self,
+        name: &str,
+        origin: &Origin,
+    ) -> Result<super::lease::CreateSlot<'_>, OrchestratorError> {
         names::validate_top_level_key(name)?;
-        let (profile, _) = self.creation_profile(name)?;
-        let image = origin.image.as_ref().unwrap_or(&profile.image);
+        let (profile, _) = self.planned_profile(name, origin)?;
+        let image = &profile.image;
         if !self.helper.list_images().await?.iter().any(|i| &i.name == image) {
             return Err(OrchestratorError::InvalidArgument(format!(
                 "cannot replace sandbox '{}': image '{image}' does not exist (see images); the sandbox is unchanged",
                 names::display(name)
             )));
         }
-        Ok(())
+        let subtree = format!("{name}{}", names::CHILD_SEPARATOR);
+        let replaced: Vec<_> =
+            self.list().into_iter().filter(|s| s.name == name || s.name.starts_with(&subtree)).collect();
+        self.preflight(name, &profile, &replaced)
     }
 
     /// Run a command in the named sandbox (created on first use), with the

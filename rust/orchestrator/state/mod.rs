@@ -1,7 +1,7 @@
 //! What the orchestrator knows that the helper cannot tell it after a
 //! restart — leases, command history, persistent env, port forwards, sync
 //! jobs, spawn counters and derived policies, sandboxes that were lost or
-//! were being destroyed — kept in a SQLite database (`state.db`, WAL), and
+//! were being destroyed, reaped children's explanations — kept in a SQLite database (`state.db`, WAL), and
 //! putting it back at start.
 //!
 //! Every change is a small transaction of its own, committed before the tool
@@ -304,6 +304,19 @@ pub(crate) mod ops {
         rows.collect::<rusqlite::Result<_>>().map(Some)
     }
 
+    /// Remember what a later use of a reaped child's name is told, keeping
+    /// the newest [`MAX_GONE_CHILDREN`](crate::orchestrator::sandbox::MAX_GONE_CHILDREN).
+    pub fn put_gone_child(c: &Connection, name: &str, message: &str) -> rusqlite::Result<()> {
+        // REPLACE gives the row a new rowid: the newest has the highest.
+        c.execute("INSERT OR REPLACE INTO gone_children (name, message) VALUES (?1, ?2)", (name, message))?;
+        c.execute(
+            "DELETE FROM gone_children WHERE rowid NOT IN (
+                 SELECT rowid FROM gone_children ORDER BY rowid DESC LIMIT ?1)",
+            [crate::orchestrator::sandbox::MAX_GONE_CHILDREN as i64],
+        )?;
+        Ok(())
+    }
+
     /// Save the spawn bookkeeping.
     pub fn put_spawn(c: &Connection, s: &SpawnState) -> rusqlite::Result<()> {
         let json = serde_json::to_string(s).map_err(|e| rusqlite::Error::ToSqlConversionFailure(e.into()))?;
@@ -321,6 +334,7 @@ struct Snapshot {
     forwards: Vec<ForwardRecord>,
     sync_jobs: Vec<SyncRecord>,
     lost: BTreeMap<String, String>,
+    gone_children: BTreeMap<String, String>,
     spawn: SpawnState,
 }
 
@@ -382,6 +396,8 @@ fn load(c: &mut Connection) -> rusqlite::Result<Snapshot> {
             .collect::<rusqlite::Result<_>>()?;
         let mut q = tx.prepare("SELECT name, reason FROM lost")?;
         s.lost = q.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
+        let mut q = tx.prepare("SELECT name, message FROM gone_children")?;
+        s.gone_children = q.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
         let spawn: Option<String> =
             tx.query_row("SELECT value FROM meta WHERE key = 'spawn'", [], |r| r.get(0)).optional()?;
         if let Some(json) = spawn {
@@ -468,6 +484,7 @@ impl SandboxManager {
         self.state.submit("a new sandbox", move |c| {
             ops::forget_sandbox(c, &r.name)?;
             c.execute("DELETE FROM lost WHERE name = ?1", [&r.name])?;
+            c.execute("DELETE FROM gone_children WHERE name = ?1", [&r.name])?;
             ops::put_sandbox(c, &r)?;
             ops::put_env(c, &r.name, Some(&env))
         });
@@ -486,6 +503,12 @@ impl SandboxManager {
     pub(super) fn record_removed(&self, name: &str) {
         let name = name.to_string();
         self.state.submit("a destroy", move |c| ops::forget_sandbox(c, &name));
+    }
+
+    /// A child was reaped: what a later use of its name is told.
+    pub(super) fn record_gone_child(&self, name: &str, message: &str) {
+        let (name, message) = (name.to_string(), message.to_string());
+        self.state.submit("a reaped child", move |c| ops::put_gone_child(c, &name, &message));
     }
 
     /// A command finished.
@@ -674,6 +697,8 @@ async fn apply(o: &Orchestrator, mut saved: Snapshot) {
     }
     lost.retain(|name, _| !attached.contains_key(name));
     m.set_lost(lost);
+    saved.gone_children.retain(|name, _| !attached.contains_key(name));
+    m.set_gone_children(saved.gone_children);
     o.spawns.import_state(saved.spawn);
     for f in saved.forwards.iter().filter(|f| attached.contains_key(&f.sandbox)) {
         if let Err(e) = o.forwards.expose(&f.sandbox, f.port.into(), f.host_port.into()).await {
@@ -690,13 +715,7 @@ async fn apply(o: &Orchestrator, mut saved: Snapshot) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn temp_dir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("sandbox-mcp-state-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
+    use crate::test_support::scratch_dir;
 
     fn open(path: &std::path::Path) -> Connection {
         let (store, _) = Store::open(path).unwrap();
@@ -706,7 +725,7 @@ mod tests {
 
     #[test]
     fn history_keeps_the_newest_entries() {
-        let dir = temp_dir("history");
+        let dir = scratch_dir("state-history");
         let c = open(&dir.join("state.db"));
         let n = crate::orchestrator::audit::AUDIT_LOG_SIZE + 5;
         for i in 0..n {
@@ -724,7 +743,7 @@ mod tests {
 
     #[test]
     fn imports_a_v2_file_once_and_renames_it() {
-        let dir = temp_dir("import");
+        let dir = scratch_dir("state-import");
         let json = dir.join("state.json");
         std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/state_v2.json"), &json).unwrap();
         let mut c = open(&dir.join("state.db"));
@@ -741,7 +760,7 @@ mod tests {
 
     #[test]
     fn an_unreadable_old_file_is_moved_aside_not_deleted() {
-        let dir = temp_dir("badjson");
+        let dir = scratch_dir("state-badjson");
         let json = dir.join("state.json");
         let mut c = open(&dir.join("state.db"));
         for text in ["{not json", r#"{"schema_version": 7}"#, r#"{"schema_version": 2, "sandboxes": 5}"#] {

@@ -59,6 +59,9 @@ const MIGRATIONS: &[&str] = &[
     // 2: sandbox names belong to a project: the canonical path of its
     // directory. Rows from before (NULL) are the `legacy` project's.
     "ALTER TABLE sandboxes ADD COLUMN project TEXT;",
+    // 3: what a later use of a reaped child's name is told, so a restart
+    // does not turn it into a bare "no such sandbox".
+    "CREATE TABLE gone_children (name TEXT PRIMARY KEY, message TEXT NOT NULL);",
 ];
 
 /// How long a writer waits for another process's transaction to end.
@@ -256,17 +259,11 @@ fn set_aside(path: &Path) -> Result<PathBuf, StateError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn temp_dir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("sandbox-mcp-store-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
+    use crate::test_support::scratch_dir;
 
     #[test]
     fn migrates_to_the_newest_version_once() {
-        let dir = temp_dir("migrate");
+        let dir = scratch_dir("store-migrate");
         let path = dir.join("state.db");
         for _ in 0..2 {
             let conn = connect(&path).ok().unwrap();
@@ -280,7 +277,7 @@ mod tests {
 
     #[test]
     fn a_database_from_before_projects_keeps_its_rows_in_the_legacy_project() {
-        let dir = temp_dir("v1");
+        let dir = scratch_dir("store-v1");
         let path = dir.join("state.db");
         // Written by the build before projects: sandbox `default`, its env and history.
         std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/state_v1.db"), &path).unwrap();
@@ -300,7 +297,7 @@ mod tests {
 
     #[test]
     fn a_newer_schema_is_refused_and_left_alone() {
-        let dir = temp_dir("newer");
+        let dir = scratch_dir("store-newer");
         let path = dir.join("state.db");
         drop(connect(&path).ok().unwrap());
         Connection::open(&path).unwrap().pragma_update(None, "user_version", 999).unwrap();
@@ -315,7 +312,7 @@ mod tests {
 
     #[test]
     fn damaged_copies_never_overwrite_each_other() {
-        let dir = temp_dir("aside");
+        let dir = scratch_dir("store-aside");
         let path = dir.join("state.db");
         std::fs::write(&path, "garbage one, not a database").unwrap();
         let (_store, aside) = Store::open(&path).unwrap();
