@@ -15,7 +15,6 @@ from typing import Iterator
 import pytest
 
 from conftest import stop_daemon, write_config
-from test_daemon import front_end  # noqa: F401  (fixture)
 from test_sandbox_ctl import CTL_CONFIG, sh
 
 MARK = "cat /workspace/mark 2>/dev/null || echo absent"
