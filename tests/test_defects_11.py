@@ -9,7 +9,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from conftest import volume_dir, write_config
+from conftest import sandbox_key, volume_dir, write_config
 from test_children import _vm_init_above, names, spawn
 from test_grpc import grpcurl_path
 from test_project_config import BAD
@@ -205,7 +205,7 @@ def test_lost_when_another_client_deletes_its_vm_does_not_blame_the_helper(serve
     assert not srv.tool("exec", command="true", sandbox="shared")[1]
     sock = Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / "helper.sock"
     deleted = subprocess.run(
-        [grpcurl_path(), "-plaintext", "-unix", "-authority", "localhost", "-d", json.dumps({"id": "shared"}),
+        [grpcurl_path(), "-plaintext", "-unix", "-authority", "localhost", "-d", json.dumps({"id": sandbox_key("shared")}),
          str(sock), "sandbox_mcp.helper.v1.VmHelper/DeleteVm"],
         capture_output=True, text=True, timeout=30)
     assert deleted.returncode == 0, deleted.stderr

@@ -242,7 +242,9 @@ impl SandboxManager {
     fn existing(&self, name: &str, what: &'static str) -> Result<Arc<Sandbox>, ImagesError> {
         match self.get(name) {
             Ok(s) => Ok(s),
-            Err(OrchestratorError::NoSuchSandbox(_)) => Err(ImagesError::NoSandbox(name.to_string(), what)),
+            Err(OrchestratorError::NoSuchSandbox(_)) => {
+                Err(ImagesError::NoSandbox(super::names::display(name), what))
+            }
             Err(e) => Err(e.into()),
         }
     }
