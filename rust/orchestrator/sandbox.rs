@@ -718,7 +718,7 @@ impl SandboxManager {
         }
         // A child never takes a profile by its own name: it runs under its
         // root's, with the spawn's image and size and its parent's network.
-        let (mut profile, project) = self.creation_profile(names::plain(names::root_of_name(name)))?;
+        let (mut profile, project) = self.creation_profile(names::root_of_name(name))?;
         // A child's project is its parent's business: only top-level
         // sandboxes get the project's env and services.
         let project = project.filter(|_| origin.parent.is_none() && origin.clone_from.is_none());
