@@ -2,10 +2,10 @@
 import re
 import socket
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
 
+from conftest import volume_dir
 from waiting import wait_for
 
 LEASE_RE = re.compile(r"^Lease of '([^']+)' now ends at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) \(in (\d+)m\)$")
@@ -15,10 +15,6 @@ def lease_end(text: str) -> datetime:
     m = LEASE_RE.match(text)
     assert m, text
     return datetime.strptime(m.group(2), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
-
-
-def volumes(env: dict[str, str]) -> Path:
-    return Path(env["XDG_DATA_HOME"]) / "sandbox-mcp" / "volumes"
 
 
 def test_extend_ttl_errors(server_factory):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CTL_RAW_CLIENT as RAW_CLIENT, write_config
+from conftest import CTL_RAW_CLIENT as RAW_CLIENT, sandbox_key, write_config
 from test_grpc import SERVICE, grpcurl_path
 
 IMAGE = os.environ.get("SANDBOX_MCP_TEST_IMAGE", "mcp-test")
@@ -38,9 +38,10 @@ def assert_disk(spec: dict, want: int) -> None:
 
 
 def get_vm(env: dict[str, str], name: str) -> dict:
-    """The helper's view of a sandbox's VM (GetVm over gRPC)."""
+    """The helper's view of sandbox `name`'s VM (GetVm over gRPC; its id is the sandbox's key)."""
     sock = Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / "helper.sock"
-    cmd = [grpcurl_path(), "-plaintext", "-unix", "-authority", "localhost", "-d", json.dumps({"id": name}),
+    vm_id = sandbox_key(name)
+    cmd = [grpcurl_path(), "-plaintext", "-unix", "-authority", "localhost", "-d", json.dumps({"id": vm_id}),
            str(sock), f"{SERVICE}/GetVm"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import required_env, stop_daemon
+from conftest import required_env, stop_daemon, volume_dir
 from mcp_client import McpClient
 from security_support import BYSTANDER, assert_unaffected, sec_server
 from waiting import poll, wait_for
@@ -884,7 +884,7 @@ def test_weakness_50_read_only_tools_do_not_create_sandboxes(srv):
     for tool, key in (("history", "sandbox"), ("children", "parent"), ("network_info", None), ("health", None)):
         srv.call(tool, **({key: "ghost50"} if key else {}))
     assert "ghost50" not in srv.names()
-    assert not (Path(srv.env["XDG_DATA_HOME"]) / "sandbox-mcp" / "volumes" / "ghost50").exists()
+    assert not volume_dir(srv.env, "ghost50").exists()
 
 
 def test_weakness_52_large_outputs_and_files_are_streamed_not_hoarded(srv, roots):

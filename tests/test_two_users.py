@@ -184,7 +184,9 @@ def test_two_users_see_neither_each_others_sandboxes_nor_ids(new_user, rootfs_ta
         assert next(iter(maps[0]["uid_map"])).split()[:3] == ["0", str(uid_a), "1"], "root in A's sandbox is A"
 
         # A file A's sandbox root writes in /workspace belongs to A on the host.
-        owned = Path(env_a["XDG_DATA_HOME"]) / "sandbox-mcp" / "volumes" / "box0" / "workspace" / "owned-0"
+        # Volumes are named by the sandbox's key, `<project tag>-box0`.
+        (volume,) = (Path(env_a["XDG_DATA_HOME"]) / "sandbox-mcp" / "volumes").glob("??????-box0")
+        owned = volume / "workspace" / "owned-0"
         assert owned.stat().st_uid == uid_a and owned.read_text() == "from-0\n"
 
         # A reaches none of B's sockets, state or runtime files.

@@ -39,7 +39,7 @@ fn started_text(job: &SyncInfo, initial: u64) -> String {
         "Sync started [{}]: {} -> {}:{}\nInitial sync: {initial} files\nWatching for changes (ignoring {}, plus .gitignore)",
         job.id,
         job.local.display(),
-        job.sandbox,
+        crate::orchestrator::names::display(&job.sandbox),
         job.dir,
         IGNORED_NAMES.join(", ")
     )
@@ -50,7 +50,7 @@ fn stopped_text(job: &SyncInfo) -> String {
         "Stopped sync [{}]: {} -> {}:{} ({} files synced total)",
         job.id,
         job.local.display(),
-        job.sandbox,
+        crate::orchestrator::names::display(&job.sandbox),
         job.dir,
         job.files_synced
     )

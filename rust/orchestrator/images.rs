@@ -34,7 +34,7 @@ pub enum ImagesError {
     )]
     InvalidSnapshotName(String),
     /// No sandbox to act on: (name, what for).
-    #[error("no active sandbox '{0}' to {1}")]
+    #[error("no active sandbox '{shown}' to {1}", shown = super::names::display(.0))]
     NoSandbox(String, &'static str),
     /// The operation is refused on this sandbox.
     #[error("{0}")]
@@ -52,7 +52,7 @@ pub enum ImagesError {
     #[error("snapshot '{0}' is the base of {1}: delete those first")]
     SnapshotInUse(String, String),
     /// Copying the source's workspace into a clone failed: (source, why).
-    #[error("copying the workspace of '{0}' failed, so the clone was removed: {1}")]
+    #[error("copying the workspace of '{shown}' failed, so the clone was removed: {1}", shown = super::names::display(.0))]
     WorkspaceCopy(String, HelperError),
     /// Booting the restored sandbox failed (the old VM is already gone).
     #[error("{0}")]

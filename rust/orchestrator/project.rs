@@ -287,11 +287,11 @@ pub enum Validation {
 }
 
 impl SandboxManager {
-    /// The profile the sandbox keyed `name` is created with (a profile is
-    /// named by the plain name) and the project file, if any.
-    pub(super) fn creation_profile(&self, name: &str) -> Result<(Profile, Option<ProjectConfig>), OrchestratorError> {
+    /// The profile the sandbox keyed `key` is created with (profiles name
+    /// plain names) and the project file, if any.
+    pub(super) fn creation_profile(&self, key: &str) -> Result<(Profile, Option<ProjectConfig>), OrchestratorError> {
         let config = self.config();
-        let user = config.profile_for(super::names::plain(name));
+        let user = config.profile_for(super::names::plain(key));
         Ok(match ProjectConfig::load(&config.project_dir)? {
             Some((_, project)) => (project.apply(user), Some(project)),
             None => (user.clone(), None),
