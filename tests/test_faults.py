@@ -36,7 +36,7 @@ from conftest import HttpServer, required_env, stop_daemon, stop_servers, write_
 from mcp_client import McpClient, McpError
 from test_crash_safety import _descendants, _kill_survivors, _survivors, _temp_layers
 from test_daemon import daemon_pid
-from test_persistence import _get, _restarted, db_path, exited, free_port, helper_pid, until
+from test_persistence import _get, _restarted, db_path, exited, free_port, helper_pid, rows, until
 from waiting import wait_for
 
 SEED = int(os.environ.get("SANDBOX_MCP_FAULT_SEED") or random.SystemRandom().randrange(1 << 32))
@@ -77,6 +77,10 @@ class Ledger:
     snapshots: set[str] = field(default_factory=set)
     syncs: dict[str, tuple[str, Path, str]] = field(default_factory=dict)
     forwards: dict[int, str] = field(default_factory=dict)
+    # Per shared sandbox: its lease's end after setup, and how many one-minute
+    # extensions were answered since (each extends from the current end).
+    lease_base: dict[str, float] = field(default_factory=dict)
+    extensions: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def note(self, fn: Callable[["Ledger"], None]) -> None:
@@ -211,6 +215,9 @@ class Round:
                                         call_timeout=CALL_LIMIT)
                 if not err:
                     s.ledger.note(lambda L: L.env.setdefault(sandbox, {}).__setitem__(f"K_{tag}", tag))
+                text, err = client.call("extend_ttl", minutes=1, sandbox=sandbox, call_timeout=CALL_LIMIT)
+                if not err:
+                    s.ledger.note(lambda L: L.extensions.__setitem__(sandbox, L.extensions.get(sandbox, 0) + 1))
                 data = f"{tag} {rng.random()}\n" * rng.randint(1, 50)
                 text, err = client.call("write_file", path=f"/workspace/w-{tag}", content=data, sandbox=sandbox,
                                         call_timeout=CALL_LIMIT)
@@ -341,6 +348,10 @@ class FaultSuite:
         for name in SHARED:
             ok(c, "exec", command=f"echo {name} > /workspace/base", sandbox=name)
             self.ledger.files[(name, "/workspace/base")] = f"{name}\n".encode()
+            # A lease far enough out that every extension adds to its end.
+            ok(c, "extend_ttl", minutes=60, sandbox=name)
+            self.ledger.lease_base[name] = rows(self.env, "SELECT expires_at FROM sandboxes WHERE name = ?", name)[0][0]
+            self.ledger.extensions[name] = 0
         self.keeper = the_keeper(c, "fa")
         ok(c, "bg", command="exec python3 -m http.server 8000 --bind 127.0.0.1", name=f"web{time.monotonic_ns()}",
            sandbox="fa")
@@ -381,6 +392,10 @@ class FaultSuite:
             text = ok(c, "history", sandbox=box, limit=100000)
             missing = [m for m in marks if m not in text]
             assert not missing, f"{where} history of {box} lost: {missing[:5]}"
+        for box, base in L.lease_base.items():
+            ((end,),) = rows(self.env, "SELECT expires_at FROM sandboxes WHERE name = ?", box)
+            want = base + 60 * L.extensions[box]
+            assert end >= want - 1, f"{where} lease extensions of {box} lost: ends {want - end:.0f} s early"
         text = ok(c, "list_snapshots")
         missing = [s for s in L.snapshots if f"- {s} " not in text]
         assert not missing, f"{where} snapshots lost: {missing}\n{text}"
