@@ -20,7 +20,6 @@ import json
 import os
 import random
 import re
-import shlex
 import signal
 import subprocess
 import threading
@@ -36,7 +35,7 @@ from conftest import HttpServer, required_env, stop_daemon, stop_servers, write_
 from mcp_client import McpClient, McpError
 from test_crash_safety import _descendants, _kill_survivors, _survivors, _temp_layers
 from test_daemon import daemon_pid
-from test_persistence import _get, _restarted, db_path, exited, free_port, helper_pid, until
+from test_persistence import _get, _restarted, db_path, exited, free_port, helper_pid, rows, until
 from waiting import wait_for
 
 SEED = int(os.environ.get("SANDBOX_MCP_FAULT_SEED") or random.SystemRandom().randrange(1 << 32))
@@ -77,6 +76,10 @@ class Ledger:
     snapshots: set[str] = field(default_factory=set)
     syncs: dict[str, tuple[str, Path, str]] = field(default_factory=dict)
     forwards: dict[int, str] = field(default_factory=dict)
+    # Per shared sandbox: its lease's end after setup, and how many one-minute
+    # extensions were answered since (each extends from the current end).
+    lease_base: dict[str, float] = field(default_factory=dict)
+    extensions: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def note(self, fn: Callable[["Ledger"], None]) -> None:
@@ -211,6 +214,9 @@ class Round:
                                         call_timeout=CALL_LIMIT)
                 if not err:
                     s.ledger.note(lambda L: L.env.setdefault(sandbox, {}).__setitem__(f"K_{tag}", tag))
+                text, err = client.call("extend_ttl", minutes=1, sandbox=sandbox, call_timeout=CALL_LIMIT)
+                if not err:
+                    s.ledger.note(lambda L: L.extensions.__setitem__(sandbox, L.extensions.get(sandbox, 0) + 1))
                 data = f"{tag} {rng.random()}\n" * rng.randint(1, 50)
                 text, err = client.call("write_file", path=f"/workspace/w-{tag}", content=data, sandbox=sandbox,
                                         call_timeout=CALL_LIMIT)
@@ -341,6 +347,10 @@ class FaultSuite:
         for name in SHARED:
             ok(c, "exec", command=f"echo {name} > /workspace/base", sandbox=name)
             self.ledger.files[(name, "/workspace/base")] = f"{name}\n".encode()
+            # A lease far enough out that every extension adds to its end.
+            ok(c, "extend_ttl", minutes=60, sandbox=name)
+            self.ledger.lease_base[name] = rows(self.env, "SELECT expires_at FROM sandboxes WHERE name = ?", name)[0][0]
+            self.ledger.extensions[name] = 0
         self.keeper = the_keeper(c, "fa")
         ok(c, "bg", command="exec python3 -m http.server 8000 --bind 127.0.0.1", name=f"web{time.monotonic_ns()}",
            sandbox="fa")
@@ -368,10 +378,12 @@ class FaultSuite:
         for (box, path), data in L.files.items():
             by_box.setdefault(box, {})[path] = data
         for box, files in by_box.items():
-            out, code = sh(c, "sha256sum " + " ".join(shlex.quote(p) for p in sorted(files)) + " 2>&1", box)
-            got = {line.split("  ", 1)[1]: line.split("  ", 1)[0] for line in out.splitlines() if "  " in line}
-            bad = [p for p, d in files.items() if got.get(p) != hashlib.sha256(d).hexdigest()]
-            assert not bad, f"{where} files in {box} lost or changed: {bad[:5]}\n{out[:2000]}"
+            # Checked inside, against a list of sums: only what differs comes
+            # back (the list outgrows a command line and an exec's output).
+            expect = "".join(f"{hashlib.sha256(d).hexdigest()}  {p}\n" for p, d in sorted(files.items()))
+            ok(c, "write_file", path="/tmp/faults-expect.sha256", content=expect, sandbox=box)
+            out, code = sh(c, "sha256sum -c --quiet /tmp/faults-expect.sha256 2>&1", box)
+            assert code == 0, f"{where} files in {box} lost or changed:\n{out[:2000]}"
         # Env sets and history entries that were answered.
         for box, keys in L.env.items():
             text = ok(c, "env", action="list", sandbox=box)
@@ -381,6 +393,10 @@ class FaultSuite:
             text = ok(c, "history", sandbox=box, limit=100000)
             missing = [m for m in marks if m not in text]
             assert not missing, f"{where} history of {box} lost: {missing[:5]}"
+        for box, base in L.lease_base.items():
+            ((end,),) = rows(self.env, "SELECT expires_at FROM sandboxes WHERE name = ?", box)
+            want = base + 60 * L.extensions[box]
+            assert end >= want - 1, f"{where} lease extensions of {box} lost: ends {want - end:.0f} s early"
         text = ok(c, "list_snapshots")
         missing = [s for s in L.snapshots if f"- {s} " not in text]
         assert not missing, f"{where} snapshots lost: {missing}\n{text}"

@@ -98,7 +98,7 @@ pub enum OrchestratorError {
 /// What acknowledges the loss of `name`: a child (`<parent>..<name>`) is
 /// neither reset nor destroyed, only `destroy_child` takes it.
 fn lost_hint(name: &str) -> String {
-    if name.contains("..") {
+    if super::names::is_child_name(name) {
         format!("destroy_child(name='{name}') forgets it; spawn a new child for a fresh one")
     } else {
         format!("reset(sandbox='{name}') starts a fresh one, destroy('{name}') forgets it")
