@@ -32,6 +32,22 @@ pub fn port(name: &str) -> Result<PathBuf, GuestError> {
     }
 }
 
+/// The probe's answer on the agent port (see
+/// [`crate::helper::driver::qemu::probe`]).
+pub fn answer_probe() -> Result<(), GuestError> {
+    use std::io::Write as _;
+    let port = port(AGENT_PORT)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&port)
+        .map_err(|e| GuestError::io(format!("open {}", port.display()), e))?;
+    f.write_all(crate::helper::driver::qemu::probe::PROBE_OK)
+        .map_err(|e| GuestError::io("write the probe answer", e))?;
+    // Let the port drain before the power goes.
+    std::thread::sleep(Duration::from_millis(100));
+    Ok(())
+}
+
 /// Forks the agent, then reaps until it exits and powers off. Returns only
 /// if the agent could not be started.
 pub fn serve() -> Result<std::convert::Infallible, GuestError> {

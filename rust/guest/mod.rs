@@ -69,12 +69,15 @@ pub struct BootConfig {
     pub hostname: String,
     /// Whether `/workspace` is shared (`smcp_workspace=1`).
     pub workspace: bool,
+    /// A boot probe (`smcp_probe=1`): answer on the agent port once the
+    /// modules are loaded, then power off (no disks, no agent).
+    pub probe: bool,
 }
 
 impl BootConfig {
     /// Reads the parameters from `vars` (the process environment at boot).
     pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self, GuestError> {
-        let (mut layers, mut hostname, mut workspace) = (None, String::from("sandbox"), false);
+        let (mut layers, mut hostname, mut workspace, mut probe) = (None, String::from("sandbox"), false, false);
         for (k, v) in vars {
             match k.as_str() {
                 "smcp_layers" => {
@@ -87,11 +90,16 @@ impl BootConfig {
                 }
                 "smcp_hostname" => hostname = v,
                 "smcp_workspace" => workspace = v == "1",
+                "smcp_probe" => probe = v == "1",
                 _ => {}
             }
         }
-        let layers = layers.ok_or_else(|| GuestError::Config("smcp_layers is missing".into()))?;
-        Ok(BootConfig { layers, hostname, workspace })
+        let layers = match (layers, probe) {
+            (Some(n), _) => n,
+            (None, true) => 0,
+            (None, false) => return Err(GuestError::Config("smcp_layers is missing".into())),
+        };
+        Ok(BootConfig { layers, hostname, workspace, probe })
     }
 }
 
@@ -101,6 +109,10 @@ pub fn run() -> GuestError {
         let config = BootConfig::from_vars(std::env::vars())?;
         rootfs::mount_early()?;
         modules::load_all(std::path::Path::new(LIB_DIR).join("modules").as_path())?;
+        if config.probe {
+            agent::answer_probe()?;
+            agent::power_off();
+        }
         rootfs::assemble(&config)?;
         agent::serve()
     };
@@ -127,7 +139,9 @@ mod tests {
             ("TERM", "linux"),
         ]))
         .unwrap();
-        assert_eq!(c, BootConfig { layers: 3, hostname: "box".into(), workspace: true });
+        assert_eq!(c, BootConfig { layers: 3, hostname: "box".into(), workspace: true, probe: false });
+        let p = BootConfig::from_vars(vars(&[("smcp_probe", "1")])).unwrap();
+        assert!(p.probe && p.layers == 0);
     }
 
     #[test]

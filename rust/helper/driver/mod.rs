@@ -15,6 +15,7 @@ pub mod init;
 pub mod launch;
 pub mod network;
 pub mod oom;
+pub mod qemu;
 pub mod rootfs;
 pub mod seccomp;
 pub mod userns;

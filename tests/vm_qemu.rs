@@ -1,0 +1,133 @@
+//! The `vm` driver's qemu side on real microVMs: the boot probe, a full
+//! boot of the test image, and a killed qemu. TCG is slow, so each test
+//! boots at most one vm.
+//!
+//! Needs qemu (`make vm` installs it) and the kernel and initramfs built
+//! for `SANDBOX_VM_HELPER_BIN` in `SANDBOX_MCP_VM_DIR` (`make vm`; the test
+//! setup builds them); without them each test says why and passes.
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sandbox_mcp::helper::driver::qemu::assets::{Assets, build_id, vm_dir};
+use sandbox_mcp::helper::driver::qemu::instance::{BootSpec, Instance};
+use sandbox_mcp::helper::driver::qemu::{Accel, disks, probe};
+use sandbox_mcp::helper::driver::userns::IdMapper;
+
+/// A directory removed on drop; short, for socket paths.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let p = PathBuf::from(format!("/tmp/smcp-q{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The assets for the helper binary under test, or why the test skips.
+fn assets() -> Option<Assets> {
+    let helper = std::env::var_os("SANDBOX_VM_HELPER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/debug/sandbox-vm-helper"));
+    if std::process::Command::new(sandbox_mcp::helper::driver::qemu::QEMU).arg("--version").output().is_err() {
+        eprintln!("SKIP: qemu-system-x86_64 is not installed (make vm)");
+        return None;
+    }
+    let id = build_id(&helper).ok().flatten()?;
+    match Assets::locate(&vm_dir(), &id) {
+        Ok(a) => Some(a),
+        Err(e) => {
+            eprintln!("SKIP: {e}");
+            None
+        }
+    }
+}
+
+fn tcg() -> Accel {
+    Accel::Tcg { kvm_unusable: "not probed by this test".into() }
+}
+
+#[tokio::test]
+async fn boot_probe_reaches_guest_init_under_tcg() {
+    let Some(assets) = assets() else { return };
+    let dir = TempDir::new("probe");
+    probe::boot_probe(&assets, &dir.0, &tcg(), Duration::from_secs(120)).await.expect("the probe vm answers under TCG");
+}
+
+/// On this project's hosts (kvm_pvm) KVM must come out unusable, with the
+/// reason; where KVM does boot our kernel, the probe vm answered under it.
+#[tokio::test]
+async fn kvm_probe_says_why_kvm_is_unusable() {
+    let Some(assets) = assets() else { return };
+    let dir = TempDir::new("kvm");
+    match probe::detect(&assets, &dir.0).await {
+        Accel::Kvm => eprintln!("KVM boots the guest kernel on this host"),
+        Accel::Tcg { kvm_unusable } => {
+            eprintln!("KVM unusable: {kvm_unusable}");
+            assert!(
+                kvm_unusable.starts_with("/dev/kvm: ") || kvm_unusable.contains("under KVM"),
+                "the reason names the device or the failed KVM boot: {kvm_unusable}"
+            );
+        }
+    }
+    // The probe vm is gone with its sockets.
+    assert!(!dir.0.join("probe.sock").exists());
+}
+
+/// The test image's layers as disks and a fresh writable disk.
+fn disks_for_test_image(run: &Path, mapper: &IdMapper) -> Option<(Vec<PathBuf>, PathBuf)> {
+    let store = std::env::var_os("SANDBOX_MCP_TEST_IMAGE_STORE").map(PathBuf::from)?;
+    let name = std::env::var("SANDBOX_MCP_TEST_IMAGE").unwrap_or_else(|_| "mcp-test".into());
+    let store = sandbox_mcp::image::ImageStore::new(store);
+    let info = store.get(&name).ok()?;
+    let mut layers = vec![store.rootfs(&name)];
+    layers.extend(store.layer_paths(&info.layers));
+    let cache = vm_dir().join("disks");
+    let disks = layers.iter().map(|l| disks::layer_disk(l, &cache, mapper).expect("layer disk")).collect();
+    let upper = run.join("upper.ext4");
+    disks::upper_disk(&upper, 1 << 30).expect("upper disk");
+    Some((disks, upper))
+}
+
+#[tokio::test]
+async fn a_killed_qemu_is_reported() {
+    let Some(assets) = assets() else { return };
+    let mapper = IdMapper::detect().expect("an id map (host-setup)");
+    let dir = TempDir::new("kill");
+    let Some((layers, upper)) = disks_for_test_image(&dir.0, &mapper) else {
+        eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
+        return;
+    };
+    let workspace = dir.0.join("ws");
+    std::fs::create_dir(&workspace).unwrap();
+    let (uid, gid) = mapper.id_map().host_root();
+    nix::unistd::chown(&workspace, Some(uid.into()), Some(gid.into())).unwrap();
+    let accel = tcg();
+    let spec = BootSpec {
+        hostname: "killed",
+        run_dir: dir.0.join("run"),
+        assets: &assets,
+        accel: &accel,
+        layers,
+        upper,
+        workspace: Some(workspace),
+        cpus: 1,
+        memory_mib: 512,
+        mapper: &mapper,
+        cgroup: None,
+    };
+    let (mut vm, _transport) = Instance::boot(spec).await.expect("boot");
+    let pid = vm.pid().expect("qemu runs");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::SIGKILL).unwrap();
+    let exit = tokio::time::timeout(Duration::from_secs(30), vm.wait()).await.expect("wait returns");
+    assert!(exit.killed, "{exit:?}");
+    let text = exit.to_string();
+    assert!(text.starts_with("qemu was killed (signal: 9"), "{text}");
+}
