@@ -22,6 +22,10 @@ pub mod rootfs;
 pub const LIB_DIR: &str = "/lib/sandbox-mcp";
 /// [`LIB_DIR`] as the sandbox's root shows it.
 pub const AGENT_DIR: &str = "/run/sandbox-mcp";
+/// Where the sandbox's root shows the VM's writable layer (read-only): a
+/// snapshot is the agent's tar of this directory, which has the format of
+/// a layer in the image store.
+pub const LAYER_VIEW: &str = "/run/sandbox-mcp-layer";
 /// The virtio-serial port the agent serves (qemu's `virtserialport` name).
 pub const AGENT_PORT: &str = "agent";
 /// Disk serials: `layer0` (the image's bottom layer) … and the VM's own

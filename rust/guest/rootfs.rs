@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use nix::mount::{MsFlags, mount};
 
-use super::{AGENT_DIR, BootConfig, GuestError, LAYER_SERIAL, LIB_DIR, UPPER_SERIAL, WORKSPACE_TAG};
+use super::{AGENT_DIR, BootConfig, GuestError, LAYER_SERIAL, LAYER_VIEW, LIB_DIR, UPPER_SERIAL, WORKSPACE_TAG};
 
 /// Where the overlay is assembled before it becomes `/`.
 const NEW_ROOT: &str = "/newroot";
@@ -112,6 +112,9 @@ pub fn assemble(config: &BootConfig) -> Result<(), GuestError> {
     mkdir(&under(AGENT_DIR))?;
     mnt(LIB_DIR, &under(AGENT_DIR), None, MsFlags::MS_BIND, None)?;
     mnt("none", &under(AGENT_DIR), None, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY, None)?;
+    mkdir(&under(LAYER_VIEW))?;
+    mnt(&format!("{RW}/upper"), &under(LAYER_VIEW), None, MsFlags::MS_BIND, None)?;
+    mnt("none", &under(LAYER_VIEW), None, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY, None)?;
     if config.workspace {
         mkdir(&under("/workspace"))?;
         mnt(WORKSPACE_TAG, &under("/workspace"), Some("virtiofs"), MsFlags::MS_NODEV, None)?;

@@ -69,11 +69,12 @@ impl Machine {
         let mut push = |parts: &[&str]| a.extend(parts.iter().map(OsString::from));
         let shared_memory = self.workspace.is_some();
         // vhost-user (virtiofsd) maps the guest's memory, so it must be a
-        // shared memfd; virtio-mmio must be modern (virtio 1.0) for it.
+        // shared memfd; virtio-mmio must be modern (virtio 1.0) for it. The
+        // RTC stays: the guest's clock is set from it at boot.
         let machine = if shared_memory {
-            "microvm,x-option-roms=off,pit=off,pic=off,rtc=off,memory-backend=mem"
+            "microvm,x-option-roms=off,pit=off,pic=off,memory-backend=mem"
         } else {
-            "microvm,x-option-roms=off,pit=off,pic=off,rtc=off"
+            "microvm,x-option-roms=off,pit=off,pic=off"
         };
         push(&["-M", machine, "-accel", self.accel, "-cpu", if self.accel == "kvm" { "host" } else { "max" }]);
         push(&["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
