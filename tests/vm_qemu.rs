@@ -4,7 +4,9 @@
 //!
 //! Needs qemu (`make vm` installs it) and the kernel and initramfs built
 //! for `SANDBOX_VM_HELPER_BIN` in `SANDBOX_MCP_VM_DIR` (`make vm`; the test
-//! setup builds them); without them each test says why and passes.
+//! setup builds them). Without qemu or the kernel each test says why and
+//! passes; with the kernel but no initramfs for this very binary (built
+//! after `make vm`) it fails, since it would otherwise never run.
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -40,13 +42,14 @@ fn assets() -> Option<Assets> {
         eprintln!("SKIP: qemu-system-x86_64 is not installed (make vm)");
         return None;
     }
-    let id = build_id(&helper).ok().flatten()?;
+    if !vm_dir().join("vmlinux").is_file() {
+        eprintln!("SKIP: no vm kernel in {} (make vm)", vm_dir().display());
+        return None;
+    }
+    let id = build_id(&helper).expect("read the helper's build id").expect("the helper has a build id");
     match Assets::locate(&vm_dir(), &id) {
         Ok(a) => Some(a),
-        Err(e) => {
-            eprintln!("SKIP: {e}");
-            None
-        }
+        Err(e) => panic!("{e} (for {})", helper.display()),
     }
 }
 
@@ -130,4 +133,36 @@ async fn a_killed_qemu_is_reported() {
     assert!(exit.killed, "{exit:?}");
     let text = exit.to_string();
     assert!(text.starts_with("qemu was killed (signal: 9"), "{text}");
+}
+
+/// A guest whose init fails powers off; the exit says why, from the
+/// guest console.
+#[tokio::test]
+async fn a_guest_that_cannot_start_reports_why() {
+    let Some(assets) = assets() else { return };
+    let mapper = IdMapper::detect().expect("an id map (host-setup)");
+    let dir = TempDir::new("fail");
+    let upper = dir.0.join("upper.ext4");
+    disks::upper_disk(&upper, 1 << 30).expect("upper disk");
+    let accel = tcg();
+    // No layers: guest-init refuses `smcp_layers=0`.
+    let spec = BootSpec {
+        hostname: "failing",
+        run_dir: dir.0.join("run"),
+        assets: &assets,
+        accel: &accel,
+        layers: Vec::new(),
+        upper,
+        workspace: None,
+        cpus: 1,
+        memory_mib: 256,
+        mapper: &mapper,
+        cgroup: None,
+    };
+    let (mut vm, _transport) = Instance::boot(spec).await.expect("boot");
+    let exit = tokio::time::timeout(Duration::from_secs(180), vm.wait()).await.expect("the guest powers off");
+    assert!(!exit.killed, "{exit:?}");
+    let text = exit.to_string();
+    assert!(text.starts_with("the vm stopped (qemu exit status: 0)"), "{text}");
+    assert!(text.contains("guest-init: kernel command line: smcp_layers=0"), "{text}");
 }
