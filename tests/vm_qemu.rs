@@ -166,3 +166,42 @@ async fn a_guest_that_cannot_start_reports_why() {
     assert!(text.starts_with("the vm stopped (qemu exit status: 0)"), "{text}");
     assert!(text.contains("guest-init: kernel command line: smcp_layers=0"), "{text}");
 }
+
+/// QMP pauses a vm and writes its state to a file it gets as a descriptor
+/// (qemu may not spawn `exec:` migrations under `-sandbox spawn=deny`).
+#[tokio::test]
+async fn qmp_saves_a_paused_vm_to_a_file() {
+    let Some(assets) = assets() else { return };
+    let mapper = IdMapper::detect().expect("an id map (host-setup)");
+    let dir = TempDir::new("qmp");
+    let Some((layers, upper)) = disks_for_test_image(&dir.0, &mapper) else {
+        eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
+        return;
+    };
+    let accel = tcg();
+    let spec = BootSpec {
+        hostname: "saved",
+        run_dir: dir.0.join("run"),
+        assets: &assets,
+        accel: &accel,
+        layers,
+        upper,
+        workspace: None,
+        cpus: 1,
+        memory_mib: 256,
+        mapper: &mapper,
+        cgroup: None,
+    };
+    let (mut vm, _transport) = Instance::boot(spec).await.expect("boot");
+    let mut qmp = vm.qmp().await.expect("qmp");
+    let state_path = dir.0.join("vm.state");
+    let state = std::fs::File::create(&state_path).unwrap();
+    qmp.migrate_to_file(&state).await.expect("migrate to the file");
+    assert_eq!(qmp.status().await.unwrap(), "postmigrate");
+    let size = std::fs::metadata(&state_path).unwrap().len();
+    assert!(size > 1 << 20, "the state holds the guest's memory: {size} bytes");
+    qmp.cont().await.expect("cont");
+    assert_eq!(qmp.status().await.unwrap(), "running");
+    let exit = vm.stop(Duration::from_secs(10)).await;
+    assert!(!exit.killed, "quit over QMP ends qemu without a signal: {exit:?}");
+}
