@@ -205,3 +205,40 @@ async fn qmp_saves_a_paused_vm_to_a_file() {
     let exit = vm.stop(Duration::from_secs(10)).await;
     assert!(!exit.killed, "quit over QMP ends qemu without a signal: {exit:?}");
 }
+
+// ------------------------------------------------------------------ disks
+
+/// A layer's disk is built once (as the namespace's root, so the guest sees
+/// the sandbox's ids) and then found in the cache.
+#[test]
+fn a_layer_disk_is_built_once_and_holds_the_layer() {
+    let Ok(mapper) = IdMapper::detect() else {
+        eprintln!("SKIP: no id map for this user (host-setup)");
+        return;
+    };
+    let dir = TempDir::new("disk");
+    let layer = dir.0.join("layer");
+    std::fs::create_dir_all(layer.join("etc")).unwrap();
+    std::fs::write(layer.join("etc/motd"), "hello from a layer\n").unwrap();
+    let cache = dir.0.join("cache");
+    let disk = disks::layer_disk(&layer, &cache, &mapper).expect("build the disk");
+    assert_eq!(disk, disks::layer_disk_path(&layer, &cache).unwrap());
+    let built = std::fs::metadata(&disk).unwrap().modified().unwrap();
+    assert_eq!(disks::layer_disk(&layer, &cache, &mapper).unwrap(), disk);
+    assert_eq!(std::fs::metadata(&disk).unwrap().modified().unwrap(), built, "the cached disk is reused");
+    let out = std::process::Command::new("debugfs").args(["-R", "cat /etc/motd"]).arg(&disk).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello from a layer\n");
+}
+
+#[test]
+fn a_missing_layer_is_named() {
+    let Ok(mapper) = IdMapper::detect() else {
+        eprintln!("SKIP: no id map for this user (host-setup)");
+        return;
+    };
+    let dir = TempDir::new("nolayer");
+    let e = disks::layer_disk(&dir.0.join("gone"), &dir.0.join("cache"), &mapper).unwrap_err().to_string();
+    assert!(e.contains("stat layer") && e.contains("gone"), "{e}");
+    let e = disks::upper_disk(&dir.0.join("no/such/dir/upper.ext4"), 1 << 20).unwrap_err().to_string();
+    assert!(e.contains("upper.ext4"), "{e}");
+}
