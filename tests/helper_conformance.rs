@@ -34,6 +34,8 @@ mod copy;
 mod dial;
 #[path = "helper_conformance/images.rs"]
 mod images;
+#[path = "helper_conformance/mux.rs"]
+mod mux;
 #[path = "helper_conformance/network.rs"]
 mod network;
 #[path = "helper_conformance/quota.rs"]

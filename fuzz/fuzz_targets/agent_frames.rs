@@ -1,21 +1,35 @@
-//! The in-sandbox agent's frame decoder on any byte stream: frames it
-//! decodes encode again to frames that decode the same.
+//! The agent protocol's frame decoder on any byte stream: frames it decodes
+//! (with their stream ids) encode again to frames that decode the same; and
+//! the multiplexer serving those bytes never panics, whatever they open,
+//! cancel or credit.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
+use sandbox_mcp::agent::mux::Mux;
 use sandbox_mcp::agent::protocol::FrameReader;
+use tokio::io::AsyncWriteExt as _;
 
 fuzz_target!(|data: &[u8]| {
-    let runtime = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
     runtime.block_on(async {
         let mut reader = FrameReader::new(data);
-        while let Ok(Some(frame)) = reader.next().await {
+        while let Ok(Some((stream, frame))) = reader.next().await {
             let mut bytes = Vec::new();
-            if frame.encode(&mut bytes).is_ok() {
+            if frame.encode(stream, &mut bytes).is_ok() {
                 match FrameReader::new(bytes.as_slice()).next().await {
-                    Ok(Some(again)) => assert_eq!(again, frame),
+                    Ok(Some(again)) => assert_eq!(again, (stream, frame)),
                     other => panic!("{frame:?} encoded to bytes that decode to {other:?}"),
                 }
             }
+        }
+        let (ours, theirs) = tokio::io::duplex(1 << 16);
+        let (_mux, mut incoming) = Mux::serve(theirs);
+        let (_rd, mut wr) = tokio::io::split(ours);
+        let _ = wr.write_all(data).await;
+        drop(wr);
+        let mut streams = Vec::new();
+        while let Some(mut s) = incoming.recv().await {
+            while let Ok(Some(_)) = s.next().await {}
+            streams.push(s);
         }
     });
 });

@@ -1,22 +1,30 @@
-//! The in-sandbox agent: accepts connections on a listening socket it
-//! inherited from the sandbox's init; each connection runs one process,
-//! one copy or one background-process request.
+//! The in-sandbox agent: serves multiplexed connections ([`mux`]) from the
+//! helper; each stream on one runs one process, one copy, one
+//! background-process request, one dial or one stats reading.
 //!
-//! The helper created the socket outside the sandbox and never mounts it
-//! inside, so only the helper can connect. The agent runs as a forked child of
-//! the sandbox's PID 1 (no exec: the sandbox root has no agent binary), on a
-//! current-thread tokio runtime: every Exec is a connect, one spawn and a
-//! handful of frames. Background processes belong to the agent's
-//! [`background::Registry`], so they outlive the connection that started them.
+//! Two entries. The namespace driver forks it from the sandbox's PID 1 (no
+//! exec: the sandbox root has no agent binary) with a listening socket the
+//! helper created outside the sandbox and never mounts inside, so only the
+//! helper can connect ([`run`]). A VM's init starts it as
+//! `sandbox-vm-helper agent --listen ADDR` ([`listen`]): a virtio-serial
+//! port, a vsock, an inherited descriptor or a Unix socket. Either way it
+//! runs on a current-thread tokio runtime: every Exec is a stream on an open
+//! connection, one spawn and a handful of frames. Background processes
+//! belong to the agent's [`background::Registry`], so they outlive the
+//! stream (and the connection) that started them.
 use std::os::unix::net::UnixListener as StdUnixListener;
 use std::sync::Arc;
 
 pub mod background;
 pub mod copy;
+pub mod dial;
+pub mod listen;
+pub mod mux;
 pub mod oom;
 pub mod process;
 pub mod protocol;
 pub mod session;
+pub mod stats;
 pub mod tree;
 pub mod user;
 
@@ -62,30 +70,22 @@ impl AgentError {
 
 /// Serves the listener until it fails; returns the error that stopped it.
 pub fn run(listener: StdUnixListener) -> AgentError {
-    let io = |what: &str| {
-        let what = what.to_string();
-        move |source| AgentError::Io { what, source }
-    };
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => return io("start runtime")(e),
-    };
-    runtime.block_on(async move {
-        if let Err(e) = listener.set_nonblocking(true) {
-            return io("listener nonblocking")(e);
-        }
-        let listener = match tokio::net::UnixListener::from_std(listener) {
-            Ok(l) => l,
-            Err(e) => return io("listener")(e),
-        };
-        let background = Arc::new(background::Registry::default());
-        loop {
-            match listener.accept().await {
-                Ok((stream, _)) => {
-                    tokio::spawn(session::handle(stream, background.clone()));
-                }
-                Err(e) => return io("accept")(e),
-            }
+    block_on(async move {
+        match listen::accept_unix(listener, Arc::new(background::Registry::default())).await {
+            Ok(never) => match never {},
+            Err(e) => e,
         }
     })
+}
+
+/// Serves `address` (`sandbox-vm-helper agent --listen`) until it fails.
+pub fn serve(address: listen::Address) -> AgentError {
+    block_on(listen::serve(address))
+}
+
+fn block_on(work: impl std::future::Future<Output = AgentError>) -> AgentError {
+    match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt.block_on(work),
+        Err(source) => AgentError::Io { what: "start runtime".into(), source },
+    }
 }

@@ -1,23 +1,39 @@
-//! The helper ⇄ agent wire protocol: one Unix-socket connection per Exec,
-//! carrying frames `[u8 kind][u32 little-endian length][payload]`.
+//! The helper ⇄ agent wire protocol: ONE byte stream per VM (a Unix socket,
+//! a virtio-serial port, a vsock) carrying many concurrent streams, each a
+//! sequence of frames `[u8 kind][u32 LE stream id][u32 LE length][payload]`.
+//! [`super::mux`] multiplexes them (stream table, flow control).
 //!
 //! Both ends use this module, so the two halves can never disagree. Specs and
-//! requests are JSON (small, once per connection); every other frame is raw
+//! requests are JSON (small, once per stream); every other frame is raw
 //! bytes or fixed-width integers so output, stdin and tar streams stay
 //! binary-safe and cheap.
 //!
-//! Connection kinds, by their first frame: `Ping`; `Start` (an Exec);
-//! `CopyIn` (then `Data`… `End`, answered by `Copied`); `CopyOut` (answered by
-//! `Data`… `End`); `Background` (answered by `BackgroundReply`, plus one
-//! `Stdout` with the output for log and stop). Any of them may be answered
-//! by `Fail` instead.
+//! Stream kinds, by their first (opening) frame, always sent by the helper:
+//! `Ping` (answered by `Pong`); `Start` (an Exec: `Started`, output,
+//! `Exited`); `CopyIn` (then `Data`… `End`, answered by `Copied`); `CopyOut`
+//! (answered by `Data`… `End`); `Background` (answered by `BackgroundReply`,
+//! plus, for log and stop, the output in `Stdout` frames up to the end of the stream); `Dial` (answered by
+//! `Connected`, then `Data` both ways, `End` = half-close); `Stats`
+//! (answered by `StatsReply`). Any of them may be answered by `Fail`.
+//! Two frames belong to the connection's bookkeeping rather than to a
+//! request: `Credit` (flow control) and `Cancel` (this end hung up the
+//! stream: the process it ran is killed, as when today's per-request
+//! connection was closed).
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Upper bound on one frame's payload; anything larger is a broken peer.
 pub const MAX_FRAME: usize = 16 << 20;
 
-const HEADER: usize = 5;
+/// Bytes before a frame's payload: kind, stream id, length.
+pub const HEADER: usize = 9;
+
+/// Largest payload of a data frame (`Stdin`, `Stdout`, `Stderr`, `Data`):
+/// keeps one busy stream from holding the shared byte stream for long.
+pub const MAX_DATA: usize = 256 * 1024;
+
+/// Identifies one stream on a connection; chosen by the helper.
+pub type StreamId = u32;
 
 /// What the agent should run, with the environment already merged in order
 /// (VM env, then process env) by the helper.
@@ -126,6 +142,24 @@ pub enum FailKind {
     Exhausted,
     /// Something failed inside the VM.
     Internal,
+    /// Nothing listens on the dialled port.
+    Refused,
+}
+
+/// Resource usage as seen from inside the VM (the `Stats` stream's
+/// answer). A counter the guest cannot read is 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestStats {
+    /// CPU time of every process the agent can see.
+    pub cpu_usage_ns: u64,
+    /// Memory in use by the guest's processes.
+    pub memory_used_bytes: u64,
+    /// Processes (tasks) running.
+    pub pids: u64,
+    /// Bytes received on non-loopback interfaces.
+    pub net_rx_bytes: u64,
+    /// Bytes sent on non-loopback interfaces.
+    pub net_tx_bytes: u64,
 }
 
 /// One protocol message.
@@ -185,6 +219,20 @@ pub enum Frame {
         /// What happened.
         message: String,
     },
+    /// Either way: the receiver consumed this many more data bytes of the
+    /// stream; the sender may send that much more (see [`super::mux`]).
+    Credit(u32),
+    /// Either way: this end is done with the stream (gone, or not
+    /// interested any more); the peer stops its work and forgets it.
+    Cancel,
+    /// helper → agent: connect to 127.0.0.1:port inside the VM.
+    Dial(u16),
+    /// agent → helper: the dial connected; `Data`/`End` follow both ways.
+    Connected,
+    /// helper → agent: report resource usage.
+    Stats,
+    /// agent → helper: the usage.
+    StatsReply(GuestStats),
 }
 
 /// Why a frame could not be read or written.
@@ -227,6 +275,12 @@ mod kind {
     pub const BACKGROUND: u8 = 25;
     pub const BACKGROUND_REPLY: u8 = 26;
     pub const FAIL: u8 = 27;
+    pub const CREDIT: u8 = 30;
+    pub const CANCEL: u8 = 31;
+    pub const DIAL: u8 = 32;
+    pub const CONNECTED: u8 = 33;
+    pub const STATS: u8 = 34;
+    pub const STATS_REPLY: u8 = 35;
 }
 
 fn fail_code(kind: FailKind) -> u8 {
@@ -236,6 +290,7 @@ fn fail_code(kind: FailKind) -> u8 {
         FailKind::AlreadyExists => 2,
         FailKind::Exhausted => 3,
         FailKind::Internal => 4,
+        FailKind::Refused => 5,
     }
 }
 
@@ -246,6 +301,7 @@ fn fail_kind(code: u8) -> Result<FailKind, ProtocolError> {
         2 => FailKind::AlreadyExists,
         3 => FailKind::Exhausted,
         4 => FailKind::Internal,
+        5 => FailKind::Refused,
         other => return Err(ProtocolError::Malformed(format!("failure kind {other}"))),
     })
 }
@@ -259,8 +315,32 @@ fn from_json<'a, T: Deserialize<'a>>(p: &'a [u8]) -> Result<T, ProtocolError> {
 }
 
 impl Frame {
-    /// Appends the encoded frame to `out`.
-    pub fn encode(&self, out: &mut Vec<u8>) -> Result<(), ProtocolError> {
+    /// Opens a stream (the first frame a helper sends on a new stream id).
+    pub fn is_opening(&self) -> bool {
+        matches!(
+            self,
+            Frame::Start(_)
+                | Frame::Ping
+                | Frame::CopyIn(_)
+                | Frame::CopyOut(_)
+                | Frame::Background(_)
+                | Frame::Dial(_)
+                | Frame::Stats
+        )
+    }
+
+    /// Bytes of this frame that count against the stream's flow-control
+    /// window: the payload of data frames; other frames are few per stream
+    /// and never wait for credit.
+    pub fn data_len(&self) -> usize {
+        match self {
+            Frame::Stdin(b) | Frame::Stdout(b) | Frame::Stderr(b) | Frame::Data(b) => b.len(),
+            _ => 0,
+        }
+    }
+
+    /// Appends the encoded frame, on stream `stream`, to `out`.
+    pub fn encode(&self, stream: StreamId, out: &mut Vec<u8>) -> Result<(), ProtocolError> {
         let (k, payload): (u8, std::borrow::Cow<'_, [u8]>) = match self {
             Frame::Start(spec) => (kind::START, to_json(spec)?.into()),
             Frame::Stdin(b) => (kind::STDIN, b.as_slice().into()),
@@ -301,12 +381,20 @@ impl Frame {
                 p.extend_from_slice(message.as_bytes());
                 (kind::FAIL, p.into())
             }
+            Frame::Credit(n) => (kind::CREDIT, n.to_le_bytes().to_vec().into()),
+            Frame::Cancel => (kind::CANCEL, (&[][..]).into()),
+            Frame::Dial(port) => (kind::DIAL, port.to_le_bytes().to_vec().into()),
+            Frame::Connected => (kind::CONNECTED, (&[][..]).into()),
+            Frame::Stats => (kind::STATS, (&[][..]).into()),
+            Frame::StatsReply(s) => (kind::STATS_REPLY, to_json(s)?.into()),
         };
-        if payload.len() > MAX_FRAME {
+        let limit = if self.data_len() > 0 { MAX_DATA } else { MAX_FRAME };
+        if payload.len() > limit {
             return Err(ProtocolError::TooLarge(payload.len()));
         }
         out.reserve(HEADER + payload.len());
         out.push(k);
+        out.extend_from_slice(&stream.to_le_bytes());
         out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
         out.extend_from_slice(&payload);
         Ok(())
@@ -328,7 +416,7 @@ impl Frame {
             Ok(u64::from_le_bytes(b))
         };
         let text = |p: &[u8]| String::from_utf8_lossy(p).into_owned();
-        Ok(match k {
+        let frame = match k {
             kind::START => Frame::Start(from_json(p)?),
             kind::STDIN => Frame::Stdin(p.to_vec()),
             kind::CLOSE_STDIN => Frame::CloseStdin,
@@ -358,15 +446,32 @@ impl Frame {
                 kind: fail_kind(p.first().copied().unwrap_or(u8::MAX))?,
                 message: text(p.get(1..).unwrap_or_default()),
             },
+            kind::CREDIT => Frame::Credit(int(p)? as u32),
+            kind::CANCEL => Frame::Cancel,
+            kind::DIAL => {
+                let b: [u8; 2] = p.try_into().map_err(|_| ProtocolError::Malformed("dial port".into()))?;
+                Frame::Dial(u16::from_le_bytes(b))
+            }
+            kind::CONNECTED => Frame::Connected,
+            kind::STATS => Frame::Stats,
+            kind::STATS_REPLY => Frame::StatsReply(from_json(p)?),
             other => return Err(ProtocolError::UnknownKind(other)),
-        })
+        };
+        if frame.data_len() > MAX_DATA {
+            return Err(ProtocolError::TooLarge(frame.data_len()));
+        }
+        Ok(frame)
     }
 }
 
 /// Writes one frame with a single write call.
-pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &Frame) -> Result<(), ProtocolError> {
+pub async fn write_frame<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    stream: StreamId,
+    frame: &Frame,
+) -> Result<(), ProtocolError> {
     let mut buf = Vec::new();
-    frame.encode(&mut buf)?;
+    frame.encode(stream, &mut buf)?;
     w.write_all(&buf).await?;
     Ok(())
 }
@@ -386,8 +491,8 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         Self { inner, buf: Vec::new() }
     }
 
-    /// The next frame, or `None` at a clean end of stream.
-    pub async fn next(&mut self) -> Result<Option<Frame>, ProtocolError> {
+    /// The next frame and its stream, or `None` at a clean end of stream.
+    pub async fn next(&mut self) -> Result<Option<(StreamId, Frame)>, ProtocolError> {
         loop {
             if let Some(frame) = self.parse()? {
                 return Ok(Some(frame));
@@ -399,11 +504,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
-    fn parse(&mut self) -> Result<Option<Frame>, ProtocolError> {
+    fn parse(&mut self) -> Result<Option<(StreamId, Frame)>, ProtocolError> {
         if self.buf.len() < HEADER {
             return Ok(None);
         }
-        let len = u32::from_le_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+        let stream = u32::from_le_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]);
+        let len = u32::from_le_bytes([self.buf[5], self.buf[6], self.buf[7], self.buf[8]]) as usize;
         if len > MAX_FRAME {
             return Err(ProtocolError::TooLarge(len));
         }
@@ -412,7 +518,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
         let frame = Frame::decode(self.buf[0], &self.buf[HEADER..HEADER + len])?;
         self.buf.drain(..HEADER + len);
-        Ok(Some(frame))
+        Ok(Some((stream, frame)))
     }
 }
 
@@ -463,31 +569,53 @@ mod tests {
                 dropped_bytes: 3,
             }),
             Frame::Fail { kind: FailKind::AlreadyExists, message: "taken".into() },
+            Frame::Fail { kind: FailKind::Refused, message: "no".into() },
+            Frame::Credit(1 << 20),
+            Frame::Cancel,
+            Frame::Dial(8080),
+            Frame::Connected,
+            Frame::Stats,
+            Frame::StatsReply(GuestStats {
+                cpu_usage_ns: 1,
+                memory_used_bytes: 2,
+                pids: 3,
+                net_rx_bytes: 4,
+                net_tx_bytes: 5,
+            }),
         ];
         let mut bytes = Vec::new();
-        for f in &frames {
-            f.encode(&mut bytes).unwrap();
+        for (i, f) in frames.iter().enumerate() {
+            f.encode(i as u32 * 7, &mut bytes).unwrap();
         }
         let mut r = FrameReader::new(bytes.as_slice());
-        for f in &frames {
-            assert_eq!(r.next().await.unwrap().as_ref(), Some(f));
+        for (i, f) in frames.iter().enumerate() {
+            assert_eq!(r.next().await.unwrap(), Some((i as u32 * 7, f.clone())));
         }
         assert!(r.next().await.unwrap().is_none());
     }
 
+    #[test]
+    fn data_frames_are_bounded() {
+        let mut out = Vec::new();
+        assert!(matches!(Frame::Data(vec![0; MAX_DATA + 1]).encode(1, &mut out), Err(ProtocolError::TooLarge(_))));
+        assert!(Frame::Data(vec![0; MAX_DATA]).encode(1, &mut out).is_ok());
+    }
+
     #[tokio::test]
     async fn truncated_and_unknown_frames_are_errors() {
-        let mut r = FrameReader::new(&[kind::STDOUT, 10, 0, 0, 0, 1][..]);
+        let mut r = FrameReader::new(&[kind::STDOUT, 1, 0, 0, 0, 10, 0, 0, 0, 1][..]);
         assert!(matches!(r.next().await, Err(ProtocolError::Truncated)));
-        let mut r = FrameReader::new(&[99u8, 0, 0, 0, 0][..]);
+        let mut r = FrameReader::new(&[99u8, 1, 0, 0, 0, 0, 0, 0, 0][..]);
         assert!(matches!(r.next().await, Err(ProtocolError::UnknownKind(99))));
-        let mut r = FrameReader::new(&[kind::STDOUT, 0xff, 0xff, 0xff, 0xff][..]);
+        let mut r = FrameReader::new(&[kind::STDOUT, 1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff][..]);
         assert!(matches!(r.next().await, Err(ProtocolError::TooLarge(_))));
-        let mut r = FrameReader::new(&[kind::STARTED, 1, 0, 0, 0, 7][..]);
+        let mut r = FrameReader::new(&[kind::STARTED, 1, 0, 0, 0, 1, 0, 0, 0, 7][..]);
         assert!(matches!(r.next().await, Err(ProtocolError::Malformed(_))));
-        let mut r = FrameReader::new(&[kind::FAIL, 1, 0, 0, 0, 99][..]);
+        let mut r = FrameReader::new(&[kind::FAIL, 1, 0, 0, 0, 1, 0, 0, 0, 99][..]);
         assert!(matches!(r.next().await, Err(ProtocolError::Malformed(_))));
-        let mut r = FrameReader::new(&[kind::COPIED, 4, 0, 0, 0, 1, 2, 3, 4][..]);
+        let mut r = FrameReader::new(&[kind::COPIED, 1, 0, 0, 0, 4, 0, 0, 0, 1, 2, 3, 4][..]);
+        assert!(matches!(r.next().await, Err(ProtocolError::Malformed(_))));
+        let mut r = FrameReader::new(&[kind::DIAL, 1, 0, 0, 0, 1, 0, 0, 0, 1][..]);
         assert!(matches!(r.next().await, Err(ProtocolError::Malformed(_))));
     }
 }

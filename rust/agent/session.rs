@@ -1,10 +1,10 @@
-//! One agent connection: a ping, one process from `Start` to `Exited`, one
-//! copy, or one background-process request.
+//! One agent stream: a ping, one process from `Start` to `Exited`, one
+//! copy, one background-process request, one dial or one stats reading.
 //!
-//! Two small tasks per Exec and no threads: the connection loop below
-//! forwards output and waits for the exit, a reader task applies the
-//! helper's stdin/signal frames, and a writer task feeds stdin so a process
-//! that stops reading its stdin can never stall signals or output.
+//! Two small tasks per Exec and no threads: the stream loop below forwards
+//! output and waits for the exit, a reader task applies the helper's
+//! stdin/signal frames, and a writer task feeds stdin so a process that
+//! stops reading its stdin can never stall signals or output.
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -12,15 +12,14 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::UnixStream;
-use tokio::net::unix::OwnedReadHalf;
 use tokio::sync::mpsc;
 
 use super::AgentError;
 use super::background::Registry;
 use super::copy;
+use super::mux::{Stream, StreamReceiver, StreamSender};
 use super::process::{self, Spawned};
-use super::protocol::{BackgroundRequest, ExitStatus, Frame, FrameReader, write_frame};
+use super::protocol::{BackgroundRequest, ExitStatus, Frame};
 use super::tree;
 
 /// How long output is still forwarded after the main process exited: enough
@@ -38,32 +37,46 @@ enum StdinOp {
 /// Default grace between TERM and KILL when stopping a background process.
 const DEFAULT_STOP_GRACE: Duration = Duration::from_millis(2000);
 
-/// Serves one connection until its work is done or the helper hangs up.
-pub async fn handle(stream: UnixStream, background: Arc<Registry>) {
-    let (rd, mut wr) = stream.into_split();
-    let mut reader = FrameReader::new(rd);
-    let first = reader.next().await;
+/// Serves one stream until its work is done or the helper hangs up.
+pub async fn handle(stream: Stream, background: Arc<Registry>) {
+    let Stream { tx, mut rx, .. } = stream;
+    let first = rx.next().await;
     let result = match first {
         Ok(Some(Frame::CopyIn(dest))) => {
-            copy_in(&dest, reader).await.map(|c| vec![Frame::Copied { files: c.files, bytes: c.bytes }])
+            copy_in(&dest, rx).await.map(|c| vec![Frame::Copied { files: c.files, bytes: c.bytes }])
         }
-        Ok(Some(Frame::CopyOut(path))) => copy_out(&path, &mut wr).await.map(|()| vec![Frame::End]),
+        Ok(Some(Frame::CopyOut(path))) => {
+            // Kept: dropping the receiver would end the stream early.
+            let _rx = rx;
+            copy_out(&path, &tx).await.map(|()| vec![Frame::End])
+        }
         Ok(Some(Frame::Background(req))) => background_request(&background, req).await,
-        other => {
-            exec_or_ping(other, reader, wr).await;
+        Ok(Some(Frame::Stats)) => Ok(vec![Frame::StatsReply(super::stats::read())]),
+        Ok(Some(Frame::Dial(port))) => {
+            super::dial::serve(port, tx, rx).await;
             return;
         }
+        Ok(Some(Frame::Ping)) => Ok(vec![Frame::Pong]),
+        Ok(Some(Frame::Start(spec))) => {
+            match process::spawn(&spec) {
+                Ok(spawned) => run(spawned, rx, tx).await,
+                Err(e) => {
+                    let _ = tx.send(Frame::Error(e.to_string())).await;
+                }
+            }
+            return;
+        }
+        _ => return,
     };
     let frames = result.unwrap_or_else(|e| vec![Frame::Fail { kind: e.kind(), message: e.to_string() }]);
     for f in frames {
-        if write_frame(&mut wr, &f).await.is_err() {
+        if tx.send(f).await.is_err() {
             return;
         }
     }
-    let _ = wr.flush().await;
 }
 
-async fn copy_in(dest: &str, mut reader: FrameReader<OwnedReadHalf>) -> Result<copy::Copied, AgentError> {
+async fn copy_in(dest: &str, mut reader: StreamReceiver) -> Result<copy::Copied, AgentError> {
     let extraction = copy::extract(dest)?;
     loop {
         match reader.next().await {
@@ -85,10 +98,10 @@ async fn copy_in(dest: &str, mut reader: FrameReader<OwnedReadHalf>) -> Result<c
     extraction.finish().await
 }
 
-async fn copy_out<W: AsyncWrite + Unpin>(path: &str, wr: &mut W) -> Result<(), AgentError> {
+async fn copy_out(path: &str, wr: &StreamSender) -> Result<(), AgentError> {
     let copy::Archiving { mut chunks, worker } = copy::archive(path)?;
     while let Some(chunk) = chunks.recv().await {
-        if write_frame(wr, &Frame::Data(chunk)).await.is_err() {
+        if wr.send(Frame::Data(chunk)).await.is_err() {
             // Dropping the receiver makes the tar thread stop too.
             drop(chunks);
             let _ = worker.await;
@@ -114,28 +127,9 @@ async fn background_request(registry: &Registry, req: BackgroundRequest) -> Resu
     })
 }
 
-async fn exec_or_ping(
-    first: Result<Option<Frame>, super::protocol::ProtocolError>,
-    reader: FrameReader<OwnedReadHalf>,
-    mut wr: tokio::net::unix::OwnedWriteHalf,
-) {
-    match first {
-        Ok(Some(Frame::Ping)) => {
-            let _ = write_frame(&mut wr, &Frame::Pong).await;
-        }
-        Ok(Some(Frame::Start(spec))) => match process::spawn(&spec) {
-            Ok(spawned) => run(spawned, reader, wr).await,
-            Err(e) => {
-                let _ = write_frame(&mut wr, &Frame::Error(e.to_string())).await;
-            }
-        },
-        _ => {}
-    }
-}
-
-async fn run<W: AsyncWrite + Unpin>(p: Spawned, reader: FrameReader<OwnedReadHalf>, mut wr: W) {
+async fn run(p: Spawned, reader: StreamReceiver, wr: StreamSender) {
     let Spawned { mut child, pid, stdin, mut stdout, stderr } = p;
-    if write_frame(&mut wr, &Frame::Started(pid)).await.is_err() {
+    if wr.send(Frame::Started(pid)).await.is_err() {
         let _ = tree::kill(pid);
         return;
     }
@@ -159,11 +153,11 @@ async fn run<W: AsyncWrite + Unpin>(p: Spawned, reader: FrameReader<OwnedReadHal
     while connected && (status.is_none() || out_open || err_open) {
         tokio::select! {
             n = stdout.read(&mut out_buf), if out_open => match n {
-                Ok(n) if n > 0 => connected = write_frame(&mut wr, &Frame::Stdout(out_buf[..n].to_vec())).await.is_ok(),
+                Ok(n) if n > 0 => connected = wr.send(Frame::Stdout(out_buf[..n].to_vec())).await.is_ok(),
                 _ => out_open = false,
             },
             n = read_opt(&mut stderr, &mut err_buf), if err_open => match n {
-                Ok(n) if n > 0 => connected = write_frame(&mut wr, &Frame::Stderr(err_buf[..n].to_vec())).await.is_ok(),
+                Ok(n) if n > 0 => connected = wr.send(Frame::Stderr(err_buf[..n].to_vec())).await.is_ok(),
                 _ => err_open = false,
             },
             st = child.wait(), if status.is_none() => {
@@ -184,8 +178,7 @@ async fn run<W: AsyncWrite + Unpin>(p: Spawned, reader: FrameReader<OwnedReadHal
     writer.abort();
     match status {
         Some(st) if connected => {
-            let _ = write_frame(&mut wr, &Frame::Exited(st)).await;
-            let _ = wr.flush().await;
+            let _ = wr.send(Frame::Exited(st)).await;
         }
         // The helper hung up (a cancelled call) while the process ran.
         None => drop(tree::kill(pid)),
@@ -209,7 +202,7 @@ async fn read_opt(
 /// A group signal reaches the whole tree (SIGKILL ends it: an exec's
 /// timeout) while the process is unreaped, its group afterwards.
 async fn apply_requests(
-    mut reader: FrameReader<OwnedReadHalf>,
+    mut reader: StreamReceiver,
     stdin: mpsc::UnboundedSender<StdinOp>,
     pid: i32,
     unreaped: Arc<AtomicBool>,

@@ -1,5 +1,6 @@
 //! `sandbox-vm-helper`: the Linux VM helper. `serve` runs the gRPC service in
-//! the foreground (the orchestrator daemonizes it); `__vm-init` and
+//! the foreground (the orchestrator daemonizes it); `agent` is the in-guest
+//! agent's standalone entry (a VM's init starts it); `__vm-init` and
 //! `__copy-layer` are internal: the helper re-executes itself with them to
 //! launch each VM and, when not root, to copy a VM's layer as the VM's root.
 use std::path::PathBuf;
@@ -21,6 +22,14 @@ enum Command {
         /// Socket path (default: the runtime dir's helper.sock).
         #[arg(long)]
         socket: Option<PathBuf>,
+    },
+    /// Run the in-guest agent: serve the helper's multiplexed connection on
+    /// `unix:PATH`, `fd:N`, `serial:PATH` (a virtio-serial port) or
+    /// `vsock:PORT`.
+    Agent {
+        /// Where the helper's connection comes from.
+        #[arg(long, value_name = "ADDR")]
+        listen: sandbox_mcp::agent::listen::Address,
     },
     /// Launch one VM (internal; started by `serve`, config on stdin).
     #[command(name = "__vm-init", hide = true)]
@@ -54,6 +63,11 @@ fn main() -> ExitCode {
             let e = sandbox_mcp::guest::run();
             eprintln!("guest-init: {e}");
             sandbox_mcp::guest::agent::power_off()
+        }
+        Command::Agent { listen } => {
+            let e = sandbox_mcp::agent::serve(listen);
+            eprintln!("sandbox-vm-helper agent: {e}");
+            ExitCode::FAILURE
         }
         Command::CopyLayer { src, dst } => match sandbox_mcp::image::copy_tree(&src, &dst) {
             Ok(()) => ExitCode::SUCCESS,

@@ -61,9 +61,15 @@ pub enum HelperError {
     /// The namespace driver failed.
     #[error("driver: {0}")]
     Driver(#[from] DriverError),
-    /// Talking to the in-VM agent failed.
-    #[error("agent: {0}")]
-    Agent(#[from] crate::agent::protocol::ProtocolError),
+    /// The connection to the VM's agent died (and could not be made
+    /// again): the agent, or the VM, is gone.
+    #[error("the connection to vm {vm:?}'s agent was lost: {reason}")]
+    AgentLost {
+        /// The VM.
+        vm: String,
+        /// Why.
+        reason: String,
+    },
     /// The image store refused or failed; the variant decides the code.
     #[error("{0}")]
     Image(#[from] ImageError),

@@ -1,16 +1,14 @@
-//! The helper's side of one Exec: a connection to the VM's agent, started
-//! with a process spec, then split into an input sink and an output stream.
+//! The helper's side of one Exec: a stream on the VM's agent connection,
+//! started with a process spec, then split into an input sink and an
+//! output source.
 //!
-//! Dropping both halves closes the connection, which makes the agent kill
-//! the process group if it has not exited yet: that is how a vanished gRPC
+//! Dropping both halves cancels the stream, which makes the agent kill the
+//! process tree if it has not exited yet: that is how a vanished gRPC
 //! client takes its process down with it.
-use std::path::Path;
-
-use tokio::net::UnixStream;
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
-
+use super::agent_link::{AgentLink, agent_error};
 use super::error::HelperError;
-use crate::agent::protocol::{ExitStatus, Frame, FrameReader, StartSpec, write_frame};
+use crate::agent::mux::{StreamReceiver, StreamSender};
+use crate::agent::protocol::{ExitStatus, Frame, StartSpec};
 
 /// Client → process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,34 +39,32 @@ pub enum ExecOutput {
 
 /// Sends input to a running process.
 pub struct ExecSink {
-    wr: OwnedWriteHalf,
+    tx: StreamSender,
+    vm: String,
 }
 
 /// Receives a process's output.
 pub struct ExecSource {
-    rd: FrameReader<OwnedReadHalf>,
+    rx: StreamReceiver,
+    vm: String,
 }
 
-/// Connects to the agent and starts the process. Returns its pid (inside the
-/// VM) once it runs; a process that cannot start is `ExecRejected`.
-pub async fn start(socket: &Path, spec: StartSpec) -> Result<(i32, ExecSink, ExecSource), HelperError> {
-    let stream = UnixStream::connect(socket)
-        .await
-        .map_err(|e| HelperError::io(format!("connect to the vm agent at {}", socket.display()), e))?;
-    let (rd, mut wr) = stream.into_split();
-    write_frame(&mut wr, &Frame::Start(spec)).await?;
-    let mut rd = FrameReader::new(rd);
-    match rd.next().await? {
-        Some(Frame::Started(pid)) => Ok((pid, ExecSink { wr }, ExecSource { rd })),
+/// Starts the process in `vm` through its agent link. Returns its pid
+/// (inside the VM) once it runs; a process that cannot start is
+/// `ExecRejected`.
+pub async fn start(vm: &str, link: &AgentLink, spec: StartSpec) -> Result<(i32, ExecSink, ExecSource), HelperError> {
+    let stream = link.open(Frame::Start(spec)).await?;
+    let (tx, mut rx) = (stream.tx, stream.rx);
+    match rx.next().await.map_err(|e| link.error(e))? {
+        Some(Frame::Started(pid)) => Ok((pid, ExecSink { tx, vm: vm.into() }, ExecSource { rx, vm: vm.into() })),
         Some(Frame::Error(msg)) => Err(HelperError::ExecRejected(msg)),
-        Some(other) => Err(HelperError::Io {
-            what: "agent protocol".into(),
-            source: std::io::Error::other(format!("expected started, got {other:?}")),
-        }),
-        None => Err(HelperError::Io {
-            what: "agent protocol".into(),
-            source: std::io::Error::other("the agent closed the connection before the process started"),
-        }),
+        Some(other) => {
+            Err(HelperError::io("agent protocol", std::io::Error::other(format!("expected started, got {other:?}"))))
+        }
+        None => Err(HelperError::io(
+            "agent protocol",
+            std::io::Error::other("the agent ended the stream before the process started"),
+        )),
     }
 }
 
@@ -80,17 +76,16 @@ impl ExecSink {
             ExecInput::CloseStdin => Frame::CloseStdin,
             ExecInput::Signal { signal, group } => Frame::Signal { signal, group },
         };
-        write_frame(&mut self.wr, &frame).await?;
-        Ok(())
+        self.tx.send(frame).await.map_err(|e| agent_error(&self.vm, e))
     }
 }
 
 impl ExecSource {
-    /// The next output; `None` means the agent hung up without an exit
-    /// status. Cancel-safe.
+    /// The next output; `None` means the agent ended the stream without an
+    /// exit status. Cancel-safe.
     pub async fn next(&mut self) -> Result<Option<ExecOutput>, HelperError> {
         loop {
-            return Ok(match self.rd.next().await? {
+            return Ok(match self.rx.next().await.map_err(|e| agent_error(&self.vm, e))? {
                 Some(Frame::Stdout(b)) => Some(ExecOutput::Stdout(b)),
                 Some(Frame::Stderr(b)) => Some(ExecOutput::Stderr(b)),
                 Some(Frame::Exited(st)) => Some(ExecOutput::Exited(st)),

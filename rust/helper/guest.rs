@@ -1,36 +1,26 @@
 //! The helper's side of the agent requests other than Exec: tar copies in
-//! and out of the VM, and its background processes. One agent connection
-//! per request; the agent's `Fail` frames become [`HelperError::Guest`].
-use std::path::Path;
-
-use tokio::net::UnixStream;
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
-
+//! and out of the VM, its background processes, dials to its ports and its
+//! usage as the guest sees it. Each is one stream on the VM's agent link;
+//! the agent's `Fail` frames become [`HelperError::Guest`].
+use super::agent_link::{AgentLink, agent_error};
 use super::error::HelperError;
-use crate::agent::protocol::{BackgroundReply, BackgroundRequest, Frame, FrameReader, write_frame};
-
-async fn connect(socket: &Path, first: &Frame) -> Result<(FrameReader<OwnedReadHalf>, OwnedWriteHalf), HelperError> {
-    let stream = UnixStream::connect(socket)
-        .await
-        .map_err(|e| HelperError::io(format!("connect to the vm agent at {}", socket.display()), e))?;
-    let (rd, mut wr) = stream.into_split();
-    write_frame(&mut wr, first).await?;
-    Ok((FrameReader::new(rd), wr))
-}
+use crate::agent::mux::{StreamReceiver, StreamSender};
+use crate::agent::protocol::{BackgroundReply, BackgroundRequest, FailKind, Frame, GuestStats};
 
 fn unexpected(what: &str, frame: Option<Frame>) -> HelperError {
     let got = match frame {
         Some(Frame::Fail { kind, message }) => return HelperError::Guest { kind, message },
         Some(f) => format!("{f:?}"),
-        None => "the end of the connection".into(),
+        None => "the end of the stream".into(),
     };
     HelperError::io("agent protocol", std::io::Error::other(format!("expected {what}, got {got}")))
 }
 
 /// A copy-in under way: feed it tar chunks, then [`finish`](Self::finish).
 pub struct CopyIn {
-    rd: FrameReader<OwnedReadHalf>,
-    wr: OwnedWriteHalf,
+    tx: StreamSender,
+    rx: StreamReceiver,
+    vm: String,
 }
 
 /// Regular files and content bytes a copy-in wrote.
@@ -43,23 +33,22 @@ pub struct Copied {
 }
 
 impl CopyIn {
-    /// Starts extracting into `dest_dir` in the VM whose agent is at `socket`.
-    pub async fn start(socket: &Path, dest_dir: String) -> Result<Self, HelperError> {
-        let (rd, wr) = connect(socket, &Frame::CopyIn(dest_dir)).await?;
-        Ok(CopyIn { rd, wr })
+    /// Starts extracting into `dest_dir` in VM `vm`.
+    pub async fn start(vm: &str, link: &AgentLink, dest_dir: String) -> Result<Self, HelperError> {
+        let s = link.open(Frame::CopyIn(dest_dir)).await?;
+        Ok(CopyIn { tx: s.tx, rx: s.rx, vm: vm.into() })
     }
 
     /// Sends the next chunk. A failure here usually means the agent
     /// stopped early; [`outcome`](Self::outcome) then says why.
     pub async fn send(&mut self, chunk: Vec<u8>) -> Result<(), HelperError> {
-        write_frame(&mut self.wr, &Frame::Data(chunk)).await?;
-        Ok(())
+        self.tx.send(Frame::Data(chunk)).await.map_err(|e| agent_error(&self.vm, e))
     }
 
     /// The agent's answer. Cancel-safe, so it can wait next to the client's
     /// stream and catch an early rejection.
     pub async fn outcome(&mut self) -> Result<Copied, HelperError> {
-        match self.rd.next().await? {
+        match self.rx.next().await.map_err(|e| agent_error(&self.vm, e))? {
             Some(Frame::Copied { files, bytes }) => Ok(Copied { files, bytes }),
             other => Err(unexpected("copied", other)),
         }
@@ -68,30 +57,32 @@ impl CopyIn {
     /// Ends the tar stream and waits for the extraction to finish.
     pub async fn finish(mut self) -> Result<Copied, HelperError> {
         // If the agent already gave up, its reason is waiting to be read.
-        let _ = write_frame(&mut self.wr, &Frame::End).await;
+        let _ = self.tx.send(Frame::End).await;
         self.outcome().await
     }
 }
 
 /// A copy-out's tar stream.
 pub struct CopyOut {
-    rd: FrameReader<OwnedReadHalf>,
-    /// Kept open: closing it would tell the agent to stop.
-    _wr: OwnedWriteHalf,
+    rx: StreamReceiver,
+    /// Kept: dropping both halves would tell the agent to stop.
+    _tx: StreamSender,
     first: Option<Vec<u8>>,
+    vm: String,
 }
 
 impl CopyOut {
     /// Asks for `path` and waits for the first chunk, so a missing path is
     /// an error here and not in the middle of a stream.
-    pub async fn start(socket: &Path, path: String) -> Result<Self, HelperError> {
-        let (mut rd, wr) = connect(socket, &Frame::CopyOut(path)).await?;
-        let first = match rd.next().await? {
+    pub async fn start(vm: &str, link: &AgentLink, path: String) -> Result<Self, HelperError> {
+        let s = link.open(Frame::CopyOut(path)).await?;
+        let mut rx = s.rx;
+        let first = match rx.next().await.map_err(|e| link.error(e))? {
             Some(Frame::Data(chunk)) => Some(chunk),
             Some(Frame::End) => None,
             other => return Err(unexpected("data", other)),
         };
-        Ok(CopyOut { rd, _wr: wr, first })
+        Ok(CopyOut { rx, _tx: s.tx, first, vm: vm.into() })
     }
 
     /// The next chunk; `None` once the archive is complete.
@@ -99,7 +90,7 @@ impl CopyOut {
         if let Some(chunk) = self.first.take() {
             return Ok(Some(chunk));
         }
-        match self.rd.next().await? {
+        match self.rx.next().await.map_err(|e| agent_error(&self.vm, e))? {
             Some(Frame::Data(chunk)) => Ok(Some(chunk)),
             Some(Frame::End) => Ok(None),
             other => Err(unexpected("data", other)),
@@ -109,20 +100,55 @@ impl CopyOut {
 
 /// Sends one background-process request; the output comes with log and
 /// stop requests.
-pub async fn background(socket: &Path, req: BackgroundRequest) -> Result<(BackgroundReply, Vec<u8>), HelperError> {
+pub async fn background(link: &AgentLink, req: BackgroundRequest) -> Result<(BackgroundReply, Vec<u8>), HelperError> {
     let with_output = matches!(req, BackgroundRequest::Log { .. } | BackgroundRequest::Stop { .. });
-    let (mut rd, _wr) = connect(socket, &Frame::Background(req)).await?;
-    let reply = match rd.next().await? {
+    let mut s = link.open(Frame::Background(req)).await?;
+    let reply = match s.next().await.map_err(|e| link.error(e))? {
         Some(Frame::BackgroundReply(reply)) => reply,
         other => return Err(unexpected("a background reply", other)),
     };
-    let output = if with_output {
-        match rd.next().await? {
-            Some(Frame::Stdout(output)) => output,
-            other => return Err(unexpected("output", other)),
+    // The output (up to a ring's worth) comes in data frames, then the
+    // agent ends the stream.
+    let mut output = Vec::new();
+    if with_output {
+        loop {
+            match s.next().await.map_err(|e| link.error(e))? {
+                Some(Frame::Stdout(chunk)) => output.extend_from_slice(&chunk),
+                None => break,
+                other => return Err(unexpected("output", other)),
+            }
         }
-    } else {
-        Vec::new()
-    };
+    }
     Ok((reply, output))
+}
+
+/// The guest's own view of its usage.
+pub async fn stats(link: &AgentLink) -> Result<GuestStats, HelperError> {
+    let mut s = link.open(Frame::Stats).await?;
+    match s.next().await.map_err(|e| link.error(e))? {
+        Some(Frame::StatsReply(stats)) => Ok(stats),
+        other => Err(unexpected("stats", other)),
+    }
+}
+
+/// A connection to a port inside the VM, made by its agent.
+pub struct Dialed {
+    /// Bytes (`Data`) and half-close (`End`) to the guest.
+    pub tx: StreamSender,
+    /// The guest's bytes and its half-close.
+    pub rx: StreamReceiver,
+}
+
+/// Has the agent connect to `127.0.0.1:port` inside VM `vm`.
+pub async fn dial(vm: &str, link: &AgentLink, port: u32) -> Result<Dialed, HelperError> {
+    let port16 = u16::try_from(port)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| HelperError::invalid("start.port", format!("{port} is not a TCP port")))?;
+    let mut s = link.open(Frame::Dial(port16)).await?;
+    match s.next().await.map_err(|e| link.error(e))? {
+        Some(Frame::Connected) => Ok(Dialed { tx: s.tx, rx: s.rx }),
+        Some(Frame::Fail { kind: FailKind::Refused, .. }) => Err(HelperError::DialRefused { vm: vm.into(), port }),
+        other => Err(unexpected("connected", other)),
+    }
 }

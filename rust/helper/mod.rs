@@ -7,15 +7,17 @@
 //! - [`spec`]: validated VM specs with defaults.
 //! - [`storage`]: the VM's host files (layers, agent socket, shared dirs).
 //! - [`seed`]: files placed in a new VM's writable layer before it starts.
-//! - [`exec`]: the helper's side of an Exec (agent client).
+//! - [`agent_link`]: the one multiplexed connection to each VM's agent.
+//! - [`exec`]: the helper's side of an Exec (a stream on that connection).
 //! - [`freeze`]: stopping a VM's processes while its layer is copied.
-//! - [`guest`]: the helper's side of copies and background processes.
-//! - [`dial`]: TCP connections made inside a VM's network namespace.
-//! - [`stats`]: a running VM's resource usage.
+//! - [`guest`]: the helper's side of copies, background processes, dials
+//!   to guest ports and the guest's own usage readings.
+//! - [`stats`]: a running VM's resource usage (the agent's reading plus
+//!   the host's limits).
 //! - [`netstack`]: egress through a user-mode network stack, under the VM's policy.
 //! - [`driver`]: namespaces, cgroups, seccomp, rootfs, the VM's network link.
 //! - [`error`]: [`HelperError`], mapped to gRPC codes in `service::status`.
-pub mod dial;
+pub mod agent_link;
 pub mod driver;
 pub mod error;
 pub mod exec;

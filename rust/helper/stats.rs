@@ -1,13 +1,14 @@
-//! Resource usage of a running VM, read from the host: its cgroup's
-//! counters (v1 or v2), its network namespace's interface counters through
-//! /proc/<PID 1>/net/dev, and the time since its start.
+//! Resource usage of a running VM: what the guest reads itself, through
+//! its agent (CPU time, memory, tasks, interface counters; the same on every
+//! driver), plus what only the host knows: the namespace driver's cgroup
+//! limits and OOM kills, and the time since the start.
 use std::path::Path;
 
 use super::driver::cgroup::UsageFiles;
 use super::error::HelperError;
 use super::vm::RunHandles;
 
-/// One reading. Counters the host does not have are 0.
+/// One reading. Counters nobody has are 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
     /// CPU time of every process in the VM.
@@ -31,28 +32,28 @@ pub struct Usage {
 }
 
 /// Reads the usage of the VM behind `run`.
-pub fn read(run: &RunHandles) -> Result<Usage, HelperError> {
-    let mut usage =
-        Usage { uptime_ms: u64::try_from(run.started.elapsed().as_millis()).unwrap_or(u64::MAX), ..Usage::default() };
-    let dev_path = format!("/proc/{}/net/dev", run.pid1);
-    let dev = std::fs::read_to_string(&dev_path).map_err(|e| HelperError::io(dev_path, e))?;
-    (usage.net_rx_bytes, usage.net_tx_bytes) = net_bytes(&dev);
+pub async fn read(run: &RunHandles) -> Result<Usage, HelperError> {
+    let guest = super::guest::stats(&run.agent).await?;
+    let mut usage = Usage {
+        cpu_usage_ns: guest.cpu_usage_ns,
+        memory_used_bytes: guest.memory_used_bytes,
+        pids: guest.pids,
+        net_rx_bytes: guest.net_rx_bytes,
+        net_tx_bytes: guest.net_tx_bytes,
+        uptime_ms: u64::try_from(run.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        ..Usage::default()
+    };
+    // The guest cannot see the limits its host put around it.
     match &run.usage {
-        Some(UsageFiles::V1 { memory, pids, cpu }) => {
-            usage.memory_used_bytes = number(&memory.join("memory.usage_in_bytes"));
+        Some(UsageFiles::V1 { memory, pids, .. }) => {
             usage.memory_limit_bytes = number(&memory.join("memory.limit_in_bytes"));
             usage.oom_killed = keyed(&memory.join("memory.oom_control"), "oom_kill") > 0;
-            usage.pids = number(&pids.join("pids.current"));
             usage.pids_limit = number(&pids.join("pids.max"));
-            usage.cpu_usage_ns = number(&cpu.join("cpuacct.usage"));
         }
         Some(UsageFiles::V2(dir)) => {
-            usage.memory_used_bytes = number(&dir.join("memory.current"));
             usage.memory_limit_bytes = number(&dir.join("memory.max"));
             usage.oom_killed = keyed(&dir.join("memory.events"), "oom_kill") > 0;
-            usage.pids = number(&dir.join("pids.current"));
             usage.pids_limit = number(&dir.join("pids.max"));
-            usage.cpu_usage_ns = keyed(&dir.join("cpu.stat"), "usage_usec").saturating_mul(1000);
         }
         None => {}
     }
@@ -80,35 +81,9 @@ fn parse_keyed(text: &str, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Received and sent bytes summed over every interface but `lo`.
-fn net_bytes(dev: &str) -> (u64, u64) {
-    dev.lines()
-        .skip(2)
-        .filter_map(|l| {
-            let (name, counters) = l.split_once(':')?;
-            if name.trim() == "lo" {
-                return None;
-            }
-            let fields: Vec<u64> = counters.split_whitespace().map(|f| f.parse().unwrap_or(0)).collect();
-            Some((*fields.first()?, *fields.get(8)?))
-        })
-        .fold((0, 0), |(rx, tx), (r, t)| (rx + r, tx + t))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn net_dev_sums_everything_but_loopback() {
-        let dev = "Inter-|   Receive                                                |  Transmit
- face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
-    lo:  999999      10    0    0    0     0          0         0   999999      10    0    0    0     0       0          0
-  eth0:    1500      12    0    0    0     0          0         0      700       9    0    0    0     0       0          0
-  eth1:      10       1    0    0    0     0          0         0        5       1    0    0    0     0       0          0
-";
-        assert_eq!(net_bytes(dev), (1510, 705));
-    }
 
     #[test]
     fn keyed_files_are_parsed() {

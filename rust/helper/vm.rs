@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use super::agent_link::AgentLink;
 use super::driver::cgroup::{Limits, UsageFiles};
 use super::driver::init::{BindMount, InitConfig};
 use super::driver::launch::{Instance, LaunchSpec, VmNamespaces};
@@ -90,8 +91,8 @@ pub struct VmInfo {
 /// What Exec needs to reach a running VM's agent.
 #[derive(Debug, Clone)]
 pub struct ExecTarget {
-    /// The agent's socket.
-    pub socket: PathBuf,
+    /// The connection to its agent.
+    pub agent: Arc<AgentLink>,
     /// The image's environment, then the VM's, applied before the
     /// process's own.
     pub env: Vec<(String, String)>,
@@ -102,6 +103,8 @@ pub struct ExecTarget {
 /// What Dial and Stats need from a running VM.
 #[derive(Debug, Clone)]
 pub struct RunHandles {
+    /// The connection to its agent.
+    pub agent: Arc<AgentLink>,
     /// Host pid of the VM's PID 1.
     pub pid1: i32,
     /// The VM's user and network namespaces.
@@ -311,7 +314,9 @@ impl VmManager {
         let (tx, rx) = watch::channel(None);
         let (quota, quota_task) =
             quota::watch(config.disk_bytes, disk_parts(&slot.dir, &config), instance.pid1, instance.agent);
+        let agent = AgentLink::new(id, instance.connection.clone(), instance.agent_dialer());
         let handles = RunHandles {
+            agent,
             pid1: instance.pid1,
             ns: instance.ns.clone(),
             usage: instance.usage_files(),
@@ -431,12 +436,13 @@ impl VmManager {
     pub fn exec_target(&self, id: &str) -> Result<ExecTarget, HelperError> {
         let slot = self.slot(id)?;
         let d = slot.data();
-        if !d.info.state.can_exec() {
-            return Err(HelperError::WrongState { op: "exec in", id: id.into(), state: d.info.state });
-        }
+        let agent = match &d.run {
+            Some(run) if d.info.state.can_exec() => run.agent.clone(),
+            _ => return Err(HelperError::WrongState { op: "exec in", id: id.into(), state: d.info.state }),
+        };
         let image_env = slot.image.config.env.iter();
         Ok(ExecTarget {
-            socket: agent_socket(id),
+            agent,
             env: image_env.chain(&d.info.config.env).map(|(k, v)| (k.clone(), v.clone())).collect(),
             user: slot.image.config.user.clone(),
         })

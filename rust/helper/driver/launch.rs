@@ -18,7 +18,8 @@ use super::cgroup::{CgroupLayout, Limits, UsageFiles, VmCgroup};
 use super::init::{CONTROL_FD, InitConfig};
 use super::network::{pidfd_kill, pidfd_open};
 use super::userns::IdMapper;
-use crate::agent::protocol::{Frame, FrameReader, write_frame};
+use crate::agent::mux::Mux;
+use crate::agent::protocol::Frame;
 use crate::helper::netstack::NetStack;
 use crate::helper::netstack::events::Events;
 use crate::netpolicy::NetworkPolicy;
@@ -71,9 +72,20 @@ pub struct Instance {
     /// The VM's network stack (EGRESS); dropped with the instance.
     net: Option<NetStack>,
     agent_socket: PathBuf,
+    /// The connection to the agent the start opened (and pinged).
+    pub connection: Mux,
 }
 
 impl Instance {
+    /// Opens another connection to the agent (after the first one died).
+    pub fn agent_dialer(&self) -> crate::helper::agent_link::Dialer {
+        let path = self.agent_socket.clone();
+        std::sync::Arc::new(move || {
+            let path = path.clone();
+            Box::pin(async move { connect_agent(&path).await })
+        })
+    }
+
     /// Asks PID 1 to SIGTERM everything in the sandbox.
     pub fn request_stop(&self) {
         let _ = send(self.control.as_raw_fd(), b"term", MsgFlags::MSG_DONTWAIT);
@@ -248,7 +260,7 @@ pub async fn launch(prepared: Prepared, spec: &LaunchSpec) -> Result<(Instance, 
     let result =
         tokio::time::timeout(START_TIMEOUT, handshake(spec, &control, stdin, tun, listener, pid, &mut state)).await;
     match result {
-        Ok(Ok(())) => match state {
+        Ok(Ok(connection)) => match state {
             Partial { cgroup, net, pid1: Some((pid1, pid1fd)) } => {
                 let open = |kind: &str| {
                     std::fs::File::open(format!("/proc/{pid1}/ns/{kind}"))
@@ -265,7 +277,7 @@ pub async fn launch(prepared: Prepared, spec: &LaunchSpec) -> Result<(Instance, 
                 let agent = agent_pid(pid1);
                 let agent_socket = spec.agent_socket.clone();
                 let control = control.into_inner();
-                Ok((Instance { pid1, agent, ns, pid1fd, control, cgroup, net, agent_socket }, child))
+                Ok((Instance { pid1, agent, ns, pid1fd, control, cgroup, net, agent_socket, connection }, child))
             }
             _ => Err(DriverError::InitFailed("PID 1 never reported its pid".into())),
         },
@@ -317,7 +329,7 @@ async fn handshake(
     listener: std::os::unix::net::UnixListener,
     launcher_pid: i32,
     state: &mut Partial,
-) -> Result<(), DriverError> {
+) -> Result<Mux, DriverError> {
     let begun = Instant::now();
     if let Some(cg) = &mut state.cgroup {
         cg.rename(&spec.id);
@@ -362,7 +374,7 @@ async fn handshake(
         protect_from_oom(launcher_pid, *pid1);
     }
     let t2 = Instant::now();
-    ping(spec).await?;
+    let connection = ping(spec).await?;
     // Closing the last fd of a tun deletes the device, which waits for RCU
     // grace periods: not on the start path, nor on a runtime thread.
     if let Some(tun) = unused_tun {
@@ -373,7 +385,7 @@ async fn handshake(
         vm = %spec.id, launcher = launcher_pid, config = ?(t1 - begun), ready = ?(t2 - t1), ping = ?t2.elapsed(),
         "start steps"
     );
-    Ok(())
+    Ok(connection)
 }
 
 /// `go`, carrying the agent's listening socket.
@@ -474,13 +486,18 @@ async fn recv_async(control: &AsyncFd<OwnedFd>) -> Result<Vec<u8>, DriverError> 
     }
 }
 
-/// One round trip to the agent, so StartVm returns only when Exec works.
-async fn ping(spec: &LaunchSpec) -> Result<(), DriverError> {
-    let stream = UnixStream::connect(&spec.agent_socket).await.map_err(|e| DriverError::io("connect agent", e))?;
-    let (rd, mut wr) = stream.into_split();
-    write_frame(&mut wr, &Frame::Ping).await?;
-    match FrameReader::new(rd).next().await? {
-        Some(Frame::Pong) => Ok(()),
+/// A new multiplexed connection to the agent listening at `path`.
+pub async fn connect_agent(path: &std::path::Path) -> std::io::Result<Mux> {
+    Ok(Mux::open_side(UnixStream::connect(path).await?))
+}
+
+/// Connects and makes one round trip to the agent, so StartVm returns only
+/// when Exec works; the connection is the VM's from then on.
+async fn ping(spec: &LaunchSpec) -> Result<Mux, DriverError> {
+    let mux = connect_agent(&spec.agent_socket).await.map_err(|e| DriverError::io("connect agent", e))?;
+    let mut stream = mux.open(Frame::Ping)?;
+    match stream.next().await? {
+        Some(Frame::Pong) => Ok(mux),
         other => Err(DriverError::InitFailed(format!("agent answered {other:?} to a ping"))),
     }
 }

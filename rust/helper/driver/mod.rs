@@ -54,7 +54,7 @@ pub enum DriverError {
     InitFailed(String),
     /// The agent did not answer its first ping.
     #[error("agent: {0}")]
-    Agent(#[from] crate::agent::protocol::ProtocolError),
+    Agent(#[from] crate::agent::mux::MuxError),
     /// A step did not finish in time.
     #[error("timed out waiting for {0}")]
     Timeout(&'static str),

@@ -1,5 +1,6 @@
 //! Proto ⇄ domain conversions for the service: VM specs, process specs,
 //! exit statuses and background-process records.
+use super::super::agent_link::AgentLink;
 use super::super::error::HelperError;
 use super::super::seed::{SeedFile, SeedKind};
 use super::super::spec::{MountSpec, Network, VmConfig, check_env_key};
@@ -7,16 +8,16 @@ use super::super::vm::{VmInfo, VmManager, VmState};
 use crate::agent::protocol::{BackgroundRecord, ExitStatus, StartSpec};
 use crate::netpolicy::NetworkPolicy;
 use crate::proto::v1 as pb;
-use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Checks a process spec and turns it into what the agent runs, with the
 /// image's and the VM's environment merged in first and the image's user as
-/// the default; returns the agent's socket too.
+/// the default; returns the VM's agent link too.
 pub(super) fn start_spec(
     vms: &VmManager,
     p: pb::ProcessSpec,
     field: &str,
-) -> Result<(PathBuf, StartSpec), HelperError> {
+) -> Result<(Arc<AgentLink>, StartSpec), HelperError> {
     if p.argv.is_empty() || p.argv[0].is_empty() {
         return Err(HelperError::invalid(format!("{field}.argv"), "must not be empty"));
     }
@@ -49,7 +50,7 @@ pub(super) fn start_spec(
         secret: p.secret,
         secret_fd: p.secret_fd,
     };
-    Ok((target.socket, spec))
+    Ok((target.agent, spec))
 }
 
 pub(super) fn background_to_proto(r: BackgroundRecord) -> pb::BackgroundProcess {

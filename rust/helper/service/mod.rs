@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tonic::{Request, Response, Status, Streaming};
 
+use super::agent_link::AgentLink;
 use super::error::HelperError;
 use super::vm::VmManager;
 use crate::agent::protocol::{BackgroundRequest, FailKind};
@@ -59,9 +60,9 @@ impl HelperService {
         }
     }
 
-    /// The agent socket of running VM `id`.
-    fn agent(&self, id: &str) -> Result<std::path::PathBuf, Status> {
-        self.vms.exec_target(id).map(|t| t.socket).map_err(status)
+    /// The agent link of running VM `id`.
+    fn agent(&self, id: &str) -> Result<Arc<AgentLink>, Status> {
+        self.vms.exec_target(id).map(|t| t.agent).map_err(status)
     }
 }
 
@@ -73,13 +74,16 @@ pub fn status(e: HelperError) -> Status {
         HelperError::VmNotFound(_) | HelperError::ImageNotFound(_) => Status::not_found(msg),
         HelperError::AlreadyExists(_) => Status::already_exists(msg),
         HelperError::WrongState { .. } => Status::failed_precondition(msg),
-        HelperError::Unavailable(_) | HelperError::DialRefused { .. } => Status::unavailable(msg),
+        HelperError::Unavailable(_) | HelperError::DialRefused { .. } | HelperError::AgentLost { .. } => {
+            Status::unavailable(msg)
+        }
         HelperError::Guest { kind, .. } => match kind {
             FailKind::Invalid => Status::invalid_argument(msg),
             FailKind::NotFound => Status::not_found(msg),
             FailKind::AlreadyExists => Status::already_exists(msg),
             FailKind::Exhausted => Status::resource_exhausted(msg),
             FailKind::Internal => Status::internal(msg),
+            FailKind::Refused => Status::unavailable(msg),
         },
         HelperError::Image(e) => match e {
             ImageError::InvalidName(_) | ImageError::InvalidPackage(_) | ImageError::InvalidSuite(_) => {
@@ -92,7 +96,7 @@ pub fn status(e: HelperError) -> Status {
             }
             _ => Status::internal(msg),
         },
-        HelperError::Driver(_) | HelperError::Agent(_) | HelperError::Io { .. } => Status::internal(msg),
+        HelperError::Driver(_) | HelperError::Io { .. } => Status::internal(msg),
     }
 }
 
@@ -212,7 +216,7 @@ impl VmHelper for HelperService {
 
     async fn stats(&self, req: Request<pb::StatsRequest>) -> Result<Response<pb::StatsResponse>, Status> {
         let run = self.vms.run_handles(&req.into_inner().vm_id, "read stats of").map_err(status)?;
-        let u = super::stats::read(&run).map_err(status)?;
+        let u = super::stats::read(&run).await.map_err(status)?;
         let disk = run.quota.reading();
         Ok(Response::new(pb::StatsResponse {
             disk_used_bytes: disk.used,
@@ -242,9 +246,9 @@ impl VmHelper for HelperService {
         if process.tty {
             return Err(status(HelperError::invalid("process.tty", "not supported for background processes")));
         }
-        let (socket, spec) = start_spec(&self.vms, process, "process").map_err(status)?;
+        let (agent, spec) = start_spec(&self.vms, process, "process").map_err(status)?;
         let start = BackgroundRequest::Start { name: req.name, spec };
-        let (reply, _) = super::guest::background(&socket, start).await.map_err(status)?;
+        let (reply, _) = super::guest::background(&agent, start).await.map_err(status)?;
         Ok(Response::new(pb::StartBackgroundResponse {
             process: reply.processes.into_iter().next().map(background_to_proto),
         }))
@@ -254,8 +258,8 @@ impl VmHelper for HelperService {
         &self,
         req: Request<pb::ListBackgroundRequest>,
     ) -> Result<Response<pb::ListBackgroundResponse>, Status> {
-        let socket = self.agent(&req.into_inner().vm_id)?;
-        let (reply, _) = super::guest::background(&socket, BackgroundRequest::List).await.map_err(status)?;
+        let agent = self.agent(&req.into_inner().vm_id)?;
+        let (reply, _) = super::guest::background(&agent, BackgroundRequest::List).await.map_err(status)?;
         Ok(Response::new(pb::ListBackgroundResponse {
             processes: reply.processes.into_iter().map(background_to_proto).collect(),
         }))
@@ -266,9 +270,9 @@ impl VmHelper for HelperService {
         req: Request<pb::ReadBackgroundLogRequest>,
     ) -> Result<Response<pb::ReadBackgroundLogResponse>, Status> {
         let req = req.into_inner();
-        let socket = self.agent(&req.vm_id)?;
+        let agent = self.agent(&req.vm_id)?;
         let log = BackgroundRequest::Log { name: req.name, tail_lines: req.tail_lines };
-        let (reply, output) = super::guest::background(&socket, log).await.map_err(status)?;
+        let (reply, output) = super::guest::background(&agent, log).await.map_err(status)?;
         Ok(Response::new(pb::ReadBackgroundLogResponse {
             process: reply.processes.into_iter().next().map(background_to_proto),
             output,
@@ -281,9 +285,9 @@ impl VmHelper for HelperService {
         req: Request<pb::StopBackgroundRequest>,
     ) -> Result<Response<pb::StopBackgroundResponse>, Status> {
         let req = req.into_inner();
-        let socket = self.agent(&req.vm_id)?;
+        let agent = self.agent(&req.vm_id)?;
         let stop = BackgroundRequest::Stop { name: req.name, grace_ms: req.grace_ms, tail_lines: req.tail_lines };
-        let (reply, output) = super::guest::background(&socket, stop).await.map_err(status)?;
+        let (reply, output) = super::guest::background(&agent, stop).await.map_err(status)?;
         Ok(Response::new(pb::StopBackgroundResponse {
             process: reply.processes.into_iter().next().map(background_to_proto),
             output,

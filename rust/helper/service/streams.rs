@@ -1,29 +1,24 @@
 //! The streaming RPCs: Exec, Dial, CopyIn and CopyOut. Each pumps a gRPC
-//! stream to or from its domain side (agent connection or guest socket) on
+//! stream to or from its domain side (a stream on the VM's agent link) on
 //! a task of its own, and ends when either side is done or gone.
 use std::pin::Pin;
 
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 use tokio_stream::{Stream, StreamExt as _};
 use tonic::{Response, Status, Streaming};
 
 use super::convert::{exited, start_spec};
 use super::status;
-use crate::helper::dial;
+use crate::agent::mux::{StreamReceiver, StreamSender};
+use crate::agent::protocol::Frame;
 use crate::helper::error::HelperError;
 use crate::helper::exec::{self, ExecInput, ExecOutput};
-use crate::helper::guest::{CopyIn, CopyOut};
+use crate::helper::guest::{self, CopyIn, CopyOut, Dialed};
 use crate::helper::vm::VmManager;
 use crate::proto::v1 as pb;
 
 /// A server stream of `T`.
 pub type RpcStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
-
-/// Bytes read from a guest socket per DialResponse: large, because
-/// per-message overhead dominates port-forwarding throughput.
-const DIAL_CHUNK: usize = 256 * 1024;
 
 fn response(msg: pb::exec_response::Msg) -> pb::ExecResponse {
     pb::ExecResponse { msg: Some(msg) }
@@ -57,25 +52,15 @@ pub async fn exec(
         }
     };
     let vm_id = first.vm_id.clone();
-    let (socket, spec) = start_spec(vms, first, "start").map_err(status)?;
+    let (agent, spec) = start_spec(vms, first, "start").map_err(status)?;
     // Whether the disk quota watcher killed processes while this one ran.
     let quota = vms.run_handles(&vm_id, "exec in").ok().map(|r| r.quota);
     let stops_before = quota.as_ref().map(|q| q.stops());
-    let (pid, mut sink, mut source) = exec::start(&socket, spec).await.map_err(|e| {
+    let (pid, mut sink, mut source) = exec::start(&vm_id, &agent, spec).await.map_err(|e| match e {
         // The VM died a moment ago and its exit has not been recorded yet:
         // report what the client will see on its next call anyway.
-        let gone = |k: std::io::ErrorKind| {
-            use std::io::ErrorKind::*;
-            matches!(k, ConnectionRefused | NotFound | ConnectionReset | BrokenPipe | UnexpectedEof)
-        };
-        match e {
-            HelperError::Io { ref source, .. } if gone(source.kind()) => vm_stopped(vm_id),
-            HelperError::Agent(crate::agent::protocol::ProtocolError::Io(ref source)) if gone(source.kind()) => {
-                vm_stopped(vm_id)
-            }
-            HelperError::Agent(crate::agent::protocol::ProtocolError::Truncated) => vm_stopped(vm_id),
-            other => status(other),
-        }
+        HelperError::AgentLost { .. } => vm_stopped(vm_id.clone()),
+        other => status(other),
     })?;
 
     let (tx, rx) = mpsc::channel::<Result<pb::ExecResponse, Status>>(16);
@@ -133,7 +118,7 @@ pub async fn exec(
                             }
                             (Ok(response(pb::exec_response::Msg::Exited(exited(st)))), true)
                         }
-                        Ok(None) => (Err(Status::internal("the vm agent hung up before the process exited (vm stopped?)")), true),
+                        Ok(None) => (Err(Status::internal("the vm agent ended the exec before the process exited (vm stopped?)")), true),
                         Err(e) => (Err(status(e)), true),
                     };
                     if tx.send(msg).await.is_err() || last {
@@ -146,8 +131,8 @@ pub async fn exec(
     Ok(stream_of(rx))
 }
 
-/// Dial: connect inside the VM, answer `connected`, then relay bytes both
-/// ways with TCP half-close semantics.
+/// Dial: the VM's agent connects inside the guest; answer `connected`, then
+/// relay bytes both ways with TCP half-close semantics.
 pub async fn dial(
     vms: &VmManager,
     mut inbound: Streaming<pb::DialRequest>,
@@ -159,9 +144,8 @@ pub async fn dial(
             return Err(status(HelperError::invalid("start", "the first message must be start")));
         }
     };
-    let run = vms.run_handles(&start.vm_id, "dial into").map_err(status)?;
-    let stream = dial::connect(&start.vm_id, run.ns, start.port).await.map_err(status)?;
-    let (guest_rd, guest_wr) = stream.into_split();
+    let agent = vms.run_handles(&start.vm_id, "dial into").map_err(status)?.agent;
+    let Dialed { tx: guest_tx, rx: guest_rx } = guest::dial(&start.vm_id, &agent, start.port).await.map_err(status)?;
     let (tx, rx) = mpsc::channel::<Result<pb::DialResponse, Status>>(8);
     let connected = pb::DialResponse { msg: Some(pb::dial_response::Msg::Connected(pb::Connected {})) };
     if tx.send(Ok(connected)).await.is_err() {
@@ -169,14 +153,14 @@ pub async fn dial(
     }
     // Weak: the response stream must end when the guest closes, even while
     // the client keeps its own side open.
-    tokio::spawn(client_to_guest(inbound, guest_wr, tx.downgrade()));
-    tokio::spawn(guest_to_client(guest_rd, tx));
+    tokio::spawn(client_to_guest(inbound, guest_tx, tx.downgrade()));
+    tokio::spawn(guest_to_client(guest_rx, tx));
     Ok(stream_of(rx))
 }
 
 async fn client_to_guest(
     mut inbound: Streaming<pb::DialRequest>,
-    mut guest: OwnedWriteHalf,
+    guest: StreamSender,
     tx: mpsc::WeakSender<Result<pb::DialResponse, Status>>,
 ) {
     while let Some(msg) = inbound.next().await {
@@ -191,28 +175,34 @@ async fn client_to_guest(
                 return;
             }
             Ok(pb::DialRequest { msg: None }) => continue,
-            // The client is gone; dropping the write half (and the
-            // response side noticing) closes the guest connection.
+            // The client is gone; once the response side notices too, both
+            // halves are dropped, which cancels the stream, and the agent
+            // closes the guest connection.
             Err(_) => return,
         };
-        if guest.write_all(&data).await.is_err() {
+        if data.is_empty() {
+            continue;
+        }
+        if guest.send(Frame::Data(data)).await.is_err() {
             return;
         }
     }
-    // close_write, or the client finished sending: the guest reads EOF.
-    let _ = guest.shutdown().await;
+    // close_write, or the client finished sending: the guest reads EOF. The
+    // stream stays open while the response side still holds its half.
+    let _ = guest.send(Frame::End).await;
 }
 
-async fn guest_to_client(mut guest: OwnedReadHalf, tx: mpsc::Sender<Result<pb::DialResponse, Status>>) {
+async fn guest_to_client(mut guest: StreamReceiver, tx: mpsc::Sender<Result<pb::DialResponse, Status>>) {
     loop {
-        let mut buf = Vec::with_capacity(DIAL_CHUNK);
         let read = tokio::select! {
             () = tx.closed() => return,
-            r = guest.read_buf(&mut buf) => r,
+            r = guest.next() => r,
         };
         let msg = match read {
-            Ok(0) => return,
-            Ok(_) => Ok(pb::DialResponse { msg: Some(pb::dial_response::Msg::Data(buf)) }),
+            Ok(Some(Frame::Data(buf))) => Ok(pb::DialResponse { msg: Some(pb::dial_response::Msg::Data(buf)) }),
+            Ok(Some(Frame::End)) | Ok(None) => return,
+            Ok(Some(Frame::Fail { message, .. })) => Err(Status::unavailable(format!("guest connection: {message}"))),
+            Ok(Some(_)) => continue,
             Err(e) => Err(Status::unavailable(format!("guest connection: {e}"))),
         };
         let last = msg.is_err();
@@ -241,7 +231,7 @@ pub async fn copy_in(
         )));
     }
     let target = vms.exec_target(&start.vm_id).map_err(status)?;
-    let mut copy = CopyIn::start(&target.socket, start.dest_dir).await.map_err(status)?;
+    let mut copy = CopyIn::start(&start.vm_id, &target.agent, start.dest_dir).await.map_err(status)?;
     loop {
         tokio::select! {
             // The agent answers before the end only when it gave up.
@@ -279,7 +269,7 @@ pub async fn copy_out(
         return Err(status(HelperError::invalid("path", format!("{:?} must be an absolute path", req.path))));
     }
     let target = vms.exec_target(&req.vm_id).map_err(status)?;
-    let mut copy = CopyOut::start(&target.socket, req.path).await.map_err(status)?;
+    let mut copy = CopyOut::start(&req.vm_id, &target.agent, req.path).await.map_err(status)?;
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
         loop {
