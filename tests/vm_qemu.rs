@@ -10,6 +10,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use sandbox_mcp::agent::mux::Mux;
+use sandbox_mcp::agent::protocol::{ExitStatus, Frame, StartSpec};
 use sandbox_mcp::helper::driver::qemu::assets::{Assets, build_id, vm_dir};
 use sandbox_mcp::helper::driver::qemu::instance::{BootSpec, Instance};
 use sandbox_mcp::helper::driver::qemu::{Accel, disks, probe};
@@ -241,4 +243,113 @@ fn a_missing_layer_is_named() {
     assert!(e.contains("stat layer") && e.contains("gone"), "{e}");
     let e = disks::upper_disk(&dir.0.join("no/such/dir/upper.ext4"), 1 << 20).unwrap_err().to_string();
     assert!(e.contains("upper.ext4"), "{e}");
+}
+
+// ------------------------------------------- the agent over the serial port
+
+/// A booted test-image vm (with `/workspace` when asked) and the
+/// multiplexed agent connection over its virtio-serial port.
+struct Booted {
+    dir: TempDir,
+    vm: Instance,
+    agent: Mux,
+    workspace: PathBuf,
+}
+
+async fn boot_test_image(tag: &str, assets: &Assets, mapper: &IdMapper) -> Option<Booted> {
+    let dir = TempDir::new(tag);
+    let Some((layers, upper)) = disks_for_test_image(&dir.0, mapper) else {
+        eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
+        return None;
+    };
+    let workspace = dir.0.join("ws");
+    std::fs::create_dir(&workspace).unwrap();
+    let (uid, gid) = mapper.id_map().host_root();
+    nix::unistd::chown(&workspace, Some(uid.into()), Some(gid.into())).unwrap();
+    let accel = tcg();
+    let spec = BootSpec {
+        hostname: tag,
+        run_dir: dir.0.join("run"),
+        assets,
+        accel: &accel,
+        layers,
+        upper,
+        workspace: Some(workspace.clone()),
+        cpus: 1,
+        memory_mib: 512,
+        mapper,
+        cgroup: None,
+    };
+    let (vm, transport) = Instance::boot(spec).await.expect("boot");
+    let agent = Mux::open_side(transport);
+    Some(Booted { dir, vm, agent, workspace })
+}
+
+/// Waits for the agent's first Pong (the guest's boot under TCG).
+async fn ping(agent: &Mux) {
+    let mut s = agent.open(Frame::Ping).expect("open a ping stream");
+    let answer = tokio::time::timeout(Duration::from_secs(180), s.next()).await.expect("the agent answers in time");
+    assert!(matches!(answer, Ok(Some(Frame::Pong))), "{answer:?}");
+}
+
+/// Runs argv in the guest; its exit code and stdout.
+async fn exec(agent: &Mux, argv: &[&str]) -> (i32, String) {
+    let spec = StartSpec {
+        argv: argv.iter().map(|a| a.to_string()).collect(),
+        env: vec![("PATH".into(), "/usr/sbin:/usr/bin:/sbin:/bin".into())],
+        cwd: "/".into(),
+        create_cwd: false,
+        tty: false,
+        tty_cols: 0,
+        tty_rows: 0,
+        user: String::new(),
+        secret: Vec::new(),
+        secret_fd: 0,
+    };
+    let mut s = agent.open(Frame::Start(spec)).expect("open an exec stream");
+    let mut out = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(120), s.next()).await.expect("exec answers") {
+            Ok(Some(Frame::Stdout(b))) => out.extend(b),
+            Ok(Some(Frame::Exited(ExitStatus::Code(c)))) => return (c, String::from_utf8_lossy(&out).into_owned()),
+            Ok(Some(Frame::Started(_) | Frame::Stderr(_) | Frame::Credit(_))) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_agent_answers_on_the_serial_port_from_the_guest_kernel() {
+    let Some(assets) = assets() else { return };
+    let mapper = IdMapper::detect().expect("an id map (host-setup)");
+    let Some(mut b) = boot_test_image("uname", &assets, &mapper).await else { return };
+    ping(&b.agent).await;
+    let (code, release) = exec(&b.agent, &["uname", "-r"]).await;
+    assert_eq!(code, 0);
+    let host = nix::sys::utsname::uname().unwrap().release().to_string_lossy().into_owned();
+    assert_eq!(release.trim(), assets.release, "the guest runs the vm kernel");
+    assert_ne!(release.trim(), host, "not the host's kernel");
+    let exit = b.vm.stop(Duration::from_secs(10)).await;
+    assert!(!exit.killed, "{exit:?}");
+    drop(b.dir);
+}
+
+#[tokio::test]
+async fn workspace_files_cross_between_host_and_guest() {
+    let Some(assets) = assets() else { return };
+    let mapper = IdMapper::detect().expect("an id map (host-setup)");
+    let Some(mut b) = boot_test_image("ws", &assets, &mapper).await else { return };
+    std::fs::write(b.workspace.join("from-host.txt"), "written by the host\n").unwrap();
+    ping(&b.agent).await;
+    let (code, seen) = exec(&b.agent, &["cat", "/workspace/from-host.txt"]).await;
+    assert_eq!((code, seen.as_str()), (0, "written by the host\n"));
+    let (code, _) = exec(&b.agent, &["sh", "-c", "echo written by the guest > /workspace/from-guest.txt"]).await;
+    assert_eq!(code, 0);
+    let back = b.workspace.join("from-guest.txt");
+    assert_eq!(std::fs::read_to_string(&back).unwrap(), "written by the guest\n");
+    // The guest's root writes files the sandbox's root owns on the host
+    // (the user, for an ordinary user's helper), as in a namespace sandbox.
+    let (uid, _) = mapper.id_map().host_root();
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&back).unwrap()), uid);
+    b.vm.kill().await;
 }
