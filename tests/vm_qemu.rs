@@ -204,6 +204,8 @@ async fn qmp_saves_a_paused_vm_to_a_file() {
     assert!(size > 1 << 20, "the state holds the guest's memory: {size} bytes");
     qmp.cont().await.expect("cont");
     assert_eq!(qmp.status().await.unwrap(), "running");
+    // qemu serves one QMP client at a time; stop() makes its own.
+    drop(qmp);
     let exit = vm.stop(Duration::from_secs(10)).await;
     assert!(!exit.killed, "quit over QMP ends qemu without a signal: {exit:?}");
 }

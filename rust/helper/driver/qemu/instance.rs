@@ -155,7 +155,8 @@ impl Instance {
         }
     }
 
-    /// A QMP connection to this vm.
+    /// A QMP connection to this vm. qemu serves one client at a time: a
+    /// second one (or [`stop`](Self::stop)'s) waits until it is dropped.
     pub async fn qmp(&self) -> Result<Qmp, QemuError> {
         Qmp::connect(&self.qmp, Duration::from_secs(10)).await
     }
