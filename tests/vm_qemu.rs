@@ -14,7 +14,7 @@ use sandbox_mcp::agent::mux::Mux;
 use sandbox_mcp::agent::protocol::{ExitStatus, Frame, StartSpec};
 use sandbox_mcp::helper::driver::qemu::assets::{Assets, build_id, vm_dir};
 use sandbox_mcp::helper::driver::qemu::instance::{BootSpec, Instance};
-use sandbox_mcp::helper::driver::qemu::{Accel, disks, probe};
+use sandbox_mcp::helper::driver::qemu::{Accel, disks, probe, snapshot};
 use sandbox_mcp::helper::driver::userns::IdMapper;
 
 /// A directory removed on drop; short, for socket paths.
@@ -296,6 +296,12 @@ async fn ping(agent: &Mux) {
 
 /// Runs argv in the guest; its exit code and stdout.
 async fn exec(agent: &Mux, argv: &[&str]) -> (i32, String) {
+    let (code, out) = exec_bytes(agent, argv).await;
+    (code, String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Runs argv in the guest; its exit code and stdout's bytes.
+async fn exec_bytes(agent: &Mux, argv: &[&str]) -> (i32, Vec<u8>) {
     let spec = StartSpec {
         argv: argv.iter().map(|a| a.to_string()).collect(),
         env: vec![("PATH".into(), "/usr/sbin:/usr/bin:/sbin:/bin".into())],
@@ -313,7 +319,7 @@ async fn exec(agent: &Mux, argv: &[&str]) -> (i32, String) {
     loop {
         match tokio::time::timeout(Duration::from_secs(120), s.next()).await.expect("exec answers") {
             Ok(Some(Frame::Stdout(b))) => out.extend(b),
-            Ok(Some(Frame::Exited(ExitStatus::Code(c)))) => return (c, String::from_utf8_lossy(&out).into_owned()),
+            Ok(Some(Frame::Exited(ExitStatus::Code(c)))) => return (c, out),
             Ok(Some(Frame::Started(_) | Frame::Stderr(_) | Frame::Credit(_))) => {}
             other => panic!("unexpected {other:?}"),
         }
@@ -354,4 +360,50 @@ async fn workspace_files_cross_between_host_and_guest() {
     let (uid, _) = mapper.id_map().host_root();
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&back).unwrap()), uid);
     b.vm.kill().await;
+}
+
+/// The guest's writable layer comes out as a layer in the image store's
+/// format: files with the sandbox's owners, a deletion as a 0/0 character
+/// device, a replaced directory marked opaque.
+#[tokio::test]
+async fn the_writable_layer_becomes_a_store_layer() {
+    let Some(assets) = assets() else { return };
+    let mapper = IdMapper::detect().expect("an id map (host-setup)");
+    let Some(mut b) = boot_test_image("snap", &assets, &mapper).await else { return };
+    ping(&b.agent).await;
+    let change = "echo added > /etc/added && rm /etc/hostname && rm -r /usr/share/doc && mkdir /usr/share/doc \
+        && echo new > /usr/share/doc/new && sync";
+    assert_eq!(exec(&b.agent, &["sh", "-c", change]).await.0, 0);
+    let argv = snapshot::archive_argv();
+    let (code, tar) = exec_bytes(&b.agent, &argv.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    assert_eq!(code, 0);
+    b.vm.kill().await;
+    let archive = b.dir.0.join("layer.tar");
+    std::fs::write(&archive, tar).unwrap();
+    let layer = b.dir.0.join("layer");
+    snapshot::unpack_layer(&archive, &layer, &mapper).expect("unpack");
+
+    use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+    let (uid, _) = mapper.id_map().host_root();
+    let added = std::fs::symlink_metadata(layer.join("etc/added")).unwrap();
+    assert_eq!(std::fs::read_to_string(layer.join("etc/added")).unwrap(), "added\n");
+    assert_eq!(added.uid(), uid, "root's file in the guest is the sandbox root's on the host");
+    let whiteout = std::fs::symlink_metadata(layer.join("etc/hostname")).unwrap();
+    assert!(whiteout.file_type().is_char_device() && whiteout.rdev() == 0, "{whiteout:?}");
+    let doc = layer.join("usr/share/doc");
+    let value = xattr(&doc, "user.overlay.opaque");
+    assert_eq!(value.as_deref(), Some(&b"y"[..]), "the replaced directory is opaque");
+    assert!(doc.join("new").is_file());
+    // Unpacking into an existing directory is refused, naming it.
+    let e = snapshot::unpack_layer(&archive, &layer, &mapper).unwrap_err().to_string();
+    assert!(e.contains(&layer.display().to_string()), "{e}");
+}
+
+fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    let mut buf = [0u8; 64];
+    // SAFETY: valid C strings and a buffer of the given length.
+    let len = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (len >= 0).then(|| buf[..len as usize].to_vec())
 }

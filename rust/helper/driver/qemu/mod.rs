@@ -13,6 +13,7 @@
 //!   writable disk.
 //! - [`virtiofsd`]: the daemon serving `/workspace`.
 //! - [`instance`]: boot, transport, stop, kill, wait.
+//! - [`snapshot`]: the writable layer as a layer of the image store.
 //!
 //! qemu runs as the helper's user with no extra privilege, under
 //! `-sandbox on` (its own seccomp filter), in the sandbox's cgroup when the
@@ -23,6 +24,7 @@ pub mod disks;
 pub mod instance;
 pub mod probe;
 pub mod qmp;
+pub mod snapshot;
 pub mod virtiofsd;
 
 /// Debian's qemu for x86-64 guests (package qemu-system-x86).
