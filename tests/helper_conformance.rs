@@ -426,6 +426,31 @@ async fn get_info_describes_the_helper() {
 }
 
 #[tokio::test]
+async fn get_info_lists_every_driver_with_typed_capabilities() {
+    let mut h = Harness::new("drivers").await;
+    let info = h.client.get_info(pb::GetInfoRequest {}).await.unwrap().into_inner();
+    let defaults: Vec<_> = info.drivers.iter().filter(|d| d.is_default).collect();
+    assert_eq!(defaults.len(), 1, "exactly one default driver: {:?}", info.drivers);
+    let default = defaults[0];
+    assert_eq!(default.name, info.driver, "the default driver is the one `driver` names");
+    for d in &info.drivers {
+        assert_eq!(d.usable, d.unavailable_reason.is_empty(), "a reason exactly when unusable: {d:?}");
+        assert!(d.capabilities.is_some(), "{d:?}");
+    }
+    // The flat names agree with the default driver's typed capabilities.
+    let caps = default.capabilities.clone().unwrap();
+    let named = |n: &str| info.capabilities.iter().any(|c| c == n);
+    assert_eq!(caps.tty, named("exec.tty"), "{info:?}");
+    assert_eq!(caps.network_egress, named("network.egress"), "{info:?}");
+    assert_eq!(caps.seccomp, named("seccomp"), "{info:?}");
+    assert_eq!(caps.limits, h.has_cgroups().await, "{info:?}");
+    if h.helper.is_some() {
+        assert_eq!(default.name, "namespaces");
+        assert!(default.usable && caps.dial && caps.snapshot && !caps.own_kernel, "{default:?}");
+    }
+}
+
+#[tokio::test]
 async fn lifecycle_create_start_stop_restart_delete() {
     let mut h = Harness::new("life").await;
     let mut spec = h.spec("vm");

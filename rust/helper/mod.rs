@@ -9,19 +9,19 @@
 //! - [`seed`]: files placed in a new VM's writable layer before it starts.
 //! - [`agent_link`]: the one multiplexed connection to each VM's agent.
 //! - [`exec`]: the helper's side of an Exec (a stream on that connection).
-//! - [`freeze`]: stopping a VM's processes while its layer is copied.
 //! - [`guest`]: the helper's side of copies, background processes, dials
 //!   to guest ports and the guest's own usage readings.
 //! - [`stats`]: a running VM's resource usage (the agent's reading plus
 //!   the host's limits).
 //! - [`netstack`]: egress through a user-mode network stack, under the VM's policy.
-//! - [`driver`]: namespaces, cgroups, seccomp, rootfs, the VM's network link.
+//! - [`driver`]: the driver seam ([`driver::Driver`], [`driver::Instance`])
+//!   and the namespace driver (namespaces, cgroups, seccomp, rootfs, the
+//!   VM's network link).
 //! - [`error`]: [`HelperError`], mapped to gRPC codes in `service::status`.
 pub mod agent_link;
 pub mod driver;
 pub mod error;
 pub mod exec;
-pub mod freeze;
 pub mod guest;
 pub mod netstack;
 pub mod quota;
@@ -40,5 +40,5 @@ pub use server::serve;
 /// config arrives on stdin); `eth0`: create eth0's tun. Must run before
 /// anything starts a thread; returns the exit code.
 pub fn vm_init(eth0: bool) -> i32 {
-    driver::init::run(eth0)
+    driver::namespace::init::run(eth0)
 }

@@ -8,7 +8,7 @@ use tokio::net::UnixListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_stream::wrappers::UnixListenerStream;
 
-use super::driver::Driver;
+use super::driver::namespace::NamespaceDriver;
 use super::error::HelperError;
 use super::service::HelperService;
 use super::vm::VmManager;
@@ -49,11 +49,13 @@ pub async fn serve(socket: &Path) -> Result<(), HelperError> {
 
     raise_nofile_limit();
     super::storage::kill_leftovers();
-    let vms = VmManager::new(Driver::detect()?, helper_store());
+    let vms = VmManager::new(NamespaceDriver::detect()?, helper_store());
     // Copies and references a helper killed mid-snapshot left behind; the
     // other helpers sharing the store keep theirs.
     vms.collect_layers().await;
-    vms.driver().keep_warm();
+    for driver in vms.drivers() {
+        driver.keep_warm();
+    }
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<VmHelperServer<HelperService>>().await;
     let reflection = |b: tonic_reflection::server::Builder<'static>| {
@@ -67,7 +69,7 @@ pub async fn serve(socket: &Path) -> Result<(), HelperError> {
         .build_v1alpha()
         .map_err(|e| HelperError::io("reflection", std::io::Error::other(e)))?;
 
-    tracing::info!(socket = %socket.display(), capabilities = ?vms.driver().capabilities(), "helper serving");
+    tracing::info!(socket = %socket.display(), drivers = ?vms.drivers(), "helper serving");
     let stopper = vms.clone();
     let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()

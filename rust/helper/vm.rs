@@ -15,16 +15,14 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::agent_link::AgentLink;
-use super::driver::cgroup::{Limits, UsageFiles};
-use super::driver::init::{BindMount, InitConfig};
-use super::driver::launch::{Instance, LaunchSpec, VmNamespaces};
-use super::driver::{Driver, network};
+use super::driver::namespace::NamespaceDriver;
+use super::driver::{BindMount, BootSpec, Driver, DriverError, Instance, Limits};
 use super::error::HelperError;
 use super::netstack::events::{Events, Snapshot};
 use super::quota;
 use super::seed::{self, SeedFile};
 use super::spec::{Network, VmConfig};
-use super::storage::{agent_socket, prepare_dir, record_launcher, share_mounts, vm_dir};
+use super::storage::{prepare_dir, share_mounts, vm_dir};
 use crate::image::{ImageError, ImageInfo, ImageStore};
 
 mod images;
@@ -100,21 +98,18 @@ pub struct ExecTarget {
     pub user: String,
 }
 
-/// What Dial and Stats need from a running VM.
+/// What Dial, Stats and commits need from a running VM.
 #[derive(Debug, Clone)]
 pub struct RunHandles {
     /// The connection to its agent.
     pub agent: Arc<AgentLink>,
-    /// Host pid of the VM's PID 1.
-    pub pid1: i32,
-    /// The VM's user and network namespaces.
-    pub ns: Arc<VmNamespaces>,
-    /// Its cgroup counters, if it has a cgroup.
-    pub usage: Option<UsageFiles>,
+    /// The driver's instance.
+    pub instance: Arc<dyn Instance>,
     /// When this run started.
     pub started: Instant,
-    /// Its disk usage and quota.
-    pub quota: Arc<quota::Watch>,
+    /// Its disk usage and quota, where the helper watches them (the
+    /// driver shows the VM's processes on the host).
+    pub quota: Option<Arc<quota::Watch>>,
 }
 
 struct Data {
@@ -129,9 +124,9 @@ struct Data {
 }
 
 struct Run {
-    instance: Instance,
+    instance: Arc<dyn Instance>,
     /// Ends the disk quota watcher with the run.
-    _quota: tokio_util::task::AbortOnDropHandle<()>,
+    _quota: Option<tokio_util::task::AbortOnDropHandle<()>>,
     /// Set once the launcher exited, with a description of how.
     exited: watch::Receiver<Option<String>>,
 }
@@ -153,7 +148,10 @@ impl Slot {
 
 /// Every VM this helper knows, in creation order.
 pub struct VmManager {
-    driver: Driver,
+    /// The namespace driver: also the id map this helper's images use.
+    namespaces: Arc<NamespaceDriver>,
+    /// Every driver, the one VMs boot with first.
+    drivers: Vec<Arc<dyn Driver>>,
     images: ImageStore,
     vms: Mutex<Vec<Arc<Slot>>>,
     me: Weak<VmManager>,
@@ -161,13 +159,25 @@ pub struct VmManager {
 
 impl VmManager {
     /// A manager with no VMs.
-    pub fn new(driver: Driver, images: ImageStore) -> Arc<Self> {
-        Arc::new_cyclic(|me| VmManager { driver, images, vms: Mutex::new(Vec::new()), me: me.clone() })
+    pub fn new(namespaces: NamespaceDriver, images: ImageStore) -> Arc<Self> {
+        let namespaces = Arc::new(namespaces);
+        let drivers: Vec<Arc<dyn Driver>> = vec![namespaces.clone()];
+        Arc::new_cyclic(|me| VmManager { namespaces, drivers, images, vms: Mutex::new(Vec::new()), me: me.clone() })
     }
 
-    /// The driver (for GetInfo).
-    pub fn driver(&self) -> &Driver {
-        &self.driver
+    /// The namespace driver (id maps, launch counts).
+    pub fn namespaces(&self) -> &NamespaceDriver {
+        &self.namespaces
+    }
+
+    /// Every driver this helper has, for GetInfo.
+    pub fn drivers(&self) -> &[Arc<dyn Driver>] {
+        &self.drivers
+    }
+
+    /// The driver VMs boot with.
+    fn driver(&self) -> &Arc<dyn Driver> {
+        &self.drivers[0]
     }
 
     /// The image store.
@@ -204,7 +214,7 @@ impl VmManager {
             ImageError::NotFound(name) => HelperError::ImageNotFound(name),
             other => HelperError::Image(other),
         })?;
-        if let Some(mapper) = self.driver.id_mapper() {
+        if let Some(mapper) = self.namespaces.id_mapper() {
             image.check_id_map(mapper.id_map())?;
         }
         let dir = vm_dir(&config.id);
@@ -214,7 +224,7 @@ impl VmManager {
             layers.reverse();
             let owner = nix::unistd::geteuid().is_root().then_some(image.id_map.host_root().0);
             let placed = seed::place(&dir.join("upper"), &layers, owner, &files).and_then(|hand_over| {
-                match (hand_over.is_empty(), self.driver.id_mapper()) {
+                match (hand_over.is_empty(), self.namespaces.id_mapper()) {
                     (false, Some(mapper)) => Ok(crate::helper::driver::userns::chown_mapped(mapper, &hand_over)?),
                     _ => Ok(()),
                 }
@@ -268,62 +278,36 @@ impl VmManager {
         if !state.can_start() {
             return Err(HelperError::WrongState { op: "start", id: id.into(), state });
         }
-        if let Some(reason) = self.driver.unavailable_reason() {
-            return Err(HelperError::Unavailable(reason));
-        }
-        let egress = config.network == Network::Egress;
-        if egress && let Some(reason) = self.driver.egress_unavailable() {
-            return Err(HelperError::Unavailable(format!("network EGRESS: {reason}")));
-        }
         let events = Arc::new(Events::default());
-        let resolv_conf = if egress {
-            let path = slot.dir.join("resolv.conf");
-            network::write_resolv_conf(&path)?;
-            Some(path)
-        } else {
-            None
-        };
-        let spec = LaunchSpec {
+        let egress = config.network == Network::Egress;
+        let spec = BootSpec {
             id: id.into(),
-            init: InitConfig {
-                hostname: config.hostname.clone(),
-                lowers: self.images.layer_paths(&slot.image.layers()),
-                upper: slot.dir.join("upper"),
-                work: slot.dir.join("work"),
-                mounts: config
-                    .mounts
-                    .iter()
-                    .map(|m| BindMount {
-                        host: m.host_path.clone(),
-                        guest: m.guest_path.clone(),
-                        read_only: m.read_only,
-                    })
-                    .collect(),
-                resolv_conf,
-                shm_bytes: super::driver::oom::shm_bytes(config.memory_bytes),
-                egress,
-            },
+            hostname: config.hostname.clone(),
+            layers: self.images.layer_paths(&slot.image.layers()),
+            dir: slot.dir.clone(),
+            mounts: config
+                .mounts
+                .iter()
+                .map(|m| BindMount { host: m.host_path.clone(), guest: m.guest_path.clone(), read_only: m.read_only })
+                .collect(),
             limits: Limits { cpus: config.cpus, memory_bytes: config.memory_bytes, pids: config.pids_limit },
             egress: egress.then(|| (config.network_policy.clone(), events.clone())),
-            agent_socket: agent_socket(id),
         };
-        let (instance, mut child) = self.driver.launch(&spec).await?;
-        if let Some(launcher) = child.id() {
-            record_launcher(&slot.dir, launcher);
-        }
-        let (tx, rx) = watch::channel(None);
-        let (quota, quota_task) =
-            quota::watch(config.disk_bytes, disk_parts(&slot.dir, &config), instance.pid1, instance.agent);
-        let agent = AgentLink::new(id, instance.connection.clone(), instance.agent_dialer());
-        let handles = RunHandles {
-            agent,
-            pid1: instance.pid1,
-            ns: instance.ns.clone(),
-            usage: instance.usage_files(),
-            started: Instant::now(),
-            quota,
+        let instance = self.driver().boot(&spec).await.map_err(|e| match e {
+            DriverError::Unavailable(reason) => HelperError::Unavailable(reason),
+            other => HelperError::Driver(other),
+        })?;
+        let exit = instance.take_exit();
+        let (quota, quota_task) = match instance.host_processes() {
+            Some(p) => {
+                let (q, task) = quota::watch(config.disk_bytes, disk_parts(&slot.dir, &config), p.pid1, p.agent);
+                (Some(q), Some(task))
+            }
+            None => (None, None),
         };
-        let limits_not_enforced = self.driver.limits_not_enforced(handles.usage.is_some());
+        let agent = AgentLink::new(id, instance.connection(), instance.agent_dialer());
+        let handles = RunHandles { agent, instance: instance.clone(), started: Instant::now(), quota };
+        let limits_not_enforced = instance.limits_not_enforced();
         let generation = {
             let mut d = slot.data();
             d.run = Some(handles);
@@ -335,12 +319,13 @@ impl VmManager {
             d.info.limits_not_enforced = limits_not_enforced;
             d.generation
         };
+        let (tx, rx) = watch::channel(None);
         *op = Some(Run { instance, _quota: quota_task, exited: rx });
         let (me, id_owned) = (self.me.clone(), id.to_string());
         tokio::spawn(async move {
-            let how = match child.wait().await {
-                Ok(st) => describe_exit(st),
-                Err(e) => format!("lost track of init: {e}"),
+            let how = match exit {
+                Some(exit) => exit.await,
+                None => "the driver lost track of the vm".into(),
             };
             let _ = tx.send(Some(how.clone()));
             if let Some(me) = me.upgrade() {
@@ -363,7 +348,7 @@ impl VmManager {
             let mut d = slot.data();
             // The quota watcher ends a VM whose writes outlive its kill
             // rounds by killing init: its reason is the better one.
-            let quota = d.run.take().map(|r| r.quota.reading()).filter(|r| r.stopped_vm);
+            let quota = d.run.take().and_then(|r| r.quota).map(|q| q.reading()).filter(|r| r.stopped_vm);
             d.info.state = VmState::Stopped;
             d.info.stop_reason = quota.map_or(how, |r| r.exceeded);
         }
@@ -470,7 +455,9 @@ impl VmManager {
                 d.info.state = VmState::Stopped;
             }
         }
-        self.driver.release().await;
+        for driver in &self.drivers {
+            driver.release().await;
+        }
     }
 }
 
@@ -514,15 +501,6 @@ async fn stop_run(run: Run, grace: Duration) {
     }
     let _ = exited.wait_for(Option::is_some).await;
     instance.cleanup();
-}
-
-fn describe_exit(st: std::process::ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt as _;
-    match (st.code(), st.signal()) {
-        (Some(c), _) => format!("init exited with status {c}"),
-        (None, Some(s)) => format!("init was killed by signal {s}"),
-        _ => "init exited".into(),
-    }
 }
 
 fn now_ms() -> i64 {

@@ -48,6 +48,15 @@ pub enum HelperError {
     /// The helper's driver or the VM's agent failed; the message says where.
     #[error("VM helper failed: {0}")]
     Internal(String),
+    /// The helper's driver lacks a capability the request needs (GetInfo's
+    /// typed capabilities); checked before the request is sent.
+    #[error("{feature} is not available: the VM helper's {driver:?} driver does not support it")]
+    Unsupported {
+        /// What the request needed, as an agent would name it.
+        feature: &'static str,
+        /// The driver VMs run on.
+        driver: String,
+    },
     /// Anything else the helper reported.
     #[error("VM helper error: {0}")]
     Other(String),
@@ -338,6 +347,52 @@ impl ProcessEvents {
 #[derive(Clone)]
 pub struct HelperClient {
     client: VmHelperClient<Channel>,
+    /// What the helper's default driver can do, from GetInfo at connect.
+    driver: std::sync::Arc<DriverFeatures>,
+}
+
+/// The default driver's name and typed capabilities, as GetInfo gave them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DriverFeatures {
+    /// Its name ("namespaces", "vm", …).
+    pub name: String,
+    /// NETWORK_MODE_EGRESS works.
+    pub network_egress: bool,
+    /// Dial reaches guest ports (port forwarding).
+    pub dial: bool,
+    /// A running VM's writable layer can be copied (snapshot, clone).
+    pub snapshot: bool,
+}
+
+impl DriverFeatures {
+    /// The default driver's features from a GetInfo answer. A helper from
+    /// before typed capabilities lists no drivers: it is the namespace
+    /// driver, which always had dial and snapshots, and named egress in
+    /// its flat list.
+    pub fn from_info(i: &pb::GetInfoResponse) -> Self {
+        match i.drivers.iter().find(|d| d.is_default) {
+            Some(d) => {
+                let c = d.capabilities.clone().unwrap_or_default();
+                DriverFeatures {
+                    name: d.name.clone(),
+                    network_egress: c.network_egress,
+                    dial: c.dial,
+                    snapshot: c.snapshot,
+                }
+            }
+            None => DriverFeatures {
+                name: i.driver.clone(),
+                network_egress: i.capabilities.iter().any(|c| c == "network.egress"),
+                dial: true,
+                snapshot: true,
+            },
+        }
+    }
+
+    /// `Ok` when `has`; else the error naming `feature`.
+    fn require(&self, has: bool, feature: &'static str) -> Result<(), HelperError> {
+        if has { Ok(()) } else { Err(HelperError::Unsupported { feature, driver: self.name.clone() }) }
+    }
 }
 
 impl HelperClient {
@@ -401,9 +456,9 @@ impl HelperClient {
             }))
             .await
             .map_err(|e| unavailable(e.to_string()))?;
-        let mut client = Self { client: VmHelperClient::new(channel) };
-        client.info().await?;
-        Ok(client)
+        let mut client = VmHelperClient::new(channel);
+        let info = client.get_info(pb::GetInfoRequest {}).await?.into_inner();
+        Ok(Self { client, driver: std::sync::Arc::new(DriverFeatures::from_info(&info)) })
     }
 
     /// Helper platform/driver/version line for status output.
@@ -412,8 +467,19 @@ impl HelperClient {
         Ok(format!("{} {} {}", i.platform, i.driver, i.version))
     }
 
+    /// What the helper's default driver can do.
+    pub fn driver(&self) -> &DriverFeatures {
+        &self.driver
+    }
+
     /// Create a VM (not started).
     pub async fn create_vm(&self, cfg: VmConfig) -> Result<VmInfo, HelperError> {
+        if matches!(cfg.network, Network::Egress(_)) {
+            self.driver.require(self.driver.network_egress, "network egress (network = \"egress\")")?;
+        }
+        if cfg.clone_from.is_some() {
+            self.driver.require(self.driver.snapshot, "cloning a running sandbox")?;
+        }
         let spec = pb::VmSpec::from(cfg);
         let vm = self.client.clone().create_vm(pb::CreateVmRequest { spec: Some(spec) }).await?.into_inner().vm;
         vm_info(vm)
@@ -444,6 +510,7 @@ impl HelperClient {
 
     /// Commit a running VM's writable layer as a new image.
     pub async fn commit_vm(&self, vm_id: &str, c: CommitConfig) -> Result<ImageSummary, HelperError> {
+        self.driver.require(self.driver.snapshot, "snapshotting a running sandbox")?;
         let req = pb::CommitVmRequest {
             vm_id: vm_id.into(),
             image: c.image,
@@ -766,6 +833,7 @@ impl DialReader {
 impl HelperClient {
     /// Open a byte pipe to `port` inside the VM; returns once the guest accepted.
     pub async fn dial(&self, vm_id: &str, port: u16) -> Result<(DialWriter, DialReader), HelperError> {
+        self.driver.require(self.driver.dial, "port forwarding")?;
         let (tx, rx) = mpsc::channel(16);
         let start = pb::DialStart { vm_id: vm_id.into(), port: port.into() };
         tx.send(pb::DialRequest { msg: Some(pb::dial_request::Msg::Start(start)) })
@@ -994,6 +1062,34 @@ impl CopyOutReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn driver_features_come_from_the_default_driver_or_the_flat_list() {
+        let caps = pb::DriverCapabilities { network_egress: false, dial: true, snapshot: false, ..Default::default() };
+        let typed = pb::GetInfoResponse {
+            driver: "vm".into(),
+            drivers: vec![
+                pb::DriverInfo { name: "namespaces".into(), ..Default::default() },
+                pb::DriverInfo { name: "vm".into(), is_default: true, capabilities: Some(caps), ..Default::default() },
+            ],
+            ..Default::default()
+        };
+        let f = DriverFeatures::from_info(&typed);
+        assert_eq!(f, DriverFeatures { name: "vm".into(), network_egress: false, dial: true, snapshot: false });
+        let e = f.require(f.snapshot, "snapshotting a running sandbox").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "snapshotting a running sandbox is not available: the VM helper's \"vm\" driver does not support it"
+        );
+        assert!(f.require(f.dial, "port forwarding").is_ok());
+        let old = pb::GetInfoResponse {
+            driver: "namespaces".into(),
+            capabilities: vec!["exec".into(), "network.egress".into()],
+            ..Default::default()
+        };
+        let f = DriverFeatures::from_info(&old);
+        assert!(f.network_egress && f.dial && f.snapshot && f.name == "namespaces", "{f:?}");
+    }
 
     fn config(network: Network) -> VmConfig {
         VmConfig {

@@ -1,27 +1,35 @@
-//! The namespace driver: what this host can do ([`Driver`]) and how one VM
-//! is started, stopped and cleaned up ([`launch`]).
+//! The driver seam: the one thing that differs between a namespace sandbox
+//! and a real VM. A [`Driver`] boots an [`Instance`] from a [`BootSpec`];
+//! the instance gives a byte-stream transport to its agent (already
+//! connected once at boot), stops, is killed, is waited for, and copies
+//! its writable layer. Everything else (exec, signals, background
+//! processes, copies, dial, usage) goes through the agent protocol
+//! ([`crate::agent::mux`]), the same on every driver.
 //!
-//! A VM is a launcher process (re-exec of this binary) in fresh user, mount,
-//! pid, ipc, uts, net and cgroup namespaces whose PID 1 runs the agent. The
-//! pieces live in one file each: [`userns`] id maps, [`cgroup`] limits,
-//! [`rootfs`] the filesystem, [`seccomp`] the syscall filter, [`network`]
-//! loopback and the EGRESS tun, [`init`] the in-sandbox side, [`launch`] the helper
-//! side, [`warm`] the launcher kept ready for the next start.
-use std::path::PathBuf;
+//! - [`namespace`]: Linux namespaces, cgroups and seccomp around one kernel.
+//! - [`qemu`]: qemu microVMs with their own kernel (the `vm` driver's groundwork).
+//!
+//! Drivers report what they can do as typed [`Capabilities`], which GetInfo
+//! carries to the orchestrator.
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
 
-pub mod cgroup;
-pub mod init;
-pub mod launch;
-pub mod network;
-pub mod oom;
-pub mod qemu;
-pub mod rootfs;
-pub mod seccomp;
-pub mod userns;
-pub mod warm;
+use crate::agent::mux::Mux;
+use crate::helper::agent_link::Dialer;
+use crate::helper::netstack::events::Events;
+use crate::netpolicy::NetworkPolicy;
 
-/// Why the driver could not start, stop or build a VM.
+pub mod namespace;
+pub mod qemu;
+
+// Host facts the namespace driver owns and others share: the id maps images
+// are unpacked for (image store), cgroup delegation (host setup, doctor),
+// the tun request (doctor).
+pub use namespace::{cgroup, network, userns};
+
+/// Why a driver could not start, stop or copy a VM.
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {
     /// A system call failed.
@@ -58,6 +66,9 @@ pub enum DriverError {
     /// A step did not finish in time.
     #[error("timed out waiting for {0}")]
     Timeout(&'static str),
+    /// This driver cannot do that here; the message says why.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl DriverError {
@@ -67,158 +78,160 @@ impl DriverError {
     }
 }
 
-/// What this host offers for running VMs, probed once at helper start.
-#[derive(Debug)]
-pub struct Driver {
-    /// This binary, re-executed as each VM's launcher.
-    self_exe: PathBuf,
-    /// The id map every VM gets and how to install it, or why VMs cannot
-    /// get a user namespace as this user.
-    ids: Result<userns::IdMapper, String>,
-    cgroups: Option<cgroup::CgroupLayout>,
-    /// Prepares VM launchers; `None` when VMs cannot run here (`ids`).
-    launchers: Option<Arc<warm::Launchers>>,
-    /// Why VMs run without cpu/memory/pids limits, if they do.
-    no_limits: Option<String>,
-    /// Why EGRESS cannot be served, if it cannot.
-    no_egress: Option<String>,
+/// Resources one VM may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// CPUs (a quota of that many CPUs' time).
+    pub cpus: u32,
+    /// Memory, bytes.
+    pub memory_bytes: u64,
+    /// Tasks.
+    pub pids: u32,
 }
 
-impl Driver {
-    /// Probes the host: id mapping, cgroups, the tun device.
-    pub fn detect() -> Result<Self, DriverError> {
-        let self_exe = std::env::current_exe().map_err(|e| DriverError::io("locate own binary", e))?;
-        let (cgroups, no_limits) = match cgroup::CgroupLayout::detect() {
-            Ok(layout) => (Some(layout), None),
-            Err(reason) => {
-                tracing::warn!(%reason, "cgroups unavailable: VMs run without cpu/memory/pids limits");
-                (None, Some(reason.to_string()))
-            }
-        };
-        let no_egress = match std::fs::metadata("/dev/net/tun") {
-            Ok(_) => None,
-            Err(e) => {
-                tracing::warn!(error = %e, "/dev/net/tun unavailable: EGRESS networking unavailable");
-                Some(format!("/dev/net/tun: {e}"))
-            }
-        };
-        let ids = userns::IdMapper::detect();
-        let launchers = ids.as_ref().ok().map(|mapper| {
-            warm::Launchers::new(launch::Spawner {
-                self_exe: self_exe.clone(),
-                mapper: mapper.clone(),
-                cgroups: cgroups.clone(),
-                eth0: no_egress.is_none(),
-            })
-        });
-        Ok(Driver { self_exe, ids, cgroups, launchers, no_limits, no_egress })
-    }
+/// A directory shared from the host into the VM.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BindMount {
+    /// Host path.
+    pub host: PathBuf,
+    /// Absolute, normalized path inside the VM.
+    pub guest: PathBuf,
+    /// Mounted read-only.
+    pub read_only: bool,
+}
 
-    /// Prepares a launcher in the background for the next start.
-    pub fn keep_warm(&self) {
-        if let Some(launchers) = &self.launchers {
-            launchers.refill();
+/// Everything a driver needs to boot one VM, in the helper's terms.
+#[derive(Debug, Clone)]
+pub struct BootSpec {
+    /// VM id.
+    pub id: String,
+    /// The guest's hostname.
+    pub hostname: String,
+    /// The image's read-only layers, bottom first.
+    pub layers: Vec<PathBuf>,
+    /// The VM's own directory: its writable layer (`upper`, `work`) and
+    /// whatever the driver keeps per VM.
+    pub dir: PathBuf,
+    /// Host directories shared into the guest.
+    pub mounts: Vec<BindMount>,
+    /// CPU, memory and task limits.
+    pub limits: Limits,
+    /// EGRESS: the policy the helper's network stack enforces and where it
+    /// records its decisions; `None` is no network.
+    pub egress: Option<(NetworkPolicy, Arc<Events>)>,
+}
+
+/// What the host, not the guest, knows about a running VM's resources.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostFacts {
+    /// Memory limit, 0 if none is enforced.
+    pub memory_limit_bytes: u64,
+    /// Task limit, 0 if none is enforced.
+    pub pids_limit: u64,
+    /// The OOM killer fired inside the VM.
+    pub oom_killed: bool,
+}
+
+/// Where a VM's processes show on the host (the namespace driver only):
+/// the disk quota watcher finds and stops the writers there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostProcesses {
+    /// Host pid of the VM's PID 1.
+    pub pid1: i32,
+    /// Host pid of its agent, spared by the watcher.
+    pub agent: i32,
+}
+
+/// A future resolving when an instance is gone, with how it ended.
+pub type Exit = Pin<Box<dyn Future<Output = String> + Send>>;
+
+/// One running VM, as its driver holds it. Valid from a successful
+/// [`Driver::boot`] until [`Instance::cleanup`].
+pub trait Instance: Send + Sync + std::fmt::Debug {
+    /// The agent connection opened (and pinged) at boot.
+    fn connection(&self) -> Mux;
+    /// Opens a new connection to the agent (after the first one died).
+    fn agent_dialer(&self) -> Dialer;
+    /// Asks the guest to shut down (TERM everything); returns at once.
+    fn request_stop(&self);
+    /// Ends the VM now.
+    fn kill(&self);
+    /// Resolves once the VM is gone; `None` after the first call.
+    fn take_exit(&self) -> Option<Exit>;
+    /// Copies the writable layer `upper` to `dst` as it is now, with the
+    /// guest paused while it is copied. Blocking: call off the runtime.
+    fn snapshot_layer(&self, upper: &Path, dst: &Path) -> Result<(), crate::helper::HelperError>;
+    /// Limits and OOM kills as the host sees them.
+    fn host_facts(&self) -> HostFacts;
+    /// Why this run's limits are not enforced; empty when they are.
+    fn limits_not_enforced(&self) -> String;
+    /// Where its processes show on the host, if they do.
+    fn host_processes(&self) -> Option<HostProcesses>;
+    /// Releases what the VM held on the host; call once it is gone.
+    fn cleanup(&self);
+}
+
+/// Typed capabilities of a driver on this host.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Processes run on a terminal.
+    pub tty: bool,
+    /// EGRESS networking through the helper's stack, with its policy.
+    pub network_egress: bool,
+    /// CPU, memory and task limits are enforced.
+    pub limits: bool,
+    /// The cgroup flavour enforcing them (`cgroups.v1`, `cgroups.v2`).
+    pub cgroups: Option<&'static str>,
+    /// A syscall filter applies inside.
+    pub seccomp: bool,
+    /// The guest has its own kernel.
+    pub own_kernel: bool,
+    /// Dial to guest ports.
+    pub dial: bool,
+    /// The writable layer can be copied while running (commit, clone).
+    pub snapshot: bool,
+}
+
+impl Capabilities {
+    /// The capability names GetInfo has always listed.
+    pub fn names(&self) -> Vec<String> {
+        let mut caps = vec!["exec", "network.none"];
+        if self.tty {
+            caps.push("exec.tty");
         }
-    }
-
-    /// Starts a VM (see [`launch::launch`]) in the warm launcher when there
-    /// is one, and has the next one prepared as soon as it is taken.
-    pub async fn launch(
-        &self,
-        spec: &launch::LaunchSpec,
-    ) -> Result<(launch::Instance, tokio::process::Child), DriverError> {
-        // Launchers exist exactly when VMs have an id map (see `detect`).
-        let Some(launchers) = &self.launchers else {
-            return Err(DriverError::UserNs(self.unavailable_reason().unwrap_or_default()));
-        };
-        let taken = launchers.take().await;
-        launchers.refill();
-        launch::launch(taken?, spec).await
-    }
-
-    /// How many starts found a launcher prepared ahead (warm) and how many
-    /// prepared their own (cold), for GetInfo.
-    pub fn launch_counts(&self) -> (u64, u64) {
-        self.launchers.as_ref().map_or((0, 0), |l| {
-            let c = l.counts();
-            (c.warm.load(std::sync::atomic::Ordering::Relaxed), c.cold.load(std::sync::atomic::Ordering::Relaxed))
-        })
-    }
-
-    /// Releases host-wide resources once no VM runs (the helper is exiting):
-    /// the warm launcher and its cgroup, then the VMs' parent group.
-    pub async fn release(&self) {
-        if let Some(launchers) = &self.launchers {
-            launchers.close().await;
+        if self.seccomp {
+            caps.push("seccomp");
         }
-        if let Some(cgroups) = &self.cgroups {
-            cgroups.remove_parent();
-        }
-    }
-
-    /// Capability names for GetInfo.
-    pub fn capabilities(&self) -> Vec<String> {
-        let mut caps = vec!["exec", "exec.tty", "network.none", "seccomp"];
-        if self.no_egress.is_none() {
+        if self.network_egress {
             caps.push("network.egress");
             caps.push("network.policy");
         }
-        if let Some(cg) = &self.cgroups {
-            caps.push(cg.capability());
+        if let Some(cg) = self.cgroups {
+            caps.push(cg);
         }
-        if self.ids.is_ok() {
-            caps.push("userns");
+        if self.dial {
+            caps.push("dial");
+        }
+        if self.snapshot {
+            caps.push("snapshot");
         }
         caps.into_iter().map(String::from).collect()
     }
+}
 
-    /// Why VMs cannot run here at all, if they cannot.
-    pub fn unavailable_reason(&self) -> Option<String> {
-        self.ids.as_ref().err().cloned()
-    }
-
-    /// The id map of this helper's VMs (and of the images they can run),
-    /// when it has one.
-    pub fn id_mapper(&self) -> Option<&userns::IdMapper> {
-        self.ids.as_ref().ok()
-    }
-
-    /// Copies a running VM's writable layer `src` to `dst` with the rights of
-    /// the VM's root over its files (reading 0600 files of any of its ids,
-    /// giving the copies their owners). A root helper has those rights
-    /// itself; an ordinary user's helper runs the copy in a child that
-    /// joined the VM's user namespace.
-    pub fn copy_layer(
-        &self,
-        ns: &launch::VmNamespaces,
-        src: &std::path::Path,
-        dst: &std::path::Path,
-    ) -> Result<(), crate::image::ImageError> {
-        if nix::unistd::geteuid().is_root() {
-            return crate::image::copy_tree(src, dst);
-        }
-        let failed = |detail: String| crate::image::ImageError::CopyFailed {
-            what: format!("{} to {}", src.display(), dst.display()),
-            detail,
-        };
-        let mut cmd = std::process::Command::new(&self.self_exe);
-        cmd.arg("__copy-layer").arg(src).arg(dst).env_clear().stdin(std::process::Stdio::null());
-        let out = userns::run_joined(&ns.user, cmd).map_err(|e| failed(e.to_string()))?;
-        if out.status.success() {
-            return Ok(());
-        }
-        Err(failed(format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim())))
-    }
-
-    /// Why a VM runs without cpu/memory/pids limits, as the contract's
-    /// `limits_not_enforced` says it: empty when it has its cgroup (which
-    /// every VM has whenever the host has cgroups: launch fails otherwise).
-    pub fn limits_not_enforced(&self, has_cgroup: bool) -> String {
-        if has_cgroup { String::new() } else { self.no_limits.clone().unwrap_or_default() }
-    }
-
-    /// Why EGRESS networking cannot be provided, if it cannot.
-    pub fn egress_unavailable(&self) -> Option<&str> {
-        self.no_egress.as_deref()
-    }
+/// One way of running VMs.
+#[tonic::async_trait]
+pub trait Driver: Send + Sync + std::fmt::Debug {
+    /// Its name in GetInfo and in `isolation` settings.
+    fn name(&self) -> &'static str;
+    /// Why it cannot run VMs on this host, if it cannot.
+    fn unavailable_reason(&self) -> Option<String>;
+    /// What it can do here.
+    fn capabilities(&self) -> Capabilities;
+    /// Boots a VM; returns once its agent answers.
+    async fn boot(&self, spec: &BootSpec) -> Result<Arc<dyn Instance>, DriverError>;
+    /// Prepares ahead whatever makes the next boot faster.
+    fn keep_warm(&self) {}
+    /// Releases host-wide resources once no VM runs (helper exit).
+    async fn release(&self) {}
 }

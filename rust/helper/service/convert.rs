@@ -195,3 +195,25 @@ impl From<crate::helper::netstack::events::Snapshot> for pb::NetworkEventsRespon
         }
     }
 }
+
+/// A driver as GetInfo lists it; `is_default`: VMs boot with it.
+pub(super) fn driver_to_proto(d: &dyn crate::helper::driver::Driver, is_default: bool) -> pb::DriverInfo {
+    let c = d.capabilities();
+    let reason = d.unavailable_reason();
+    pb::DriverInfo {
+        name: d.name().into(),
+        usable: reason.is_none(),
+        unavailable_reason: reason.unwrap_or_default(),
+        is_default,
+        capabilities: Some(pb::DriverCapabilities {
+            tty: c.tty,
+            network_egress: c.network_egress,
+            limits: c.limits,
+            cgroups: c.cgroups.unwrap_or_default().into(),
+            seccomp: c.seccomp,
+            own_kernel: c.own_kernel,
+            dial: c.dial,
+            snapshot: c.snapshot,
+        }),
+    }
+}

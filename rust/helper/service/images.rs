@@ -61,11 +61,12 @@ pub(super) async fn build(
 ) -> Result<Response<RpcStream<pb::BuildImageResponse>>, Status> {
     let req = BuildRequest { name: req.name, suite: req.release, packages: req.packages, force: req.force };
     req.check().map_err(|e| status(e.into()))?;
-    let mapper = vms
-        .driver()
+    use crate::helper::driver::Driver as _;
+    let namespaces = vms.namespaces();
+    let mapper = namespaces
         .id_mapper()
         .cloned()
-        .ok_or_else(|| status(HelperError::Unavailable(vms.driver().unavailable_reason().unwrap_or_default())))?;
+        .ok_or_else(|| status(HelperError::Unavailable(namespaces.unavailable_reason().unwrap_or_default())))?;
     if !req.force {
         match vms.images().get(&req.name) {
             // One built for another map is of no use here: the build replaces it.

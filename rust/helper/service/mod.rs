@@ -22,7 +22,7 @@ mod convert;
 mod images;
 mod streams;
 
-use convert::{background_to_proto, config_from_proto, seed_files, start_spec, vm_to_proto};
+use convert::{background_to_proto, config_from_proto, driver_to_proto, seed_files, start_spec, vm_to_proto};
 use streams::RpcStream;
 
 /// What this helper does with images and VMs on top of the driver's
@@ -103,21 +103,23 @@ pub fn status(e: HelperError) -> Status {
 #[tonic::async_trait]
 impl VmHelper for HelperService {
     async fn get_info(&self, _: Request<pb::GetInfoRequest>) -> Result<Response<pb::GetInfoResponse>, Status> {
-        let (warm_starts, cold_starts) = self.vms.driver().launch_counts();
+        let namespaces = self.vms.namespaces();
+        let (warm_starts, cold_starts) = namespaces.launch_counts();
+        let drivers = self.vms.drivers();
+        let mut capabilities = drivers.first().map(|d| d.capabilities().names()).unwrap_or_default();
+        if namespaces.id_mapper().is_some() {
+            capabilities.push("userns".into());
+        }
+        capabilities.extend(IMAGE_CAPABILITIES.iter().map(|c| c.to_string()));
         Ok(Response::new(pb::GetInfoResponse {
             platform: "linux".into(),
-            driver: "namespaces".into(),
+            driver: drivers.first().map(|d| d.name().to_string()).unwrap_or_default(),
             version: env!("CARGO_PKG_VERSION").into(),
-            capabilities: self
-                .vms
-                .driver()
-                .capabilities()
-                .into_iter()
-                .chain(IMAGE_CAPABILITIES.iter().map(|c| c.to_string()))
-                .collect(),
+            capabilities,
             image_store: crate::paths::image_store().display().to_string(),
             warm_starts,
             cold_starts,
+            drivers: drivers.iter().enumerate().map(|(i, d)| driver_to_proto(d.as_ref(), i == 0)).collect(),
         }))
     }
 
@@ -217,21 +219,21 @@ impl VmHelper for HelperService {
     async fn stats(&self, req: Request<pb::StatsRequest>) -> Result<Response<pb::StatsResponse>, Status> {
         let run = self.vms.run_handles(&req.into_inner().vm_id, "read stats of").map_err(status)?;
         let u = super::stats::read(&run).await.map_err(status)?;
-        let disk = run.quota.reading();
+        let disk = run.quota.as_ref().map(|q| (q.reading(), q.limit())).unwrap_or_default();
         Ok(Response::new(pb::StatsResponse {
-            disk_used_bytes: disk.used,
-            disk_limit_bytes: run.quota.limit(),
-            disk_quota_exceeded: disk.exceeded,
+            disk_used_bytes: disk.0.used,
+            disk_limit_bytes: disk.1,
+            disk_quota_exceeded: disk.0.exceeded,
             cpu_usage_ns: u.cpu_usage_ns,
             memory_used_bytes: u.memory_used_bytes,
-            memory_limit_bytes: u.memory_limit_bytes,
+            memory_limit_bytes: u.host.memory_limit_bytes,
             pids: u.pids,
-            pids_limit: u.pids_limit,
+            pids_limit: u.host.pids_limit,
             net_rx_bytes: u.net_rx_bytes,
             net_tx_bytes: u.net_tx_bytes,
             uptime_ms: u.uptime_ms,
-            oom_killed: u.oom_killed,
-            limits_not_enforced: self.vms.driver().limits_not_enforced(run.usage.is_some()),
+            oom_killed: u.host.oom_killed,
+            limits_not_enforced: run.instance.limits_not_enforced(),
         }))
     }
 

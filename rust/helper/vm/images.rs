@@ -5,13 +5,10 @@
 //! Both copies freeze the source VM (see [`crate::helper::freeze`]) and hold
 //! its lifecycle lock, so it can be neither stopped nor deleted meanwhile.
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use super::{
     HelperError, RunHandles, Slot, VmConfig, VmInfo, VmManager, VmState, now_ms, prepare_dir, share_mounts, vm_dir,
 };
-use crate::helper::driver::Driver;
-use crate::helper::freeze::freeze;
 use crate::image::{ImageConfig, ImageError, ImageInfo, MAX_LAYERS, disk_usage, validate_name};
 
 /// What to commit.
@@ -50,9 +47,8 @@ impl VmManager {
         }
         let staged = self.images.stage_layer()?;
         let (upper, copy) = (slot.dir.join("upper"), staged.path().to_path_buf());
-        let me = self.me.upgrade().ok_or_else(|| HelperError::Unavailable("shutting down".into()))?;
         let size = blocking(move || {
-            copy_frozen(me.driver(), &run, &upper, &copy)?;
+            run.instance.snapshot_layer(&upper, &copy)?;
             Ok(disk_usage(&copy))
         })
         .await?;
@@ -90,11 +86,10 @@ impl VmManager {
         let dir = vm_dir(&config.id);
         prepare_dir(&dir, &image)?;
         let (from, to) = (source.dir.join("upper"), dir.join("upper"));
-        let me = self.me.upgrade().ok_or_else(|| HelperError::Unavailable("shutting down".into()))?;
         let copied = blocking(move || {
             // The copy brings the source's upper dir itself (owner, mode).
             std::fs::remove_dir(&to).map_err(|e| HelperError::io(format!("remove {}", to.display()), e))?;
-            copy_frozen(me.driver(), &run, &from, &to)
+            run.instance.snapshot_layer(&from, &to)
         })
         .await;
         let registered = copied.and_then(|()| {
@@ -138,15 +133,6 @@ fn running(slot: &Slot, op: &'static str) -> Result<RunHandles, HelperError> {
         Some(run) if d.info.state == VmState::Running => Ok(run.clone()),
         _ => Err(HelperError::WrongState { op, id: slot.id.clone(), state: d.info.state }),
     }
-}
-
-/// Copies `upper` to `to` with the VM of `run` frozen; it thaws whatever
-/// the copy does.
-fn copy_frozen(driver: &Driver, run: &RunHandles, upper: &Path, to: &Path) -> Result<(), HelperError> {
-    let frozen = freeze(run.pid1)?;
-    let copied = driver.copy_layer(&run.ns, upper, to);
-    drop(frozen);
-    Ok(copied?)
 }
 
 /// Runs filesystem work off the runtime's worker threads.

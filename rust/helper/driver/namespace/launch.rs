@@ -69,8 +69,8 @@ pub struct Instance {
     /// Our end of the control socket; closing it is the lifeline cut.
     control: OwnedFd,
     cgroup: Option<VmCgroup>,
-    /// The VM's network stack (EGRESS); dropped with the instance.
-    net: Option<NetStack>,
+    /// The VM's network stack (EGRESS); dropped at cleanup.
+    net: std::sync::Mutex<Option<NetStack>>,
     agent_socket: PathBuf,
     /// The connection to the agent the start opened (and pinged).
     pub connection: Mux,
@@ -102,8 +102,8 @@ impl Instance {
     }
 
     /// Releases what the VM held on the host; call once its launcher exited.
-    pub fn cleanup(self) {
-        drop(self.net);
+    pub fn cleanup(&self) {
+        drop(self.net.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take());
         if let Some(cg) = &self.cgroup {
             cg.remove();
         }
@@ -277,6 +277,7 @@ pub async fn launch(prepared: Prepared, spec: &LaunchSpec) -> Result<(Instance, 
                 let agent = agent_pid(pid1);
                 let agent_socket = spec.agent_socket.clone();
                 let control = control.into_inner();
+                let net = std::sync::Mutex::new(net);
                 Ok((Instance { pid1, agent, ns, pid1fd, control, cgroup, net, agent_socket, connection }, child))
             }
             _ => Err(DriverError::InitFailed("PID 1 never reported its pid".into())),

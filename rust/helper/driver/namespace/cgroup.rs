@@ -189,16 +189,7 @@ pub enum CgroupLayout {
     },
 }
 
-/// Limits applied to one VM.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    /// Whole CPUs.
-    pub cpus: u32,
-    /// Bytes of memory.
-    pub memory_bytes: u64,
-    /// Processes plus threads.
-    pub pids: u32,
-}
+pub use crate::helper::driver::Limits;
 
 /// Where the groups would go, from the mounts and this process's own
 /// cgroup (/proc/self/cgroup text); no file system access.
@@ -384,20 +375,58 @@ pub struct VmCgroup {
     v2: bool,
 }
 
-/// Where a VM's usage counters live, for Stats.
+/// Where a VM's limits and OOM counter live, for Stats (the guest reports
+/// its usage itself, through its agent).
 #[derive(Debug, Clone)]
 pub enum UsageFiles {
-    /// One dir per controller; `cpu` is the dir holding cpuacct.usage.
+    /// One dir per controller.
     V1 {
         /// The memory controller's dir.
         memory: PathBuf,
         /// The pids controller's dir.
         pids: PathBuf,
-        /// The dir with cpuacct.usage.
-        cpu: PathBuf,
     },
     /// The unified dir.
     V2(PathBuf),
+}
+
+impl UsageFiles {
+    /// The limits and OOM kills as the cgroup shows them now.
+    pub fn facts(&self) -> crate::helper::driver::HostFacts {
+        use crate::helper::driver::HostFacts;
+        match self {
+            UsageFiles::V1 { memory, pids } => HostFacts {
+                memory_limit_bytes: number(&memory.join("memory.limit_in_bytes")),
+                oom_killed: keyed(&memory.join("memory.oom_control"), "oom_kill") > 0,
+                pids_limit: number(&pids.join("pids.max")),
+            },
+            UsageFiles::V2(dir) => HostFacts {
+                memory_limit_bytes: number(&dir.join("memory.max")),
+                oom_killed: keyed(&dir.join("memory.events"), "oom_kill") > 0,
+                pids_limit: number(&dir.join("pids.max")),
+            },
+        }
+    }
+}
+
+/// A file holding one number; "max" and unreadable files read as 0
+/// (unknown), as the contract says.
+fn number(path: &Path) -> u64 {
+    std::fs::read_to_string(path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+}
+
+/// The value of `key` in a flat-keyed file (`key value` per line).
+fn keyed(path: &Path, key: &str) -> u64 {
+    parse_keyed(&std::fs::read_to_string(path).unwrap_or_default(), key)
+}
+
+fn parse_keyed(text: &str, key: &str) -> u64 {
+    text.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            (k == key).then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(0)
 }
 
 impl VmCgroup {
@@ -406,11 +435,7 @@ impl VmCgroup {
         if self.v2 {
             return UsageFiles::V2(self.dirs[0].clone());
         }
-        UsageFiles::V1 {
-            memory: self.dirs[0].clone(),
-            pids: self.dirs[2].clone(),
-            cpu: self.dirs.get(3).unwrap_or(&self.dirs[1]).clone(),
-        }
+        UsageFiles::V1 { memory: self.dirs[0].clone(), pids: self.dirs[2].clone() }
     }
 
     /// Writes the VM's limits.
@@ -547,6 +572,13 @@ pub(crate) mod mountinfo {
 mod tests {
     use super::mountinfo::{HYBRID, V2};
     use super::*;
+
+    #[test]
+    fn keyed_files_are_parsed() {
+        let oom = "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n";
+        assert_eq!(parse_keyed(oom, "oom_kill"), 2);
+        assert_eq!(parse_keyed(oom, "missing"), 0);
+    }
 
     const SCOPE: &str = "0::/user.slice/user-1000.slice/user@1000.service/app.slice/run-r1.scope\n";
 

@@ -62,16 +62,7 @@ pub struct InitConfig {
     pub egress: bool,
 }
 
-/// One host directory shared into the VM.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct BindMount {
-    /// Host path.
-    pub host: PathBuf,
-    /// Absolute, normalized path inside the VM.
-    pub guest: PathBuf,
-    /// Mounted read-only.
-    pub read_only: bool,
-}
+pub use crate::helper::driver::BindMount;
 
 /// Entry point of `__vm-init`; `eth0`: create eth0's tun (the helper can
 /// serve EGRESS). Returns the process exit code.

@@ -11,8 +11,8 @@ use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
-use super::driver::network::{pidfd_kill, pidfd_open};
-use super::error::HelperError;
+use super::network::{pidfd_kill, pidfd_open};
+use crate::helper::error::HelperError;
 
 /// Bound on waiting for SIGSTOP to take effect; a process in an
 /// uninterruptible sleep stops when it returns to user space.

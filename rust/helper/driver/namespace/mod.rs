@@ -1,0 +1,292 @@
+//! The namespace driver: what this host can do ([`NamespaceDriver`]) and how
+//! one VM is started, stopped and cleaned up ([`launch`]).
+//!
+//! A VM is a launcher process (re-exec of this binary) in fresh user, mount,
+//! pid, ipc, uts, net and cgroup namespaces whose PID 1 runs the agent. The
+//! pieces live in one file each: [`userns`] id maps, [`cgroup`] limits,
+//! [`rootfs`] the filesystem, [`seccomp`] the syscall filter, [`network`]
+//! loopback and the EGRESS tun, [`init`] the in-sandbox side, [`launch`] the helper
+//! side, [`warm`] the launcher kept ready for the next start, [`freeze`]
+//! stopping a VM's processes while its layer is copied.
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::{BootSpec, Capabilities, Driver, DriverError, Exit, HostFacts, HostProcesses, Instance};
+use crate::agent::mux::Mux;
+use crate::helper::HelperError;
+use crate::helper::agent_link::Dialer;
+
+pub mod cgroup;
+pub mod freeze;
+pub mod init;
+pub mod launch;
+pub mod network;
+pub mod oom;
+pub mod rootfs;
+pub mod seccomp;
+pub mod userns;
+pub mod warm;
+
+/// What this host offers for running VMs, probed once at helper start.
+#[derive(Debug)]
+pub struct NamespaceDriver {
+    /// This binary, re-executed as each VM's launcher.
+    self_exe: PathBuf,
+    /// The id map every VM gets and how to install it, or why VMs cannot
+    /// get a user namespace as this user.
+    ids: Result<userns::IdMapper, String>,
+    cgroups: Option<cgroup::CgroupLayout>,
+    /// Prepares VM launchers; `None` when VMs cannot run here (`ids`).
+    launchers: Option<Arc<warm::Launchers>>,
+    /// Why VMs run without cpu/memory/pids limits, if they do.
+    no_limits: Option<String>,
+    /// Why EGRESS cannot be served, if it cannot.
+    no_egress: Option<String>,
+}
+
+impl NamespaceDriver {
+    /// Probes the host: id mapping, cgroups, the tun device.
+    pub fn detect() -> Result<Self, DriverError> {
+        let self_exe = std::env::current_exe().map_err(|e| DriverError::io("locate own binary", e))?;
+        let (cgroups, no_limits) = match cgroup::CgroupLayout::detect() {
+            Ok(layout) => (Some(layout), None),
+            Err(reason) => {
+                tracing::warn!(%reason, "cgroups unavailable: VMs run without cpu/memory/pids limits");
+                (None, Some(reason.to_string()))
+            }
+        };
+        let no_egress = match std::fs::metadata("/dev/net/tun") {
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "/dev/net/tun unavailable: EGRESS networking unavailable");
+                Some(format!("/dev/net/tun: {e}"))
+            }
+        };
+        let ids = userns::IdMapper::detect();
+        let launchers = ids.as_ref().ok().map(|mapper| {
+            warm::Launchers::new(launch::Spawner {
+                self_exe: self_exe.clone(),
+                mapper: mapper.clone(),
+                cgroups: cgroups.clone(),
+                eth0: no_egress.is_none(),
+            })
+        });
+        Ok(NamespaceDriver { self_exe, ids, cgroups, launchers, no_limits, no_egress })
+    }
+
+    /// Starts a VM (see [`launch::launch`]) in the warm launcher when there
+    /// is one, and has the next one prepared as soon as it is taken.
+    async fn launch(
+        &self,
+        spec: &launch::LaunchSpec,
+    ) -> Result<(launch::Instance, tokio::process::Child), DriverError> {
+        // Launchers exist exactly when VMs have an id map (see `detect`).
+        let Some(launchers) = &self.launchers else {
+            return Err(DriverError::UserNs(self.unavailable_reason().unwrap_or_default()));
+        };
+        let taken = launchers.take().await;
+        launchers.refill();
+        launch::launch(taken?, spec).await
+    }
+
+    /// How many starts found a launcher prepared ahead (warm) and how many
+    /// prepared their own (cold), for GetInfo.
+    pub fn launch_counts(&self) -> (u64, u64) {
+        self.launchers.as_ref().map_or((0, 0), |l| {
+            let c = l.counts();
+            (c.warm.load(std::sync::atomic::Ordering::Relaxed), c.cold.load(std::sync::atomic::Ordering::Relaxed))
+        })
+    }
+
+    /// The id map of this helper's VMs (and of the images they can run),
+    /// when it has one.
+    pub fn id_mapper(&self) -> Option<&userns::IdMapper> {
+        self.ids.as_ref().ok()
+    }
+}
+
+#[tonic::async_trait]
+impl Driver for NamespaceDriver {
+    fn name(&self) -> &'static str {
+        "namespaces"
+    }
+
+    fn unavailable_reason(&self) -> Option<String> {
+        self.ids.as_ref().err().cloned()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            tty: true,
+            network_egress: self.no_egress.is_none(),
+            limits: self.cgroups.is_some(),
+            cgroups: self.cgroups.as_ref().map(|cg| cg.capability()),
+            seccomp: true,
+            own_kernel: false,
+            dial: true,
+            snapshot: true,
+        }
+    }
+
+    async fn boot(&self, spec: &BootSpec) -> Result<Arc<dyn Instance>, DriverError> {
+        if let Some(reason) = self.unavailable_reason() {
+            return Err(DriverError::Unavailable(reason));
+        }
+        if spec.egress.is_some()
+            && let Some(reason) = &self.no_egress
+        {
+            return Err(DriverError::Unavailable(format!("network EGRESS: {reason}")));
+        }
+        let resolv_conf = match spec.egress {
+            Some(_) => {
+                let path = spec.dir.join("resolv.conf");
+                network::write_resolv_conf(&path)?;
+                Some(path)
+            }
+            None => None,
+        };
+        let launch_spec = launch::LaunchSpec {
+            id: spec.id.clone(),
+            init: init::InitConfig {
+                hostname: spec.hostname.clone(),
+                lowers: spec.layers.clone(),
+                upper: spec.dir.join("upper"),
+                work: spec.dir.join("work"),
+                mounts: spec.mounts.clone(),
+                resolv_conf,
+                shm_bytes: oom::shm_bytes(spec.limits.memory_bytes),
+                egress: spec.egress.is_some(),
+            },
+            limits: spec.limits,
+            egress: spec.egress.clone(),
+            agent_socket: crate::helper::storage::agent_socket(&spec.id),
+        };
+        let (instance, child) = self.launch(&launch_spec).await?;
+        if let Some(launcher) = child.id() {
+            crate::helper::storage::record_launcher(&spec.dir, launcher);
+        }
+        let limits_not_enforced =
+            if instance.usage_files().is_some() { String::new() } else { self.no_limits.clone().unwrap_or_default() };
+        Ok(Arc::new(NamespaceInstance {
+            inner: instance,
+            launcher: std::sync::Mutex::new(Some(child)),
+            self_exe: self.self_exe.clone(),
+            limits_not_enforced,
+        }))
+    }
+
+    fn keep_warm(&self) {
+        if let Some(launchers) = &self.launchers {
+            launchers.refill();
+        }
+    }
+
+    async fn release(&self) {
+        if let Some(launchers) = &self.launchers {
+            launchers.close().await;
+        }
+        if let Some(cgroups) = &self.cgroups {
+            cgroups.remove_parent();
+        }
+    }
+}
+
+/// A running namespace sandbox: its launcher (which exits with PID 1) and
+/// the host resources [`launch::Instance`] holds.
+#[derive(Debug)]
+struct NamespaceInstance {
+    inner: launch::Instance,
+    /// Taken by [`Instance::take_exit`].
+    launcher: std::sync::Mutex<Option<tokio::process::Child>>,
+    /// This binary, for layer copies as the VM's root.
+    self_exe: PathBuf,
+    /// Why this run has no cgroup limits; empty when it has.
+    limits_not_enforced: String,
+}
+
+impl Instance for NamespaceInstance {
+    fn connection(&self) -> Mux {
+        self.inner.connection.clone()
+    }
+
+    fn agent_dialer(&self) -> Dialer {
+        self.inner.agent_dialer()
+    }
+
+    fn request_stop(&self) {
+        self.inner.request_stop();
+    }
+
+    fn kill(&self) {
+        self.inner.kill();
+    }
+
+    fn take_exit(&self) -> Option<Exit> {
+        let mut child = self.launcher.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()?;
+        Some(Box::pin(async move {
+            match child.wait().await {
+                Ok(st) => describe_exit(st),
+                Err(e) => format!("lost track of init: {e}"),
+            }
+        }))
+    }
+
+    fn snapshot_layer(&self, upper: &Path, dst: &Path) -> Result<(), HelperError> {
+        let frozen = freeze::freeze(self.inner.pid1)?;
+        let copied = copy_layer(&self.self_exe, &self.inner.ns, upper, dst);
+        drop(frozen);
+        Ok(copied?)
+    }
+
+    fn host_facts(&self) -> HostFacts {
+        self.inner.usage_files().map(|u| u.facts()).unwrap_or_default()
+    }
+
+    fn limits_not_enforced(&self) -> String {
+        self.limits_not_enforced.clone()
+    }
+
+    fn host_processes(&self) -> Option<HostProcesses> {
+        Some(HostProcesses { pid1: self.inner.pid1, agent: self.inner.agent })
+    }
+
+    fn cleanup(&self) {
+        self.inner.cleanup();
+    }
+}
+
+/// Copies a running VM's writable layer `src` to `dst` with the rights of
+/// the VM's root over its files (reading 0600 files of any of its ids,
+/// giving the copies their owners). A root helper has those rights itself;
+/// an ordinary user's helper runs the copy in a child (this binary,
+/// `self_exe`) that joined the VM's user namespace.
+fn copy_layer(
+    self_exe: &Path,
+    ns: &launch::VmNamespaces,
+    src: &Path,
+    dst: &Path,
+) -> Result<(), crate::image::ImageError> {
+    if nix::unistd::geteuid().is_root() {
+        return crate::image::copy_tree(src, dst);
+    }
+    let failed = |detail: String| crate::image::ImageError::CopyFailed {
+        what: format!("{} to {}", src.display(), dst.display()),
+        detail,
+    };
+    let mut cmd = std::process::Command::new(self_exe);
+    cmd.arg("__copy-layer").arg(src).arg(dst).env_clear().stdin(std::process::Stdio::null());
+    let out = userns::run_joined(&ns.user, cmd).map_err(|e| failed(e.to_string()))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(failed(format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim())))
+}
+
+fn describe_exit(st: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt as _;
+    match (st.code(), st.signal()) {
+        (Some(c), _) => format!("init exited with status {c}"),
+        (None, Some(s)) => format!("init was killed by signal {s}"),
+        _ => "init exited".into(),
+    }
+}
