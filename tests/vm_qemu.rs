@@ -13,9 +13,11 @@ use std::time::Duration;
 use sandbox_mcp::agent::mux::Mux;
 use sandbox_mcp::agent::protocol::{ExitStatus, Frame, StartSpec};
 use sandbox_mcp::helper::driver::qemu::assets::{Assets, build_id, vm_dir};
+use sandbox_mcp::helper::driver::qemu::driver::QemuDriver;
 use sandbox_mcp::helper::driver::qemu::instance::{BootSpec, Instance};
 use sandbox_mcp::helper::driver::qemu::{Accel, disks, probe, snapshot};
 use sandbox_mcp::helper::driver::userns::IdMapper;
+use sandbox_mcp::helper::driver::{BindMount, BootSpec as SeamBootSpec, Driver as _, Limits};
 
 /// A directory removed on drop; short, for socket paths.
 struct TempDir(PathBuf);
@@ -406,4 +408,74 @@ fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
     // SAFETY: valid C strings and a buffer of the given length.
     let len = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     (len >= 0).then(|| buf[..len as usize].to_vec())
+}
+
+// ------------------------------------------------- through the driver seam
+
+fn seam_spec(dir: &Path, layers: Vec<PathBuf>, mounts: Vec<BindMount>) -> SeamBootSpec {
+    SeamBootSpec {
+        id: "vm-seam".into(),
+        hostname: "seam".into(),
+        layers,
+        dir: dir.to_path_buf(),
+        mounts,
+        limits: Limits { cpus: 1, memory_bytes: 512 << 20, pids: 1024 },
+        egress: None,
+    }
+}
+
+fn test_image_layers() -> Option<Vec<PathBuf>> {
+    let store = std::env::var_os("SANDBOX_MCP_TEST_IMAGE_STORE").map(PathBuf::from)?;
+    let name = std::env::var("SANDBOX_MCP_TEST_IMAGE").unwrap_or_else(|_| "mcp-test".into());
+    let store = sandbox_mcp::image::ImageStore::new(store);
+    let info = store.get(&name).ok()?;
+    let mut layers = vec![store.rootfs(&name)];
+    layers.extend(store.layer_paths(&info.layers));
+    Some(layers)
+}
+
+/// The vm driver behind the helper's seam: boots to a pinged agent, runs
+/// Exec on the guest kernel, snapshots the writable layer, and reports a
+/// kill through its exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_vm_driver_boots_execs_snapshots_and_reports_a_kill() {
+    let Some(assets) = assets() else { return };
+    let Some(layers) = test_image_layers() else {
+        eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
+        return;
+    };
+    let driver = QemuDriver::with_assets(Ok(assets.clone()));
+    assert_eq!(driver.unavailable_reason(), None);
+    assert!(driver.capabilities().own_kernel);
+    let dir = TempDir::new("seam");
+    let vm = driver.boot(&seam_spec(&dir.0, layers, Vec::new())).await.expect("boot through the seam");
+    let (code, release) = exec(&vm.connection(), &["uname", "-r"]).await;
+    assert_eq!((code, release.trim()), (0, assets.release.as_str()));
+    assert_eq!(exec(&vm.connection(), &["sh", "-c", "echo kept > /etc/kept"]).await.0, 0);
+    let dst = dir.0.join("layer");
+    let (snap_vm, snap_dst) = (vm.clone(), dst.clone());
+    tokio::task::spawn_blocking(move || snap_vm.snapshot_layer(Path::new("/unused"), &snap_dst))
+        .await
+        .unwrap()
+        .expect("snapshot the writable layer");
+    assert_eq!(std::fs::read_to_string(dst.join("etc/kept")).unwrap(), "kept\n");
+    let exit = vm.take_exit().expect("the exit, once");
+    assert!(vm.take_exit().is_none());
+    vm.kill();
+    let how = tokio::time::timeout(Duration::from_secs(30), exit).await.expect("the exit resolves");
+    assert!(how.starts_with("qemu was killed"), "{how}");
+    vm.cleanup();
+}
+
+/// What the vm driver cannot do yet is refused before anything boots.
+#[tokio::test]
+async fn the_vm_driver_refuses_shares_other_than_workspace() {
+    let Some(assets) = assets() else { return };
+    let driver = QemuDriver::with_assets(Ok(assets));
+    let dir = TempDir::new("refuse");
+    let mount = BindMount { host: dir.0.clone(), guest: "/data".into(), read_only: true };
+    let e = driver.boot(&seam_spec(&dir.0, Vec::new(), vec![mount])).await.unwrap_err().to_string();
+    assert!(e.contains("only a writable /workspace, not /data"), "{e}");
+    let unbuilt = QemuDriver::with_assets(Err("no vm kernel".into()));
+    assert_eq!(unbuilt.unavailable_reason().as_deref(), Some("no vm kernel"));
 }

@@ -7,6 +7,7 @@
 //! console log, and (by default) its writable disk.
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{UnixListener, UnixStream};
@@ -55,7 +56,7 @@ pub struct BootSpec<'a> {
 /// A booted vm.
 pub struct Instance {
     child: tokio::process::Child,
-    listener: UnixListener,
+    listener: Arc<UnixListener>,
     qmp: PathBuf,
     console: PathBuf,
     qemu_log: PathBuf,
@@ -127,8 +128,14 @@ impl Instance {
         };
         let (child, listener) = spawn(&machine, listener, spec.cgroup)?;
         let qemu_log = qemu_log(&machine);
-        let mut vm =
-            Instance { child, listener, qmp: machine.qmp_socket, console: machine.console_log, qemu_log, virtiofsd };
+        let mut vm = Instance {
+            child,
+            listener: Arc::new(listener),
+            qmp: machine.qmp_socket,
+            console: machine.console_log,
+            qemu_log,
+            virtiofsd,
+        };
         match vm.accept(CONNECT_WAIT).await {
             Ok(stream) => Ok((vm, stream)),
             Err(e) => {
@@ -142,8 +149,9 @@ impl Instance {
     /// or the one after the previous connection ended): a byte stream to
     /// the agent. Fails if qemu exits first.
     pub async fn accept(&mut self, wait: Duration) -> Result<UnixStream, QemuError> {
+        let listener = self.listener.clone();
         tokio::select! {
-            accepted = tokio::time::timeout(wait, self.listener.accept()) => match accepted {
+            accepted = tokio::time::timeout(wait, listener.accept()) => match accepted {
                 Ok(Ok((stream, _))) => Ok(stream),
                 Ok(Err(e)) => Err(QemuError::io("accept qemu's agent connection", e)),
                 Err(_) => Err(QemuError::Timeout { what: "qemu to connect to the agent socket", secs: wait.as_secs() }),
@@ -153,6 +161,17 @@ impl Instance {
                 Err(QemuError::Exited(format!("{status}; {}", self.output())))
             }
         }
+    }
+
+    /// The agent socket's listener, for reconnections while another task
+    /// waits for the vm (see [`accept`](Self::accept)).
+    pub fn listener(&self) -> Arc<UnixListener> {
+        self.listener.clone()
+    }
+
+    /// The QMP socket.
+    pub fn qmp_socket(&self) -> &Path {
+        &self.qmp
     }
 
     /// A QMP connection to this vm. qemu serves one client at a time: a

@@ -13,6 +13,7 @@
 //!   writable disk.
 //! - [`virtiofsd`]: the daemon serving `/workspace`.
 //! - [`instance`]: boot, transport, stop, kill, wait.
+//! - [`driver`]: the `vm` driver behind the helper's driver seam.
 //! - [`snapshot`]: the writable layer as a layer of the image store.
 //!
 //! qemu runs as the helper's user with no extra privilege, under
@@ -21,6 +22,7 @@
 pub mod argv;
 pub mod assets;
 pub mod disks;
+pub mod driver;
 pub mod instance;
 pub mod probe;
 pub mod qmp;

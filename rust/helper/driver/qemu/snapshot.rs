@@ -32,9 +32,11 @@ pub fn unpack_layer(archive: &Path, dest: &Path, mapper: &IdMapper) -> Result<()
     let (uid, gid) = mapper.id_map().host_root();
     nix::unistd::chown(dest, Some(uid.into()), Some(gid.into()))
         .map_err(|e| failed(format!("chown to the namespace's root: {e}")))?;
+    // Opened here: the namespace's root may have no right to the file.
+    let input = std::fs::File::open(archive).map_err(|e| QemuError::io(format!("open {}", archive.display()), e))?;
     let mut cmd = Command::new("tar");
-    cmd.args(["--xattrs", "--xattrs-include=*", "--numeric-owner", "--same-permissions", "-x", "-f"])
-        .arg(archive)
+    cmd.args(["--xattrs", "--xattrs-include=*", "--numeric-owner", "--same-permissions", "-x", "-f", "-"])
+        .stdin(input)
         .arg("-C")
         .arg(dest)
         .env_clear()
