@@ -28,10 +28,26 @@ FAULT_ROUNDS ?= 40
 FUZZ_SECONDS ?= 20
 TEST_FUZZ_SECONDS ?= 10
 
-.PHONY: deps build install test test-user test-faults test-install test-image venv bench clean-test fuzz
+# The optional vm driver (qemu microVMs): `make install VM=1` also installs
+# qemu and builds the guest kernel and initramfs; the test setup always does.
+VM ?= 0
+VM_DIR := $(CURDIR)/target/vm
+
+.PHONY: deps build install test test-user test-faults test-install test-image venv bench clean-test fuzz vm vm-assets
 
 deps:
-	@scripts/install-deps.sh
+	@SANDBOX_MCP_VM=$(VM) scripts/install-deps.sh
+
+# The vm driver's packages, then its guest kernel and the initramfs for
+# VM_HELPER (cached in the data dir, or VM_ASSETS_DIR; quiet when built).
+VM_HELPER ?= $(PREFIX)/bin/sandbox-vm-helper
+vm:
+	@SANDBOX_MCP_VM=1 scripts/install-deps.sh
+	@$(MAKE) --no-print-directory vm-assets
+
+vm-assets:
+	@$(if $(VM_ASSETS_DIR),SANDBOX_MCP_VM_DIR=$(VM_ASSETS_DIR)) scripts/vm-kernel.sh
+	@$(if $(VM_ASSETS_DIR),SANDBOX_MCP_VM_DIR=$(VM_ASSETS_DIR)) scripts/vm-initramfs.sh "$(VM_HELPER)"
 
 build:
 	$(CARGO) build --release
@@ -49,6 +65,7 @@ install: deps build
 	    echo "install: $(PREFIX)/bin/$$b"; \
 	done
 	@scripts/host-setup.sh "$(PREFIX)/bin/sandbox-mcp"
+	@if [ "$(VM)" = 1 ]; then $(MAKE) --no-print-directory vm-assets VM_HELPER="$(PREFIX)/bin/sandbox-vm-helper"; fi
 	"$(PREFIX)/bin/sandbox-mcp" image build
 	@scripts/print-registration.sh "$(abspath $(PREFIX))/bin/sandbox-mcp"
 
@@ -62,9 +79,12 @@ test: export SANDBOX_MCP_TEST_IMAGE_STORE := $(TEST_IMAGE_STORE)
 test: export SANDBOX_MCP_TEST_IMAGE := $(TEST_IMAGE)
 test: export SANDBOX_MCP_BIN := $(DEBUG_BIN)/sandbox-mcp
 test: export SANDBOX_VM_HELPER_BIN := $(DEBUG_BIN)/sandbox-vm-helper
+test: export SANDBOX_MCP_VM_DIR := $(VM_DIR)
+test: VM := 1
 test: deps venv
 	$(CARGO) build --quiet
 	@$(MAKE) --no-print-directory test-image
+	@$(MAKE) --no-print-directory vm-assets VM_ASSETS_DIR=$(VM_DIR) VM_HELPER=$(DEBUG_BIN)/sandbox-vm-helper
 	@status=0; scripts/run-tests.sh $(VENV) || status=1; \
 	    $(MAKE) --no-print-directory test-user || status=1; \
 	    FUZZ_OPTIONAL=1 FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) scripts/fuzz.sh || status=1; exit $$status

@@ -8,6 +8,7 @@
 //! - [`image`]: the local image store and the mmdebstrap image builder.
 //! - [`helper`]: the Linux VM helper: the gRPC service and its namespace driver.
 //! - [`agent`]: the in-sandbox agent that runs one process per Exec.
+//! - [`guest`]: PID 1 of a `vm` driver microVM (`sandbox-vm-helper guest-init`).
 //! - [`orchestrator`]: sandboxes by name, exec semantics, env, audit; talks to a helper.
 //! - [`mcp`]: the MCP tool surface, a thin layer over the orchestrator.
 //! - [`daemon`]: the per-user orchestrator daemon and the front-ends MCP clients start.
@@ -21,6 +22,7 @@ pub mod agent;
 pub mod ctl;
 pub mod daemon;
 pub mod doctor;
+pub mod guest;
 pub mod helper;
 pub mod hostsetup;
 pub mod image;

@@ -5,9 +5,18 @@
 #   uidmap             newuidmap/newgidmap: image builds without root
 #   protobuf-compiler  protoc, needed by build.rs
 #   python3-venv       the test venv (only if this python3 cannot make one)
+# With SANDBOX_MCP_VM=1 (`make vm`, `make install VM=1`, the test setup), also
+# what the optional vm driver needs (scripts/vm-kernel.sh, vm-initramfs.sh):
+#   qemu-system-x86    qemu-system-x86_64, and virtiofsd (qemu-system-common)
+#   e2fsprogs          mke2fs -d: the image layers' disks
+#   binutils           strip and readelf for the initramfs
+#   cpio lz4           the initramfs archive; the kernel's compressed payload
 set -euo pipefail
 
 packages=(mmdebstrap uidmap protobuf-compiler)
+if [ "${SANDBOX_MCP_VM:-0}" = 1 ]; then
+    packages+=(qemu-system-x86 e2fsprogs binutils cpio lz4)
+fi
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
     packages+=(python3-venv)
 fi

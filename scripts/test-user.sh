@@ -45,6 +45,10 @@ for b in sandbox-mcp sandbox-vm-helper sandbox-ctl; do cp "$bin_dir/$b" "$run/re
 conformance=$(cargo test --quiet --no-run --test helper_conformance --message-format=json 2>/dev/null |
     sed -n 's/.*"executable":"\([^"]*\/helper_conformance-[^"]*\)".*/\1/p' | tail -n 1)
 cp "$conformance" "$run/repo/target/bin/helper-conformance"
+# The vm driver's qemu tests, on the user's own kernel and initramfs.
+vm_tests=$(cargo test --quiet --no-run --test vm_qemu --message-format=json 2>/dev/null |
+    sed -n 's/.*"executable":"\([^"]*\/vm_qemu-[^"]*\)".*/\1/p' | tail -n 1)
+cp "$vm_tests" "$run/repo/target/bin/vm-qemu"
 chown -R "$user:" "$run/repo"
 SANDBOX_MCP_BIN=$run/repo/target/bin/sandbox-mcp
 SANDBOX_VM_HELPER_BIN=$run/repo/target/bin/sandbox-vm-helper
@@ -67,6 +71,12 @@ fi
 echo "== helper conformance as $user"
 if ! "${as_user[@]}" target/bin/helper-conformance -q; then
     echo "== helper conformance as $user FAILED"
+    status=1
+fi
+echo "== vm driver as $user"
+if ! { "${as_user[@]}" scripts/vm-kernel.sh && "${as_user[@]}" scripts/vm-initramfs.sh "$SANDBOX_VM_HELPER_BIN" &&
+    "${as_user[@]}" target/bin/vm-qemu -q --test-threads=1; }; then
+    echo "== vm driver as $user FAILED"
     status=1
 fi
 echo "== pytest as $user: $*"

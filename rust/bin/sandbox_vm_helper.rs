@@ -38,6 +38,10 @@ enum Command {
         #[arg(long)]
         eth0: bool,
     },
+    /// PID 1 of a `vm` driver microVM (internal; the guest kernel runs it
+    /// from the initramfs scripts/vm-initramfs.sh builds).
+    #[command(name = "guest-init", hide = true)]
+    GuestInit,
     /// Copy a VM's writable layer (internal; run by `serve` inside the VM's
     /// user namespace when the helper is not root).
     #[command(name = "__copy-layer", hide = true)]
@@ -55,6 +59,11 @@ fn main() -> ExitCode {
         // No runtime and no threads before this point: the launcher must be
         // single-threaded to enter a new user namespace.
         Command::VmInit { eth0 } => ExitCode::from(u8::try_from(sandbox_mcp::helper::vm_init(eth0)).unwrap_or(1)),
+        Command::GuestInit => {
+            let e = sandbox_mcp::guest::run();
+            eprintln!("guest-init: {e}");
+            sandbox_mcp::guest::agent::power_off()
+        }
         Command::Agent { listen } => {
             let e = sandbox_mcp::agent::serve(listen);
             eprintln!("sandbox-vm-helper agent: {e}");

@@ -7,6 +7,7 @@
 //! ([`crate::agent::mux`]), the same on every driver.
 //!
 //! - [`namespace`]: Linux namespaces, cgroups and seccomp around one kernel.
+//! - [`qemu`]: qemu microVMs with their own kernel (the `vm` driver's groundwork).
 //!
 //! Drivers report what they can do as typed [`Capabilities`], which GetInfo
 //! carries to the orchestrator.
@@ -21,6 +22,7 @@ use crate::helper::netstack::events::Events;
 use crate::netpolicy::NetworkPolicy;
 
 pub mod namespace;
+pub mod qemu;
 
 // Host facts the namespace driver owns and others share: the id maps images
 // are unpacked for (image store), cgroup delegation (host setup, doctor),

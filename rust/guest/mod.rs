@@ -1,0 +1,160 @@
+//! The guest side of the `vm` driver: `sandbox-vm-helper guest-init`, PID 1
+//! of a qemu microVM, started by the kernel from the initramfs that
+//! `scripts/vm-initramfs.sh` builds around this very binary.
+//!
+//! - [`modules`]: loads the kernel modules the initramfs carries.
+//! - [`rootfs`]: the image's layers (read-only disks) under an overlay whose
+//!   writable layer is the VM's own disk, `/workspace` over virtiofs, and the
+//!   switch into that root.
+//! - [`agent`]: starts the agent on the virtio-serial port, reaps orphans and
+//!   powers the VM off when the agent ends.
+//!
+//! The host side passes what the guest needs on the kernel command line as
+//! `smcp_*=` parameters, which the kernel hands to init as environment
+//! variables (see [`BootConfig`]).
+pub mod agent;
+pub mod modules;
+pub mod rootfs;
+
+/// Where the initramfs keeps this binary, its loader, its libraries and the
+/// modules; bound read-only into the sandbox's root at [`AGENT_DIR`] so the
+/// agent runs with these libraries whatever libc the image has.
+pub const LIB_DIR: &str = "/lib/sandbox-mcp";
+/// [`LIB_DIR`] as the sandbox's root shows it.
+pub const AGENT_DIR: &str = "/run/sandbox-mcp";
+/// Where the sandbox's root shows the VM's writable layer (read-only): a
+/// snapshot is the agent's tar of this directory, which has the format of
+/// a layer in the image store.
+pub const LAYER_VIEW: &str = "/run/sandbox-mcp-layer";
+/// The virtio-serial port the agent serves (qemu's `virtserialport` name).
+pub const AGENT_PORT: &str = "agent";
+/// Disk serials: `layer0` (the image's bottom layer) … and the VM's own
+/// writable disk.
+pub const LAYER_SERIAL: &str = "layer";
+/// The writable disk's serial.
+pub const UPPER_SERIAL: &str = "upper";
+/// The virtiofs tag of `/workspace`.
+pub const WORKSPACE_TAG: &str = "workspace";
+
+/// Why the guest could not become a sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum GuestError {
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Sys {
+        /// What was being done.
+        what: String,
+        /// The errno.
+        source: nix::errno::Errno,
+    },
+    /// The kernel command line lacks or garbles a parameter.
+    #[error("kernel command line: {0}")]
+    Config(String),
+    /// A device the host should have attached never appeared.
+    #[error("no {0} appeared")]
+    Missing(String),
+}
+
+impl GuestError {
+    fn sys(what: impl Into<String>, source: nix::errno::Errno) -> Self {
+        GuestError::Sys { what: what.into(), source }
+    }
+    fn io(what: impl Into<String>, e: std::io::Error) -> Self {
+        GuestError::sys(what, nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
+    }
+}
+
+/// What the host asks of this boot, from `smcp_*` kernel parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootConfig {
+    /// How many layer disks there are (`smcp_layers`), at least one.
+    pub layers: usize,
+    /// The sandbox's hostname (`smcp_hostname`).
+    pub hostname: String,
+    /// Whether `/workspace` is shared (`smcp_workspace=1`).
+    pub workspace: bool,
+    /// A boot probe (`smcp_probe=1`): answer on the agent port once the
+    /// modules are loaded, then power off (no disks, no agent).
+    pub probe: bool,
+}
+
+impl BootConfig {
+    /// Reads the parameters from `vars` (the process environment at boot).
+    pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self, GuestError> {
+        let (mut layers, mut hostname, mut workspace, mut probe) = (None, String::from("sandbox"), false, false);
+        for (k, v) in vars {
+            match k.as_str() {
+                "smcp_layers" => {
+                    let n: usize =
+                        v.parse().map_err(|_| GuestError::Config(format!("smcp_layers={v} is not a number")))?;
+                    if n == 0 {
+                        return Err(GuestError::Config("smcp_layers=0: an image has at least one layer".into()));
+                    }
+                    layers = Some(n);
+                }
+                "smcp_hostname" => hostname = v,
+                "smcp_workspace" => workspace = v == "1",
+                "smcp_probe" => probe = v == "1",
+                _ => {}
+            }
+        }
+        let layers = match (layers, probe) {
+            (Some(n), _) => n,
+            (None, true) => 0,
+            (None, false) => return Err(GuestError::Config("smcp_layers is missing".into())),
+        };
+        Ok(BootConfig { layers, hostname, workspace, probe })
+    }
+}
+
+/// PID 1's whole life; returns only on failure (the caller powers off).
+pub fn run() -> GuestError {
+    let step = || -> Result<std::convert::Infallible, GuestError> {
+        let config = BootConfig::from_vars(std::env::vars())?;
+        rootfs::mount_early()?;
+        modules::load_all(std::path::Path::new(LIB_DIR).join("modules").as_path())?;
+        if config.probe {
+            agent::answer_probe()?;
+            agent::power_off();
+        }
+        rootfs::assemble(&config)?;
+        agent::serve()
+    };
+    match step() {
+        Ok(never) => match never {},
+        Err(e) => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn boot_config_reads_the_smcp_parameters() {
+        let c = BootConfig::from_vars(vars(&[
+            ("smcp_layers", "3"),
+            ("smcp_hostname", "box"),
+            ("smcp_workspace", "1"),
+            ("TERM", "linux"),
+        ]))
+        .unwrap();
+        assert_eq!(c, BootConfig { layers: 3, hostname: "box".into(), workspace: true, probe: false });
+        let p = BootConfig::from_vars(vars(&[("smcp_probe", "1")])).unwrap();
+        assert!(p.probe && p.layers == 0);
+    }
+
+    #[test]
+    fn boot_config_names_the_bad_parameter() {
+        let e = BootConfig::from_vars(vars(&[("smcp_layers", "x")])).unwrap_err().to_string();
+        assert!(e.contains("smcp_layers=x"), "{e}");
+        let e = BootConfig::from_vars(vars(&[("smcp_layers", "0")])).unwrap_err().to_string();
+        assert!(e.contains("smcp_layers=0"), "{e}");
+        let e = BootConfig::from_vars(vars(&[])).unwrap_err().to_string();
+        assert!(e.contains("smcp_layers is missing"), "{e}");
+    }
+}

@@ -1,0 +1,185 @@
+//! qemu's command line for one vm, and the guest kernel's.
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use crate::guest::{AGENT_PORT, LAYER_SERIAL, UPPER_SERIAL, WORKSPACE_TAG};
+
+/// Everything the command line says about one vm.
+#[derive(Debug, Clone)]
+pub struct Machine {
+    /// `-accel`: "kvm" or "tcg".
+    pub accel: &'static str,
+    /// `-smp`.
+    pub cpus: u32,
+    /// `-m`, MiB.
+    pub memory_mib: u64,
+    /// The PVH ELF kernel.
+    pub kernel: PathBuf,
+    /// The initramfs.
+    pub initramfs: PathBuf,
+    /// The guest kernel's command line ([`cmdline`]).
+    pub cmdline: String,
+    /// The image's layers as ext4 files, bottom first (read-only disks).
+    pub layers: Vec<PathBuf>,
+    /// The vm's writable disk.
+    pub upper: Option<PathBuf>,
+    /// virtiofsd's socket for `/workspace`.
+    pub workspace: Option<PathBuf>,
+    /// The socket the helper listens on for the agent's port.
+    pub agent_socket: PathBuf,
+    /// QMP's socket (qemu listens).
+    pub qmp_socket: PathBuf,
+    /// The guest console (kernel messages, guest-init's errors).
+    pub console_log: PathBuf,
+    /// Wait for an incoming migration (a restore) instead of booting.
+    pub incoming: bool,
+}
+
+/// The guest kernel's command line. `quiet` and no timer calibration keep a
+/// TCG boot short; microvm has no PIT or HPET to calibrate the TSC against,
+/// and the stock kernel stalls without `tsc_early_khz`. `panic=-1` with
+/// qemu's `-no-reboot` turns a guest panic into qemu's exit. Parameters
+/// after `--` go to init as arguments, `smcp_*=` ones as its environment.
+pub fn cmdline(layers: usize, hostname: &str, workspace: bool, probe: bool) -> String {
+    let mut c = String::from(
+        "console=ttyS0 quiet loglevel=3 tsc_early_khz=2600000 tsc=reliable panic=-1 cryptomgr.notests random.trust_cpu=on",
+    );
+    if probe {
+        c.push_str(" smcp_probe=1");
+    } else {
+        // A hostname is a VM name (checked by the orchestrator); anything
+        // else could end the parameter and add another.
+        let hostname: String = hostname
+            .chars()
+            .map(|ch| if ch.is_ascii_alphanumeric() || ch == '-' || ch == '.' { ch } else { '-' })
+            .collect();
+        c.push_str(&format!(" smcp_layers={layers} smcp_hostname={hostname}"));
+        if workspace {
+            c.push_str(" smcp_workspace=1");
+        }
+    }
+    c.push_str(" -- guest-init");
+    c
+}
+
+impl Machine {
+    /// qemu's arguments (without the program name).
+    pub fn argv(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = Vec::new();
+        let mut push = |parts: &[&str]| a.extend(parts.iter().map(OsString::from));
+        let shared_memory = self.workspace.is_some();
+        // vhost-user (virtiofsd) maps the guest's memory, so it must be a
+        // shared memfd; virtio-mmio must be modern (virtio 1.0) for it. The
+        // RTC stays: the guest's clock is set from it at boot.
+        let machine = if shared_memory {
+            "microvm,x-option-roms=off,pit=off,pic=off,memory-backend=mem"
+        } else {
+            "microvm,x-option-roms=off,pit=off,pic=off"
+        };
+        push(&["-M", machine, "-accel", self.accel, "-cpu", if self.accel == "kvm" { "host" } else { "max" }]);
+        push(&["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
+        // qemu's own seccomp filter: no exec, no privilege changes, no
+        // obsolete syscalls, no resource control.
+        push(&["-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"]);
+        push(&["-smp", &self.cpus.max(1).to_string(), "-m", &format!("{}M", self.memory_mib)]);
+        push(&["-global", "virtio-mmio.force-legacy=false"]);
+        if shared_memory {
+            push(&["-object", &format!("memory-backend-memfd,id=mem,size={}M,share=on", self.memory_mib)]);
+        }
+        let path = |p: &PathBuf| p.to_string_lossy().replace(',', ",,");
+        push(&["-kernel", &path(&self.kernel), "-initrd", &path(&self.initramfs), "-append", &self.cmdline]);
+        push(&["-serial", &format!("file:{}", path(&self.console_log))]);
+        for (i, layer) in self.layers.iter().enumerate() {
+            push(&["-drive", &format!("file={},if=none,id=layer{i},format=raw,readonly=on", path(layer))]);
+            push(&["-device", &format!("virtio-blk-device,drive=layer{i},serial={LAYER_SERIAL}{i}")]);
+        }
+        if let Some(upper) = &self.upper {
+            push(&["-drive", &format!("file={},if=none,id=upper,format=raw,discard=unmap", path(upper))]);
+            push(&["-device", &format!("virtio-blk-device,drive=upper,serial={UPPER_SERIAL}")]);
+        }
+        if let Some(sock) = &self.workspace {
+            push(&["-chardev", &format!("socket,id=workspace,path={}", path(sock))]);
+            push(&["-device", &format!("vhost-user-fs-device,chardev=workspace,tag={WORKSPACE_TAG}")]);
+        }
+        // The helper listens; qemu connects, and reconnects to a helper that
+        // took over after a restart.
+        push(&["-device", "virtio-serial-device"]);
+        push(&["-chardev", &format!("socket,id=agent,path={},reconnect=1", path(&self.agent_socket))]);
+        push(&["-device", &format!("virtserialport,chardev=agent,name={AGENT_PORT}")]);
+        push(&["-qmp", &format!("unix:{},server=on,wait=off", path(&self.qmp_socket))]);
+        if self.incoming {
+            push(&["-incoming", "defer"]);
+        }
+        a
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine() -> Machine {
+        Machine {
+            accel: "tcg",
+            cpus: 2,
+            memory_mib: 512,
+            kernel: "/k/vmlinux".into(),
+            initramfs: "/k/initramfs.cpio.gz".into(),
+            cmdline: cmdline(2, "box", true, false),
+            layers: vec!["/l/0.ext4".into(), "/l/1,x.ext4".into()],
+            upper: Some("/v/upper.ext4".into()),
+            workspace: Some("/v/fs.sock".into()),
+            agent_socket: "/v/agent.sock".into(),
+            qmp_socket: "/v/qmp.sock".into(),
+            console_log: "/v/console.log".into(),
+            incoming: false,
+        }
+    }
+
+    fn joined(m: &Machine) -> String {
+        m.argv().iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ")
+    }
+
+    #[test]
+    fn argv_maps_cpus_memory_layers_and_sockets() {
+        let a = joined(&machine());
+        for want in [
+            "-accel tcg",
+            "-smp 2 -m 512M",
+            "-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+            "file=/l/0.ext4,if=none,id=layer0,format=raw,readonly=on",
+            "drive=layer0,serial=layer0",
+            // A comma in a path is doubled, or qemu would read an option.
+            "file=/l/1,,x.ext4,if=none,id=layer1,format=raw,readonly=on",
+            "drive=upper,serial=upper",
+            "memory-backend-memfd,id=mem,size=512M,share=on",
+            "vhost-user-fs-device,chardev=workspace,tag=workspace",
+            "socket,id=agent,path=/v/agent.sock,reconnect=1",
+            "virtserialport,chardev=agent,name=agent",
+            "-no-reboot",
+        ] {
+            assert!(a.contains(want), "{want:?} missing from {a}");
+        }
+        assert!(!a.contains("-incoming"), "{a}");
+    }
+
+    #[test]
+    fn without_a_workspace_memory_is_not_shared() {
+        let mut m = machine();
+        m.workspace = None;
+        m.incoming = true;
+        let a = joined(&m);
+        assert!(!a.contains("memfd") && !a.contains("memory-backend=mem"), "{a}");
+        assert!(a.ends_with("-incoming defer"), "{a}");
+    }
+
+    #[test]
+    fn cmdline_hands_init_its_parameters() {
+        let c = cmdline(3, "box", true, false);
+        assert!(c.contains(" smcp_layers=3 smcp_hostname=box smcp_workspace=1 -- guest-init"), "{c}");
+        assert!(c.contains("panic=-1"), "{c}");
+        assert!(cmdline(1, "a b smcp_x=1", false, false).contains("smcp_hostname=a-b-smcp-x-1 "));
+        let p = cmdline(0, "box", false, true);
+        assert!(p.contains("smcp_probe=1") && !p.contains("smcp_layers"), "{p}");
+    }
+}

@@ -1,0 +1,97 @@
+//! The vm's disks. Each image layer becomes a read-only ext4 file, built
+//! once by `mke2fs -d` and cached by the layer's identity; the vm's
+//! writable layer is an ext4 file of its own.
+//!
+//! Why disks and not a shared directory: Debian's cloud kernel has no 9p
+//! (CONFIG_NET_9P is not set), and a virtiofs share of the image store
+//! would hand the guest's kernel a writable view of every image unless
+//! virtiofsd enforced read-only, which Debian 12's does not offer. A disk
+//! opened `readonly=on` is read-only at qemu. mke2fs runs as root of a user
+//! namespace with the helper's id map, so the files in the disk carry the
+//! ids the sandbox sees (0 for its root), not the shifted host ids the
+//! layer has on the host.
+use std::hash::{Hash as _, Hasher as _};
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::QemuError;
+use crate::helper::driver::userns::{IdMapper, run_mapped};
+
+/// The cache file for `layer`: named by its path, inode and change time,
+/// so a layer rebuilt in place (an image built again) gets a new disk.
+pub fn layer_disk_path(layer: &Path, cache: &Path) -> Result<PathBuf, QemuError> {
+    let meta = std::fs::metadata(layer).map_err(|e| QemuError::io(format!("stat layer {}", layer.display()), e))?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    layer.hash(&mut h);
+    (meta.dev(), meta.ino(), meta.ctime(), meta.ctime_nsec(), meta.mtime(), meta.mtime_nsec()).hash(&mut h);
+    Ok(cache.join(format!("layer-{:016x}.ext4", h.finish())))
+}
+
+/// The read-only disk of `layer`, built into `cache` if it is not there.
+pub fn layer_disk(layer: &Path, cache: &Path, mapper: &IdMapper) -> Result<PathBuf, QemuError> {
+    let disk = layer_disk_path(layer, cache)?;
+    if disk.is_file() {
+        return Ok(disk);
+    }
+    std::fs::create_dir_all(cache).map_err(|e| QemuError::io(format!("create {}", cache.display()), e))?;
+    let tmp =
+        cache.join(format!(".tmp-{}-{}", std::process::id(), disk.file_name().unwrap_or_default().to_string_lossy()));
+    let failed = |detail: String| QemuError::Disk { what: layer.display().to_string(), detail };
+    std::fs::File::create(&tmp).map_err(|e| QemuError::io(format!("create {}", tmp.display()), e))?;
+    // mke2fs writes it as the namespace's root, which is root's range
+    // base on the host when the helper is root.
+    let (uid, gid) = mapper.id_map().host_root();
+    if let Err(e) = nix::unistd::chown(&tmp, Some(uid.into()), Some(gid.into())) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(failed(format!("chown the disk file to the namespace's root: {e}")));
+    }
+    // Sized from the layer (apparent bytes and entries) with room for
+    // ext4's own metadata; no journal, the disk is never written.
+    let script = r#"set -e
+kib=$(du -sk --apparent-size "$1" | cut -f1)
+entries=$(find "$1" -xdev | wc -l)
+exec mke2fs -q -F -t ext4 -O ^has_journal -m 0 -E root_owner=0:0 -N $((entries + entries / 4 + 1024)) -d "$1" "$2" "$((kib + kib / 4 + 65536))k""#;
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", script, "mke2fs-layer"])
+        .arg(layer)
+        .arg(&tmp)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+    let out = run_mapped(mapper, cmd).map_err(|e| failed(e.to_string()));
+    let out = match out {
+        Ok(o) if o.status.success() => o,
+        Ok(o) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(failed(format!("{}: {}", o.status, String::from_utf8_lossy(&o.stderr).trim())));
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
+    drop(out);
+    std::fs::rename(&tmp, &disk).map_err(|e| QemuError::io(format!("rename {}", tmp.display()), e))?;
+    Ok(disk)
+}
+
+/// Makes the vm's writable disk at `path`: a sparse ext4 file of
+/// `size_bytes` (the vm's disk quota), root-owned inside.
+pub fn upper_disk(path: &Path, size_bytes: u64) -> Result<(), QemuError> {
+    let f = std::fs::File::create(path).map_err(|e| QemuError::io(format!("create {}", path.display()), e))?;
+    f.set_len(size_bytes).map_err(|e| QemuError::io(format!("size {}", path.display()), e))?;
+    drop(f);
+    let out = Command::new("mke2fs")
+        .args(["-q", "-F", "-t", "ext4", "-m", "0", "-E", "root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1"])
+        .arg(path)
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .output()
+        .map_err(|e| QemuError::io("run mke2fs", e))?;
+    if !out.status.success() {
+        return Err(QemuError::Disk {
+            what: path.display().to_string(),
+            detail: format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,110 @@
+//! The `vm` driver's qemu side: a sandbox as a qemu `-M microvm` guest
+//! booting Debian's cloud kernel (PVH) with our initramfs, whose init
+//! ([`crate::guest`]) builds the sandbox's root and starts the agent on a
+//! virtio-serial port. The port's host end is a Unix socket the helper
+//! listens on: that connection is the byte stream the agent protocol runs
+//! over.
+//!
+//! - [`assets`]: the kernel and the initramfs made for this helper binary.
+//! - [`argv`]: qemu's command line.
+//! - [`qmp`]: the QMP client (stop, cont, migrate to a file, quit).
+//! - [`probe`]: whether KVM really boots our kernel, else TCG, with the reason.
+//! - [`disks`]: the image's layers as read-only ext4 disks and the VM's
+//!   writable disk.
+//! - [`virtiofsd`]: the daemon serving `/workspace`.
+//! - [`instance`]: boot, transport, stop, kill, wait.
+//! - [`driver`]: the `vm` driver behind the helper's driver seam.
+//! - [`snapshot`]: the writable layer as a layer of the image store.
+//!
+//! qemu runs as the helper's user with no extra privilege, under
+//! `-sandbox on` (its own seccomp filter), in the sandbox's cgroup when the
+//! host has cgroups.
+pub mod argv;
+pub mod assets;
+pub mod disks;
+pub mod driver;
+pub mod instance;
+pub mod probe;
+pub mod qmp;
+pub mod snapshot;
+pub mod virtiofsd;
+
+/// Debian's qemu for x86-64 guests (package qemu-system-x86).
+pub const QEMU: &str = "qemu-system-x86_64";
+/// The apt line that installs what the vm driver runs.
+pub const INSTALL_HINT: &str = "apt-get install qemu-system-x86 (or `make vm`)";
+
+/// Why a vm could not be prepared, started or driven.
+#[derive(Debug, thiserror::Error)]
+pub enum QemuError {
+    /// The kernel or the initramfs for this helper is not built.
+    #[error("{0}")]
+    Assets(String),
+    /// qemu or virtiofsd is not installed.
+    #[error("{0}")]
+    NotInstalled(String),
+    /// File or process I/O failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A disk image could not be built.
+    #[error("disk {what}: {detail}")]
+    Disk {
+        /// Which disk.
+        what: String,
+        /// mke2fs's complaint.
+        detail: String,
+    },
+    /// QMP refused a command or broke the protocol.
+    #[error("qmp {command}: {detail}")]
+    Qmp {
+        /// The command.
+        command: String,
+        /// qemu's error or what went wrong.
+        detail: String,
+    },
+    /// qemu exited; the reason names its status and the end of its output.
+    #[error("qemu exited: {0}")]
+    Exited(String),
+    /// A step did not finish in time.
+    #[error("timed out after {secs} s waiting for {what}")]
+    Timeout {
+        /// What was awaited.
+        what: &'static str,
+        /// How long.
+        secs: u64,
+    },
+}
+
+impl QemuError {
+    /// An I/O error with context.
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        QemuError::Io { what: what.into(), source }
+    }
+}
+
+/// How the guest's CPU runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Accel {
+    /// Hardware virtualization: a probe VM booted our kernel under it.
+    Kvm,
+    /// qemu's software CPU; `kvm_unusable` says why not KVM.
+    Tcg {
+        /// Why KVM is not used here.
+        kvm_unusable: String,
+    },
+}
+
+impl Accel {
+    /// qemu's `-accel` value.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg { .. } => "tcg",
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! A vm's writable layer as a layer of the image store. The guest's
+//! overlay uses `userxattr`, so its upper dir (shown read-only at
+//! [`LAYER_VIEW`]) already has the store's format: whiteouts are 0/0
+//! character devices and opaque directories carry `user.overlay.opaque`.
+//! The guest archives it with GNU tar (extended attributes included, which
+//! the agent's own copy-out does not carry), the helper receives the
+//! archive like any Exec's stdout, and [`unpack_layer`] extracts it as root
+//! of a user namespace with the helper's id map, so every file gets the
+//! host ids the sandbox maps, as the namespace driver's layers have.
+use std::path::Path;
+use std::process::Command;
+
+use super::QemuError;
+use crate::guest::LAYER_VIEW;
+use crate::helper::driver::userns::{IdMapper, run_mapped};
+
+/// What the guest runs to write its writable layer to stdout as a tar
+/// archive (Debian images have GNU tar). The caller syncs and quiesces the
+/// guest's processes first, as the namespace driver freezes its VM.
+pub fn archive_argv() -> Vec<String> {
+    ["tar", "--xattrs", "--xattrs-include=*", "--numeric-owner", "-C", LAYER_VIEW, "-cf", "-", "."]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+/// Extracts `archive` (from [`archive_argv`]) into the new directory
+/// `dest`, which must not exist.
+pub fn unpack_layer(archive: &Path, dest: &Path, mapper: &IdMapper) -> Result<(), QemuError> {
+    let failed = |detail: String| QemuError::Disk { what: format!("layer {}", dest.display()), detail };
+    std::fs::create_dir(dest).map_err(|e| QemuError::io(format!("create {}", dest.display()), e))?;
+    let (uid, gid) = mapper.id_map().host_root();
+    nix::unistd::chown(dest, Some(uid.into()), Some(gid.into()))
+        .map_err(|e| failed(format!("chown to the namespace's root: {e}")))?;
+    // Opened here: the namespace's root may have no right to the file.
+    let input = std::fs::File::open(archive).map_err(|e| QemuError::io(format!("open {}", archive.display()), e))?;
+    let mut cmd = Command::new("tar");
+    cmd.args(["--xattrs", "--xattrs-include=*", "--numeric-owner", "--same-permissions", "-x", "-f", "-"])
+        .stdin(input)
+        .arg("-C")
+        .arg(dest)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin");
+    let out = run_mapped(mapper, cmd).map_err(|e| failed(e.to_string()))?;
+    if !out.status.success() {
+        return Err(failed(format!("tar: {}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim())));
+    }
+    Ok(())
+}

@@ -1,0 +1,481 @@
+//! The `vm` driver's qemu side on real microVMs: the boot probe, a full
+//! boot of the test image, and a killed qemu. TCG is slow, so each test
+//! boots at most one vm.
+//!
+//! Needs qemu (`make vm` installs it) and the kernel and initramfs built
+//! for `SANDBOX_VM_HELPER_BIN` in `SANDBOX_MCP_VM_DIR` (`make vm`; the test
+//! setup builds them). Without qemu or the kernel each test says why and
+//! passes; with the kernel but no initramfs for this very binary (built
+//! after `make vm`) it fails, since it would otherwise never run.
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sandbox_mcp::agent::mux::Mux;
+use sandbox_mcp::agent::protocol::{ExitStatus, Frame, StartSpec};
+use sandbox_mcp::helper::driver::qemu::assets::{Assets, build_id, vm_dir};
+use sandbox_mcp::helper::driver::qemu::driver::QemuDriver;
+use sandbox_mcp::helper::driver::qemu::instance::{BootSpec, Instance};
+use sandbox_mcp::helper::driver::qemu::{Accel, disks, probe, snapshot};
+use sandbox_mcp::helper::driver::userns::IdMapper;
+use sandbox_mcp::helper::driver::{BindMount, BootSpec as SeamBootSpec, Driver as _, Limits};
+
+/// A directory removed on drop; short, for socket paths.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let p = PathBuf::from(format!("/tmp/smcp-q{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The assets for the helper binary under test, or why the test skips.
+fn assets() -> Option<Assets> {
+    let helper = std::env::var_os("SANDBOX_VM_HELPER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/debug/sandbox-vm-helper"));
+    if std::process::Command::new(sandbox_mcp::helper::driver::qemu::QEMU).arg("--version").output().is_err() {
+        eprintln!("SKIP: qemu-system-x86_64 is not installed (make vm)");
+        return None;
+    }
+    if !vm_dir().join("vmlinux").is_file() {
+        eprintln!("SKIP: no vm kernel in {} (make vm)", vm_dir().display());
+        return None;
+    }
+    let id = build_id(&helper).expect("read the helper's build id").expect("the helper has a build id");
+    match Assets::locate(&vm_dir(), &id) {
+        Ok(a) => Some(a),
+        Err(e) => panic!("{e} (for {})", helper.display()),
+    }
+}
+
+fn tcg() -> Accel {
+    Accel::Tcg { kvm_unusable: "not probed by this test".into() }
+}
+
+#[tokio::test]
+async fn boot_probe_reaches_guest_init_under_tcg() {
+    let Some(assets) = assets() else { return };
+    let dir = TempDir::new("probe");
+    probe::boot_probe(&assets, &dir.0, &tcg(), Duration::from_secs(120)).await.expect("the probe vm answers under TCG");
+}
+
+/// On this project's hosts (kvm_pvm) KVM must come out unusable, with the
+/// reason; where KVM does boot our kernel, the probe vm answered under it.
+#[tokio::test]
+async fn kvm_probe_says_why_kvm_is_unusable() {
+    let Some(assets) = assets() else { return };
+    let dir = TempDir::new("kvm");
+    match probe::detect(&assets, &dir.0).await {
+        Accel::Kvm => eprintln!("KVM boots the guest kernel on this host"),
+        Accel::Tcg { kvm_unusable } => {
+            eprintln!("KVM unusable: {kvm_unusable}");
+            assert!(
+                kvm_unusable.starts_with("/dev/kvm: ") || kvm_unusable.contains("under KVM"),
+                "the reason names the device or the failed KVM boot: {kvm_unusable}"
+            );
+        }
+    }
+    // The probe vm is gone with its sockets.
+    assert!(!dir.0.join("probe.sock").exists());
+}
+
+/// The test image's layers as disks and a fresh writable disk.
+fn disks_for_test_image(run: &Path, mapper: &IdMapper) -> Option<(Vec<PathBuf>, PathBuf)> {
+    let store = std::env::var_os("SANDBOX_MCP_TEST_IMAGE_STORE").map(PathBuf::from)?;
+    let name = std::env::var("SANDBOX_MCP_TEST_IMAGE").unwrap_or_else(|_| "mcp-test".into());
+    let store = sandbox_mcp::image::ImageStore::new(store);
+    let info = store.get(&name).ok()?;
+    let mut layers = vec![store.rootfs(&name)];
+    layers.extend(store.layer_paths(&info.layers));
+    let cache = vm_dir().join("disks");
+    let disks = layers.iter().map(|l| disks::layer_disk(l, &cache, mapper).expect("layer disk")).collect();
+    let upper = run.join("upper.ext4");
+    disks::upper_disk(&upper, 1 << 30).expect("upper disk");
+    Some((disks, upper))
+}
+
+#[tokio::test]
+async fn a_killed_qemu_is_reported() {
+    let Some(assets) = assets() else { return };
+    let mapper = IdMapper::detect().expect("an id map (host-setup)");
+    let dir = TempDir::new("kill");
+    let Some((layers, upper)) = disks_for_test_image(&dir.0, &mapper) else {
+        eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
+        return;
+    };
+    let workspace = dir.0.join("ws");
+    std::fs::create_dir(&workspace).unwrap();
+    let (uid, gid) = mapper.id_map().host_root();
+    nix::unistd::chown(&workspace, Some(uid.into()), Some(gid.into())).unwrap();
+    let accel = tcg();
+    let spec = BootSpec {
+        hostname: "killed",
+        run_dir: dir.0.join("run"),
+        assets: &assets,
+        accel: &accel,
+        layers,
+        upper,
+        workspace: Some(workspace),
+        cpus: 1,
+        memory_mib: 512,
+        mapper: &mapper,
+        cgroup: None,
+    };
+    let (mut vm, _transport) = Instance::boot(spec).await.expect("boot");
+    let pid = vm.pid().expect("qemu runs");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::SIGKILL).unwrap();
+    let exit = tokio::time::timeout(Duration::from_secs(30), vm.wait()).await.expect("wait returns");
+    assert!(exit.killed, "{exit:?}");
+    let text = exit.to_string();
+    assert!(text.starts_with("qemu was killed (signal: 9"), "{text}");
+}
+
+/// A guest whose init fails powers off; the exit says why, from the
+/// guest console.
+#[tokio::test]
+async fn a_guest_that_cannot_start_reports_why() {
+    let Some(assets) = assets() else { return };
+    let mapper = IdMapper::detect().expect("an id map (host-setup)");
+    let dir = TempDir::new("fail");
+    let upper = dir.0.join("upper.ext4");
+    disks::upper_disk(&upper, 1 << 30).expect("upper disk");
+    let accel = tcg();
+    // No layers: guest-init refuses `smcp_layers=0`.
+    let spec = BootSpec {
+        hostname: "failing",
+        run_dir: dir.0.join("run"),
+        assets: &assets,
+        accel: &accel,
+        layers: Vec::new(),
+        upper,
+        workspace: None,
+        cpus: 1,
+        memory_mib: 256,
+        mapper: &mapper,
+        cgroup: None,
+    };
+    let (mut vm, _transport) = Instance::boot(spec).await.expect("boot");
+    let exit = tokio::time::timeout(Duration::from_secs(180), vm.wait()).await.expect("the guest powers off");
+    assert!(!exit.killed, "{exit:?}");
+    let text = exit.to_string();
+    assert!(text.starts_with("the vm stopped (qemu exit status: 0)"), "{text}");
+    assert!(text.contains("guest-init: kernel command line: smcp_layers=0"), "{text}");
+}
+
+/// QMP pauses a vm and writes its state to a file it gets as a descriptor
+/// (qemu may not spawn `exec:` migrations under `-sandbox spawn=deny`).
+#[tokio::test]
+async fn qmp_saves_a_paused_vm_to_a_file() {
+    let Some(assets) = assets() else { return };
+    let mapper = IdMapper::detect().expect("an id map (host-setup)");
+    let dir = TempDir::new("qmp");
+    let Some((layers, upper)) = disks_for_test_image(&dir.0, &mapper) else {
+        eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
+        return;
+    };
+    let accel = tcg();
+    let spec = BootSpec {
+        hostname: "saved",
+        run_dir: dir.0.join("run"),
+        assets: &assets,
+        accel: &accel,
+        layers,
+        upper,
+        workspace: None,
+        cpus: 1,
+        memory_mib: 256,
+        mapper: &mapper,
+        cgroup: None,
+    };
+    let (mut vm, _transport) = Instance::boot(spec).await.expect("boot");
+    let mut qmp = vm.qmp().await.expect("qmp");
+    let state_path = dir.0.join("vm.state");
+    let state = std::fs::File::create(&state_path).unwrap();
+    qmp.migrate_to_file(&state).await.expect("migrate to the file");
+    assert_eq!(qmp.status().await.unwrap(), "postmigrate");
+    let size = std::fs::metadata(&state_path).unwrap().len();
+    assert!(size > 1 << 20, "the state holds the guest's memory: {size} bytes");
+    qmp.cont().await.expect("cont");
+    assert_eq!(qmp.status().await.unwrap(), "running");
+    // qemu serves one QMP client at a time; stop() makes its own.
+    drop(qmp);
+    let exit = vm.stop(Duration::from_secs(10)).await;
+    assert!(!exit.killed, "quit over QMP ends qemu without a signal: {exit:?}");
+}
+
+// ------------------------------------------------------------------ disks
+
+/// A layer's disk is built once (as the namespace's root, so the guest sees
+/// the sandbox's ids) and then found in the cache.
+#[test]
+fn a_layer_disk_is_built_once_and_holds_the_layer() {
+    let Ok(mapper) = IdMapper::detect() else {
+        eprintln!("SKIP: no id map for this user (host-setup)");
+        return;
+    };
+    let dir = TempDir::new("disk");
+    let layer = dir.0.join("layer");
+    std::fs::create_dir_all(layer.join("etc")).unwrap();
+    std::fs::write(layer.join("etc/motd"), "hello from a layer\n").unwrap();
+    let cache = dir.0.join("cache");
+    let disk = disks::layer_disk(&layer, &cache, &mapper).expect("build the disk");
+    assert_eq!(disk, disks::layer_disk_path(&layer, &cache).unwrap());
+    let built = std::fs::metadata(&disk).unwrap().modified().unwrap();
+    assert_eq!(disks::layer_disk(&layer, &cache, &mapper).unwrap(), disk);
+    assert_eq!(std::fs::metadata(&disk).unwrap().modified().unwrap(), built, "the cached disk is reused");
+    let out = std::process::Command::new("debugfs").args(["-R", "cat /etc/motd"]).arg(&disk).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello from a layer\n");
+}
+
+#[test]
+fn a_missing_layer_is_named() {
+    let Ok(mapper) = IdMapper::detect() else {
+        eprintln!("SKIP: no id map for this user (host-setup)");
+        return;
+    };
+    let dir = TempDir::new("nolayer");
+    let e = disks::layer_disk(&dir.0.join("gone"), &dir.0.join("cache"), &mapper).unwrap_err().to_string();
+    assert!(e.contains("stat layer") && e.contains("gone"), "{e}");
+    let e = disks::upper_disk(&dir.0.join("no/such/dir/upper.ext4"), 1 << 20).unwrap_err().to_string();
+    assert!(e.contains("upper.ext4"), "{e}");
+}
+
+// ------------------------------------------- the agent over the serial port
+
+/// A booted test-image vm (with `/workspace` when asked) and the
+/// multiplexed agent connection over its virtio-serial port.
+struct Booted {
+    dir: TempDir,
+    vm: Instance,
+    agent: Mux,
+    workspace: PathBuf,
+}
+
+async fn boot_test_image(tag: &str, assets: &Assets, mapper: &IdMapper) -> Option<Booted> {
+    let dir = TempDir::new(tag);
+    let Some((layers, upper)) = disks_for_test_image(&dir.0, mapper) else {
+        eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
+        return None;
+    };
+    let workspace = dir.0.join("ws");
+    std::fs::create_dir(&workspace).unwrap();
+    let (uid, gid) = mapper.id_map().host_root();
+    nix::unistd::chown(&workspace, Some(uid.into()), Some(gid.into())).unwrap();
+    let accel = tcg();
+    let spec = BootSpec {
+        hostname: tag,
+        run_dir: dir.0.join("run"),
+        assets,
+        accel: &accel,
+        layers,
+        upper,
+        workspace: Some(workspace.clone()),
+        cpus: 1,
+        memory_mib: 512,
+        mapper,
+        cgroup: None,
+    };
+    let (vm, transport) = Instance::boot(spec).await.expect("boot");
+    let agent = Mux::open_side(transport);
+    Some(Booted { dir, vm, agent, workspace })
+}
+
+/// Waits for the agent's first Pong (the guest's boot under TCG).
+async fn ping(agent: &Mux) {
+    let mut s = agent.open(Frame::Ping).expect("open a ping stream");
+    let answer = tokio::time::timeout(Duration::from_secs(180), s.next()).await.expect("the agent answers in time");
+    assert!(matches!(answer, Ok(Some(Frame::Pong))), "{answer:?}");
+}
+
+/// Runs argv in the guest; its exit code and stdout.
+async fn exec(agent: &Mux, argv: &[&str]) -> (i32, String) {
+    let (code, out) = exec_bytes(agent, argv).await;
+    (code, String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Runs argv in the guest; its exit code and stdout's bytes.
+async fn exec_bytes(agent: &Mux, argv: &[&str]) -> (i32, Vec<u8>) {
+    let spec = StartSpec {
+        argv: argv.iter().map(|a| a.to_string()).collect(),
+        env: vec![("PATH".into(), "/usr/sbin:/usr/bin:/sbin:/bin".into())],
+        cwd: "/".into(),
+        create_cwd: false,
+        tty: false,
+        tty_cols: 0,
+        tty_rows: 0,
+        user: String::new(),
+        secret: Vec::new(),
+        secret_fd: 0,
+    };
+    let mut s = agent.open(Frame::Start(spec)).expect("open an exec stream");
+    let mut out = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(120), s.next()).await.expect("exec answers") {
+            Ok(Some(Frame::Stdout(b))) => out.extend(b),
+            Ok(Some(Frame::Exited(ExitStatus::Code(c)))) => return (c, out),
+            Ok(Some(Frame::Started(_) | Frame::Stderr(_) | Frame::Credit(_))) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_agent_answers_on_the_serial_port_from_the_guest_kernel() {
+    let Some(assets) = assets() else { return };
+    let mapper = IdMapper::detect().expect("an id map (host-setup)");
+    let Some(mut b) = boot_test_image("uname", &assets, &mapper).await else { return };
+    ping(&b.agent).await;
+    let (code, release) = exec(&b.agent, &["uname", "-r"]).await;
+    assert_eq!(code, 0);
+    let host = nix::sys::utsname::uname().unwrap().release().to_string_lossy().into_owned();
+    assert_eq!(release.trim(), assets.release, "the guest runs the vm kernel");
+    assert_ne!(release.trim(), host, "not the host's kernel");
+    let exit = b.vm.stop(Duration::from_secs(10)).await;
+    assert!(!exit.killed, "{exit:?}");
+    drop(b.dir);
+}
+
+#[tokio::test]
+async fn workspace_files_cross_between_host_and_guest() {
+    let Some(assets) = assets() else { return };
+    let mapper = IdMapper::detect().expect("an id map (host-setup)");
+    let Some(mut b) = boot_test_image("ws", &assets, &mapper).await else { return };
+    std::fs::write(b.workspace.join("from-host.txt"), "written by the host\n").unwrap();
+    ping(&b.agent).await;
+    let (code, seen) = exec(&b.agent, &["cat", "/workspace/from-host.txt"]).await;
+    assert_eq!((code, seen.as_str()), (0, "written by the host\n"));
+    let (code, _) = exec(&b.agent, &["sh", "-c", "echo written by the guest > /workspace/from-guest.txt"]).await;
+    assert_eq!(code, 0);
+    let back = b.workspace.join("from-guest.txt");
+    assert_eq!(std::fs::read_to_string(&back).unwrap(), "written by the guest\n");
+    // The guest's root writes files the sandbox's root owns on the host
+    // (the user, for an ordinary user's helper), as in a namespace sandbox.
+    let (uid, _) = mapper.id_map().host_root();
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&back).unwrap()), uid);
+    b.vm.kill().await;
+}
+
+/// The guest's writable layer comes out as a layer in the image store's
+/// format: files with the sandbox's owners, a deletion as a 0/0 character
+/// device, a replaced directory marked opaque.
+#[tokio::test]
+async fn the_writable_layer_becomes_a_store_layer() {
+    let Some(assets) = assets() else { return };
+    let mapper = IdMapper::detect().expect("an id map (host-setup)");
+    let Some(mut b) = boot_test_image("snap", &assets, &mapper).await else { return };
+    ping(&b.agent).await;
+    let change = "echo added > /etc/added && rm /etc/hostname && rm -r /usr/share/doc && mkdir /usr/share/doc \
+        && echo new > /usr/share/doc/new && sync";
+    assert_eq!(exec(&b.agent, &["sh", "-c", change]).await.0, 0);
+    let argv = snapshot::archive_argv();
+    let (code, tar) = exec_bytes(&b.agent, &argv.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    assert_eq!(code, 0);
+    b.vm.kill().await;
+    let archive = b.dir.0.join("layer.tar");
+    std::fs::write(&archive, tar).unwrap();
+    let layer = b.dir.0.join("layer");
+    snapshot::unpack_layer(&archive, &layer, &mapper).expect("unpack");
+
+    use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+    let (uid, _) = mapper.id_map().host_root();
+    let added = std::fs::symlink_metadata(layer.join("etc/added")).unwrap();
+    assert_eq!(std::fs::read_to_string(layer.join("etc/added")).unwrap(), "added\n");
+    assert_eq!(added.uid(), uid, "root's file in the guest is the sandbox root's on the host");
+    let whiteout = std::fs::symlink_metadata(layer.join("etc/hostname")).unwrap();
+    assert!(whiteout.file_type().is_char_device() && whiteout.rdev() == 0, "{whiteout:?}");
+    let doc = layer.join("usr/share/doc");
+    let value = xattr(&doc, "user.overlay.opaque");
+    assert_eq!(value.as_deref(), Some(&b"y"[..]), "the replaced directory is opaque");
+    assert!(doc.join("new").is_file());
+    // Unpacking into an existing directory is refused, naming it.
+    let e = snapshot::unpack_layer(&archive, &layer, &mapper).unwrap_err().to_string();
+    assert!(e.contains(&layer.display().to_string()), "{e}");
+}
+
+fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    let mut buf = [0u8; 64];
+    // SAFETY: valid C strings and a buffer of the given length.
+    let len = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (len >= 0).then(|| buf[..len as usize].to_vec())
+}
+
+// ------------------------------------------------- through the driver seam
+
+fn seam_spec(dir: &Path, layers: Vec<PathBuf>, mounts: Vec<BindMount>) -> SeamBootSpec {
+    SeamBootSpec {
+        id: "vm-seam".into(),
+        hostname: "seam".into(),
+        layers,
+        dir: dir.to_path_buf(),
+        mounts,
+        limits: Limits { cpus: 1, memory_bytes: 512 << 20, pids: 1024 },
+        egress: None,
+    }
+}
+
+fn test_image_layers() -> Option<Vec<PathBuf>> {
+    let store = std::env::var_os("SANDBOX_MCP_TEST_IMAGE_STORE").map(PathBuf::from)?;
+    let name = std::env::var("SANDBOX_MCP_TEST_IMAGE").unwrap_or_else(|_| "mcp-test".into());
+    let store = sandbox_mcp::image::ImageStore::new(store);
+    let info = store.get(&name).ok()?;
+    let mut layers = vec![store.rootfs(&name)];
+    layers.extend(store.layer_paths(&info.layers));
+    Some(layers)
+}
+
+/// The vm driver behind the helper's seam: boots to a pinged agent, runs
+/// Exec on the guest kernel, snapshots the writable layer, and reports a
+/// kill through its exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_vm_driver_boots_execs_snapshots_and_reports_a_kill() {
+    let Some(assets) = assets() else { return };
+    let Some(layers) = test_image_layers() else {
+        eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
+        return;
+    };
+    let driver = QemuDriver::with_assets(Ok(assets.clone()));
+    assert_eq!(driver.unavailable_reason(), None);
+    assert!(driver.capabilities().own_kernel);
+    let dir = TempDir::new("seam");
+    let vm = driver.boot(&seam_spec(&dir.0, layers, Vec::new())).await.expect("boot through the seam");
+    let (code, release) = exec(&vm.connection(), &["uname", "-r"]).await;
+    assert_eq!((code, release.trim()), (0, assets.release.as_str()));
+    assert_eq!(exec(&vm.connection(), &["sh", "-c", "echo kept > /etc/kept"]).await.0, 0);
+    let dst = dir.0.join("layer");
+    let (snap_vm, snap_dst) = (vm.clone(), dst.clone());
+    tokio::task::spawn_blocking(move || snap_vm.snapshot_layer(Path::new("/unused"), &snap_dst))
+        .await
+        .unwrap()
+        .expect("snapshot the writable layer");
+    assert_eq!(std::fs::read_to_string(dst.join("etc/kept")).unwrap(), "kept\n");
+    let exit = vm.take_exit().expect("the exit, once");
+    assert!(vm.take_exit().is_none());
+    vm.kill();
+    let how = tokio::time::timeout(Duration::from_secs(30), exit).await.expect("the exit resolves");
+    assert!(how.starts_with("qemu was killed"), "{how}");
+    vm.cleanup();
+}
+
+/// What the vm driver cannot do yet is refused before anything boots.
+#[tokio::test]
+async fn the_vm_driver_refuses_shares_other_than_workspace() {
+    let Some(assets) = assets() else { return };
+    let driver = QemuDriver::with_assets(Ok(assets));
+    let dir = TempDir::new("refuse");
+    let mount = BindMount { host: dir.0.clone(), guest: "/data".into(), read_only: true };
+    let e = driver.boot(&seam_spec(&dir.0, Vec::new(), vec![mount])).await.unwrap_err().to_string();
+    assert!(e.contains("only a writable /workspace, not /data"), "{e}");
+    let unbuilt = QemuDriver::with_assets(Err("no vm kernel".into()));
+    assert_eq!(unbuilt.unavailable_reason().as_deref(), Some("no vm kernel"));
+}
