@@ -36,7 +36,7 @@ from mcp_client import McpClient, McpError
 from test_crash_safety import _descendants, _kill_survivors, _survivors, _temp_layers
 from test_daemon import daemon_pid
 from test_persistence import _get, _restarted, db_path, exited, free_port, helper_pid, rows, until
-from waiting import wait_for
+from waiting import poll, wait_for
 
 SEED = int(os.environ.get("SANDBOX_MCP_FAULT_SEED") or random.SystemRandom().randrange(1 << 32))
 ROUNDS = int(os.environ.get("SANDBOX_MCP_FAULT_ROUNDS") or 6)
@@ -434,13 +434,18 @@ class FaultSuite:
         refs = {line for f in (self.store / ".refs").glob("*/*") for line in f.read_text().splitlines()}
         leaked = present - named - refs
         assert not leaked, f"{where} layers nothing uses: {leaked}"
-        # Listed before asking for the sandboxes: a sandbox-ctl spawn the kill
-        # cut short retries its connection and may make its child meanwhile.
+        # A sandbox-ctl spawn the kill cut short retries its connection and
+        # may be making its child right now (its layer there, the sandbox not
+        # yet): a stray layer must become a sandbox or go, soon.
         vms = Path(self.env["XDG_STATE_HOME"]) / "sandbox-mcp" / "vms"
-        layers = {p.name for p in vms.iterdir()} if vms.is_dir() else set()
-        live, lost = status_names(client)
-        stray = layers - live - lost
-        assert not stray, f"{where} writable layers of no sandbox: {stray}"
+
+        def stray() -> set[str]:
+            layers = {p.name for p in vms.iterdir()} if vms.is_dir() else set()
+            live, lost = status_names(client)
+            return layers - live - lost
+
+        left = poll(stray, lambda s: not s, timeout=30)
+        assert left is not None, f"{where} writable layers of no sandbox: {stray()}"
 
     def tidy(self) -> None:
         """Between rounds: drops what the rounds made, through the tools (so
