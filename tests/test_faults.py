@@ -578,8 +578,6 @@ def test_a_full_disk_under_the_state_dir_is_reported_loses_nothing_and_recovers(
     assert out == "kept\n", out
 
 
-@pytest.mark.xfail(strict=True, reason="found by this suite, left to the branch that makes tools await their "
-                   "queued state writes: an exec answers success while its history entry failed to save")
 def test_an_exec_answered_on_a_full_database_has_its_history_entry_or_says_it_has_none(full_disk, env):
     clients, fill = full_disk
     ok(clients.first, "exec", command="true", sandbox="d")

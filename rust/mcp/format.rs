@@ -69,6 +69,9 @@ pub fn exec_result(r: &ExecResult, timeout_secs: f64) -> String {
             _ => lines.push(format!("[exit code {code}]")),
         }
     }
+    if let Some(why) = &r.history_unsaved {
+        lines.push(format!("[history entry not saved: {why}]"));
+    }
     lines.push(format!("({})", ms(r.duration)));
     lines.join("\n")
 }
@@ -94,6 +97,9 @@ pub struct ExecOutput {
     pub truncated: bool,
     /// Whether the timeout killed the command.
     pub timed_out: bool,
+    /// Why the command's history entry was not saved (a full disk), if not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history_unsaved: Option<String>,
 }
 
 /// Bytes as base64 when the text alone would not carry them exactly.
@@ -113,6 +119,7 @@ impl From<&ExecResult> for ExecOutput {
             duration_ms: (r.duration.as_secs_f64() * 10_000.0).round() / 10.0,
             truncated: r.stdout.truncated() || r.stderr.truncated(),
             timed_out: r.outcome == Outcome::TimedOut,
+            history_unsaved: r.history_unsaved.clone(),
         }
     }
 }
@@ -592,7 +599,13 @@ mod tests {
 
     fn result(out: &str, err: &str, outcome: Outcome) -> ExecResult {
         let cap = |s: &str| Captured { bytes: s.as_bytes().to_vec(), total: s.len() as u64 };
-        ExecResult { stdout: cap(out), stderr: cap(err), outcome, duration: Duration::from_micros(1234) }
+        ExecResult {
+            stdout: cap(out),
+            stderr: cap(err),
+            outcome,
+            duration: Duration::from_micros(1234),
+            history_unsaved: None,
+        }
     }
 
     #[test]

@@ -58,6 +58,9 @@ pub struct ExecResult {
     pub outcome: Outcome,
     /// Wall-clock time from request to exit.
     pub duration: Duration,
+    /// Why the command's history entry was not saved, if it was not (the
+    /// command ran; a restart will not show it in `history`).
+    pub history_unsaved: Option<String>,
 }
 
 impl ExecResult {
@@ -150,7 +153,7 @@ pub async fn run(
         (false, Some(s)) => Outcome::Exited(s),
         _ => Outcome::TimedOut,
     };
-    Ok(ExecResult { stdout, stderr, outcome, duration: started.elapsed() })
+    Ok(ExecResult { stdout, stderr, outcome, duration: started.elapsed(), history_unsaved: None })
 }
 
 #[cfg(test)]
@@ -175,6 +178,7 @@ mod tests {
             stderr: Captured::default(),
             outcome,
             duration: Duration::ZERO,
+            history_unsaved: None,
         };
         assert_eq!(r(Outcome::Exited(ExitStatus::Code(3))).exit_code(), 3);
         assert_eq!(r(Outcome::Exited(ExitStatus::Signal(9))).exit_code(), 137);

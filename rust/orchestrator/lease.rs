@@ -7,7 +7,7 @@
 use std::{
     path::Path,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
     },
     time::{Duration, SystemTime, UNIX_EPOCH},
@@ -102,6 +102,16 @@ impl Limits {
     }
 }
 
+/// Push a lease's end `by` past the later of now and its current end, in one
+/// step under its lock: two extensions at once both count.
+fn extend(lease: &Mutex<Option<SystemTime>>, by: Duration) -> SystemTime {
+    let mut lease = lease.lock().unwrap_or_else(|p| p.into_inner());
+    let now = SystemTime::now();
+    let expires = lease.filter(|t| *t > now).unwrap_or(now) + by;
+    *lease = Some(expires);
+    expires
+}
+
 impl Sandbox {
     /// When the lease ends, if the sandbox has one.
     pub fn lease_expires(&self) -> Option<SystemTime> {
@@ -115,6 +125,10 @@ impl Sandbox {
 
     pub(super) fn set_lease(&self, expires: Option<SystemTime>) {
         *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = expires;
+    }
+
+    fn extend_lease_by(&self, by: Duration) -> SystemTime {
+        extend(&self.lease, by)
     }
 
     fn lease_expired(&self) -> bool {
@@ -220,10 +234,7 @@ impl SandboxManager {
                 super::names::display(name)
             )));
         }
-        let now = SystemTime::now();
-        let base = sandbox.lease_expires().filter(|t| *t > now).unwrap_or(now);
-        let expires = base + Duration::from_secs(minutes * 60);
-        sandbox.set_lease(Some(expires));
+        let expires = sandbox.extend_lease_by(Duration::from_secs(minutes * 60));
         self.record_sandbox(&sandbox);
         self.committed().await;
         Ok((sandbox, expires))
@@ -282,6 +293,22 @@ pub fn iso_utc(t: SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn concurrent_extensions_all_count() {
+        let start = SystemTime::now() + Duration::from_secs(3600);
+        let lease = Mutex::new(Some(start));
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..100 {
+                        extend(&lease, Duration::from_secs(60));
+                    }
+                });
+            }
+        });
+        assert_eq!(lease.into_inner().unwrap(), Some(start + Duration::from_secs(800 * 60)));
+    }
 
     #[test]
     fn iso_dates() {

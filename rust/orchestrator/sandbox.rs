@@ -1194,14 +1194,16 @@ impl SandboxManager {
                 other => result = Some(other?),
             }
         }
-        let result = match result {
+        let mut result = match result {
             Some(r) => r,
             None => exec::run(&self.helper, &sandbox.name, process, &cmd.stdin, cmd.timeout).await?,
         };
         if let Some(text) = cmd.audit_as {
             let entry = sandbox.record(&text, result.exit_code(), result.duration);
-            self.record_history(&sandbox.name, &entry);
-            self.committed().await;
+            if let Err(e) = self.save_history(&sandbox.name, &entry).await {
+                tracing::warn!(sandbox = %sandbox.name, error = %e, "could not save a history entry");
+                result.history_unsaved = Some(format!("the change was not saved: {e}"));
+            }
         }
         Ok(result)
     }

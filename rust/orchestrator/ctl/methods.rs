@@ -104,10 +104,14 @@ fn exec_json(r: &ExecResult, timeout: Duration) -> Value {
         }
         stderr.push_str(&format!("Timed out after {}s", timeout.as_secs_f64()));
     }
-    json!({
+    let mut out = json!({
         "stdout": text::render(&r.stdout), "stderr": stderr,
         "exit_code": r.exit_code(), "duration_ms": r.duration.as_millis() as u64,
-    })
+    });
+    if let Some(why) = &r.history_unsaved {
+        out["history_unsaved"] = json!(why);
+    }
+    out
 }
 
 /// Run one method for `parent`.

@@ -511,10 +511,18 @@ impl SandboxManager {
         self.state.submit("a reaped child", move |c| ops::put_gone_child(c, &name, &message));
     }
 
-    /// A command finished.
-    pub(super) fn record_history(&self, name: &str, entry: &AuditEntry) {
+    /// A command finished: its history entry, committed before the command's
+    /// answer, which says so when it could not be (a full disk).
+    pub(super) async fn save_history(&self, name: &str, entry: &AuditEntry) -> Result<(), StateError> {
+        let Some(store) = self.state.store.get() else { return Ok(()) };
         let (name, a) = (name.to_string(), AuditRecord::of(entry));
-        self.state.submit("command history", move |c| ops::add_history(c, &name, &a));
+        store
+            .call(move |c| {
+                let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                ops::add_history(&tx, &name, &a)?;
+                tx.commit()
+            })
+            .await
     }
 
     /// A sandbox was lost.
