@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import isolated_env, new_env_dir, remove_env_dir, required_env, stop_servers
+from conftest import isolated_env, new_env_dir, remove_env_dir, required_env, sandbox_key, stop_servers
 from mcp_client import McpClient, McpError
 from test_daemon import daemon_pid
 from test_persistence import _lost, _restarted, helper_pid, until
@@ -162,7 +162,7 @@ def test_destroy_of_a_lost_sandbox_frees_its_writable_layer(server_factory, env)
     srv = server_factory()
     text, err = srv.tool("exec", sandbox="gone", command="head -c 1M /dev/urandom > /root/junk && echo ok")
     assert not err, text
-    vm_dir = Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "vms" / "gone"
+    vm_dir = Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "vms" / sandbox_key("gone")
     assert vm_dir.is_dir()
     old = helper_pid(env)
     os.kill(old, signal.SIGKILL)

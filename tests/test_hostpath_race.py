@@ -171,7 +171,7 @@ def test_race_through_another_servers_volume(env, roots, outside):
     srv = start_server(env, "victim", SANDBOX_MCP_HOST_ROOTS=str(roots))
     try:
         start_swapping(attacker, outside_dir, "attacker")
-        volume = roots / "otherdata/sandbox-mcp/volumes/attacker/workspace"
+        volume = volume_dir(other, "attacker") / "workspace"
         assert (volume / "real").is_dir() or (volume / "d").exists()
         prepare_payloads(srv)
         results = []
@@ -206,7 +206,7 @@ def test_race_through_three_clients_at_once(env, roots, outside, http_server):
     web = http_server(SANDBOX_MCP_HOST_ROOTS=str(roots)).client()
     try:
         start_swapping(attacker, outside_dir, "attacker")
-        volume = roots / "otherdata/sandbox-mcp/volumes/attacker/workspace"
+        volume = volume_dir(other, "attacker") / "workspace"
         clients = {"stdio": (victim, "v-stdio"), "http": (web, "v-http")}
         for srv, sandbox in clients.values():
             prepare_payloads(srv, sandbox)

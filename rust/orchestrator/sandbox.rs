@@ -102,8 +102,10 @@ impl Sandbox {
             None => vm.network.clone(),
         };
         let project_dir = vm.labels.get(PROJECT_LABEL).map(PathBuf::from);
+        // Seen from now on: its id can be shown and written as a qualifier,
+        // also by sessions of other projects before one of its own starts.
         if let Some(dir) = &project_dir {
-            super::project::Project::of(dir);
+            super::project::Project::of(dir).remember();
         }
         Self {
             network,
