@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from conftest import HttpServer, required_env, stop_daemon, stop_servers, write_config
+from conftest import HttpServer, required_env, sandbox_key, stop_daemon, stop_servers, write_config
 from mcp_client import McpClient, McpError
 from test_crash_safety import _descendants, _kill_survivors, _survivors, _temp_layers
 from test_daemon import daemon_pid
@@ -340,6 +340,10 @@ class FaultSuite:
         self.keeper: tuple[int, str] = (0, "")
         self.clients = Clients(env)
 
+    def key(self, name: str) -> str:
+        """The database's key of sandbox `name`: the project is the first host root."""
+        return sandbox_key(name, self.roots)
+
     def setup(self) -> None:
         """The shared sandboxes, each with a file; a background process and a
         forward to a web server in `fa`."""
@@ -349,7 +353,7 @@ class FaultSuite:
             self.ledger.files[(name, "/workspace/base")] = f"{name}\n".encode()
             # A lease far enough out that every extension adds to its end.
             ok(c, "extend_ttl", minutes=60, sandbox=name)
-            self.ledger.lease_base[name] = rows(self.env, "SELECT expires_at FROM sandboxes WHERE name = ?", name)[0][0]
+            self.ledger.lease_base[name] = rows(self.env, "SELECT expires_at FROM sandboxes WHERE name = ?", self.key(name))[0][0]
             self.ledger.extensions[name] = 0
         self.keeper = the_keeper(c, "fa")
         ok(c, "bg", command="exec python3 -m http.server 8000 --bind 127.0.0.1", name=f"web{time.monotonic_ns()}",
@@ -394,7 +398,7 @@ class FaultSuite:
             missing = [m for m in marks if m not in text]
             assert not missing, f"{where} history of {box} lost: {missing[:5]}"
         for box, base in L.lease_base.items():
-            ((end,),) = rows(self.env, "SELECT expires_at FROM sandboxes WHERE name = ?", box)
+            ((end,),) = rows(self.env, "SELECT expires_at FROM sandboxes WHERE name = ?", self.key(box))
             want = base + 60 * L.extensions[box]
             assert end >= want - 1, f"{where} lease extensions of {box} lost: ends {want - end:.0f} s early"
         text = ok(c, "list_snapshots")
@@ -442,7 +446,7 @@ class FaultSuite:
         def stray() -> set[str]:
             layers = {p.name for p in vms.iterdir()} if vms.is_dir() else set()
             live, lost = status_names(client)
-            return layers - live - lost
+            return layers - {self.key(n) for n in live | lost}
 
         left = poll(stray, lambda s: not s, timeout=30)
         assert left is not None, f"{where} writable layers of no sandbox: {stray()}"
