@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 from conftest import isolated_env, new_env_dir, remove_env_dir, required_env, sandbox_key, stop_servers
 from mcp_client import McpClient, McpError
@@ -25,6 +26,27 @@ from waiting import wait_for
 SNAPSHOT_KILL_SEEDS = (1, 2, 3)
 # Linux refuses one argument of 128 KiB or more; a shell command is one.
 MAX_COMMAND_BYTES = 128 * 1024 - 1
+
+
+@contextlib.contextmanager
+def _called_meanwhile(client: McpClient, tool: str, **args: object) -> Iterator[list[tuple[str, bool]]]:
+    """Calls `tool` on a thread while the block runs (the block kills
+    something under it); yields the list that gets its (text, is_error), a
+    client-side failure counting as an error."""
+    outcome: list[tuple[str, bool]] = []
+
+    def call() -> None:
+        try:
+            outcome.append(client.tool(tool, **args))
+        except McpError as e:
+            outcome.append((str(e), True))
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    try:
+        yield outcome
+    finally:
+        thread.join(timeout=120)
 
 
 def _start_time(pid: int) -> str | None:
@@ -102,22 +124,10 @@ def test_helper_killed_mid_snapshot_takes_its_frozen_sandbox_along(server_factor
         sleeper = next(
             p for p in procs if Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", f"4242{seed}".encode()]
         )
-        outcome: list[tuple[str, bool]] = []
-
-        def snapshot() -> None:
-            try:
-                outcome.append(srv.tool("snapshot", snapshot_name=name, sandbox=name))
-            except McpError as e:
-                outcome.append((str(e), True))
-
-        call = threading.Thread(target=snapshot)
-        call.start()
-        try:
+        with _called_meanwhile(srv, "snapshot", snapshot_name=name, sandbox=name) as outcome:
             until(lambda: _state(sleeper) == "T", f"seed {seed}: the snapshot freezing the sandbox", timeout=60)
             time.sleep(rng.uniform(0, 0.05))
             os.kill(helper, signal.SIGKILL)
-        finally:
-            call.join(timeout=120)
         assert outcome and outcome[0][1], f"seed {seed}: the snapshot survived its helper: {outcome}"
         try:
             until(lambda: not _survivors(procs), f"seed {seed}: no process of the dead helper's sandboxes left "
@@ -273,21 +283,9 @@ def test_a_helper_killed_mid_snapshot_before_anyone_reaps_it_leaves_no_half_copi
         second = McpClient(binary, env=store_env, stderr_path=log)
         procs = _descendants(helper)
         sleeper = next(p for p in procs if Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"sleep\x0042429"))
-        outcome: list[tuple[str, bool]] = []
-
-        def snapshot() -> None:
-            try:
-                outcome.append(second.tool("snapshot", snapshot_name="z", sandbox="z"))
-            except McpError as e:
-                outcome.append((str(e), True))
-
-        call = threading.Thread(target=snapshot)
-        call.start()
-        try:
+        with _called_meanwhile(second, "snapshot", snapshot_name="z", sandbox="z") as outcome:
             until(lambda: _state(sleeper) == "T", "the snapshot freezing the sandbox", timeout=60)
             os.kill(helper, signal.SIGKILL)
-        finally:
-            call.join(timeout=120)
         assert outcome and outcome[0][1], f"the snapshot survived its helper: {outcome}"
         until(lambda: _state(helper) == "Z", "the killed helper a zombie nobody reaped yet")
         until(lambda: _restarted(env, helper), "helper restarted")
@@ -312,24 +310,12 @@ def test_a_creation_cut_short_by_the_helpers_death_leaves_no_writable_layer(serv
     srv = server_factory()
     assert not srv.tool("exec", command="true")[1]
     helper = helper_pid(env)
-    vm_dir = Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "vms" / "cut"
-    outcome: list[tuple[str, bool]] = []
-
-    def create() -> None:
-        try:
-            outcome.append(srv.tool("exec", command="true", sandbox="cut"))
-        except McpError as e:
-            outcome.append((str(e), True))
-
-    call = threading.Thread(target=create)
-    call.start()
-    try:
+    vm_dir = Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "vms" / sandbox_key("cut")
+    with _called_meanwhile(srv, "exec", command="true", sandbox="cut") as outcome:
         # Stopped the moment its directory exists, so the creation cannot finish first.
         assert wait_for(vm_dir.exists, timeout=60, every=0.001), "the VM's directory never appeared"
         os.kill(helper, signal.SIGSTOP)
         os.kill(helper, signal.SIGKILL)
-    finally:
-        call.join(timeout=120)
     assert outcome and outcome[0][1], f"the creation survived its helper: {outcome}"
     until(lambda: _restarted(env, helper), "helper restarted")
     until(lambda: not vm_dir.exists(), f"{vm_dir} freed once a helper answers")

@@ -57,6 +57,42 @@ fn assets() -> Option<Assets> {
     }
 }
 
+/// A `/workspace` volume under `dir`, owned by the sandbox's root as the
+/// helper's id map places it on the host.
+fn workspace_dir(dir: &Path, mapper: &IdMapper) -> PathBuf {
+    let workspace = dir.join("ws");
+    std::fs::create_dir(&workspace).unwrap();
+    let (uid, gid) = mapper.id_map().host_root();
+    nix::unistd::chown(&workspace, Some(uid.into()), Some(gid.into())).unwrap();
+    workspace
+}
+
+/// A boot of one cpu and 512 MiB from the layer disks and writable disk
+/// in `disks`, its run directory under `dir`.
+fn boot_spec<'a>(
+    hostname: &'a str,
+    dir: &Path,
+    assets: &'a Assets,
+    accel: &'a Accel,
+    mapper: &'a IdMapper,
+    disks: (Vec<PathBuf>, PathBuf),
+    workspace: Option<PathBuf>,
+) -> BootSpec<'a> {
+    BootSpec {
+        hostname,
+        run_dir: dir.join("run"),
+        assets,
+        accel,
+        layers: disks.0,
+        upper: disks.1,
+        workspace,
+        cpus: 1,
+        memory_mib: 512,
+        mapper,
+        cgroup: None,
+    }
+}
+
 fn tcg() -> Accel {
     Accel::Tcg { kvm_unusable: "not probed by this test".into() }
 }
@@ -112,24 +148,9 @@ async fn a_killed_qemu_is_reported() {
         eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
         return;
     };
-    let workspace = dir.0.join("ws");
-    std::fs::create_dir(&workspace).unwrap();
-    let (uid, gid) = mapper.id_map().host_root();
-    nix::unistd::chown(&workspace, Some(uid.into()), Some(gid.into())).unwrap();
+    let workspace = workspace_dir(&dir.0, &mapper);
     let accel = tcg();
-    let spec = BootSpec {
-        hostname: "killed",
-        run_dir: dir.0.join("run"),
-        assets: &assets,
-        accel: &accel,
-        layers,
-        upper,
-        workspace: Some(workspace),
-        cpus: 1,
-        memory_mib: 512,
-        mapper: &mapper,
-        cgroup: None,
-    };
+    let spec = boot_spec("killed", &dir.0, &assets, &accel, &mapper, (layers, upper), Some(workspace));
     let (mut vm, _transport) = Instance::boot(spec).await.expect("boot");
     let pid = vm.pid().expect("qemu runs");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::SIGKILL).unwrap();
@@ -150,19 +171,8 @@ async fn a_guest_that_cannot_start_reports_why() {
     disks::upper_disk(&upper, 1 << 30).expect("upper disk");
     let accel = tcg();
     // No layers: guest-init refuses `smcp_layers=0`.
-    let spec = BootSpec {
-        hostname: "failing",
-        run_dir: dir.0.join("run"),
-        assets: &assets,
-        accel: &accel,
-        layers: Vec::new(),
-        upper,
-        workspace: None,
-        cpus: 1,
-        memory_mib: 256,
-        mapper: &mapper,
-        cgroup: None,
-    };
+    let mut spec = boot_spec("failing", &dir.0, &assets, &accel, &mapper, (Vec::new(), upper), None);
+    spec.memory_mib = 256;
     let (mut vm, _transport) = Instance::boot(spec).await.expect("boot");
     let exit = tokio::time::timeout(Duration::from_secs(180), vm.wait()).await.expect("the guest powers off");
     assert!(!exit.killed, "{exit:?}");
@@ -183,19 +193,8 @@ async fn qmp_saves_a_paused_vm_to_a_file() {
         return;
     };
     let accel = tcg();
-    let spec = BootSpec {
-        hostname: "saved",
-        run_dir: dir.0.join("run"),
-        assets: &assets,
-        accel: &accel,
-        layers,
-        upper,
-        workspace: None,
-        cpus: 1,
-        memory_mib: 256,
-        mapper: &mapper,
-        cgroup: None,
-    };
+    let mut spec = boot_spec("saved", &dir.0, &assets, &accel, &mapper, (layers, upper), None);
+    spec.memory_mib = 256;
     let (mut vm, _transport) = Instance::boot(spec).await.expect("boot");
     let mut qmp = vm.qmp().await.expect("qmp");
     let state_path = dir.0.join("vm.state");
@@ -266,24 +265,9 @@ async fn boot_test_image(tag: &str, assets: &Assets, mapper: &IdMapper) -> Optio
         eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
         return None;
     };
-    let workspace = dir.0.join("ws");
-    std::fs::create_dir(&workspace).unwrap();
-    let (uid, gid) = mapper.id_map().host_root();
-    nix::unistd::chown(&workspace, Some(uid.into()), Some(gid.into())).unwrap();
+    let workspace = workspace_dir(&dir.0, mapper);
     let accel = tcg();
-    let spec = BootSpec {
-        hostname: tag,
-        run_dir: dir.0.join("run"),
-        assets,
-        accel: &accel,
-        layers,
-        upper,
-        workspace: Some(workspace.clone()),
-        cpus: 1,
-        memory_mib: 512,
-        mapper,
-        cgroup: None,
-    };
+    let spec = boot_spec(tag, &dir.0, assets, &accel, mapper, (layers, upper), Some(workspace.clone()));
     let (vm, transport) = Instance::boot(spec).await.expect("boot");
     let agent = Mux::open_side(transport);
     Some(Booted { dir, vm, agent, workspace })
@@ -304,18 +288,7 @@ async fn exec(agent: &Mux, argv: &[&str]) -> (i32, String) {
 
 /// Runs argv in the guest; its exit code and stdout's bytes.
 async fn exec_bytes(agent: &Mux, argv: &[&str]) -> (i32, Vec<u8>) {
-    let spec = StartSpec {
-        argv: argv.iter().map(|a| a.to_string()).collect(),
-        env: vec![("PATH".into(), "/usr/sbin:/usr/bin:/sbin:/bin".into())],
-        cwd: "/".into(),
-        create_cwd: false,
-        tty: false,
-        tty_cols: 0,
-        tty_rows: 0,
-        user: String::new(),
-        secret: Vec::new(),
-        secret_fd: 0,
-    };
+    let spec = StartSpec::plain(argv.iter().map(|a| a.to_string()).collect());
     let mut s = agent.open(Frame::Start(spec)).expect("open an exec stream");
     let mut out = Vec::new();
     loop {

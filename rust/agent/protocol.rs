@@ -65,6 +65,25 @@ pub struct StartSpec {
     pub secret_fd: u32,
 }
 
+impl StartSpec {
+    /// `argv` as root in `/`, with only a standard PATH: what the helper runs
+    /// in a guest for itself (snapshots, probes).
+    pub fn plain(argv: Vec<String>) -> Self {
+        Self {
+            argv,
+            env: vec![("PATH".into(), "/usr/sbin:/usr/bin:/sbin:/bin".into())],
+            cwd: "/".into(),
+            create_cwd: false,
+            tty: false,
+            tty_cols: 0,
+            tty_rows: 0,
+            user: String::new(),
+            secret: Vec::new(),
+            secret_fd: 0,
+        }
+    }
+}
+
 /// How a process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ExitStatus {

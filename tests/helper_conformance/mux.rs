@@ -18,6 +18,11 @@ async fn make_big_file(h: &mut Harness, id: &str) {
     assert_eq!(o.out(), "ok\n", "{o:?}");
 }
 
+/// A copy-out of the big file, started.
+async fn copy_out_big(h: &mut Harness, id: &str) -> tonic::Streaming<pb::CopyOutResponse> {
+    h.client.copy_out(pb::CopyOutRequest { vm_id: id.into(), path: "/tmp/big".into() }).await.unwrap().into_inner()
+}
+
 /// The content of the one file in a tar stream.
 fn only_file(tar: &[u8]) -> Vec<u8> {
     let mut archive = tar::Archive::new(tar);
@@ -47,12 +52,7 @@ async fn fifty_execs_and_a_large_copy_out_run_at_once_and_all_are_exact() {
     let mut h = Harness::new("mux50").await;
     let id = h.running("vm", |_| {}).await;
     make_big_file(&mut h, &id).await;
-    let mut copy = h
-        .client
-        .copy_out(pb::CopyOutRequest { vm_id: id.clone(), path: "/tmp/big".into() })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut copy = copy_out_big(&mut h, &id).await;
     // The copy is under way (its first chunk is here) while the execs run.
     let mut tar = copy.next().await.unwrap().unwrap().data;
     let execs: Vec<_> = (0..50u32)
@@ -93,12 +93,7 @@ async fn a_lost_agent_connection_fails_every_open_stream() {
         execs.push((tx, out));
     }
     // A copy-out left unread: it waits on flow control, mid-stream.
-    let mut copy = h
-        .client
-        .copy_out(pb::CopyOutRequest { vm_id: id.clone(), path: "/tmp/big".into() })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut copy = copy_out_big(&mut h, &id).await;
     assert!(!copy.next().await.unwrap().unwrap().data.is_empty());
     // PID 2 is the agent (PID 1 is the sandbox's init).
     let _ = h.run(process(&id, &["sh", "-c", "kill -9 2"]), b"").await;

@@ -162,18 +162,7 @@ impl VmInstance {
     /// Runs argv in the guest and returns its stdout; a nonzero exit is an
     /// error carrying stderr.
     async fn output(&self, argv: Vec<String>) -> Result<Vec<u8>, String> {
-        let spec = StartSpec {
-            argv,
-            env: vec![("PATH".into(), "/usr/sbin:/usr/bin:/sbin:/bin".into())],
-            cwd: "/".into(),
-            create_cwd: false,
-            tty: false,
-            tty_cols: 0,
-            tty_rows: 0,
-            user: String::new(),
-            secret: Vec::new(),
-            secret_fd: 0,
-        };
+        let spec = StartSpec::plain(argv);
         let mut s = self.mux.open(Frame::Start(spec)).map_err(|e| e.to_string())?;
         let (mut out, mut err) = (Vec::new(), Vec::new());
         loop {
