@@ -130,7 +130,7 @@ impl SandboxManager {
             };
             return Err(OrchestratorError::InvalidArgument(format!(
                 "no files in sandbox '{}' match {}{symlinks}",
-                sandbox.name,
+                sandbox.shown(),
                 patterns.join(", ")
             )));
         }

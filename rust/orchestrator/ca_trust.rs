@@ -238,7 +238,7 @@ impl SandboxManager {
         let failed = |e: &dyn std::fmt::Display| {
             OrchestratorError::InvalidArgument(format!(
                 "cannot add the host's CA certificates to sandbox '{}' (trust_host_ca = false turns this off): {e}",
-                sandbox.name
+                sandbox.shown()
             ))
         };
         let archive = archive(&files).map_err(|e| failed(&e))?;
