@@ -37,7 +37,7 @@ for target in $(cargo +nightly fuzz list); do
     echo "fuzz: $target for ${seconds}s"
     log=$(mktemp)
     if ! cargo +nightly fuzz run "$target" "corpus/$target" "${seeds[@]}" -- \
-        -max_total_time="$seconds" -max_len=4096 >"$log" 2>&1; then
+        -max_total_time="$seconds" -max_len=4096 -timeout=20 >"$log" 2>&1; then
         tail -n 40 "$log" >&2
         rm -f "$log"
         echo "fuzz: $target failed; the input is in fuzz/artifacts/$target/" >&2

@@ -23,9 +23,14 @@ fuzz_target!(|data: &[u8]| {
         }
         let (ours, theirs) = tokio::io::duplex(1 << 16);
         let (_mux, mut incoming) = Mux::serve(theirs);
-        let (_rd, mut wr) = tokio::io::split(ours);
+        let (mut rd, mut wr) = tokio::io::split(ours);
+        // What the multiplexer sends back (credits, failures) is drained, so
+        // its writer never waits on a full pipe.
+        tokio::spawn(async move { tokio::io::copy(&mut rd, &mut tokio::io::sink()).await });
         let _ = wr.write_all(data).await;
-        drop(wr);
+        // The end of the input: dropping one half of a split stream would not
+        // close it, and the multiplexer would wait for more bytes forever.
+        let _ = wr.shutdown().await;
         let mut streams = Vec::new();
         while let Some(mut s) = incoming.recv().await {
             while let Ok(Some(_)) = s.next().await {}
