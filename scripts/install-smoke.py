@@ -5,6 +5,7 @@ sandbox is created, used and destroyed through the real MCP client (tests/mcp_cl
 Prints one line per step; exits non-zero on the first failure."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -29,14 +30,18 @@ def main() -> None:
     step("registration", Path(server["command"]) == Path(binary), f"{server['command']} {server['args']}")
     log = Path(tempfile.mkstemp(prefix="install-smoke-", suffix=".log", dir=Path.home())[1])
     print(f"install-smoke: server log {log}", flush=True)
-    with McpClient(server["command"], server["args"], env=dict(os.environ), stderr_path=str(log)) as client:
+    # The server's project is its working directory, as for a client started in a checkout: the sandbox's
+    # volume is keyed `<first 6 hex of SHA-256 of the project path>-<name>`.
+    project = os.path.realpath(Path.home())
+    key = f"{hashlib.sha256(project.encode()).hexdigest()[:6]}-smoke"
+    with McpClient(server["command"], server["args"], env=dict(os.environ), stderr_path=str(log), cwd=project) as client:
         out, err = client.call("exec", sandbox="smoke", command="id -u; cat /etc/debian_version")
         step("exec (creates the sandbox)", not err and out.startswith("0\n"), out)
         out, err = client.call("write_file", sandbox="smoke", path="notes.txt", content="written by the smoke test\n")
         step("write_file", not err, out)
         out, err = client.call("read_file", sandbox="smoke", path="notes.txt")
         step("read_file", not err and "written by the smoke test" in out, out)
-        volume = Path.home() / ".local/share/sandbox-mcp/volumes/smoke/workspace/notes.txt"
+        volume = Path.home() / ".local/share/sandbox-mcp/volumes" / key / "workspace/notes.txt"
         step("the file is the user's on the host", volume.stat().st_uid == os.getuid(), str(volume))
         out, err = client.call("list_all")
         step("list_all", not err and "smoke" in out, out)
