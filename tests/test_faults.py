@@ -21,6 +21,7 @@ import os
 import random
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -523,10 +524,12 @@ def _fill(path: Path) -> None:
 
 
 @pytest.fixture
-def full_disk(env: dict[str, str]) -> Iterator[tuple[Clients, Callable[[bool], None]]]:
+def full_disk(env: dict[str, str], roots: Path) -> Iterator[tuple[Clients, Callable[[bool], None]]]:
     """Clients on a state directory of its own small filesystem (the
     database's), with the sandboxes' writable layers on another (so that the
-    database fills up, not they); the callable fills it (True) or frees it."""
+    database fills up, not they); the callable fills it (True) or frees it.
+    `roots` is the clients' only host root (and so their project)."""
+    env["SANDBOX_MCP_HOST_ROOTS"] = str(roots)
     if os.geteuid() != 0:
         pytest.skip("mounting a small filesystem under the state directory needs root "
                     "(RLIMIT_FSIZE would stop the daemon with SIGXFSZ, not fail its writes)")
@@ -596,6 +599,76 @@ def test_an_exec_answered_on_a_full_database_has_its_history_entry_or_says_it_ha
     clients.restart()
     text = ok(clients.first, "history", sandbox="d", limit=100)
     assert all(mark in text for mark in answered), (answered, text)
+
+
+def _listening(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
+        return True
+    return False
+
+
+def test_a_tool_answered_on_a_full_database_saved_its_change_or_says_it_did_not(full_disk, env, roots):
+    """Every tool whose change a restart must know: an answer of success means
+    the database has it; a refusal names the problem and the change is not
+    half made (or, for a destroy, says what a restart believes)."""
+    clients, fill = full_disk
+    a, b, h = clients.all
+    key = lambda name: sandbox_key(name, roots)  # noqa: E731
+    ok(a, "exec", command="true", sandbox="d")
+    ok(b, "exec", command="true", sandbox="gone")
+    stay, fresh_port = free_port(), free_port()
+    ok(h, "expose", port=8000, host_port=stay, sandbox="d")
+    (roots / "one").mkdir()
+    (roots / "two").mkdir()
+    text = ok(a, "sync_start", local_dir=str(roots / "one"), sandbox_dir="/workspace/one", sandbox="d")
+    job = text.split("[", 1)[1].split("]", 1)[0]
+    ((lease_before,),) = rows(env, "SELECT expires_at FROM sandboxes WHERE name = ?", key("d"))
+    fill(True)
+    answers = {
+        "extend_ttl": b.call("extend_ttl", minutes=30, sandbox="d", call_timeout=CALL_LIMIT),
+        "expose": h.call("expose", port=9000, host_port=fresh_port, sandbox="d", call_timeout=CALL_LIMIT),
+        "unexpose": a.call("unexpose", port=stay, call_timeout=CALL_LIMIT),
+        "sync_start": b.call("sync_start", local_dir=str(roots / "two"), sandbox_dir="/workspace/two",
+                             sandbox="d", call_timeout=CALL_LIMIT),
+        "sync_stop": h.call("sync_stop", job_id=job, call_timeout=CALL_LIMIT),
+        "create": a.call("exec", command="true", sandbox="fresh", call_timeout=CALL_LIMIT),
+        "destroy": b.call("destroy", sandbox="gone", call_timeout=CALL_LIMIT),
+    }
+    refused = {tool: text for tool, (text, err) in answers.items() if err}
+    for tool, text in refused.items():
+        assert "not saved" in text and re.search(r"disk|space|full", text, re.I), (tool, text)
+    assert refused, f"a full database acknowledged every change: {answers}"
+    # What the answers said the server now runs, before a restart.
+    assert _listening(stay) == ("unexpose" in refused), refused
+    assert _listening(fresh_port) == ("expose" not in refused), refused
+    fill(False)
+    os.kill(daemon_pid(env), signal.SIGKILL)
+    # What a restart will believe: the database, read as it is now.
+    ((lease_after,),) = rows(env, "SELECT expires_at FROM sandboxes WHERE name = ?", key("d"))
+    if "extend_ttl" in refused:
+        assert lease_after == lease_before, (lease_before, lease_after)
+    else:
+        assert lease_after is not None and lease_after > time.time() + 25 * 60, lease_after
+    forwards = {p for (p,) in rows(env, "SELECT host_port FROM forwards")}
+    assert (fresh_port in forwards) == ("expose" not in refused), (forwards, refused)
+    assert (stay in forwards) == ("unexpose" in refused), (forwards, refused)
+    jobs = {(j, d) for (j, d) in rows(env, "SELECT id, dir FROM sync_jobs")}
+    assert any(d == "/workspace/two" for _, d in jobs) == ("sync_start" not in refused), (jobs, refused)
+    assert any(j == job for j, _ in jobs) == ("sync_stop" in refused), (jobs, refused)
+    names = {n for (n,) in rows(env, "SELECT name FROM sandboxes")}
+    assert (key("fresh") in names) == ("create" not in refused), (names, refused)
+    if "destroy" in refused:
+        assert "Destroyed sandbox 'gone'" in refused["destroy"], refused["destroy"]
+    else:
+        assert key("gone") not in names, names
+    # A refused creation left nothing behind; a destroy a restart calls lost
+    # can be destroyed again.
+    clients.restart()
+    listed = ok(clients.first, "list_all")
+    assert ("fresh" in listed) == ("create" not in refused), listed
+    if "destroy" in refused:
+        clients.first.call("destroy", sandbox="gone")
+        assert "gone" not in ok(clients.first, "list_all")
 
 
 def test_a_database_damaged_between_daemons_is_set_aside_once_while_clients_pile_in(env):

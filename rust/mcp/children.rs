@@ -126,8 +126,14 @@ impl SandboxServer {
         let destroyed = self.spawns.destroy_child(&p.name).await;
         // A child lost with its VM (its helper died, its init was killed) is
         // acknowledged here as `destroy` does for a top-level one.
-        if matches!(destroyed, Err(OrchestratorError::Lost { .. })) && self.manager.acknowledge_lost(&p.name).await {
-            return ok(format!("Forgot child sandbox '{}': its VM was already gone.", names::display(&p.name)));
+        if matches!(destroyed, Err(OrchestratorError::Lost { .. })) {
+            match self.manager.acknowledge_lost(&p.name).await {
+                Ok(true) => {
+                    return ok(format!("Forgot child sandbox '{}': its VM was already gone.", names::display(&p.name)));
+                }
+                Ok(false) => {}
+                Err(e) => return fail(e),
+            }
         }
         reply(destroyed.map(|s| format!("Destroyed sandbox '{}' ({})", s.shown(), s.shown())))
     }

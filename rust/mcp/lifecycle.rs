@@ -112,11 +112,17 @@ impl SandboxServer {
             return fail("use destroy_child to destroy child sandboxes");
         }
         let destroyed = self.manager.destroy(&p.sandbox).await;
-        if matches!(destroyed, Err(OrchestratorError::Lost { .. })) && self.manager.acknowledge_lost(&p.sandbox).await {
-            return ok(format!(
-                "Forgot sandbox '{}': its VM was already gone. Its /workspace is kept.",
-                names::display(&p.sandbox)
-            ));
+        if matches!(destroyed, Err(OrchestratorError::Lost { .. })) {
+            match self.manager.acknowledge_lost(&p.sandbox).await {
+                Ok(true) => {
+                    return ok(format!(
+                        "Forgot sandbox '{}': its VM was already gone. Its /workspace is kept.",
+                        names::display(&p.sandbox)
+                    ));
+                }
+                Ok(false) => {}
+                Err(e) => return fail(e),
+            }
         }
         reply(destroyed.map(|s| format!("Destroyed sandbox '{}' ({})", s.shown(), s.shown())))
     }

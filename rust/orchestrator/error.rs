@@ -93,6 +93,17 @@ pub enum OrchestratorError {
     /// A change could not be committed to the state database.
     #[error("the change was not saved: {0}")]
     State(#[from] super::state::StateError),
+    /// It was done (and cannot be undone, or undoing it would hurt more),
+    /// but the state database does not know it.
+    #[error("{done}, but this was not saved ({source}): {after_restart}")]
+    NotSaved {
+        /// What was done.
+        done: String,
+        /// What a restart of the server will believe.
+        after_restart: String,
+        /// Why it was not saved.
+        source: Box<super::state::StateError>,
+    },
 }
 
 /// What acknowledges the loss of `name`: a child (`<parent>..<name>`) is

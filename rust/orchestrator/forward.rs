@@ -164,8 +164,15 @@ impl ForwardManager {
             forwards.insert(host_port, forward);
             info
         };
-        self.sandboxes.record_forward(ForwardRecord { host_port, sandbox: sb.name.clone(), port });
-        self.sandboxes.committed().await;
+        let saved = self.sandboxes.record_forward(ForwardRecord { host_port, sandbox: sb.name.clone(), port });
+        if let Err(e) = saved.saved().await {
+            // Not started: a forward a restart would not bring back.
+            let started = self.lock().remove(&host_port);
+            if let Some(forward) = started {
+                stop(host_port, forward).await;
+            }
+            return Err(OrchestratorError::from(e).into());
+        }
         tracing::info!(sandbox = %sb.name, port, host_port, "forward started");
         Ok(Exposed { forward: info, listening })
     }
@@ -184,15 +191,22 @@ impl ForwardManager {
     /// Stop the forward on `host_port`. Its listener is closed before this
     /// returns; connections already open are left to finish on their own.
     pub async fn unexpose(&self, host_port: i64) -> Result<ForwardInfo, ForwardError> {
-        let removed = u16::try_from(host_port).ok().and_then(|hp| self.lock().remove(&hp).map(|f| (hp, f)));
-        let Some((hp, forward)) = removed else {
+        let no_forward = || {
             let ports: Vec<String> = self.lock().keys().map(u16::to_string).collect();
             let active = if ports.is_empty() { "none".to_string() } else { ports.join(", ") };
-            return Err(ForwardError::NoForward { port: host_port, active });
+            ForwardError::NoForward { port: host_port, active }
         };
-        self.sandboxes.record_unforward(hp);
-        self.sandboxes.committed().await;
-        Ok(stop(hp, forward).await)
+        let hp = u16::try_from(host_port).ok().filter(|hp| self.lock().contains_key(hp));
+        let Some(hp) = hp else { return Err(no_forward()) };
+        // Saved before it stops: a forward a restart would bring back is
+        // left running, and the answer says why.
+        self.sandboxes.record_unforward(hp).saved().await.map_err(OrchestratorError::from)?;
+        // Another unexpose may have taken it meanwhile.
+        let removed = self.lock().remove(&hp);
+        match removed {
+            Some(forward) => Ok(stop(hp, forward).await),
+            None => Err(no_forward()),
+        }
     }
 
     /// Stop every forward into `sandbox` (call when it is destroyed or reaped).
@@ -204,7 +218,7 @@ impl ForwardManager {
         };
         let mut stopped = Vec::new();
         for (hp, f) in gone {
-            self.sandboxes.record_unforward(hp);
+            self.sandboxes.record_unforward(hp).in_background();
             stopped.push(stop(hp, f).await);
         }
         stopped

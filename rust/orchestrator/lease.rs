@@ -234,9 +234,16 @@ impl SandboxManager {
                 super::names::display(name)
             )));
         }
+        let before = sandbox.lease_expires();
         let expires = sandbox.extend_lease_by(Duration::from_secs(minutes * 60));
-        self.record_sandbox(&sandbox);
-        self.committed().await;
+        if let Err(e) = self.record_sandbox(&sandbox).saved().await {
+            // Not extended: a lease a restart would shorten again is not one
+            // to promise. (Unless another extension came in meanwhile.)
+            if sandbox.lease_expires() == Some(expires) {
+                sandbox.set_lease(before);
+            }
+            return Err(e.into());
+        }
         Ok((sandbox, expires))
     }
 

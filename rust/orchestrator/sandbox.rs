@@ -20,6 +20,7 @@ use super::{
     names::{self, validate_key},
     network::Network,
     shell,
+    state::Pending,
 };
 
 /// Label on every VM the orchestrator creates, holding the sandbox name.
@@ -568,7 +569,7 @@ impl SandboxManager {
                  starts a new one (its /workspace starts empty)",
                 super::watchdog::clock()
             );
-            self.record_gone_child(&child.name, &message);
+            self.record_gone_child(&child.name, &message).in_background();
             gone.insert(child.name.clone(), message);
         }
     }
@@ -603,35 +604,34 @@ impl SandboxManager {
         tracing::warn!(sandbox = %name, "sandbox lost: {why}");
         self.lost.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), why.to_string());
         self.notify(|l| l.destroyed(name));
-        self.record_lost(name, why);
+        self.record_lost(name, why).in_background();
     }
 
-    /// Acknowledge a lost sandbox: the name is free again. False if it was
-    /// not lost.
-    pub fn forget_lost(&self, name: &str) -> bool {
+    /// Acknowledge a lost sandbox: the name is free again. `None` if it
+    /// was not lost.
+    fn forget_lost(&self, name: &str) -> Option<Pending> {
         let removed = self.lost.lock().unwrap_or_else(|p| p.into_inner()).remove(name).is_some();
-        if removed {
-            self.record_found(name);
-        }
-        removed
+        removed.then(|| self.record_found(name))
     }
 
     /// Acknowledge a lost sandbox (see [`Self::forget_lost`]) and free the
     /// disk its VM held: the writable layer a dead helper left behind, which
     /// the helper running now deletes by the VM's id. False if it was not
     /// lost.
-    pub async fn acknowledge_lost(&self, name: &str) -> bool {
-        if !self.forget_lost(name) {
-            return false;
-        }
+    pub async fn acknowledge_lost(&self, name: &str) -> Result<bool, OrchestratorError> {
+        let Some(saved) = self.forget_lost(name) else { return Ok(false) };
         // Acknowledged when the caller hears so: a crash from here on must
         // not report the sandbox lost again.
-        self.committed().await;
+        saved.saved().await.map_err(|source| OrchestratorError::NotSaved {
+            source: Box::new(source),
+            done: format!("Forgot sandbox '{}' (its VM was already gone)", names::display(name)),
+            after_restart: "after a restart of the server it is listed as lost again".into(),
+        })?;
         match self.helper.delete_vm(name).await {
             Ok(()) | Err(HelperError::NotFound(_)) => {}
             Err(e) => tracing::warn!(sandbox = %name, error = %e, "cannot free the disk of a lost sandbox"),
         }
-        true
+        Ok(true)
     }
 
     /// Deletes the VM of a creation that failed. When the helper cannot be
@@ -730,7 +730,7 @@ impl SandboxManager {
         for child in self.children(name) {
             let lock = self.lifecycle_lock(&child.name);
             let _guard = lock.lock().await;
-            self.record_destroying(&child.name);
+            self.record_destroying(&child.name).in_background();
             Box::pin(self.destroy_subtree(&child.name)).await;
             if let Err(e) = self.remove_vm(&child.name).await {
                 tracing::warn!(sandbox = %child.name, "could not destroy child sandbox: {e}");
@@ -746,8 +746,7 @@ impl SandboxManager {
         }
         if self.lock_map().remove(name).is_some() {
             self.notify(|l| l.destroyed(name));
-            self.record_removed(name);
-            self.committed().await;
+            self.record_removed(name).saved().await?;
         }
         Ok(())
     }
@@ -890,10 +889,14 @@ impl SandboxManager {
         tracing::debug!(sandbox = %name, seeded, create = ?(t1 - t0), start = ?(t2 - t1), prepare = ?t2.elapsed(), "creation steps");
         let lease = origin.lease.or(self.config().limits.lease_ttl);
         sandbox.set_lease(lease.map(|t| SystemTime::now() + t));
+        // Saved before anyone can use it: a sandbox a restart would not know
+        // is not created.
+        if let Err(e) = self.record_created(&sandbox).saved().await {
+            self.discard_vm(name).await;
+            return Err(e.into());
+        }
         self.lock_map().insert(name.to_string(), sandbox.clone());
         self.gone_children.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
-        self.record_created(&sandbox);
-        self.committed().await;
         tracing::info!(sandbox = %name, "created sandbox");
         Ok(sandbox)
     }
@@ -963,11 +966,26 @@ impl SandboxManager {
         let _guard = lock.lock().await;
         let sandbox = self.get(name)?;
         // Durable before anything is destroyed: a crash from here on never
-        // brings the sandbox back as lost.
-        self.record_destroying(name);
-        self.committed().await;
+        // brings the sandbox back as lost. A full disk does not stop a
+        // destroy (it frees space); the answer says what a restart believes.
+        let marked = self.record_destroying(name).saved().await;
         self.destroy_subtree(name).await;
-        self.remove_vm(name).await?;
+        let removed = self.remove_vm(name).await;
+        match (removed, marked) {
+            (Err(OrchestratorError::State(source)), marked) => {
+                let after_restart = if marked.is_ok() {
+                    "a restart of the server finishes the destroy"
+                } else {
+                    "after a restart of the server it is listed as lost; destroy it again then"
+                };
+                return Err(OrchestratorError::NotSaved {
+                    done: format!("Destroyed sandbox '{}'", sandbox.shown()),
+                    after_restart: after_restart.into(),
+                    source: Box::new(source),
+                });
+            }
+            (removed, _) => removed?,
+        }
         if !keep_volumes {
             let dir = self.config.volumes_dir.join(name);
             std::fs::remove_dir_all(&dir)
@@ -1065,7 +1083,10 @@ impl SandboxManager {
         // old one still runs: a broken project file, a missing image or a
         // full host must not cost it its processes and root filesystem.
         let slot = self.check_replacement(name, origin).await?;
-        self.forget_lost(name);
+        // The new sandbox's row replaces the loss (`record_created`).
+        if let Some(found) = self.forget_lost(name) {
+            found.in_background();
+        }
         let existed = old.is_some();
         if existed {
             self.destroy_subtree(name).await;
@@ -1087,22 +1108,23 @@ impl SandboxManager {
                 // report it lost.
                 if existed {
                     self.notify(|l| l.destroyed(name));
-                    self.record_removed(name);
-                    self.committed().await;
+                    self.record_removed(name).in_background();
                 }
                 return Err(e);
             }
         };
         // A reset replaces the VM, not the lease: it must not extend it.
-        if let Some(lease) = old.and_then(|s| s.lease_expires()) {
-            fresh.set_lease(Some(lease));
-            self.record_sandbox(&fresh);
-            self.committed().await;
-        }
         if existed {
             self.notify(|l| l.replaced(name));
-            // The spawn bookkeeping counts the replacement.
-            self.committed().await;
+        }
+        if let Some(lease) = old.and_then(|s| s.lease_expires()) {
+            fresh.set_lease(Some(lease));
+            self.record_sandbox(&fresh).saved().await.map_err(|source| OrchestratorError::NotSaved {
+                source: Box::new(source),
+                done: format!("Sandbox '{}' was replaced", fresh.shown()),
+                after_restart:
+                    "after a restart of the server its lease starts over instead of ending when the old one did".into(),
+            })?;
         }
         Ok(fresh)
     }

@@ -289,34 +289,46 @@ impl SyncManager {
             let task = tokio::spawn(ctx.run(events, watcher));
             jobs.insert(id.clone(), Job { spec: spec.clone(), task });
         }
-        self.sandboxes.record_sync(SyncRecord {
+        let saved = self.sandboxes.record_sync(SyncRecord {
             id: id.clone(),
             local: spec.root.clone(),
             sandbox: spec.sandbox.clone(),
             dir: spec.dir.clone(),
             files_synced: files_before + initial,
         });
-        self.sandboxes.committed().await;
+        if let Err(e) = saved.saved().await {
+            // Not started: a job a restart would not bring back. The files
+            // pushed so far stay in the sandbox.
+            let job = lock(&self.jobs).remove(&id);
+            if let Some(job) = job {
+                end(job).await;
+            }
+            return Err(OrchestratorError::from(e).into());
+        }
         tracing::info!(job = %id, sandbox = %spec.sandbox, local = %spec.root.display(), dir = %spec.dir, initial, "sync started");
         Ok((spec.info(), initial))
     }
 
     /// Stop a job; it has stopped watching when this returns.
     pub async fn stop(&self, id: &str) -> Result<SyncInfo, SyncError> {
-        let job = {
-            let mut jobs = lock(&self.jobs);
-            match jobs.remove(id) {
-                Some(j) => j,
-                None => {
-                    let ids: Vec<&str> = jobs.keys().map(String::as_str).collect();
-                    let active = if ids.is_empty() { "none".to_string() } else { ids.join(", ") };
-                    return Err(SyncError::NoSuchJob { id: id.to_string(), active });
-                }
-            }
+        let no_job = || {
+            let jobs = lock(&self.jobs);
+            let ids: Vec<&str> = jobs.keys().map(String::as_str).collect();
+            let active = if ids.is_empty() { "none".to_string() } else { ids.join(", ") };
+            SyncError::NoSuchJob { id: id.to_string(), active }
         };
-        self.sandboxes.record_unsync(id);
-        self.sandboxes.committed().await;
-        Ok(end(job).await)
+        if !lock(&self.jobs).contains_key(id) {
+            return Err(no_job());
+        }
+        // Saved before it stops: a job a restart would bring back keeps
+        // running, and the answer says why.
+        self.sandboxes.record_unsync(id).saved().await.map_err(OrchestratorError::from)?;
+        // Another stop may have taken it meanwhile.
+        let job = lock(&self.jobs).remove(id);
+        match job {
+            Some(job) => Ok(end(job).await),
+            None => Err(no_job()),
+        }
     }
 
     /// Stop every job into `sandbox` (call when it is destroyed or reaped).
@@ -329,7 +341,7 @@ impl SyncManager {
         };
         let mut stopped = Vec::new();
         for job in gone {
-            self.sandboxes.record_unsync(&job.spec.id);
+            self.sandboxes.record_unsync(&job.spec.id).in_background();
             stopped.push(end(job).await);
         }
         stopped

@@ -11,6 +11,7 @@ use super::{
 use crate::orchestrator::{
     names::{self, ChildNameError, child_name},
     sandbox::Sandbox,
+    state::Pending,
 };
 
 /// The spawn bookkeeping plus the children being booted right now.
@@ -52,7 +53,7 @@ pub(super) struct Reserved<'a> {
 impl Reserved<'_> {
     /// The child exists: count it, store its derived policy and drop the
     /// reservation in one step (its share is now counted from the registry).
-    pub(super) fn register(self, child: &Arc<Sandbox>) {
+    pub(super) fn register(self, child: &Arc<Sandbox>) -> Pending {
         let m = self.manager;
         {
             let mut book = m.book();
@@ -65,7 +66,7 @@ impl Reserved<'_> {
                 book.state.derived_policies.insert(child.name.clone(), derived);
             }
             book.reservations.remove(&self.plan.name);
-            m.sandboxes.record_spawn(&book.state);
+            m.sandboxes.record_spawn(&book.state)
         }
     }
 }

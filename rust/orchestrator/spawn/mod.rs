@@ -130,7 +130,7 @@ impl SpawnManager {
         state.derived_policies.retain(|name, _| self.sandboxes.get(name).is_ok());
         let mut book = self.book();
         book.state = state;
-        self.sandboxes.record_spawn(&book.state);
+        self.sandboxes.record_spawn(&book.state).in_background();
     }
 
     /// The configured policy of the top-level sandbox keyed `key`: policies
@@ -164,7 +164,8 @@ impl SpawnManager {
         }
         let derived = parent_policy.derive(sandbox.lease_remaining().map(|d| d.as_secs()));
         book.state.derived_policies.insert(name.to_string(), derived.clone());
-        self.sandboxes.record_spawn(&book.state);
+        // Derived again from the parent's policy after a restart if lost.
+        self.sandboxes.record_spawn(&book.state).in_background();
         Some(derived)
     }
 
@@ -209,8 +210,14 @@ impl SpawnManager {
             ..Origin::default()
         };
         let child = self.sandboxes.create(&plan.name, &origin).await?;
-        reserved.register(&child);
-        self.sandboxes.committed().await;
+        if let Err(e) = reserved.register(&child).saved().await {
+            // Not spawned: a child whose spawn a restart would not count
+            // against the parent's budget. It still counts in this server.
+            if let Err(gone) = self.sandboxes.discard(&child.name).await {
+                tracing::warn!(sandbox = %child.name, "could not remove a child whose spawn was not saved: {gone}");
+            }
+            return Err(OrchestratorError::from(e).into());
+        }
         tracing::info!(sandbox = %child.name, parent, "spawned child sandbox");
         Ok(child)
     }
@@ -276,14 +283,16 @@ impl SandboxListener for FollowSpawns {
                 book.state.spawn_seqs.remove(name);
                 book.state.parent_generations.remove(name);
             }
-            m.sandboxes.record_spawn(&book.state);
+            // The bookkeeping is written whole: the next change repairs a
+            // write a full disk lost.
+            m.sandboxes.record_spawn(&book.state).in_background();
         }
     }
 
     fn replaced(&self, name: &str) {
         let mut book = self.0.book();
         *book.state.parent_generations.entry(name.to_string()).or_default() += 1;
-        self.0.sandboxes.record_spawn(&book.state);
+        self.0.sandboxes.record_spawn(&book.state).in_background();
     }
 }
 

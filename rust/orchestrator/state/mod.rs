@@ -5,7 +5,8 @@
 //! putting it back at start.
 //!
 //! Every change is a small transaction of its own, committed before the tool
-//! that made it answers ([`SandboxManager::committed`]). Changes that read
+//! that made it answers, which says so when it could not be (a full disk):
+//! see [`Pending`]. Changes that read
 //! what they modify (env) do so inside one write transaction, so several
 //! server processes sharing the file never lose each other's updates.
 //! Which sandboxes exist is never taken from the database: the helper's VMs
@@ -20,7 +21,9 @@ pub mod store;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    future::Future,
     path::PathBuf,
+    pin::Pin,
     sync::{Arc, Mutex, OnceLock},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -411,6 +414,31 @@ fn load(c: &mut Connection) -> rusqlite::Result<Snapshot> {
     Ok(s)
 }
 
+/// A change handed to the database thread, queued in order. A caller that
+/// answers a tool awaits [`Pending::saved`] and says when it failed (a full
+/// disk): success is never claimed for a change a restart would not know.
+/// Changes made on nobody's behalf (reaping, restoring, bookkeeping that is
+/// rewritten whole by the next change) go [`Pending::in_background`]; their
+/// failures are logged.
+#[must_use = "await `.saved()` before answering, or say `.in_background()`"]
+pub(super) struct Pending(Option<Commit>);
+
+/// The database thread's answer to one queued change.
+type Commit = Pin<Box<dyn Future<Output = Result<(), StateError>> + Send>>;
+
+impl Pending {
+    /// Waits until the change is committed; its error when it was not.
+    pub(super) async fn saved(self) -> Result<(), StateError> {
+        match self.0 {
+            Some(done) => done.await,
+            None => Ok(()),
+        }
+    }
+
+    /// Nobody waits for it: a failure is only logged.
+    pub(super) fn in_background(self) {}
+}
+
 /// The database as the sandbox registry holds it: opened at
 /// [`Orchestrator::resume`]; until then (and when it cannot be opened)
 /// changes are not saved, and [`Self::notice`] says why.
@@ -421,19 +449,24 @@ pub struct StateHandle {
 }
 
 impl StateHandle {
-    fn submit(&self, what: &'static str, f: impl FnOnce(&Transaction<'_>) -> rusqlite::Result<()> + Send + 'static) {
-        let Some(store) = self.store.get() else { return };
-        // Queued now, run in order: callers that answer a tool wait for
-        // `committed`, which runs after it.
-        store.queue(move |c| {
+    fn submit(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&Transaction<'_>) -> rusqlite::Result<()> + Send + 'static,
+    ) -> Pending {
+        let Some(store) = self.store.get() else { return Pending(None) };
+        // Queued now, run in order: a later read or write sees it.
+        let done = store.call(move |c| {
             let done = c.transaction_with_behavior(TransactionBehavior::Immediate).and_then(|tx| {
                 f(&tx)?;
                 tx.commit()
             });
-            if let Err(e) = done {
+            if let Err(e) = &done {
                 tracing::warn!("could not save {what} in the state database: {e}");
             }
+            done
         });
+        Pending(Some(Box::pin(done)))
     }
 
     /// What a problem with the database means for the user, if there is one.
@@ -448,8 +481,9 @@ impl StateHandle {
 }
 
 impl SandboxManager {
-    /// Wait until every change recorded so far is committed.
-    pub async fn committed(&self) {
+    /// Wait until every change queued so far ran (restoring, before
+    /// serving).
+    async fn committed(&self) {
         if let Some(store) = self.state.store.get() {
             let _ = store.call(|_| Ok(())).await;
         }
@@ -472,14 +506,14 @@ impl SandboxManager {
     }
 
     /// A sandbox's row changed (its lease).
-    pub(super) fn record_sandbox(&self, s: &Sandbox) {
+    pub(super) fn record_sandbox(&self, s: &Sandbox) -> Pending {
         let r = SandboxRecord::of(s);
-        self.state.submit("a sandbox's lease", move |c| ops::put_sandbox(c, &r));
+        self.state.submit("a sandbox's lease", move |c| ops::put_sandbox(c, &r))
     }
 
     /// A sandbox was created (or replaced by reset/restore): a new row, no
     /// history, its env as it starts, no loss.
-    pub(super) fn record_created(&self, s: &Sandbox) {
+    pub(super) fn record_created(&self, s: &Sandbox) -> Pending {
         let (r, env) = (SandboxRecord::of(s), s.env());
         self.state.submit("a new sandbox", move |c| {
             ops::forget_sandbox(c, &r.name)?;
@@ -487,84 +521,77 @@ impl SandboxManager {
             c.execute("DELETE FROM gone_children WHERE name = ?1", [&r.name])?;
             ops::put_sandbox(c, &r)?;
             ops::put_env(c, &r.name, Some(&env))
-        });
+        })
     }
 
     /// A sandbox is about to be destroyed: if the server dies before it is
     /// gone, the next one finishes the job instead of reporting it lost.
-    pub(super) fn record_destroying(&self, name: &str) {
+    pub(super) fn record_destroying(&self, name: &str) -> Pending {
         let name = name.to_string();
         self.state.submit("a destroy", move |c| {
             c.execute("UPDATE sandboxes SET destroying = 1 WHERE name = ?1", [&name]).map(drop)
-        });
+        })
     }
 
     /// A sandbox is gone (destroyed or reaped).
-    pub(super) fn record_removed(&self, name: &str) {
+    pub(super) fn record_removed(&self, name: &str) -> Pending {
         let name = name.to_string();
-        self.state.submit("a destroy", move |c| ops::forget_sandbox(c, &name));
+        self.state.submit("a destroy", move |c| ops::forget_sandbox(c, &name))
     }
 
     /// A child was reaped: what a later use of its name is told.
-    pub(super) fn record_gone_child(&self, name: &str, message: &str) {
+    pub(super) fn record_gone_child(&self, name: &str, message: &str) -> Pending {
         let (name, message) = (name.to_string(), message.to_string());
-        self.state.submit("a reaped child", move |c| ops::put_gone_child(c, &name, &message));
+        self.state.submit("a reaped child", move |c| ops::put_gone_child(c, &name, &message))
     }
 
     /// A command finished: its history entry, committed before the command's
     /// answer, which says so when it could not be (a full disk).
     pub(super) async fn save_history(&self, name: &str, entry: &AuditEntry) -> Result<(), StateError> {
-        let Some(store) = self.state.store.get() else { return Ok(()) };
         let (name, a) = (name.to_string(), AuditRecord::of(entry));
-        store
-            .call(move |c| {
-                let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                ops::add_history(&tx, &name, &a)?;
-                tx.commit()
-            })
-            .await
+        self.state.submit("a history entry", move |c| ops::add_history(c, &name, &a)).saved().await
     }
 
     /// A sandbox was lost.
-    pub(super) fn record_lost(&self, name: &str, why: &str) {
+    pub(super) fn record_lost(&self, name: &str, why: &str) -> Pending {
         let (name, why) = (name.to_string(), why.to_string());
-        self.state.submit("a lost sandbox", move |c| ops::put_lost(c, &name, &why));
+        self.state.submit("a lost sandbox", move |c| ops::put_lost(c, &name, &why))
     }
 
     /// A loss was acknowledged.
-    pub(super) fn record_found(&self, name: &str) {
+    pub(super) fn record_found(&self, name: &str) -> Pending {
         let name = name.to_string();
         self.state
-            .submit("an acknowledged loss", move |c| c.execute("DELETE FROM lost WHERE name = ?1", [&name]).map(drop));
+            .submit("an acknowledged loss", move |c| c.execute("DELETE FROM lost WHERE name = ?1", [&name]).map(drop))
     }
 
     /// A port forward started.
-    pub(super) fn record_forward(&self, f: ForwardRecord) {
-        self.state.submit("a port forward", move |c| ops::put_forward(c, &f));
+    pub(super) fn record_forward(&self, f: ForwardRecord) -> Pending {
+        self.state.submit("a port forward", move |c| ops::put_forward(c, &f))
     }
 
     /// A port forward ended.
-    pub(super) fn record_unforward(&self, host_port: u16) {
+    pub(super) fn record_unforward(&self, host_port: u16) -> Pending {
         self.state.submit("a port forward", move |c| {
             c.execute("DELETE FROM forwards WHERE host_port = ?1", [host_port]).map(drop)
-        });
+        })
     }
 
     /// A sync job started.
-    pub(super) fn record_sync(&self, j: SyncRecord) {
-        self.state.submit("a sync job", move |c| ops::put_sync(c, &j));
+    pub(super) fn record_sync(&self, j: SyncRecord) -> Pending {
+        self.state.submit("a sync job", move |c| ops::put_sync(c, &j))
     }
 
     /// A sync job ended.
-    pub(super) fn record_unsync(&self, id: &str) {
+    pub(super) fn record_unsync(&self, id: &str) -> Pending {
         let id = id.to_string();
-        self.state.submit("a sync job", move |c| c.execute("DELETE FROM sync_jobs WHERE id = ?1", [&id]).map(drop));
+        self.state.submit("a sync job", move |c| c.execute("DELETE FROM sync_jobs WHERE id = ?1", [&id]).map(drop))
     }
 
     /// The spawn bookkeeping changed.
-    pub(super) fn record_spawn(&self, s: &SpawnState) {
+    pub(super) fn record_spawn(&self, s: &SpawnState) -> Pending {
         let s = s.clone();
-        self.state.submit("spawn bookkeeping", move |c| ops::put_spawn(c, &s));
+        self.state.submit("spawn bookkeeping", move |c| ops::put_spawn(c, &s))
     }
 
     /// Change one env key inside one write transaction and return the whole
@@ -671,7 +698,7 @@ async fn apply(o: &Orchestrator, mut saved: Snapshot) {
                     tracing::warn!(sandbox = %name, "could not finish destroying: {e}");
                 }
             }
-            (None, true) => m.record_removed(name),
+            (None, true) => m.record_removed(name).in_background(),
             (Some(s), false) => {
                 s.set_lease(record.expires_at.map(time));
                 let history = saved.history.remove(name).unwrap_or_default();
@@ -680,7 +707,7 @@ async fn apply(o: &Orchestrator, mut saved: Snapshot) {
             (None, false) => {
                 let why = "its VM was gone when the server restarted (the VM helper stopped or the machine rebooted)";
                 let why = lost.entry(name.clone()).or_insert_with(|| why.into());
-                m.record_lost(name, why);
+                m.record_lost(name, why).in_background();
             }
         }
     }
@@ -693,15 +720,15 @@ async fn apply(o: &Orchestrator, mut saved: Snapshot) {
             None => {
                 let env = s.env();
                 let name = name.clone();
-                m.state.submit("a sandbox's env", move |c| ops::put_env(c, &name, Some(&env)));
+                m.state.submit("a sandbox's env", move |c| ops::put_env(c, &name, Some(&env))).in_background();
             }
         }
         if !recorded.contains(name) {
-            m.record_sandbox(s);
+            m.record_sandbox(s).in_background();
         }
     }
     for name in lost.keys().filter(|n| attached.contains_key(*n)) {
-        m.record_found(name);
+        m.record_found(name).in_background();
     }
     lost.retain(|name, _| !attached.contains_key(name));
     m.set_lost(lost);
