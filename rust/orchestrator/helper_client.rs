@@ -1121,9 +1121,12 @@ mod tests {
         let e = f.require(f.snapshot, "snapshotting a running sandbox").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "snapshotting a running sandbox is not available: the VM helper's \"vm\" driver does not support it"
+            "snapshotting a running sandbox is not available: the VM helper's \"vm\" driver does not support it \
+             (it works with isolation = \"namespaces\")"
         );
         assert!(f.require(f.dial, "port forwarding").is_ok());
+        let all = DriverFeatures::all_from_info(&typed);
+        assert_eq!(all.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), ["namespaces", "vm"]);
         let old = pb::GetInfoResponse {
             driver: "namespaces".into(),
             capabilities: vec!["exec".into(), "network.egress".into()],
@@ -1131,6 +1134,8 @@ mod tests {
         };
         let f = DriverFeatures::from_info(&old);
         assert!(f.network_egress && f.dial && f.snapshot && f.name == "namespaces", "{f:?}");
+        // A helper from before drivers has only the namespace driver.
+        assert_eq!(DriverFeatures::all_from_info(&old), vec![f]);
     }
 
     fn config(network: Network) -> VmConfig {
