@@ -424,9 +424,10 @@ mod tests {
 
     #[test]
     fn isolation_default_and_per_profile() {
-        let file: ConfigFile =
-            toml::from_str("isolation = \"vm\"\nhost_roots = [\"/tmp\"]\n[profiles.fast]\nisolation = \"namespaces\"\n")
-                .unwrap();
+        let file: ConfigFile = toml::from_str(
+            "isolation = \"vm\"\nhost_roots = [\"/tmp\"]\n[profiles.fast]\nisolation = \"namespaces\"\n",
+        )
+        .unwrap();
         let c = Config::from_file(file, &ConfigSource::default()).unwrap();
         assert_eq!(c.defaults().isolation, Isolation::Vm);
         assert_eq!(c.profile_for("fast").isolation, Isolation::Namespaces);
