@@ -34,13 +34,14 @@ def test_spawn_defaults_overrides_and_children(server_factory):
     text, err = spawn(srv)
     assert not err, text
     lines = text.split("\n")
-    assert lines[:4] == [
+    assert lines[:5] == [
         "Spawned child 'default..child-0001': default..child-0001",
         "  Parent: default",
         f"  Image: {IMAGE}",
         "  Resources: 2 CPUs, 512MB",
+        "  Isolation: namespaces",
     ], text
-    assert re.fullmatch(r"  TTL: (29\d|300)s remaining", lines[4]), text
+    assert re.fullmatch(r"  TTL: (29\d|300)s remaining", lines[5]), text
 
     text, err = spawn(srv, name="kid", cpus=5, memory="256M")
     assert not err and "  Resources: 2 CPUs, 256MB" in text, text

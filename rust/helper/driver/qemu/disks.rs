@@ -11,7 +11,9 @@
 //! ids the sandbox sees (0 for its root), not the shifted host ids the
 //! layer has on the host.
 use std::hash::{Hash as _, Hasher as _};
+use std::os::fd::AsRawFd as _;
 use std::os::unix::fs::MetadataExt as _;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -94,4 +96,81 @@ pub fn upper_disk(path: &Path, size_bytes: u64) -> Result<(), QemuError> {
         });
     }
     Ok(())
+}
+
+/// Makes the vm's writable disk at `path` (sparse, `size_bytes`) holding
+/// the `upper` and `work` dirs of the VM dir `vm_dir` at its root, where the
+/// guest's init expects them: files the helper placed there before the
+/// first boot (seeded files, a clone's copy of its source's layer) are in
+/// the VM from its start. mke2fs runs under the helper's id map, so the
+/// files keep the ids the sandbox sees, as the layer disks do.
+pub fn upper_disk_from(path: &Path, size_bytes: u64, vm_dir: &Path, mapper: &IdMapper) -> Result<(), QemuError> {
+    let failed = |detail: String| QemuError::Disk { what: path.display().to_string(), detail };
+    let f = std::fs::File::create(path).map_err(|e| QemuError::io(format!("create {}", path.display()), e))?;
+    f.set_len(size_bytes).map_err(|e| QemuError::io(format!("size {}", path.display()), e))?;
+    drop(f);
+    let (uid, gid) = mapper.id_map().host_root();
+    nix::unistd::chown(path, Some(uid.into()), Some(gid.into()))
+        .map_err(|e| failed(format!("chown the disk file to the namespace's root: {e}")))?;
+    // mke2fs copies a whole directory: the layer dirs move into one of
+    // their own for the copy (the VM dir also holds the disk itself).
+    let root = vm_dir.join("disk-root");
+    std::fs::create_dir_all(&root).map_err(|e| QemuError::io(format!("create {}", root.display()), e))?;
+    nix::unistd::chown(&root, Some(uid.into()), Some(gid.into()))
+        .map_err(|e| failed(format!("chown {}: {e}", root.display())))?;
+    let subs = ["upper", "work"];
+    let mut moved = Vec::new();
+    for sub in subs {
+        if std::fs::rename(vm_dir.join(sub), root.join(sub)).is_ok() {
+            moved.push(sub);
+        }
+    }
+    // The namespace's root may not pass through the helper's state dir
+    // (0700): mke2fs gets both by open fds, which it reopens through
+    // /proc/self/fd by the files' own permissions.
+    let opened = std::fs::File::open(&root).and_then(|dir| {
+        let disk = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+        Ok((dir, disk))
+    });
+    let out = match opened {
+        Ok((dir, disk)) => {
+            let fds = [dir.as_raw_fd(), disk.as_raw_fd()];
+            let mut cmd = Command::new("mke2fs");
+            // SAFETY: fcntl on fds we own, between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    for fd in fds {
+                        if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    }
+                    Ok(())
+                });
+            }
+            cmd.args(["-q", "-F", "-t", "ext4", "-m", "0", "-E"])
+                .arg("root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1")
+                .arg("-d")
+                .arg(format!("/proc/self/fd/{}", fds[0]))
+                .arg(format!("/proc/self/fd/{}", fds[1]))
+                .env_clear()
+                .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+            let out = run_mapped(mapper, cmd);
+            drop((dir, disk));
+            out
+        }
+        Err(e) => Err(crate::helper::driver::DriverError::io(format!("open {}", root.display()), e)),
+    };
+    for sub in moved {
+        let _ = std::fs::rename(root.join(sub), vm_dir.join(sub));
+    }
+    let _ = std::fs::remove_dir(&root);
+    let result = match out {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(failed(format!("{}: {}", o.status, String::from_utf8_lossy(&o.stderr).trim()))),
+        Err(e) => Err(failed(e.to_string())),
+    };
+    if result.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    result
 }
