@@ -362,6 +362,8 @@ pub struct DriverFeatures {
     pub dial: bool,
     /// A running VM's writable layer can be copied (snapshot, clone).
     pub snapshot: bool,
+    /// Containers run inside (the docker_* tools).
+    pub containers: bool,
 }
 
 impl DriverFeatures {
@@ -378,6 +380,7 @@ impl DriverFeatures {
                     network_egress: c.network_egress,
                     dial: c.dial,
                     snapshot: c.snapshot,
+                    containers: c.containers,
                 }
             }
             None => DriverFeatures {
@@ -385,6 +388,7 @@ impl DriverFeatures {
                 network_egress: i.capabilities.iter().any(|c| c == "network.egress"),
                 dial: true,
                 snapshot: true,
+                containers: false,
             },
         }
     }
@@ -1065,7 +1069,13 @@ mod tests {
 
     #[test]
     fn driver_features_come_from_the_default_driver_or_the_flat_list() {
-        let caps = pb::DriverCapabilities { network_egress: false, dial: true, snapshot: false, ..Default::default() };
+        let caps = pb::DriverCapabilities {
+            network_egress: false,
+            dial: true,
+            snapshot: false,
+            containers: true,
+            ..Default::default()
+        };
         let typed = pb::GetInfoResponse {
             driver: "vm".into(),
             drivers: vec![
@@ -1075,7 +1085,10 @@ mod tests {
             ..Default::default()
         };
         let f = DriverFeatures::from_info(&typed);
-        assert_eq!(f, DriverFeatures { name: "vm".into(), network_egress: false, dial: true, snapshot: false });
+        assert_eq!(
+            f,
+            DriverFeatures { name: "vm".into(), network_egress: false, dial: true, snapshot: false, containers: true }
+        );
         let e = f.require(f.snapshot, "snapshotting a running sandbox").unwrap_err();
         assert_eq!(
             e.to_string(),
@@ -1088,7 +1101,7 @@ mod tests {
             ..Default::default()
         };
         let f = DriverFeatures::from_info(&old);
-        assert!(f.network_egress && f.dial && f.snapshot && f.name == "namespaces", "{f:?}");
+        assert!(f.network_egress && f.dial && f.snapshot && !f.containers && f.name == "namespaces", "{f:?}");
     }
 
     fn config(network: Network) -> VmConfig {

@@ -76,7 +76,14 @@ impl Driver for QemuDriver {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { tty: true, own_kernel: true, dial: true, snapshot: true, ..Capabilities::default() }
+        Capabilities {
+            tty: true,
+            own_kernel: true,
+            dial: true,
+            snapshot: true,
+            containers: true,
+            ..Capabilities::default()
+        }
     }
 
     async fn boot(&self, spec: &BootSpec) -> Result<Arc<dyn Instance>, DriverError> {
