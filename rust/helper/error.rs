@@ -58,7 +58,16 @@ pub enum HelperError {
     /// This host cannot run VMs (or this kind of VM).
     #[error("unavailable: {0}")]
     Unavailable(String),
-    /// The namespace driver failed.
+    /// The driver a VM asks for cannot run VMs on this host; `reason` names
+    /// the fix.
+    #[error("the {driver} driver is not usable here: {reason}")]
+    DriverUnusable {
+        /// The driver's name (`spec.driver`).
+        driver: String,
+        /// Why, as the driver reports it.
+        reason: String,
+    },
+    /// The driver failed.
     #[error("driver: {0}")]
     Driver(#[from] DriverError),
     /// The connection to the VM's agent died (and could not be made

@@ -2,6 +2,7 @@
 //! signal handling around [`HelperService`].
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::UnixListener;
@@ -9,6 +10,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_stream::wrappers::UnixListenerStream;
 
 use super::driver::namespace::NamespaceDriver;
+use super::driver::qemu::driver::QemuDriver;
 use super::error::HelperError;
 use super::service::HelperService;
 use super::vm::VmManager;
@@ -49,7 +51,9 @@ pub async fn serve(socket: &Path) -> Result<(), HelperError> {
 
     raise_nofile_limit();
     super::storage::kill_leftovers();
-    let vms = VmManager::new(NamespaceDriver::detect()?, helper_store());
+    let namespaces = NamespaceDriver::detect()?;
+    let vm = QemuDriver::detect().with_cgroups(namespaces.cgroup_layout());
+    let vms = VmManager::new(namespaces, vec![Arc::new(vm)], helper_store());
     // Copies and references a helper killed mid-snapshot left behind; the
     // other helpers sharing the store keep theirs.
     vms.collect_layers().await;

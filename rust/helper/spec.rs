@@ -80,6 +80,9 @@ pub struct VmConfig {
     pub clone_from: String,
     /// Disk quota in bytes (see `quota`).
     pub disk_bytes: u64,
+    /// The driver it runs on, by name; empty until the helper resolves its
+    /// default (see `VmManager::create`).
+    pub driver: String,
 }
 
 impl VmConfig {
@@ -174,6 +177,7 @@ mod tests {
             labels: BTreeMap::new(),
             clone_from: String::new(),
             disk_bytes: 0,
+            driver: String::new(),
         }
     }
 

@@ -8,6 +8,10 @@
 //! A VM keeps its own copy of its image's record (layers, config), so it
 //! runs on after the image is deleted, and its layers count as used until
 //! the VM is deleted. Commit and clone live in [`images`].
+//!
+//! Each VM runs on the driver its spec names (`VmConfig::driver`, the
+//! first driver when empty), chosen at creation and kept for every start,
+//! stop, exec and copy after.
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -133,6 +137,8 @@ struct Run {
 
 struct Slot {
     id: String,
+    /// The driver it boots with.
+    driver: Arc<dyn Driver>,
     /// The image as it was when the VM was created (a clone's: its source's).
     image: ImageInfo,
     dir: PathBuf,
@@ -150,7 +156,7 @@ impl Slot {
 pub struct VmManager {
     /// The namespace driver: also the id map this helper's images use.
     namespaces: Arc<NamespaceDriver>,
-    /// Every driver, the one VMs boot with first.
+    /// Every driver, the default (the namespace driver) first.
     drivers: Vec<Arc<dyn Driver>>,
     images: ImageStore,
     vms: Mutex<Vec<Arc<Slot>>>,
@@ -158,10 +164,12 @@ pub struct VmManager {
 }
 
 impl VmManager {
-    /// A manager with no VMs.
-    pub fn new(namespaces: NamespaceDriver, images: ImageStore) -> Arc<Self> {
+    /// A manager with no VMs, booting with the namespace driver unless a
+    /// VM names one of `others`.
+    pub fn new(namespaces: NamespaceDriver, others: Vec<Arc<dyn Driver>>, images: ImageStore) -> Arc<Self> {
         let namespaces = Arc::new(namespaces);
-        let drivers: Vec<Arc<dyn Driver>> = vec![namespaces.clone()];
+        let mut drivers: Vec<Arc<dyn Driver>> = vec![namespaces.clone()];
+        drivers.extend(others);
         Arc::new_cyclic(|me| VmManager { namespaces, drivers, images, vms: Mutex::new(Vec::new()), me: me.clone() })
     }
 
@@ -175,9 +183,22 @@ impl VmManager {
         &self.drivers
     }
 
-    /// The driver VMs boot with.
-    fn driver(&self) -> &Arc<dyn Driver> {
-        &self.drivers[0]
+    /// The driver named `name` (the default when empty), if it can run VMs
+    /// here: an unknown name is the request's mistake, an unusable driver
+    /// the host's.
+    fn driver_named(&self, name: &str) -> Result<Arc<dyn Driver>, HelperError> {
+        let name = if name.is_empty() { self.drivers[0].name() } else { name };
+        let Some(driver) = self.drivers.iter().find(|d| d.name() == name) else {
+            let known: Vec<_> = self.drivers.iter().map(|d| d.name()).collect();
+            return Err(HelperError::invalid(
+                "spec.driver",
+                format!("{name:?} is not a driver of this helper (it has: {})", known.join(", ")),
+            ));
+        };
+        if let Some(reason) = driver.unavailable_reason() {
+            return Err(HelperError::DriverUnusable { driver: name.into(), reason });
+        }
+        Ok(driver.clone())
     }
 
     /// The image store.
@@ -196,7 +217,7 @@ impl VmManager {
     /// Registers a VM and prepares its writable layer (a copy of another
     /// VM's with `clone_from`), with `files` placed in it.
     pub async fn create(&self, config: VmConfig, files: Vec<SeedFile>) -> Result<VmInfo, HelperError> {
-        let config = config.validate()?;
+        let mut config = config.validate()?;
         seed::validate(&files)?;
         if self.slot(&config.id).is_ok() {
             return Err(HelperError::AlreadyExists(config.id));
@@ -207,6 +228,8 @@ impl VmManager {
             }
             return self.create_clone(config).await;
         }
+        let driver = self.driver_named(&config.driver)?;
+        config.driver = driver.name().into();
         // Held until the VM is registered, so a layer collection in between
         // cannot take the image's layers away.
         let _store = self.images.lock();
@@ -219,6 +242,10 @@ impl VmManager {
         }
         let dir = vm_dir(&config.id);
         prepare_dir(&dir, &image)?;
+        // Seeded files go to the writable layer dir on every driver, owned
+        // by the VM's root as the helper's id map shows it: the namespace
+        // driver mounts that dir, the vm driver builds its writable disk
+        // from it under the same map.
         if !files.is_empty() {
             let mut layers = self.images.layer_paths(&image.layers());
             layers.reverse();
@@ -235,12 +262,18 @@ impl VmManager {
             }
         }
         share_mounts(&config, &image);
-        self.register(config, image, dir)
+        self.register(config, driver, image, dir)
     }
 
     /// Adds a VM whose directory is prepared; the caller holds the image
     /// store's lock.
-    fn register(&self, config: VmConfig, image: ImageInfo, dir: PathBuf) -> Result<VmInfo, HelperError> {
+    fn register(
+        &self,
+        config: VmConfig,
+        driver: Arc<dyn Driver>,
+        image: ImageInfo,
+        dir: PathBuf,
+    ) -> Result<VmInfo, HelperError> {
         let info = VmInfo {
             shell: image.shell.clone(),
             config,
@@ -253,6 +286,7 @@ impl VmManager {
         };
         let slot = Arc::new(Slot {
             id: info.config.id.clone(),
+            driver,
             image,
             dir,
             op: tokio::sync::Mutex::new(None),
@@ -293,7 +327,7 @@ impl VmManager {
             limits: Limits { cpus: config.cpus, memory_bytes: config.memory_bytes, pids: config.pids_limit },
             egress: egress.then(|| (config.network_policy.clone(), events.clone())),
         };
-        let instance = self.driver().boot(&spec).await.map_err(|e| match e {
+        let instance = slot.driver.boot(&spec).await.map_err(|e| match e {
             DriverError::Unavailable(reason) => HelperError::Unavailable(reason),
             other => HelperError::Driver(other),
         })?;

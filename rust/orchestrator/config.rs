@@ -12,6 +12,7 @@
 //! lease_ttl = 60                       # minutes every new sandbox lives; 0: no lease
 //! max_lease_ttl = 120                  # minutes: bound of lease_ttl and of extend_ttl
 //! max_sandboxes = 16
+//! isolation = "namespaces"             # or "vm": the default of every sandbox (super::isolation)
 //! host_roots = ["~/src", "/data/in"]   # default: the session's start directory
 //! [defaults]
 //! image = "mcp-dev"
@@ -22,6 +23,7 @@
 //! trust_host_ca = true                 # the host's CA certificates in the sandbox's trust store (super::ca_trust)
 //! [profiles.offline]                   # applies to the sandbox named "offline"
 //! network = "none"
+//! isolation = "vm"                     # this sandbox runs in a microVM
 //! memory = "1G"
 //! [profiles.pypi.network]              # egress under a policy (see super::network)
 //! allow = ["pypi.org", "files.pythonhosted.org"]
@@ -45,6 +47,7 @@ use toml::Value;
 use super::{
     error::OrchestratorError,
     hostpath::HostRoots,
+    isolation::Isolation,
     lease::Limits,
     network::Network,
     spawn::policy::{SpawnPolicy, SpawnPolicyFile},
@@ -68,6 +71,8 @@ pub struct Profile {
     pub disk_bytes: u64,
     /// Add the host's CA bundle to the sandbox's trust store.
     pub trust_host_ca: bool,
+    /// The helper driver it runs on.
+    pub isolation: Isolation,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -80,6 +85,7 @@ struct ProfileFile {
     network: Option<Value>,
     disk: Option<Value>,
     trust_host_ca: Option<Value>,
+    isolation: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -90,6 +96,8 @@ struct ConfigFile {
     max_lease_ttl: Option<u64>,
     max_sandboxes: Option<usize>,
     host_roots: Option<Vec<String>>,
+    /// The default isolation (also `[defaults] isolation`, which wins).
+    isolation: Option<Value>,
     #[serde(default)]
     defaults: ProfileFile,
     #[serde(default)]
@@ -206,6 +214,9 @@ fn apply(base: &Profile, f: &ProfileFile, key: &str) -> Result<Profile, Orchestr
     if let Some(t) = &f.trust_host_ca {
         p.trust_host_ca = trust_from_toml(t).map_err(|e| invalid(&format!("{key}.trust_host_ca"), e))?;
     }
+    if let Some(i) = &f.isolation {
+        p.isolation = Isolation::from_toml(i).map_err(|e| invalid(&format!("{key}.isolation"), e))?;
+    }
     Ok(p)
 }
 
@@ -296,8 +307,15 @@ impl Config {
             network: Network::default(),
             disk_bytes: DEFAULT_DISK_BYTES,
             trust_host_ca: true,
+            isolation: match &file.isolation {
+                Some(i) => Isolation::from_toml(i).map_err(|e| invalid("isolation", e))?,
+                None => Isolation::default(),
+            },
         };
         let mut defaults = apply(&builtin, &file.defaults, "defaults")?;
+        if let Some(i) = env("SANDBOX_MCP_ISOLATION") {
+            defaults.isolation = Isolation::parse(&i).map_err(|e| invalid("SANDBOX_MCP_ISOLATION", e))?;
+        }
         if let Some(i) = env("SANDBOX_MCP_DEFAULT_IMAGE") {
             defaults.image = i;
         }
@@ -402,6 +420,21 @@ mod tests {
             Config::from_file(bad, &ConfigSource::default()).unwrap_err().to_string().contains("profiles.x.network")
         );
         assert!(toml::from_str::<ConfigFile>("bogus = 1\n").is_err());
+    }
+
+    #[test]
+    fn isolation_default_and_per_profile() {
+        let file: ConfigFile =
+            toml::from_str("isolation = \"vm\"\n[profiles.fast]\nisolation = \"namespaces\"\n").unwrap();
+        let c = Config::from_file(file, &ConfigSource::default()).unwrap();
+        assert_eq!(c.defaults().isolation, Isolation::Vm);
+        assert_eq!(c.profile_for("fast").isolation, Isolation::Namespaces);
+        let bad: ConfigFile = toml::from_str("[profiles.x]\nisolation = \"kvm\"\n").unwrap();
+        let e = Config::from_file(bad, &ConfigSource::default()).unwrap_err().to_string();
+        assert!(e.contains("profiles.x.isolation") && e.contains("\"namespaces\" or \"vm\""), "{e}");
+        let env = ConfigSource { vars: [("SANDBOX_MCP_ISOLATION".into(), "vm".into())].into(), ..Default::default() };
+        let c = Config::from_file(ConfigFile::default(), &env).unwrap();
+        assert_eq!(c.defaults().isolation, Isolation::Vm);
     }
 
     #[test]

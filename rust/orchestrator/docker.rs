@@ -24,7 +24,7 @@ use super::{
     OrchestratorError, SandboxManager,
     exec::ExecResult,
     names,
-    sandbox::{Command, WORKSPACE},
+    sandbox::{Command, Origin, WORKSPACE},
 };
 
 /// The fixed script every docker command runs under (`$@` is the docker
@@ -544,11 +544,15 @@ impl SandboxManager {
     /// naming the fix. Checked before the sandbox is created, so a refused
     /// call creates nothing.
     pub fn check_containers(&self, sandbox: &str) -> Result<(), OrchestratorError> {
-        let driver = self.helper.driver();
-        if driver.containers {
+        // A sandbox that runs keeps its isolation; a new one gets its profile's.
+        let isolation = match self.get(sandbox) {
+            Ok(s) => s.isolation,
+            Err(_) => self.planned_profile(sandbox, &Origin::default())?.0.isolation,
+        };
+        if self.helper.features(isolation)?.containers {
             Ok(())
         } else {
-            Err(OrchestratorError::NeedsVm { sandbox: sandbox.to_string(), driver: driver.name.clone() })
+            Err(OrchestratorError::NeedsVm { sandbox: sandbox.to_string(), driver: isolation.as_str().to_string() })
         }
     }
 

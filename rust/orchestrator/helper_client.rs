@@ -16,6 +16,7 @@ use tokio::{net::UnixStream, sync::mpsc};
 use tokio_stream::{StreamExt, wrappers::ReceiverStream};
 use tonic::{Code, Streaming, transport::Channel};
 
+use super::isolation::Isolation;
 use super::network::{EgressPolicy, Network};
 use crate::proto::v1::{self as pb, vm_helper_client::VmHelperClient};
 
@@ -50,7 +51,10 @@ pub enum HelperError {
     Internal(String),
     /// The helper's driver lacks a capability the request needs (GetInfo's
     /// typed capabilities); checked before the request is sent.
-    #[error("{feature} is not available: the VM helper's {driver:?} driver does not support it")]
+    #[error(
+        "{feature} is not available: the VM helper's {driver:?} driver does not support it{}",
+        other_isolation(driver)
+    )]
     Unsupported {
         /// What the request needed, as an agent would name it.
         feature: &'static str,
@@ -104,6 +108,8 @@ pub struct VmConfig {
     /// Files placed in the new VM's root filesystem before it starts (not
     /// with `clone_from`).
     pub files: Vec<RootfsFile>,
+    /// The helper driver it runs on.
+    pub isolation: Isolation,
 }
 
 /// A file for [`VmConfig::files`], owned by the VM's root.
@@ -176,6 +182,8 @@ pub struct VmInfo {
     pub limits_not_enforced: Option<String>,
     /// Why it stopped on its own (e.g. "init was killed by signal 9").
     pub stop_reason: Option<String>,
+    /// The driver it runs on, as the helper names it ("namespaces", "vm").
+    pub driver: String,
 }
 
 /// An image the helper can boot.
@@ -343,12 +351,22 @@ impl ProcessEvents {
     }
 }
 
+/// The fix an [`HelperError::Unsupported`] names: the other isolation.
+fn other_isolation(driver: &str) -> String {
+    match Isolation::from_driver(driver) {
+        Some(Isolation::Vm) => format!(" (it works with isolation = {:?})", Isolation::Namespaces.as_str()),
+        _ => String::new(),
+    }
+}
+
 /// A connection to a helper.
 #[derive(Clone)]
 pub struct HelperClient {
     client: VmHelperClient<Channel>,
     /// What the helper's default driver can do, from GetInfo at connect.
     driver: std::sync::Arc<DriverFeatures>,
+    /// What each of its drivers can do, usable or not, by name.
+    drivers: std::sync::Arc<Vec<DriverFeatures>>,
 }
 
 /// The default driver's name and typed capabilities, as GetInfo gave them.
@@ -373,16 +391,7 @@ impl DriverFeatures {
     /// its flat list.
     pub fn from_info(i: &pb::GetInfoResponse) -> Self {
         match i.drivers.iter().find(|d| d.is_default) {
-            Some(d) => {
-                let c = d.capabilities.clone().unwrap_or_default();
-                DriverFeatures {
-                    name: d.name.clone(),
-                    network_egress: c.network_egress,
-                    dial: c.dial,
-                    snapshot: c.snapshot,
-                    containers: c.containers,
-                }
-            }
+            Some(d) => Self::of_driver(d),
             None => DriverFeatures {
                 name: i.driver.clone(),
                 network_egress: i.capabilities.iter().any(|c| c == "network.egress"),
@@ -390,6 +399,25 @@ impl DriverFeatures {
                 snapshot: true,
                 containers: false,
             },
+        }
+    }
+
+    /// Every driver of a GetInfo answer (an old helper's one default driver).
+    pub fn all_from_info(i: &pb::GetInfoResponse) -> Vec<Self> {
+        if i.drivers.is_empty() {
+            return vec![Self::from_info(i)];
+        }
+        i.drivers.iter().map(Self::of_driver).collect()
+    }
+
+    fn of_driver(d: &pb::DriverInfo) -> Self {
+        let c = d.capabilities.clone().unwrap_or_default();
+        DriverFeatures {
+            name: d.name.clone(),
+            network_egress: c.network_egress,
+            dial: c.dial,
+            snapshot: c.snapshot,
+            containers: c.containers,
         }
     }
 
@@ -462,7 +490,11 @@ impl HelperClient {
             .map_err(|e| unavailable(e.to_string()))?;
         let mut client = VmHelperClient::new(channel);
         let info = client.get_info(pb::GetInfoRequest {}).await?.into_inner();
-        Ok(Self { client, driver: std::sync::Arc::new(DriverFeatures::from_info(&info)) })
+        Ok(Self {
+            client,
+            driver: std::sync::Arc::new(DriverFeatures::from_info(&info)),
+            drivers: std::sync::Arc::new(DriverFeatures::all_from_info(&info)),
+        })
     }
 
     /// Helper platform/driver/version line for status output.
@@ -476,13 +508,26 @@ impl HelperClient {
         &self.driver
     }
 
+    /// What the driver behind `isolation` can do; a helper without that
+    /// driver (one from before it) cannot run such a sandbox.
+    pub fn features(&self, isolation: Isolation) -> Result<&DriverFeatures, HelperError> {
+        self.drivers.iter().find(|d| d.name == isolation.as_str()).ok_or_else(|| HelperError::Unsupported {
+            feature: match isolation {
+                Isolation::Namespaces => "isolation = \"namespaces\"",
+                Isolation::Vm => "isolation = \"vm\"",
+            },
+            driver: self.driver.name.clone(),
+        })
+    }
+
     /// Create a VM (not started).
     pub async fn create_vm(&self, cfg: VmConfig) -> Result<VmInfo, HelperError> {
+        let driver = self.features(cfg.isolation)?;
         if matches!(cfg.network, Network::Egress(_)) {
-            self.driver.require(self.driver.network_egress, "network egress (network = \"egress\")")?;
+            driver.require(driver.network_egress, "network egress (network = \"egress\")")?;
         }
         if cfg.clone_from.is_some() {
-            self.driver.require(self.driver.snapshot, "cloning a running sandbox")?;
+            driver.require(driver.snapshot, "cloning a running sandbox")?;
         }
         let spec = pb::VmSpec::from(cfg);
         let vm = self.client.clone().create_vm(pb::CreateVmRequest { spec: Some(spec) }).await?.into_inner().vm;
@@ -611,6 +656,7 @@ impl From<VmConfig> for pb::VmSpec {
             clone_from: cfg.clone_from.unwrap_or_default(),
             disk_bytes: cfg.disk_bytes,
             files: cfg.files.into_iter().map(pb::RootfsFile::from).collect(),
+            driver: cfg.isolation.as_str().into(),
         }
     }
 }
@@ -707,6 +753,7 @@ fn vm_info(vm: Option<pb::Vm>) -> Result<VmInfo, HelperError> {
         image_created_at_ms: vm.image_created_at_ms,
         limits_not_enforced: Some(vm.limits_not_enforced).filter(|r| !r.is_empty()),
         stop_reason: Some(vm.stop_reason).filter(|r| !r.is_empty()),
+        driver: if spec.driver.is_empty() { Isolation::Namespaces.as_str().into() } else { spec.driver },
     })
 }
 
@@ -1117,6 +1164,7 @@ mod tests {
             labels: HashMap::new(),
             clone_from: None,
             files: Vec::new(),
+            isolation: Isolation::Namespaces,
         }
     }
 

@@ -41,6 +41,7 @@ pub mod helper_client;
 pub mod hostfs;
 pub mod hostpath;
 pub mod images;
+pub mod isolation;
 pub mod lease;
 pub mod names;
 pub mod network;

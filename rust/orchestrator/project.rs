@@ -10,6 +10,7 @@
 //! network = "none"                            # or "egress", or { allow = [...], deny = [...] }
 //! disk = "20G"
 //! trust_host_ca = true
+//! isolation = "vm"                            # or "namespaces" (see super::isolation)
 //! services = ["python3 -m http.server 8000"]   # started with `bg` as svc-1, svc-2, …
 //! [env]
 //! APP_ENV = "test"
@@ -32,6 +33,7 @@ use super::{
     config::{Profile, disk_from_toml, parse_memory, trust_from_toml},
     error::OrchestratorError,
     hostpath::Entry,
+    isolation::Isolation,
     names::validate_env_key,
     network::Network,
     sandbox::{Sandbox, SandboxManager, WORKSPACE},
@@ -112,7 +114,8 @@ impl Project {
     }
 }
 
-const TOP_KEYS: [&str; 9] = ["image", "cpus", "memory", "network", "disk", "trust_host_ca", "env", "sync", "services"];
+const TOP_KEYS: [&str; 10] =
+    ["image", "cpus", "memory", "network", "disk", "trust_host_ca", "isolation", "env", "sync", "services"];
 const SYNC_KEYS: [&str; 1] = ["exclude"];
 
 /// A valid project file.
@@ -130,6 +133,8 @@ pub struct ProjectConfig {
     pub disk_bytes: Option<u64>,
     /// Add the host's CA bundle to the sandbox's trust store.
     pub trust_host_ca: Option<bool>,
+    /// The helper driver its sandboxes run on.
+    pub isolation: Option<Isolation>,
     /// Persistent env set in every new sandbox.
     pub env: BTreeMap<String, String>,
     /// Extra gitignore-style patterns sync never sends.
@@ -148,6 +153,7 @@ impl ProjectConfig {
             network: self.network.clone().unwrap_or_else(|| base.network.clone()),
             disk_bytes: self.disk_bytes.unwrap_or(base.disk_bytes),
             trust_host_ca: self.trust_host_ca.unwrap_or(base.trust_host_ca),
+            isolation: self.isolation.unwrap_or(base.isolation),
         }
     }
 
@@ -187,6 +193,10 @@ impl ProjectConfig {
                 },
                 "trust_host_ca" => match trust_from_toml(value) {
                     Ok(t) => p.trust_host_ca = Some(t),
+                    Err(e) => bad(e),
+                },
+                "isolation" => match Isolation::from_toml(value) {
+                    Ok(i) => p.isolation = Some(i),
                     Err(e) => bad(e),
                 },
                 "env" => match value.as_table() {
@@ -376,7 +386,12 @@ mod tests {
             network: Network::default(),
             disk_bytes: 10 << 30,
             trust_host_ca: true,
+            isolation: Isolation::Namespaces,
         };
+        let vm = ProjectConfig::parse("isolation = \"vm\"\n").unwrap();
+        assert_eq!(vm.apply(&base).isolation, Isolation::Vm);
+        let bad = ProjectConfig::parse("isolation = \"kvm\"\n").unwrap_err();
+        assert!(bad[0].starts_with("isolation: must be \"namespaces\" or \"vm\""), "{bad:?}");
         let cpus_only = ProjectConfig { cpus: Some(2), ..Default::default() };
         assert_eq!(cpus_only.apply(&base), Profile { cpus: 2, ..base.clone() });
         let p = ProjectConfig::parse(

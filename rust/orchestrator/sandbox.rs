@@ -17,6 +17,7 @@ use super::{
     error::OrchestratorError,
     exec::{self, ExecResult},
     helper_client::{HelperClient, HelperError, ProcessConfig, VmConfig, VmInfo, VmState},
+    isolation::Isolation,
     names::{self, validate_key},
     network::Network,
     shell,
@@ -86,6 +87,8 @@ pub struct Sandbox {
     pub parent: Option<String>,
     /// 0 for a sandbox created by a tool, parent's + 1 for a child.
     pub generation: u32,
+    /// The helper driver it runs on.
+    pub isolation: Isolation,
 }
 
 impl Sandbox {
@@ -112,6 +115,9 @@ impl Sandbox {
             project_dir,
             parent: vm.labels.get(PARENT_LABEL).cloned(),
             generation: vm.labels.get(GENERATION_LABEL).and_then(|g| g.parse().ok()).unwrap_or(0),
+            // A driver this orchestrator has no name for runs no sandbox
+            // it made; the helper's own name is kept in its status.
+            isolation: Isolation::from_driver(&vm.driver).unwrap_or_default(),
             name,
             image: vm.image.clone(),
             shell: vm.shell.clone(),
@@ -318,6 +324,9 @@ pub struct Origin {
     pub parent: Option<String>,
     /// Lease instead of the configured default (a child's TTL).
     pub lease: Option<Duration>,
+    /// Isolation instead of the profile's (spawn); a child without one
+    /// takes its parent's.
+    pub isolation: Option<Isolation>,
 }
 
 /// A future returned by a [`SandboxListener`] hook.
@@ -796,7 +805,8 @@ impl SandboxManager {
             }
         }
         // Children are short-lived workers: caches would only cost disk.
-        if origin.parent.is_none() {
+        // The vm driver shares only /workspace into its guest.
+        if origin.parent.is_none() && profile.isolation == Isolation::Namespaces {
             mounts.extend(CACHE_VOLUMES.iter().map(|(sub, guest)| (volume.join(sub), guest.to_string(), false)));
         }
         for (dir, _, _) in &mounts {
@@ -842,6 +852,7 @@ impl SandboxManager {
             labels: labels.clone(),
             clone_from: origin.clone_from.clone(),
             files,
+            isolation: profile.isolation,
         };
         let t0 = Instant::now();
         let created =
@@ -901,7 +912,7 @@ impl SandboxManager {
     /// What `name` is created from `origin` with, and the project file. A
     /// child never takes a profile by its own name: it runs under its
     /// root's, with the spawn's image and size and its parent's network.
-    fn planned_profile(
+    pub(super) fn planned_profile(
         &self,
         name: &str,
         origin: &Origin,
@@ -913,7 +924,16 @@ impl SandboxManager {
         profile.cpus = origin.cpus.unwrap_or(profile.cpus);
         profile.memory_bytes = origin.memory_bytes.unwrap_or(profile.memory_bytes);
         if let Some(parent) = &origin.parent {
-            profile.network = Network::for_child(&self.get(parent)?.network);
+            let parent = self.get(parent)?;
+            profile.network = Network::for_child(&parent.network);
+            profile.isolation = parent.isolation;
+        }
+        // A clone runs where its source's layer is.
+        if let Some(source) = &origin.clone_from {
+            profile.isolation = self.get(source)?.isolation;
+        }
+        if let Some(isolation) = origin.isolation {
+            profile.isolation = isolation;
         }
         Ok((profile, project))
     }

@@ -126,6 +126,7 @@ pub(super) fn config_from_proto(spec: pb::VmSpec) -> Result<VmConfig, HelperErro
         labels: spec.labels.into_iter().collect(),
         clone_from: spec.clone_from,
         disk_bytes: spec.disk_bytes,
+        driver: spec.driver,
     })
 }
 
@@ -160,6 +161,7 @@ pub(super) fn vm_to_proto(vm: VmInfo) -> pb::Vm {
                 deny: c.network_policy.deny().iter().map(ToString::to_string).collect(),
             }),
             disk_bytes: c.disk_bytes,
+            driver: c.driver,
             files: Vec::new(),
         }),
         state: match vm.state {

@@ -73,7 +73,7 @@ pub fn status(e: HelperError) -> Status {
         HelperError::InvalidArgument { .. } | HelperError::ExecRejected(_) => Status::invalid_argument(msg),
         HelperError::VmNotFound(_) | HelperError::ImageNotFound(_) => Status::not_found(msg),
         HelperError::AlreadyExists(_) => Status::already_exists(msg),
-        HelperError::WrongState { .. } => Status::failed_precondition(msg),
+        HelperError::WrongState { .. } | HelperError::DriverUnusable { .. } => Status::failed_precondition(msg),
         HelperError::Unavailable(_) | HelperError::DialRefused { .. } | HelperError::AgentLost { .. } => {
             Status::unavailable(msg)
         }

@@ -81,6 +81,15 @@ impl VmManager {
             ));
         }
         config.image = image.name.clone();
+        // The copy is the source's layer as its driver keeps it.
+        if !config.driver.is_empty() && config.driver != source.driver.name() {
+            return Err(HelperError::invalid(
+                "spec.driver",
+                format!("must be empty or {:?}, the driver of vm {:?}", source.driver.name(), config.clone_from),
+            ));
+        }
+        config.driver = source.driver.name().into();
+        let driver = source.driver.clone();
         let _op = source.op.lock().await;
         let run = running(&source, "clone")?;
         let dir = vm_dir(&config.id);
@@ -95,7 +104,7 @@ impl VmManager {
         let registered = copied.and_then(|()| {
             share_mounts(&config, &image);
             let _store = self.images.lock();
-            self.register(config, image, dir.clone())
+            self.register(config, driver, image, dir.clone())
         });
         if registered.is_err() {
             let _ = crate::helper::driver::userns::remove_tree(&dir);

@@ -193,6 +193,7 @@ impl Job {
             ]),
             clone_from: None,
             files: Vec::new(),
+            isolation: Default::default(),
         };
         self.helper.create_vm(cfg).await?;
         self.vm = Some(id.clone());

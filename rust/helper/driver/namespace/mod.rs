@@ -98,6 +98,13 @@ impl NamespaceDriver {
         })
     }
 
+    /// Where VM cgroups go on this host, or why VMs run without limits:
+    /// shared with the other drivers, whose processes live in the same
+    /// per-VM groups.
+    pub fn cgroup_layout(&self) -> Result<cgroup::CgroupLayout, String> {
+        self.cgroups.clone().ok_or_else(|| self.no_limits.clone().unwrap_or_default())
+    }
+
     /// The id map of this helper's VMs (and of the images they can run),
     /// when it has one.
     pub fn id_mapper(&self) -> Option<&userns::IdMapper> {

@@ -95,3 +95,62 @@ pub fn upper_disk(path: &Path, size_bytes: u64) -> Result<(), QemuError> {
     }
     Ok(())
 }
+
+/// Makes the vm's writable disk at `path` (sparse, `size_bytes`) holding
+/// the `upper` and `work` dirs of the VM dir `vm_dir` at its root, where the
+/// guest's init expects them: files the helper placed there before the
+/// first boot (seeded files, a clone's copy of its source's layer) are in
+/// the VM from its start. mke2fs runs under the helper's id map, so the
+/// files keep the ids the sandbox sees, as the layer disks do.
+pub fn upper_disk_from(path: &Path, size_bytes: u64, vm_dir: &Path, mapper: &IdMapper) -> Result<(), QemuError> {
+    let failed = |detail: String| QemuError::Disk { what: path.display().to_string(), detail };
+    let f = std::fs::File::create(path).map_err(|e| QemuError::io(format!("create {}", path.display()), e))?;
+    f.set_len(size_bytes).map_err(|e| QemuError::io(format!("size {}", path.display()), e))?;
+    drop(f);
+    let (uid, gid) = mapper.id_map().host_root();
+    nix::unistd::chown(path, Some(uid.into()), Some(gid.into()))
+        .map_err(|e| failed(format!("chown the disk file to the namespace's root: {e}")))?;
+    // mke2fs copies a whole directory: the layer dirs move into one of
+    // their own for the copy (the VM dir also holds the disk itself).
+    let root = vm_dir.join("disk-root");
+    std::fs::create_dir_all(&root).map_err(|e| QemuError::io(format!("create {}", root.display()), e))?;
+    nix::unistd::chown(&root, Some(uid.into()), Some(gid.into()))
+        .map_err(|e| failed(format!("chown {}: {e}", root.display())))?;
+    let subs = ["upper", "work"];
+    let mut moved = Vec::new();
+    for sub in subs {
+        if std::fs::rename(vm_dir.join(sub), root.join(sub)).is_ok() {
+            moved.push(sub);
+        }
+    }
+    let mut cmd = Command::new("mke2fs");
+    cmd.args([
+        "-q",
+        "-F",
+        "-t",
+        "ext4",
+        "-m",
+        "0",
+        "-E",
+        "root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1",
+        "-d",
+    ])
+    .arg(&root)
+    .arg(path)
+    .env_clear()
+    .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+    let out = run_mapped(mapper, cmd);
+    for sub in moved {
+        let _ = std::fs::rename(root.join(sub), vm_dir.join(sub));
+    }
+    let _ = std::fs::remove_dir(&root);
+    let result = match out {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(failed(format!("{}: {}", o.status, String::from_utf8_lossy(&o.stderr).trim()))),
+        Err(e) => Err(failed(e.to_string())),
+    };
+    if result.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    result
+}

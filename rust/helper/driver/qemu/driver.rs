@@ -4,24 +4,37 @@
 //!
 //! What it does not do yet, refused with the reason: EGRESS networking,
 //! shares other than `/workspace`. CPUs and memory are the VM's own size
-//! (`-smp`, `-m`); no host cgroup is applied yet.
+//! (`-smp`, `-m`); qemu also runs in the sandbox's cgroup (the namespace
+//! driver's layout), which bounds what the host gives the whole VM.
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::assets::Assets;
 use super::instance::{BootSpec as QemuBoot, Instance as QemuInstance};
+use super::virtiofsd::VIRTIOFSD;
 use super::{Accel, disks, probe, snapshot};
 use crate::agent::mux::Mux;
 use crate::agent::protocol::{ExitStatus, Frame, StartSpec};
 use crate::helper::agent_link::Dialer;
+use crate::helper::driver::cgroup::{CgroupLayout, VmCgroup};
 use crate::helper::driver::userns::IdMapper;
-use crate::helper::driver::{BootSpec, Capabilities, Driver, DriverError, Exit, HostFacts, HostProcesses, Instance};
+use crate::helper::driver::{
+    BootSpec, Capabilities, Driver, DriverError, Exit, HostFacts, HostProcesses, Instance, Limits,
+};
 
 /// How long a TCG boot may take to the agent's first Pong.
 const BOOT_WAIT: Duration = Duration::from_secs(300);
 /// Size of a VM's writable disk (sparse; the disk quota's default).
 const UPPER_BYTES: u64 = 10 << 30;
+/// What qemu needs on the host beside the guest's memory, within the
+/// cgroup's memory limit: TCG's translated-code buffer alone may grow to
+/// 1 GiB (qemu's default on a host this size), and a limit below it would
+/// have the host kill qemu, not the guest its own processes.
+const QEMU_OVERHEAD_BYTES: u64 = 1 << 30;
+/// Host tasks per VM in its cgroup: qemu's threads (vCPUs, I/O) and
+/// virtiofsd's; the guest's own processes are the guest kernel's.
+const QEMU_PIDS: u32 = 512;
 
 /// The qemu driver of this helper.
 #[derive(Debug)]
@@ -33,6 +46,8 @@ pub struct QemuDriver {
     disk_cache: PathBuf,
     /// Per-VM sockets and consoles (short paths: sockets).
     run_root: PathBuf,
+    /// Where the per-VM cgroups go, or why VMs run without host limits.
+    cgroups: Result<CgroupLayout, String>,
 }
 
 impl QemuDriver {
@@ -51,7 +66,15 @@ impl QemuDriver {
             accel: tokio::sync::OnceCell::new(),
             disk_cache: super::assets::vm_dir().join("disks"),
             run_root: crate::paths::runtime_dir().join("qemu"),
+            cgroups: Err("no cgroup layout was given to the vm driver".into()),
         }
+    }
+
+    /// Runs each VM's qemu in a cgroup of `layout` (the namespace driver's),
+    /// or without host limits for the reason given.
+    pub fn with_cgroups(mut self, layout: Result<CgroupLayout, String>) -> Self {
+        self.cgroups = layout;
+        self
     }
 
     /// KVM or TCG, probed once.
@@ -72,16 +95,29 @@ impl Driver for QemuDriver {
     }
 
     fn unavailable_reason(&self) -> Option<String> {
-        self.assets.as_ref().err().or(self.mapper.as_ref().err()).cloned()
+        if let Some(reason) = self.assets.as_ref().err().or(self.mapper.as_ref().err()) {
+            return Some(reason.clone());
+        }
+        if !on_path(super::QEMU) {
+            return Some(format!("{} is not installed: {}", super::QEMU, super::INSTALL_HINT));
+        }
+        // Every sandbox shares its /workspace through it.
+        if !Path::new(VIRTIOFSD).is_file() {
+            return Some(format!("{VIRTIOFSD} is missing: {}", super::INSTALL_HINT));
+        }
+        None
     }
 
     fn capabilities(&self) -> Capabilities {
+        let cgroups = self.cgroups.as_ref().ok();
         Capabilities {
             tty: true,
             own_kernel: true,
             dial: true,
             snapshot: true,
             containers: true,
+            limits: cgroups.is_some(),
+            cgroups: cgroups.map(CgroupLayout::capability),
             ..Capabilities::default()
         }
     }
@@ -110,8 +146,28 @@ impl Driver for QemuDriver {
         .await
         .map_err(|e| DriverError::InitFailed(format!("layer disks: {e}")))?
         .map_err(|e| DriverError::InitFailed(e.to_string()))?;
+        // Made at the first boot from the layer dir the helper prepared
+        // (seeded files, a clone's copy), then kept: the writable layer
+        // survives a stop as on the namespace driver.
         let upper = spec.dir.join("upper.ext4");
-        disks::upper_disk(&upper, UPPER_BYTES).map_err(|e| DriverError::InitFailed(e.to_string()))?;
+        if !upper.exists() {
+            let (disk, dir, m) = (upper.clone(), spec.dir.clone(), mapper.clone());
+            tokio::task::spawn_blocking(move || disks::upper_disk_from(&disk, UPPER_BYTES, &dir, &m))
+                .await
+                .map_err(|e| DriverError::InitFailed(format!("writable disk: {e}")))?
+                .map_err(|e| DriverError::InitFailed(e.to_string()))?;
+        }
+        let cgroup = match &self.cgroups {
+            Ok(layout) => Some(layout.create(
+                &spec.id,
+                Limits {
+                    cpus: spec.limits.cpus,
+                    memory_bytes: spec.limits.memory_bytes.max(256 << 20) + QEMU_OVERHEAD_BYTES,
+                    pids: QEMU_PIDS,
+                },
+            )?),
+            Err(_) => None,
+        };
         let run_dir = self.run_root.join(&spec.id);
         let boot = QemuBoot {
             hostname: &spec.hostname,
@@ -124,9 +180,18 @@ impl Driver for QemuDriver {
             cpus: spec.limits.cpus.max(1),
             memory_mib: (spec.limits.memory_bytes >> 20).max(256),
             mapper,
-            cgroup: None,
+            cgroup: cgroup.as_ref(),
         };
-        let (vm, transport) = QemuInstance::boot(boot).await.map_err(|e| DriverError::InitFailed(e.to_string()))?;
+        let booted = QemuInstance::boot(boot).await;
+        let (vm, transport) = match booted {
+            Ok(booted) => booted,
+            Err(e) => {
+                if let Some(cg) = &cgroup {
+                    cg.remove();
+                }
+                return Err(DriverError::InitFailed(e.to_string()));
+            }
+        };
         let mux = Mux::open_side(transport);
         let mut ping = mux.open(Frame::Ping)?;
         match tokio::time::timeout(BOOT_WAIT, ping.next()).await {
@@ -144,8 +209,19 @@ impl Driver for QemuDriver {
             vm: Mutex::new(Some(vm)),
             mapper: mapper.clone(),
             run_dir,
+            limits_not_enforced: self.cgroups.as_ref().err().cloned().unwrap_or_default(),
+            cgroup,
         }))
     }
+}
+
+/// Whether `program` is an executable file in a directory of `PATH`.
+fn on_path(program: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).any(|dir| {
+        std::fs::metadata(dir.join(program)).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    })
 }
 
 /// One booted vm.
@@ -157,6 +233,10 @@ pub struct VmInstance {
     vm: Mutex<Option<QemuInstance>>,
     mapper: IdMapper,
     run_dir: PathBuf,
+    /// Why qemu runs without a cgroup; empty when it has one.
+    limits_not_enforced: String,
+    /// The VM's cgroup, holding qemu.
+    cgroup: Option<VmCgroup>,
 }
 
 impl std::fmt::Debug for VmInstance {
@@ -254,7 +334,7 @@ impl Instance for VmInstance {
     }
 
     fn limits_not_enforced(&self) -> String {
-        "the vm driver sizes the VM (cpus, memory) but applies no host cgroup yet".into()
+        self.limits_not_enforced.clone()
     }
 
     fn host_processes(&self) -> Option<HostProcesses> {
@@ -263,5 +343,8 @@ impl Instance for VmInstance {
 
     fn cleanup(&self) {
         let _ = std::fs::remove_dir_all(&self.run_dir);
+        if let Some(cg) = &self.cgroup {
+            cg.remove();
+        }
     }
 }
