@@ -39,8 +39,9 @@ def test_spawn_defaults_overrides_and_children(server_factory):
         "  Parent: default",
         f"  Image: {IMAGE}",
         "  Resources: 2 CPUs, 512MB",
+        "  Isolation: namespaces",
     ], text
-    assert re.fullmatch(r"  TTL: (29\d|300)s remaining", lines[4]), text
+    assert re.fullmatch(r"  TTL: (29\d|300)s remaining", lines[5]), text
 
     text, err = spawn(srv, name="kid", cpus=5, memory="256M")
     assert not err and "  Resources: 2 CPUs, 256MB" in text, text

@@ -22,8 +22,9 @@ def test_status_and_list_all(server):
     assert any(line.startswith("Image:    ") for line in lines)
     text, _ = server.tool("list_all")
     rows = text.split("\n")
-    assert rows[0].split() == ["Name", "Container", "Shell", "Idle", "Resources", "Project"]
-    assert rows[1] == "─" * 90
+    assert rows[0].split() == ["Name", "Container", "Shell", "Idle", "Resources", "Isolation", "Project"]
+    assert rows[1] == "─" * 102
+    assert rows[2].split()[5] == "namespaces", rows[2]
     assert rows[2].split()[0] == "default" and rows[2].split()[2] == "alive"
 
 

@@ -32,7 +32,7 @@ def test_health(server):
     assert not err
     lines = text.split("\n")
     assert lines[0] == "2 sandbox(es), 0 issue(s)", text
-    assert re.match(r"^b:  shell=ok  disk=\d+%.*  mem=\d+%  quota=\d+%  up=\d+m\d+s  procs=\d+$", lines[1]), lines[1]
+    assert re.match(r"^b:  shell=ok  isolation=namespaces  disk=\d+%.*  mem=\d+%  quota=\d+%  up=\d+m\d+s  procs=\d+$", lines[1]), lines[1]
 
 
 def test_stats_and_health_show_a_disk_quota_stop(server_factory, env):

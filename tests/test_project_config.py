@@ -53,7 +53,7 @@ def test_validate_config_lists_every_problem(srv, roots):
     lines = text.split("\n")
     assert lines[0] == f"Error: {path.resolve()} has 6 problem(s):", text
     for want in [
-        "  foo is not supported (allowed: image, cpus, memory, network, disk, trust_host_ca, env, sync, services)",
+        "  foo is not supported (allowed: image, cpus, memory, network, disk, trust_host_ca, isolation, env, sync, services)",
         "  memory: invalid memory size 'lots' (use e.g. 512M or 2G)",
         '  network: must be "egress", "none" or a table { allow = [...], deny = [...] }, not "wifi"',
         "  services: expected a list of non-empty command strings",

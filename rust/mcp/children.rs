@@ -27,6 +27,10 @@ pub struct SpawnParams {
     /// Memory like `256M` or `1G`; empty: the policy's per-child maximum.
     #[serde(default)]
     pub memory: String,
+    /// `namespaces` (shares the host's kernel, fast) or `vm` (a microVM with its own kernel); empty: the
+    /// parent's. The parent's spawn policy may restrict it (`allowed_isolation`).
+    #[serde(default)]
+    pub isolation: String,
 }
 
 /// Parameters of `children`.
@@ -50,6 +54,7 @@ fn spawned_text(parent: &str, c: &Sandbox) -> String {
         format!("  Parent: {}", names::display(parent)),
         format!("  Image: {}", c.image),
         format!("  Resources: {} CPUs, {}MB", c.cpus, c.memory_bytes >> 20),
+        format!("  Isolation: {}", c.isolation),
     ];
     if let Some(left) = c.lease_remaining() {
         lines.push(format!("  TTL: {}s remaining", left.as_secs()));
@@ -79,7 +84,7 @@ impl SandboxServer {
         annotations(destructive_hint = false, idempotent_hint = false, open_world_hint = false)
     )]
     async fn spawn(&self, Parameters(p): Parameters<SpawnParams>) -> Result<CallToolResult, rmcp::ErrorData> {
-        let req = SpawnRequest { image: p.image, name: p.name, cpus: p.cpus, memory: p.memory };
+        let req = SpawnRequest { image: p.image, name: p.name, cpus: p.cpus, memory: p.memory, isolation: p.isolation };
         match self.spawns.spawn(&p.parent, &req).await {
             Ok(child) => ok(spawned_text(&p.parent, &child)),
             Err(e) => fail(format!("{}: {e}", e.class())),

@@ -247,6 +247,7 @@ pub fn status_line(s: &Sandbox, alive: bool, unlimited: Option<&str>) -> String 
         format!("shell:{}", if alive { "alive" } else { "dead" }),
         format!("idle:{}s", s.idle().as_secs()),
         format!("{}cpu/{}", s.cpus, memory(s.memory_bytes)),
+        format!("isolation:{}", s.isolation),
     ];
     if let Some(parent) = &s.parent {
         fields.push(format!("parent:{}", names::display(parent)));
@@ -335,20 +336,21 @@ pub fn status_blocks(
 pub fn list_table(rows: &[(std::sync::Arc<Sandbox>, bool)]) -> String {
     let mut out = vec![
         format!(
-            "{:<12}  {:<16}  {:<6}  {:>8}  {:<10}  {}",
-            "Name", "Container", "Shell", "Idle", "Resources", "Project"
+            "{:<12}  {:<16}  {:<6}  {:>8}  {:<10}  {:<10}  {}",
+            "Name", "Container", "Shell", "Idle", "Resources", "Isolation", "Project"
         ),
-        "─".repeat(90),
+        "─".repeat(102),
     ];
     for (s, alive) in rows {
         let dir = s.project_dir.as_ref().map(|d| d.display().to_string()).unwrap_or_else(|| "(before projects)".into());
         out.push(format!(
-            "{:<12}  {:<16}  {:<6}  {:>8}  {:<10}  {}:{} {dir}",
+            "{:<12}  {:<16}  {:<6}  {:>8}  {:<10}  {:<10}  {}:{} {dir}",
             s.shown(),
             s.shown(),
             if *alive { "alive" } else { "dead" },
             format!("{}s", s.idle().as_secs()),
             format!("{}cpu/{}", s.cpus, memory(s.memory_bytes)),
+            s.isolation.as_str(),
             s.project_id(),
             s.plain()
         ));
@@ -505,7 +507,11 @@ pub fn health(rows: &[(std::sync::Arc<Sandbox>, Observation)]) -> String {
     let mut issues = 0;
     let mut lines = Vec::new();
     for (s, obs) in rows {
-        let mut fields = vec![format!("{}:", s.shown()), format!("shell={}", if obs.alive { "ok" } else { "DEAD" })];
+        let mut fields = vec![
+            format!("{}:", s.shown()),
+            format!("shell={}", if obs.alive { "ok" } else { "DEAD" }),
+            format!("isolation={}", s.isolation),
+        ];
         if !obs.alive {
             issues += 1;
         }

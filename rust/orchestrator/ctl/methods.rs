@@ -129,6 +129,7 @@ pub(super) async fn call(
                 name: string(params, "name")?,
                 cpus: cpus(params)?,
                 memory: string(params, "memory")?,
+                isolation: string(params, "isolation")?,
             };
             let child = spawns.spawn(parent, &req).await?;
             let mut out = child_json(&child);

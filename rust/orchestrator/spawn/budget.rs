@@ -9,6 +9,7 @@ use super::{
     policy::{MIN_CHILD_MEMORY_MB, parse_child_memory},
 };
 use crate::orchestrator::{
+    isolation::Isolation,
     names::{self, ChildNameError, child_name},
     sandbox::Sandbox,
 };
@@ -38,6 +39,8 @@ pub(super) struct Plan {
     pub(super) memory_mb: u64,
     /// Seconds the child lives; 0: no limit.
     pub(super) ttl: u64,
+    /// The helper driver it runs on.
+    pub(super) isolation: Isolation,
     /// The child's own policy, if it may spawn grandchildren.
     derived: Option<super::SpawnPolicy>,
 }
@@ -126,6 +129,18 @@ impl SpawnManager {
                 names::plain(parent)
             )));
         }
+        let isolation = if req.isolation.is_empty() {
+            parent_sb.isolation
+        } else {
+            Isolation::parse(&req.isolation).map_err(|e| SpawnError::Value(format!("isolation {e}")))?
+        };
+        if !policy.allows_isolation(isolation) {
+            return Err(SpawnError::Permission(format!(
+                "Isolation '{isolation}' not allowed for children of '{}' (allowed: {})",
+                names::plain(parent),
+                policy.allowed_isolation.join(", ")
+            )));
+        }
         let cpus = if req.cpus == 0 { i64::from(policy.child_max_cpus) } else { req.cpus };
         let cpus = cpus.min(i64::from(policy.child_max_cpus));
         if cpus < 1 {
@@ -190,7 +205,10 @@ impl SpawnManager {
         let derived = (policy.child_can_spawn && generation < MAX_SPAWN_GENERATION).then(|| policy.derive(None));
         book.reservations.insert(name.clone(), Reservation { parent: parent.to_string(), root, cpus, memory_mb });
         drop(book);
-        Ok(Reserved { manager: self, plan: Plan { name, image, cpus, memory_mb, ttl: policy.child_ttl, derived } })
+        Ok(Reserved {
+            manager: self,
+            plan: Plan { name, image, cpus, memory_mb, ttl: policy.child_ttl, isolation, derived },
+        })
     }
 }
 

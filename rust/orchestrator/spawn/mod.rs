@@ -84,6 +84,8 @@ pub struct SpawnRequest {
     pub cpus: i64,
     /// Memory like `256M` (empty: the policy's child_max_memory).
     pub memory: String,
+    /// `namespaces` or `vm` (empty: the parent's).
+    pub isolation: String,
 }
 
 /// The spawn bookkeeping the state file keeps (field names as state.json v2).
@@ -206,6 +208,7 @@ impl SpawnManager {
             memory_bytes: Some(plan.memory_mb << 20),
             parent: Some(parent.to_string()),
             lease: (plan.ttl > 0).then(|| Duration::from_secs(plan.ttl)),
+            isolation: Some(plan.isolation),
             ..Origin::default()
         };
         let child = self.sandboxes.create(&plan.name, &origin).await?;

@@ -3,7 +3,7 @@
 //! file; a child allowed to spawn gets a derived, halved policy.
 use serde::{Deserialize, Serialize};
 
-use crate::orchestrator::{config::invalid, error::OrchestratorError};
+use crate::orchestrator::{config::invalid, error::OrchestratorError, isolation::Isolation};
 
 /// Smallest child memory in MiB.
 pub const MIN_CHILD_MEMORY_MB: u64 = 64;
@@ -37,6 +37,9 @@ pub struct SpawnPolicy {
     pub child_allow_port_forward: bool,
     /// Whether the sandbox gets `sandbox-ctl` and its socket.
     pub inject_ctl: bool,
+    /// Isolations children may ask for (`namespaces`, `vm`); empty: any.
+    #[serde(default)]
+    pub allowed_isolation: Vec<String>,
 }
 
 /// `[spawn_policies.<name>]` as written; absent keys take the built-in values.
@@ -55,6 +58,7 @@ pub(in crate::orchestrator) struct SpawnPolicyFile {
     child_network_peers: Option<String>,
     child_allow_port_forward: Option<bool>,
     inject_ctl: Option<bool>,
+    allowed_isolation: Option<Vec<String>>,
 }
 
 /// Parse a child memory size as the reference does: `^\d+\s*[MmGg][Bb]?$`,
@@ -87,7 +91,13 @@ impl SpawnPolicy {
             child_network_peers: "family".to_string(),
             child_allow_port_forward: false,
             inject_ctl: false,
+            allowed_isolation: Vec::new(),
         }
+    }
+
+    /// Whether children may run with `isolation`.
+    pub fn allows_isolation(&self, isolation: Isolation) -> bool {
+        self.allowed_isolation.is_empty() || self.allowed_isolation.iter().any(|i| i == isolation.as_str())
     }
 
     /// A policy from the config file, `key` naming it in errors.
@@ -110,6 +120,7 @@ impl SpawnPolicy {
             child_network_peers: f.child_network_peers.clone().unwrap_or(b.child_network_peers),
             child_allow_port_forward: f.child_allow_port_forward.unwrap_or(b.child_allow_port_forward),
             inject_ctl: f.inject_ctl.unwrap_or(b.inject_ctl),
+            allowed_isolation: f.allowed_isolation.clone().unwrap_or(b.allowed_isolation),
         };
         let at = |field: &str| format!("{key}.{field}");
         if p.child_max_cpus == 0 {
@@ -123,6 +134,9 @@ impl SpawnPolicy {
                     format!("'{}' is not a size of at least 64M (e.g. 512M, 1G)", p.child_max_memory),
                 ));
             }
+        }
+        for isolation in &p.allowed_isolation {
+            Isolation::parse(isolation).map_err(|e| invalid(&at("allowed_isolation"), e))?;
         }
         for image in &p.allowed_images {
             crate::image::validate_name(image).map_err(|e| invalid(&at("allowed_images"), e))?;
@@ -162,6 +176,7 @@ impl SpawnPolicy {
             child_network_peers: self.child_network_peers.clone(),
             child_allow_port_forward: false,
             inject_ctl: false,
+            allowed_isolation: self.allowed_isolation.clone(),
         }
     }
 }
@@ -196,6 +211,11 @@ mod tests {
         assert!(parse("child_max_cpus = 0\n").unwrap_err().contains("child_max_cpus"));
         assert!(parse("allowed_images = [\"../x\"]\n").unwrap_err().contains("allowed_images"));
         assert!(parse("max_total = -1\n").is_err());
+        let e = parse("allowed_isolation = [\"kvm\"]\n").unwrap_err();
+        assert!(e.contains("spawn_policies.p.allowed_isolation") && e.contains("\"namespaces\" or \"vm\""), "{e}");
+        let vm_only = parse("allowed_isolation = [\"vm\"]\n").unwrap();
+        assert!(vm_only.allows_isolation(Isolation::Vm) && !vm_only.allows_isolation(Isolation::Namespaces));
+        assert!(parse("").unwrap().allows_isolation(Isolation::Namespaces));
         for peers in ["none", "family", "all"] {
             assert!(parse(&format!("child_network_peers = \"{peers}\"\n")).is_ok());
         }

@@ -11,7 +11,9 @@
 //! ids the sandbox sees (0 for its root), not the shifted host ids the
 //! layer has on the host.
 use std::hash::{Hash as _, Hasher as _};
+use std::os::fd::AsRawFd as _;
 use std::os::unix::fs::MetadataExt as _;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -123,23 +125,41 @@ pub fn upper_disk_from(path: &Path, size_bytes: u64, vm_dir: &Path, mapper: &IdM
             moved.push(sub);
         }
     }
-    let mut cmd = Command::new("mke2fs");
-    cmd.args([
-        "-q",
-        "-F",
-        "-t",
-        "ext4",
-        "-m",
-        "0",
-        "-E",
-        "root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1",
-        "-d",
-    ])
-    .arg(&root)
-    .arg(path)
-    .env_clear()
-    .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
-    let out = run_mapped(mapper, cmd);
+    // The namespace's root may not pass through the helper's state dir
+    // (0700): mke2fs gets both by open fds, which it reopens through
+    // /proc/self/fd by the files' own permissions.
+    let opened = std::fs::File::open(&root).and_then(|dir| {
+        let disk = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+        Ok((dir, disk))
+    });
+    let out = match opened {
+        Ok((dir, disk)) => {
+            let fds = [dir.as_raw_fd(), disk.as_raw_fd()];
+            let mut cmd = Command::new("mke2fs");
+            // SAFETY: fcntl on fds we own, between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    for fd in fds {
+                        if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    }
+                    Ok(())
+                });
+            }
+            cmd.args(["-q", "-F", "-t", "ext4", "-m", "0", "-E"])
+                .arg("root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1")
+                .arg("-d")
+                .arg(format!("/proc/self/fd/{}", fds[0]))
+                .arg(format!("/proc/self/fd/{}", fds[1]))
+                .env_clear()
+                .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+            let out = run_mapped(mapper, cmd);
+            drop((dir, disk));
+            out
+        }
+        Err(e) => Err(crate::helper::driver::DriverError::io(format!("open {}", root.display()), e)),
+    };
     for sub in moved {
         let _ = std::fs::rename(root.join(sub), vm_dir.join(sub));
     }

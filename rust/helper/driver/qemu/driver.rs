@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use super::assets::Assets;
 use super::instance::{BootSpec as QemuBoot, Instance as QemuInstance};
+use super::share::Share;
 use super::virtiofsd::VIRTIOFSD;
 use super::{Accel, disks, probe, snapshot};
 use crate::agent::mux::Mux;
@@ -168,6 +169,10 @@ impl Driver for QemuDriver {
             )?),
             Err(_) => None,
         };
+        let share = match &workspace {
+            Some(host) => Some(Share::of(host, &spec.id).map_err(|e| DriverError::InitFailed(e.to_string()))?),
+            None => None,
+        };
         let run_dir = self.run_root.join(&spec.id);
         let boot = QemuBoot {
             hostname: &spec.hostname,
@@ -176,7 +181,7 @@ impl Driver for QemuDriver {
             accel: &accel,
             layers,
             upper,
-            workspace,
+            workspace: share.as_ref().map(|s| s.path().to_path_buf()),
             cpus: spec.limits.cpus.max(1),
             memory_mib: (spec.limits.memory_bytes >> 20).max(256),
             mapper,
@@ -211,6 +216,7 @@ impl Driver for QemuDriver {
             run_dir,
             limits_not_enforced: self.cgroups.as_ref().err().cloned().unwrap_or_default(),
             cgroup,
+            share: Mutex::new(share),
         }))
     }
 }
@@ -237,6 +243,8 @@ pub struct VmInstance {
     limits_not_enforced: String,
     /// The VM's cgroup, holding qemu.
     cgroup: Option<VmCgroup>,
+    /// Its workspace's mount for virtiofsd, released at cleanup.
+    share: Mutex<Option<Share>>,
 }
 
 impl std::fmt::Debug for VmInstance {
@@ -343,6 +351,7 @@ impl Instance for VmInstance {
 
     fn cleanup(&self) {
         let _ = std::fs::remove_dir_all(&self.run_dir);
+        drop(self.share.lock().unwrap_or_else(PoisonError::into_inner).take());
         if let Some(cg) = &self.cgroup {
             cg.remove();
         }

@@ -12,6 +12,7 @@
 //! - [`disks`]: the image's layers as read-only ext4 disks and the VM's
 //!   writable disk.
 //! - [`virtiofsd`]: the daemon serving `/workspace`.
+//! - [`share`]: where a root helper's virtiofsd reaches `/workspace`.
 //! - [`instance`]: boot, transport, stop, kill, wait.
 //! - [`driver`]: the `vm` driver behind the helper's driver seam.
 //! - [`snapshot`]: the writable layer as a layer of the image store.
@@ -26,6 +27,7 @@ pub mod driver;
 pub mod instance;
 pub mod probe;
 pub mod qmp;
+pub mod share;
 pub mod snapshot;
 pub mod virtiofsd;
 

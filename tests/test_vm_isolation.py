@@ -1,0 +1,150 @@
+"""`isolation = "vm"` end to end (issue 12): an agent asks for a VM through the real MCP tools and gets a
+qemu microVM with its own kernel, its /workspace on the host volume, a killed qemu reported and recovered by
+`reset`; a spawned child can ask for one too.
+
+The vm driver needs qemu and the guest kernel and initramfs built for the helper under test (`make test`
+builds them into SANDBOX_MCP_VM_DIR; an ordinary user's `make vm` into its data dir): without them these tests
+skip, saying which is missing. Each VM boots under TCG here (seconds), so the always-run cases boot few.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import required_env, volume_dir, write_config
+from waiting import poll
+
+# Long enough for a TCG boot on a loaded machine, and the first build of the image's layer disk.
+VM_CALL_TIMEOUT = 300.0
+QEMU = "qemu-system-x86_64"
+VM_PROJECT = 'isolation = "vm"\nnetwork = "none"\n'
+
+
+def vm_dir() -> Path:
+    """Where the vm assets are: SANDBOX_MCP_VM_DIR, else the user's data dir (as the helper looks)."""
+    configured = os.environ.get("SANDBOX_MCP_VM_DIR")
+    if configured:
+        return Path(configured)
+    data = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
+    return Path(data) / "sandbox-mcp" / "vm"
+
+
+def missing_vm_driver() -> str | None:
+    """Why the vm driver cannot run here, or None."""
+    if shutil.which(QEMU) is None:
+        return f"{QEMU} is not installed (make vm)"
+    d = vm_dir()
+    if not (d / "vmlinux").is_file() or not (d / "kernel.release").is_file():
+        return f"no guest kernel in {d} (make vm-assets)"
+    notes = subprocess.run(["readelf", "-n", required_env("SANDBOX_VM_HELPER_BIN")], capture_output=True, text=True)
+    build_id = next((line.split()[-1] for line in notes.stdout.splitlines() if "Build ID:" in line), "")
+    if not (d / f"initramfs-{build_id}.cpio.gz").is_file():
+        return f"no initramfs for the helper under test (build id {build_id}) in {d} (make vm-assets)"
+    return None
+
+
+needs_vm = pytest.mark.skipif(missing_vm_driver() is not None, reason=str(missing_vm_driver()))
+
+
+def vm_server(front_end, roots: Path, **extra_env: str):
+    """A stdio front-end serving `roots` whose helper finds the vm assets."""
+    return front_end(SANDBOX_MCP_HOST_ROOTS=str(roots), SANDBOX_MCP_VM_DIR=str(vm_dir()), **extra_env)
+
+
+def run(client, command: str, sandbox: str = "default") -> str:
+    """The output of `command`, without exec's closing `(N ms)` line."""
+    out, err = client.tool("exec", _timeout=VM_CALL_TIMEOUT, command=command, sandbox=sandbox)
+    assert not err, out
+    return out.rsplit("(", 1)[0]
+
+
+def qemu_pids(env: dict[str, str]) -> list[int]:
+    """The qemu processes of this test's helper: their sockets live in its runtime dir."""
+    mine = env["XDG_RUNTIME_DIR"].encode()
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(QEMU.encode()) and any(mine in a for a in argv):
+            pids.append(int(d.name))
+    return pids
+
+
+@needs_vm
+def test_a_vm_sandbox_from_the_project_file(front_end, roots, env):
+    (roots / ".sandbox-mcp.toml").write_text(VM_PROJECT)
+    client = vm_server(front_end, roots)
+    release = (vm_dir() / "kernel.release").read_text().strip()
+    assert release != os.uname().release
+    assert run(client, "uname -r").strip() == release
+
+    text, err = client.tool("write_file", path="/workspace/note.txt", content="from the agent\n")
+    assert not err, text
+    text, err = client.tool("read_file", path="/workspace/note.txt")
+    assert not err and "from the agent" in text, text
+    assert run(client, "cat /workspace/note.txt; echo made-inside > /workspace/inside.txt") == "from the agent\n"
+    workspace = volume_dir(env, "default", roots) / "workspace"
+    assert (workspace / "note.txt").read_text() == "from the agent\n"
+    assert (workspace / "inside.txt").read_text() == "made-inside\n"
+
+    status, _ = client.tool("status")
+    assert "isolation:vm" in status, status
+    table, _ = client.tool("list_all")
+    assert table.split("\n")[2].split()[5] == "vm", table
+    health, _ = client.tool("health")
+    assert "isolation=vm" in health, health
+
+    # Killing qemu from outside is reported, and `reset` brings the sandbox back with its /workspace.
+    pids = qemu_pids(env)
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signal.SIGKILL)
+    # The helper's watchdog reports it as lost, with the helper's reason.
+    gone = poll(lambda: client.tool("exec", _timeout=VM_CALL_TIMEOUT, command="true"),
+                lambda r: r[1] and "qemu was killed" in r[0], timeout=30)
+    assert gone, client.tool("exec", command="true")
+    text, err = client.tool("reset", _timeout=VM_CALL_TIMEOUT)
+    assert not err, text
+    assert run(client, "cat /workspace/inside.txt; uname -r") == f"made-inside\n{release}\n"
+
+
+def test_isolation_errors_name_the_setting_and_the_fix(front_end, roots, env):
+    # This helper finds no vm assets (its data dir is the test's own): the vm driver is listed, unusable.
+    write_config(env, '[profiles.net]\nisolation = "vm"\n[profiles.bare]\nisolation = "vm"\nnetwork = "none"\n')
+    client = front_end(SANDBOX_MCP_HOST_ROOTS=str(roots))
+    text, err = client.tool("exec", command="true", sandbox="net")
+    assert err and 'network egress (network = "egress") is not available: the VM helper\'s "vm" driver does not ' \
+        'support it (it works with isolation = "namespaces")' in text, text
+    text, err = client.tool("exec", command="true", sandbox="bare")
+    assert err and "the vm driver is not usable here: no vm kernel in" in text and "make vm" in text, text
+    (roots / ".sandbox-mcp.toml").write_text('isolation = "gvisor"\n')
+    text, err = client.tool("exec", command="true")
+    assert err and 'isolation: must be "namespaces" or "vm", not "gvisor"' in text, text
+    text, err = client.tool("validate_config")
+    assert err and '  isolation: must be "namespaces" or "vm", not "gvisor"' in text, text
+
+
+@needs_vm
+def test_a_child_asks_for_a_vm_within_its_parents_policy(front_end, roots, env):
+    write_config(env, '[defaults]\nnetwork = "none"\n[spawn_policies.default]\n'
+                      '[spawn_policies.strict]\nallowed_isolation = ["namespaces"]\n')
+    client = vm_server(front_end, roots)
+    assert run(client, "uname -r").strip() == os.uname().release
+    run(client, "true", sandbox="strict")
+    text, err = client.tool("spawn", parent="strict", isolation="vm")
+    assert err and "Isolation 'vm' not allowed for children of 'strict' (allowed: namespaces)" in text, text
+    text, err = client.tool("spawn", _timeout=VM_CALL_TIMEOUT, name="kid", isolation="vm")
+    assert not err and "  Isolation: vm" in text, text
+    release = (vm_dir() / "kernel.release").read_text().strip()
+    assert run(client, "uname -r", sandbox="default..kid").strip() == release
+    # Its own child takes its isolation unless told.
+    status, _ = client.tool("status")
+    assert "isolation:vm" in next(line for line in status.splitlines() if "default..kid" in line), status
