@@ -8,7 +8,7 @@ Heavy (a vm sandbox under TCG, dockerd in the guest): build a `FROM scratch`
 image of the sandbox image's static busybox (no registry is reachable), run,
 exec, logs, ps, images, compose up/ps/down, cleanup, and a privileged
 container with the VM's root bound in, which sees the VM, not the host. It
-needs the vm assets (`SANDBOX_MCP_VM_DIR`, `make vm-assets`) and the docker
+needs the vm driver (as tests/test_vm_isolation.py finds it) and the docker
 test image (`make test-image-docker`) and skips, saying which, without them.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import shared_image_store, write_config
+from test_vm_isolation import missing_vm_driver, vm_dir
 
 TOOLS = {
     "docker_build": {"context_path": ".", "image_tag": "app:1"},
@@ -82,12 +83,12 @@ def test_bad_arguments_are_refused_naming_the_argument(front_end, tool, args, ar
 
 def vm_requirements() -> dict[str, str]:
     """The environment a vm sandbox with Docker needs, or a skip naming what is missing."""
-    vm_dir = os.environ.get("SANDBOX_MCP_VM_DIR", "")
-    if not vm_dir or not (Path(vm_dir) / "vmlinux").is_file():
-        pytest.skip("no vm assets: set SANDBOX_MCP_VM_DIR to a directory `make vm-assets` built")
+    why = missing_vm_driver()
+    if why:
+        pytest.skip(why)
     if not (Path(shared_image_store()) / DOCKER_IMAGE / "image.json").is_file():
         pytest.skip(f"no image {DOCKER_IMAGE} in the test image store: run `make test-image-docker`")
-    return {"SANDBOX_MCP_VM_DIR": vm_dir, "SANDBOX_MCP_DEFAULT_IMAGE": DOCKER_IMAGE}
+    return {"SANDBOX_MCP_VM_DIR": str(vm_dir()), "SANDBOX_MCP_DEFAULT_IMAGE": DOCKER_IMAGE}
 
 
 def ok(server, tool: str, **args) -> str:
