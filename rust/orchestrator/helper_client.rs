@@ -1139,7 +1139,8 @@ mod tests {
         let e = f.require(f.snapshot, "snapshotting a running sandbox").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "snapshotting a running sandbox is not available: the VM helper's \"vm\" driver does not support it"
+            "snapshotting a running sandbox is not available: the VM helper's \"vm\" driver does not support it \
+             (it works with isolation = \"namespaces\")"
         );
         assert!(f.require(f.dial, "port forwarding").is_ok());
         let old = pb::GetInfoResponse {
