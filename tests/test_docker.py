@@ -79,6 +79,17 @@ def test_bad_arguments_are_refused_naming_the_argument(front_end, tool, args, ar
     assert text.startswith("No active sandboxes"), text
 
 
+def test_read_only_docker_tools_never_create_a_sandbox(env, front_end):
+    """On a sandbox that would be a vm, the tools that only read or act on
+    what exists answer that there is no such sandbox and boot nothing."""
+    write_config(env, '[defaults]\nisolation = "vm"\nnetwork = "none"\n')
+    server = front_end()
+    for tool in ("docker_exec", "docker_logs", "docker_ps", "docker_images", "docker_cleanup"):
+        text, err = server.call(tool, sandbox="ghost", **TOOLS[tool])
+        assert err and text == "Error: no active sandbox 'ghost'", f"{tool}: {text}"
+    assert server.call("status")[0].startswith("No active sandboxes"), server.call("status")[0]
+
+
 # ---------------------------------------------------------------- vm sandbox
 
 def vm_requirements() -> dict[str, str]:

@@ -220,9 +220,6 @@ impl SandboxServer {
             Ok(c) => c,
             Err(e) => return fail(e),
         };
-        if let Err(e) = self.manager.check_containers(sandbox) {
-            return fail(e);
-        }
         let mut texts = Vec::new();
         let mut last = None;
         for cmd in &commands {

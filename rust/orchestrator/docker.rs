@@ -67,11 +67,19 @@ pub struct DockerCommand {
     pub cwd: String,
     /// Wall-clock limit.
     pub timeout: Duration,
+    /// Whether it may create the sandbox on first use (build, run,
+    /// compose); the others only read or act on what exists, and, like
+    /// every read-only tool, never create one.
+    pub creates_sandbox: bool,
 }
 
 impl DockerCommand {
     fn new(args: Vec<String>, timeout: Duration) -> Self {
-        Self { args, cwd: WORKSPACE.to_string(), timeout }
+        Self { args, cwd: WORKSPACE.to_string(), timeout, creates_sandbox: false }
+    }
+
+    fn creating(self) -> Self {
+        Self { creates_sandbox: true, ..self }
     }
 
     /// The command as a shell would read it (`docker build -t app .`), for
@@ -373,7 +381,7 @@ pub fn build(r: &BuildRequest) -> Result<DockerCommand, OrchestratorError> {
         args.push("--no-cache".into());
     }
     args.push(context);
-    Ok(DockerCommand::new(args, BUILD_TIMEOUT))
+    Ok(DockerCommand::new(args, BUILD_TIMEOUT).creating())
 }
 
 /// `docker run`.
@@ -414,7 +422,7 @@ pub fn run(r: &RunRequest) -> Result<DockerCommand, OrchestratorError> {
         let words = shlex::split(c).ok_or_else(|| invalid("command", "has an unclosed quote or a trailing '\\'"))?;
         args.extend(words);
     }
-    Ok(DockerCommand::new(args, RUN_TIMEOUT))
+    Ok(DockerCommand::new(args, RUN_TIMEOUT).creating())
 }
 
 /// `docker exec CONTAINER sh -c COMMAND`.
@@ -493,14 +501,14 @@ pub fn compose(r: &ComposeRequest) -> Result<DockerCommand, OrchestratorError> {
             let command = command.ok_or_else(|| invalid("command", "exec needs the command to run"))?;
             plain("command", command)?;
             args.extend(["-T".into(), service.clone(), "sh".into(), "-lc".into(), command.to_string()]);
-            return Ok(DockerCommand { cwd: dir, ..DockerCommand::new(args, timeout) });
+            return Ok(DockerCommand { cwd: dir, ..DockerCommand::new(args, timeout).creating() });
         }
         _ => {}
     }
     if r.action != "down" {
         args.extend(r.services.iter().cloned());
     }
-    Ok(DockerCommand { cwd: dir, ..DockerCommand::new(args, timeout) })
+    Ok(DockerCommand { cwd: dir, ..DockerCommand::new(args, timeout).creating() })
 }
 
 /// `docker ps`.
@@ -543,7 +551,7 @@ impl SandboxManager {
     /// Refuses docker on a sandbox whose driver cannot run containers,
     /// naming the fix. Checked before the sandbox is created, so a refused
     /// call creates nothing.
-    pub fn check_containers(&self, sandbox: &str) -> Result<(), OrchestratorError> {
+    fn check_containers(&self, sandbox: &str) -> Result<(), OrchestratorError> {
         // A sandbox that runs keeps its isolation; a new one gets its profile's.
         let isolation = match self.get(sandbox) {
             Ok(s) => s.isolation,
@@ -556,11 +564,11 @@ impl SandboxManager {
         }
     }
 
-    /// Runs `cmd` in the named sandbox (created on first use), recorded in
-    /// its history as the docker command line.
+    /// Runs `cmd` in the named sandbox (created on first use when `cmd`
+    /// may create it), recorded in its history as the docker command line.
     pub async fn docker(&self, sandbox: &str, cmd: &DockerCommand) -> Result<ExecResult, OrchestratorError> {
         self.check_containers(sandbox)?;
-        let sandbox = self.get_or_create(sandbox).await?;
+        let sandbox = if cmd.creates_sandbox { self.get_or_create(sandbox).await? } else { self.get(sandbox)? };
         let argv =
             [vec!["sh".to_string(), "-c".into(), PRELUDE.into(), PRELUDE_NAME.into()], cmd.args.clone()].concat();
         let mut run = Command::argv(argv, cmd.timeout);
