@@ -451,6 +451,42 @@ async fn get_info_lists_every_driver_with_typed_capabilities() {
 }
 
 #[tokio::test]
+async fn a_vm_runs_on_the_driver_it_names() {
+    let mut h = Harness::new("drv").await;
+    let info = h.client.get_info(pb::GetInfoRequest {}).await.unwrap().into_inner();
+    let vm = h.create(h.spec("plain")).await.unwrap();
+    assert_eq!(vm.spec.unwrap().driver, info.driver, "an empty driver is the default one");
+    let err = {
+        let mut spec = h.spec("odd");
+        spec.driver = "gvisor".into();
+        h.create(spec).await.unwrap_err()
+    };
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    for d in &info.drivers {
+        assert!(err.message().contains(&d.name), "the error lists the drivers: {}", err.message());
+    }
+    for d in info.drivers.iter().filter(|d| !d.is_default) {
+        let mut spec = h.spec(&format!("on-{}", d.name));
+        spec.driver = d.name.clone();
+        let id = spec.id.clone();
+        match h.create(spec).await {
+            Ok(vm) => {
+                assert!(d.usable, "{d:?}");
+                assert_eq!(vm.spec.unwrap().driver, d.name);
+                assert_eq!(h.get(&id).await.unwrap().spec.unwrap().driver, d.name, "GetVm reports the driver");
+                h.delete(&id).await.unwrap();
+            }
+            Err(e) => {
+                assert!(!d.usable, "{d:?}: {e:?}");
+                assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+                let want = format!("the {} driver is not usable here: {}", d.name, d.unavailable_reason);
+                assert_eq!(e.message(), want);
+            }
+        }
+    }
+}
+
+#[tokio::test]
 async fn lifecycle_create_start_stop_restart_delete() {
     let mut h = Harness::new("life").await;
     let mut spec = h.spec("vm");
@@ -549,6 +585,7 @@ async fn malformed_specs_are_invalid_arguments() {
         ("host_path", Box::new(move |s| s.mounts = vec![mount(file.to_str().unwrap(), "/w")])),
         ("guest_path", Box::new(|s| s.mounts = vec![mount("/tmp", "relative")])),
         ("network", Box::new(|s| s.network = 99)),
+        ("spec.driver", Box::new(|s| s.driver = "gvisor".into())),
     ];
     for (field, tweak) in cases {
         let mut spec = h.spec("bad");

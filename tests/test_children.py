@@ -34,7 +34,7 @@ def test_spawn_defaults_overrides_and_children(server_factory):
     text, err = spawn(srv)
     assert not err, text
     lines = text.split("\n")
-    assert lines[:4] == [
+    assert lines[:5] == [
         "Spawned child 'default..child-0001': default..child-0001",
         "  Parent: default",
         f"  Image: {IMAGE}",

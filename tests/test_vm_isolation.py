@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import required_env, volume_dir, write_config
+from conftest import required_env, sandbox_key, volume_dir, write_config
 from waiting import poll
 
 # Long enough for a TCG boot on a loaded machine, and the first build of the image's layer disk.
@@ -63,9 +63,8 @@ def run(client, command: str, sandbox: str = "default") -> str:
     return out.rsplit("(", 1)[0]
 
 
-def qemu_pids(env: dict[str, str]) -> list[int]:
-    """The qemu processes of this test's helper: their sockets live in its runtime dir."""
-    mine = env["XDG_RUNTIME_DIR"].encode()
+def pids_of(program: str, mark: str) -> list[int]:
+    """The processes running `program` with `mark` in an argument."""
     pids = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -74,9 +73,14 @@ def qemu_pids(env: dict[str, str]) -> list[int]:
             argv = (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv and argv[0].endswith(QEMU.encode()) and any(mine in a for a in argv):
+        if argv and argv[0].endswith(program.encode()) and any(mark.encode() in a for a in argv):
             pids.append(int(d.name))
     return pids
+
+
+def qemu_pids(env: dict[str, str]) -> list[int]:
+    """The qemu processes of this test's helper: their sockets live in its runtime dir."""
+    return pids_of(QEMU, env["XDG_RUNTIME_DIR"])
 
 
 @needs_vm
@@ -103,9 +107,17 @@ def test_a_vm_sandbox_from_the_project_file(front_end, roots, env):
     health, _ = client.tool("health")
     assert "isolation=vm" in health, health
 
-    # Killing qemu from outside is reported, and `reset` brings the sandbox back with its /workspace.
+    # qemu and the virtiofsd serving /workspace share the sandbox's cgroup (named by its key) when the
+    # helper has cgroups, and the helper's otherwise.
     pids = qemu_pids(env)
     assert len(pids) == 1, pids
+    virtiofsd = pids_of("virtiofsd", sandbox_key("default", roots))  # it forks into a pid namespace of its own
+    assert virtiofsd, "no virtiofsd"
+    groups = [Path(f"/proc/{pid}/cgroup").read_text() for pid in [pids[0], *virtiofsd]]
+    assert all(g == groups[0] for g in groups), groups
+    assert ("limits: not enforced" in status) != (sandbox_key("default", roots) in groups[0]), (status, groups)
+
+    # Killing qemu from outside is reported, and `reset` brings the sandbox back with its /workspace.
     os.kill(pids[0], signal.SIGKILL)
     # The helper's watchdog reports it as lost, with the helper's reason.
     gone = poll(lambda: client.tool("exec", _timeout=VM_CALL_TIMEOUT, command="true"),

@@ -424,16 +424,18 @@ mod tests {
 
     #[test]
     fn isolation_default_and_per_profile() {
-        let file: ConfigFile =
-            toml::from_str("isolation = \"vm\"\n[profiles.fast]\nisolation = \"namespaces\"\n").unwrap();
+        let file: ConfigFile = toml::from_str(
+            "isolation = \"vm\"\nhost_roots = [\"/tmp\"]\n[profiles.fast]\nisolation = \"namespaces\"\n",
+        )
+        .unwrap();
         let c = Config::from_file(file, &ConfigSource::default()).unwrap();
         assert_eq!(c.defaults().isolation, Isolation::Vm);
         assert_eq!(c.profile_for("fast").isolation, Isolation::Namespaces);
-        let bad: ConfigFile = toml::from_str("[profiles.x]\nisolation = \"kvm\"\n").unwrap();
+        let bad: ConfigFile = toml::from_str("host_roots = [\"/tmp\"]\n[profiles.x]\nisolation = \"kvm\"\n").unwrap();
         let e = Config::from_file(bad, &ConfigSource::default()).unwrap_err().to_string();
         assert!(e.contains("profiles.x.isolation") && e.contains("\"namespaces\" or \"vm\""), "{e}");
         let env = ConfigSource { vars: [("SANDBOX_MCP_ISOLATION".into(), "vm".into())].into(), ..Default::default() };
-        let c = Config::from_file(ConfigFile::default(), &env).unwrap();
+        let c = Config::from_file(toml::from_str("host_roots = [\"/tmp\"]\n").unwrap(), &env).unwrap();
         assert_eq!(c.defaults().isolation, Isolation::Vm);
     }
 

@@ -1143,6 +1143,8 @@ mod tests {
              (it works with isolation = \"namespaces\")"
         );
         assert!(f.require(f.dial, "port forwarding").is_ok());
+        let all = DriverFeatures::all_from_info(&typed);
+        assert_eq!(all.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), ["namespaces", "vm"]);
         let old = pb::GetInfoResponse {
             driver: "namespaces".into(),
             capabilities: vec!["exec".into(), "network.egress".into()],
@@ -1150,6 +1152,8 @@ mod tests {
         };
         let f = DriverFeatures::from_info(&old);
         assert!(f.network_egress && f.dial && f.snapshot && !f.containers && f.name == "namespaces", "{f:?}");
+        // A helper from before drivers has only the namespace driver.
+        assert_eq!(DriverFeatures::all_from_info(&old), vec![f]);
     }
 
     fn config(network: Network) -> VmConfig {

@@ -475,6 +475,12 @@ impl VmCgroup {
         }
     }
 
+    /// The files a process writes `0` to, to move itself into the group
+    /// (one per v1 controller): how a child joins between fork and exec.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
+    }
+
     /// Moves a process (and its future children) into the VM's cgroup.
     pub fn add(&self, pid: i32) -> Result<(), DriverError> {
         for d in &self.dirs {

@@ -108,7 +108,7 @@ impl Instance {
         let listener = UnixListener::bind(&agent_socket)
             .map_err(|e| QemuError::io(format!("bind {}", agent_socket.display()), e))?;
         let virtiofsd = match &spec.workspace {
-            Some(source) => Some(Virtiofsd::start(source, &dir.join("workspace.sock"), spec.mapper)?),
+            Some(source) => Some(Virtiofsd::start(source, &dir.join("workspace.sock"), spec.mapper, spec.cgroup)?),
             None => None,
         };
         let machine = Machine {

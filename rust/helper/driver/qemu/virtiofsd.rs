@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::QemuError;
+use crate::helper::driver::cgroup::VmCgroup;
 use crate::helper::driver::userns::{IdMapper, run_mapped};
 
 /// Debian 12 ships virtiofsd with qemu (package qemu-system-common).
@@ -26,8 +27,13 @@ pub struct Virtiofsd {
 }
 
 impl Virtiofsd {
-    /// Starts serving `source` on `socket`.
-    pub fn start(source: &Path, socket: &Path, mapper: &IdMapper) -> Result<Self, QemuError> {
+    /// Starts serving `source` on `socket`, inside `cgroup` when given.
+    pub fn start(
+        source: &Path,
+        socket: &Path,
+        mapper: &IdMapper,
+        cgroup: Option<&VmCgroup>,
+    ) -> Result<Self, QemuError> {
         if !Path::new(VIRTIOFSD).is_file() {
             return Err(QemuError::NotInstalled(format!("{VIRTIOFSD} is missing: {}", super::INSTALL_HINT)));
         }
@@ -35,12 +41,32 @@ impl Virtiofsd {
         let listener = std::os::unix::net::UnixListener::bind(socket)
             .map_err(|e| QemuError::io(format!("bind {}", socket.display()), e))?;
         let fd = listener.as_raw_fd();
+        // It joins the VM's cgroup itself, before it leaves the helper's
+        // user namespace (where the helper may move processes there).
+        let procs: Vec<std::ffi::CString> = cgroup
+            .map(VmCgroup::procs_files)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|p| std::ffi::CString::new(p.into_os_string().into_encoded_bytes()).ok())
+            .collect();
         let mut cmd = Command::new(VIRTIOFSD);
-        // SAFETY: fcntl on an fd we own, between fork and exec.
+        // SAFETY: fcntl, open, write and close on fds we own or open, with
+        // paths allocated before the fork, between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
                 if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                for path in &procs {
+                    let f = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if f < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    let written = libc::write(f, b"0".as_ptr().cast(), 1);
+                    libc::close(f);
+                    if written != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });
