@@ -11,6 +11,10 @@ REQUIREMENTS := tests/requirements.txt
 TEST_IMAGE_STORE := $(CURDIR)/target/test-images
 TEST_IMAGE := mcp-test
 TEST_PACKAGES := python3,git,curl,python3-pip,ca-certificates
+# The docker tools' image (vm sandboxes): Debian's Docker Engine and Compose,
+# and busybox-static, the binary the tests build FROM scratch images of.
+DOCKER_TEST_IMAGE := mcp-docker
+DOCKER_TEST_PACKAGES := python3,git,curl,ca-certificates,docker.io,docker-compose,busybox-static
 
 DEBUG_BIN := $(CURDIR)/target/debug
 RELEASE_BIN := $(CURDIR)/target/release
@@ -33,7 +37,7 @@ TEST_FUZZ_SECONDS ?= 10
 VM ?= 0
 VM_DIR := $(CURDIR)/target/vm
 
-.PHONY: deps build install test test-user test-faults test-install test-image venv bench clean-test fuzz vm vm-assets
+.PHONY: deps build install test test-user test-faults test-install test-image test-image-docker test-docker venv bench clean-test fuzz vm vm-assets
 
 deps:
 	@SANDBOX_MCP_VM=$(VM) scripts/install-deps.sh
@@ -74,6 +78,24 @@ venv:
 
 test-image:
 	@scripts/test-image.sh "$(DEBUG_BIN)/sandbox-mcp" "$(TEST_IMAGE_STORE)" $(TEST_IMAGE) $(TEST_PACKAGES)
+
+test-image-docker:
+	@scripts/test-image.sh "$(DEBUG_BIN)/sandbox-mcp" "$(TEST_IMAGE_STORE)" $(DOCKER_TEST_IMAGE) $(DOCKER_TEST_PACKAGES)
+
+# The docker tools on a vm sandbox (heavy: dockerd under TCG) and in the
+# guest at driver level, after the docker image and the vm assets.
+test-docker: export SANDBOX_MCP_TEST_IMAGE_STORE := $(TEST_IMAGE_STORE)
+test-docker: export SANDBOX_MCP_TEST_IMAGE := $(TEST_IMAGE)
+test-docker: export SANDBOX_MCP_DOCKER_TEST_IMAGE := $(DOCKER_TEST_IMAGE)
+test-docker: export SANDBOX_MCP_BIN := $(DEBUG_BIN)/sandbox-mcp
+test-docker: export SANDBOX_VM_HELPER_BIN := $(DEBUG_BIN)/sandbox-vm-helper
+test-docker: export SANDBOX_MCP_VM_DIR := $(VM_DIR)
+test-docker: deps venv
+	$(CARGO) build --quiet
+	@$(MAKE) --no-print-directory test-image test-image-docker
+	@$(MAKE) --no-print-directory vm-assets VM_ASSETS_DIR=$(VM_DIR) VM_HELPER=$(DEBUG_BIN)/sandbox-vm-helper
+	$(CARGO) test --quiet --test vm_qemu dockerd
+	$(VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/test_docker.py
 
 test: export SANDBOX_MCP_TEST_IMAGE_STORE := $(TEST_IMAGE_STORE)
 test: export SANDBOX_MCP_TEST_IMAGE := $(TEST_IMAGE)

@@ -6,6 +6,7 @@
 //! - [`rootfs`]: the image's layers (read-only disks) under an overlay whose
 //!   writable layer is the VM's own disk, `/workspace` over virtiofs, and the
 //!   switch into that root.
+//! - [`containers`]: dockerd, in images that have Docker Engine.
 //! - [`agent`]: starts the agent on the virtio-serial port, reaps orphans and
 //!   powers the VM off when the agent ends.
 //!
@@ -13,6 +14,7 @@
 //! `smcp_*=` parameters, which the kernel hands to init as environment
 //! variables (see [`BootConfig`]).
 pub mod agent;
+pub mod containers;
 pub mod modules;
 pub mod rootfs;
 
@@ -118,6 +120,7 @@ pub fn run() -> GuestError {
             agent::power_off();
         }
         rootfs::assemble(&config)?;
+        containers::start();
         agent::serve()
     };
     match step() {

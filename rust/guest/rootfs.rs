@@ -42,7 +42,7 @@ pub fn mount_early() -> Result<(), GuestError> {
 }
 
 /// The block device whose virtio serial is `serial`, waiting for it.
-fn disk(serial: &str) -> Result<PathBuf, GuestError> {
+pub(super) fn disk(serial: &str) -> Result<PathBuf, GuestError> {
     let deadline = Instant::now() + DEVICE_WAIT;
     loop {
         if let Ok(entries) = std::fs::read_dir("/sys/block") {

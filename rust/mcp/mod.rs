@@ -5,6 +5,7 @@
 pub mod args;
 pub mod children;
 pub mod core;
+pub mod docker;
 pub mod files;
 pub mod format;
 pub mod http;
@@ -75,7 +76,8 @@ impl SandboxServer {
             + Self::sync_router()
             + Self::lease_router()
             + Self::images_router()
-            + Self::children_router();
+            + Self::children_router()
+            + Self::docker_router();
         for route in tool_router.map.values_mut() {
             schema::standardize(Arc::make_mut(&mut route.attr.input_schema));
             if let Some(output) = &mut route.attr.output_schema {

@@ -87,6 +87,18 @@ pub enum OrchestratorError {
     /// The operation is not allowed on this sandbox (e.g. on a child).
     #[error("{0}")]
     NotPermitted(String),
+    /// A `docker_*` tool on a sandbox whose driver cannot run containers.
+    #[error(
+        "docker_* tools need a vm sandbox: set isolation = \"vm\" (in .sandbox-mcp.toml or the profile) and reset \
+         (sandbox '{}' runs on the {driver} driver, which shares the host's kernel)",
+        display(sandbox)
+    )]
+    NeedsVm {
+        /// The sandbox.
+        sandbox: String,
+        /// Its driver.
+        driver: String,
+    },
     /// The helper failed.
     #[error(transparent)]
     Helper(#[from] HelperError),

@@ -380,6 +380,8 @@ pub struct DriverFeatures {
     pub dial: bool,
     /// A running VM's writable layer can be copied (snapshot, clone).
     pub snapshot: bool,
+    /// Containers run inside (the docker_* tools).
+    pub containers: bool,
 }
 
 impl DriverFeatures {
@@ -395,6 +397,7 @@ impl DriverFeatures {
                 network_egress: i.capabilities.iter().any(|c| c == "network.egress"),
                 dial: true,
                 snapshot: true,
+                containers: false,
             },
         }
     }
@@ -409,7 +412,13 @@ impl DriverFeatures {
 
     fn of_driver(d: &pb::DriverInfo) -> Self {
         let c = d.capabilities.clone().unwrap_or_default();
-        DriverFeatures { name: d.name.clone(), network_egress: c.network_egress, dial: c.dial, snapshot: c.snapshot }
+        DriverFeatures {
+            name: d.name.clone(),
+            network_egress: c.network_egress,
+            dial: c.dial,
+            snapshot: c.snapshot,
+            containers: c.containers,
+        }
     }
 
     /// `Ok` when `has`; else the error naming `feature`.
@@ -1107,7 +1116,13 @@ mod tests {
 
     #[test]
     fn driver_features_come_from_the_default_driver_or_the_flat_list() {
-        let caps = pb::DriverCapabilities { network_egress: false, dial: true, snapshot: false, ..Default::default() };
+        let caps = pb::DriverCapabilities {
+            network_egress: false,
+            dial: true,
+            snapshot: false,
+            containers: true,
+            ..Default::default()
+        };
         let typed = pb::GetInfoResponse {
             driver: "vm".into(),
             drivers: vec![
@@ -1117,7 +1132,10 @@ mod tests {
             ..Default::default()
         };
         let f = DriverFeatures::from_info(&typed);
-        assert_eq!(f, DriverFeatures { name: "vm".into(), network_egress: false, dial: true, snapshot: false });
+        assert_eq!(
+            f,
+            DriverFeatures { name: "vm".into(), network_egress: false, dial: true, snapshot: false, containers: true }
+        );
         let e = f.require(f.snapshot, "snapshotting a running sandbox").unwrap_err();
         assert_eq!(
             e.to_string(),
@@ -1133,7 +1151,7 @@ mod tests {
             ..Default::default()
         };
         let f = DriverFeatures::from_info(&old);
-        assert!(f.network_egress && f.dial && f.snapshot && f.name == "namespaces", "{f:?}");
+        assert!(f.network_egress && f.dial && f.snapshot && !f.containers && f.name == "namespaces", "{f:?}");
         // A helper from before drivers has only the namespace driver.
         assert_eq!(DriverFeatures::all_from_info(&old), vec![f]);
     }

@@ -21,6 +21,7 @@
 //! - [`watchdog`]: restarting the helper and reporting lost sandboxes.
 //! - [`images`], [`build`], [`containerfile`]: snapshots, restore, clone and
 //!   `build_image`.
+//! - [`docker`]: the `docker_*` tools' argvs, run in vm sandboxes.
 
 pub mod artifacts;
 pub mod audit;
@@ -30,6 +31,7 @@ pub mod ca_trust;
 pub mod config;
 pub mod containerfile;
 pub mod ctl;
+pub mod docker;
 pub mod env;
 pub mod error;
 pub mod exec;

@@ -915,7 +915,7 @@ impl SandboxManager {
     /// What `name` is created from `origin` with, and the project file. A
     /// child never takes a profile by its own name: it runs under its
     /// root's, with the spawn's image and size and its parent's network.
-    fn planned_profile(
+    pub(super) fn planned_profile(
         &self,
         name: &str,
         origin: &Origin,

@@ -190,6 +190,8 @@ pub struct Capabilities {
     pub dial: bool,
     /// The writable layer can be copied while running (commit, clone).
     pub snapshot: bool,
+    /// Containers run inside (dockerd in images that have it).
+    pub containers: bool,
 }
 
 impl Capabilities {

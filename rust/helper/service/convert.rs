@@ -216,6 +216,7 @@ pub(super) fn driver_to_proto(d: &dyn crate::helper::driver::Driver, is_default:
             own_kernel: c.own_kernel,
             dial: c.dial,
             snapshot: c.snapshot,
+            containers: c.containers,
         }),
     }
 }

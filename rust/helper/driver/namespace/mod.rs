@@ -132,6 +132,8 @@ impl Driver for NamespaceDriver {
             own_kernel: false,
             dial: true,
             snapshot: true,
+            // Shared kernel: dockerd would need the host's privileges.
+            containers: false,
         }
     }
 
