@@ -2,6 +2,11 @@
 //! boots a qemu microVM per sandbox and hands the helper the agent's
 //! multiplexed connection over the virtio-serial port.
 //!
+//! A vm comes from the warm pool when one of its shape waits there, else
+//! it is restored from its shape's memory snapshot, else it boots cold
+//! (the reason kept in its [`Origin`]); after a boot the shape's template
+//! and pool are made ready in the background ([`super::pool`]).
+//!
 //! What it does not do yet, refused with the reason: EGRESS networking,
 //! shares other than `/workspace`. CPUs and memory are the VM's own size
 //! (`-smp`, `-m`); no host cgroup is applied yet.
@@ -10,8 +15,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::assets::Assets;
-use super::instance::{BootSpec as QemuBoot, Instance as QemuInstance};
-use super::{Accel, disks, probe, snapshot};
+use super::instance::{Attach, Instance as QemuInstance, Shape, Start};
+use super::pool::Warm;
+use super::{Accel, QemuError, disks, probe, snapshot};
 use crate::agent::mux::Mux;
 use crate::agent::protocol::{ExitStatus, Frame, StartSpec};
 use crate::helper::agent_link::Dialer;
@@ -33,6 +39,22 @@ pub struct QemuDriver {
     disk_cache: PathBuf,
     /// Per-VM sockets and consoles (short paths: sockets).
     run_root: PathBuf,
+    /// Memory snapshots and the warm pool.
+    warm: Arc<Warm>,
+}
+
+/// Where a vm came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// A restored vm waiting in the warm pool.
+    Pool,
+    /// Restored from its shape's memory snapshot on demand.
+    Snapshot,
+    /// The kernel booted; why no snapshot served.
+    Cold {
+        /// No snapshot yet, a stale one, or why restoring failed.
+        reason: String,
+    },
 }
 
 impl QemuDriver {
@@ -45,13 +67,133 @@ impl QemuDriver {
     /// from their own process).
     pub fn with_assets(assets: Result<Assets, String>) -> Self {
         let mapper = IdMapper::detect();
+        let run_root = crate::paths::runtime_dir().join("qemu");
+        let templates = super::assets::vm_dir().join("templates");
         QemuDriver {
             assets,
             mapper,
             accel: tokio::sync::OnceCell::new(),
             disk_cache: super::assets::vm_dir().join("disks"),
-            run_root: crate::paths::runtime_dir().join("qemu"),
+            warm: Arc::new(Warm::new(super::pool::configured_size(), templates, run_root.clone())),
+            run_root,
         }
+    }
+
+    /// This driver with its memory snapshots under `templates` and a warm
+    /// pool of `pool_size` vms per shape (tests keep theirs apart).
+    pub fn with_warm(mut self, templates: PathBuf, pool_size: usize) -> Self {
+        self.warm = Arc::new(Warm::new(pool_size, templates, self.run_root.clone()));
+        self
+    }
+
+    /// Templates and the pool.
+    pub fn warm(&self) -> &Arc<Warm> {
+        &self.warm
+    }
+
+    /// A vm of `shape` with the sandbox's `attach`: from the pool, else
+    /// restored from the template, else booted cold.
+    async fn create(&self, shape: &Shape, run_dir: &Path, attach: Attach<'_>) -> Result<(QemuInstance, PathBuf, tokio::net::UnixStream, Origin), QemuError> {
+        if let Some(mut pooled) = self.warm.take(shape) {
+            match pooled.vm.go(attach, false).await {
+                Ok(stream) => return Ok((pooled.vm, pooled.run_dir, stream, Origin::Pool)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "a pooled vm failed to start; restoring another");
+                    pooled.vm.kill().await;
+                    let _ = std::fs::remove_dir_all(&pooled.run_dir);
+                }
+            }
+        }
+        let template = self.warm.template(shape);
+        let reason = match template.current() {
+            None => template.why_not(),
+            Some(state) => match QemuInstance::start(shape, run_dir, Start::Restore(&state), None).await {
+                Ok(mut vm) => match vm.go(attach, false).await {
+                    Ok(stream) => return Ok((vm, run_dir.to_path_buf(), stream, Origin::Snapshot)),
+                    Err(e) => {
+                        vm.kill().await;
+                        format!("the restored vm did not start: {e}")
+                    }
+                },
+                Err(e) => {
+                    // A state that does not load never will: made anew.
+                    template.discard();
+                    format!("restoring {} failed: {e}", state.display())
+                }
+            },
+        };
+        tracing::info!(%reason, "vm boots cold");
+        let mut vm = QemuInstance::start(shape, run_dir, Start::Cold, None).await?;
+        match vm.go(attach, true).await {
+            Ok(stream) => Ok((vm, run_dir.to_path_buf(), stream, Origin::Cold { reason })),
+            Err(e) => {
+                vm.kill().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Boots a vm for `spec` (what [`Driver::boot`] does), the vm's own
+    /// type: its [`Origin`] says whether the pool or a snapshot served it.
+    pub async fn boot_vm(&self, spec: &BootSpec) -> Result<Arc<VmInstance>, DriverError> {
+        let assets = self.assets.as_ref().map_err(unavailable)?;
+        let mapper = self.mapper.as_ref().map_err(unavailable)?;
+        if spec.egress.is_some() {
+            return Err(unavailable("the vm driver has no EGRESS networking yet: use network none"));
+        }
+        let mut workspace = None;
+        for m in &spec.mounts {
+            if m.guest != Path::new("/workspace") || m.read_only {
+                return Err(unavailable(format!(
+                    "the vm driver shares only a writable /workspace, not {}",
+                    m.guest.display()
+                )));
+            }
+            workspace = Some(m.host.clone());
+        }
+        let accel = self.accel(assets).await.clone();
+        let (layers, cache, m) = (spec.layers.clone(), self.disk_cache.clone(), mapper.clone());
+        let layers = tokio::task::spawn_blocking(move || {
+            layers.iter().map(|l| disks::layer_disk(l, &cache, &m)).collect::<Result<Vec<_>, _>>()
+        })
+        .await
+        .map_err(|e| DriverError::InitFailed(format!("layer disks: {e}")))?
+        .map_err(|e| DriverError::InitFailed(e.to_string()))?;
+        let upper = spec.dir.join("upper.ext4");
+        disks::upper_disk(&upper, UPPER_BYTES).map_err(|e| DriverError::InitFailed(e.to_string()))?;
+        let shape = Shape {
+            kernel: assets.kernel.clone(),
+            initramfs: assets.initramfs.clone(),
+            accel,
+            layers,
+            cpus: spec.limits.cpus.max(1),
+            memory_mib: (spec.limits.memory_bytes >> 20).max(256),
+        };
+        let attach = Attach { hostname: &spec.hostname, upper: &upper, workspace: workspace.as_deref(), mapper };
+        let (vm, run_dir, transport, origin) = self
+            .create(&shape, &self.run_root.join(&spec.id), attach)
+            .await
+            .map_err(|e| DriverError::InitFailed(e.to_string()))?;
+        self.warm.warm_up(shape);
+        let mux = Mux::open_side(transport);
+        let mut ping = mux.open(Frame::Ping)?;
+        match tokio::time::timeout(BOOT_WAIT, ping.next()).await {
+            Ok(Ok(Some(Frame::Pong))) => {}
+            Ok(other) => return Err(DriverError::InitFailed(format!("the agent answered {other:?} to ping"))),
+            Err(_) => return Err(DriverError::Timeout("the vm's agent")),
+        }
+        let pid = vm.pid().unwrap_or(0);
+        let listener = vm.listener();
+        Ok(Arc::new(VmInstance {
+            mux,
+            listener,
+            pid,
+            qmp: vm.qmp_socket().to_path_buf(),
+            vm: Mutex::new(Some(vm)),
+            mapper: mapper.clone(),
+            run_dir,
+            origin,
+        }))
     }
 
     /// KVM or TCG, probed once.
@@ -80,64 +222,15 @@ impl Driver for QemuDriver {
     }
 
     async fn boot(&self, spec: &BootSpec) -> Result<Arc<dyn Instance>, DriverError> {
-        let assets = self.assets.as_ref().map_err(unavailable)?;
-        let mapper = self.mapper.as_ref().map_err(unavailable)?;
-        if spec.egress.is_some() {
-            return Err(unavailable("the vm driver has no EGRESS networking yet: use network none"));
-        }
-        let mut workspace = None;
-        for m in &spec.mounts {
-            if m.guest != Path::new("/workspace") || m.read_only {
-                return Err(unavailable(format!(
-                    "the vm driver shares only a writable /workspace, not {}",
-                    m.guest.display()
-                )));
-            }
-            workspace = Some(m.host.clone());
-        }
-        let accel = self.accel(assets).await.clone();
-        let (layers, cache, m) = (spec.layers.clone(), self.disk_cache.clone(), mapper.clone());
-        let layers = tokio::task::spawn_blocking(move || {
-            layers.iter().map(|l| disks::layer_disk(l, &cache, &m)).collect::<Result<Vec<_>, _>>()
-        })
-        .await
-        .map_err(|e| DriverError::InitFailed(format!("layer disks: {e}")))?
-        .map_err(|e| DriverError::InitFailed(e.to_string()))?;
-        let upper = spec.dir.join("upper.ext4");
-        disks::upper_disk(&upper, UPPER_BYTES).map_err(|e| DriverError::InitFailed(e.to_string()))?;
-        let run_dir = self.run_root.join(&spec.id);
-        let boot = QemuBoot {
-            hostname: &spec.hostname,
-            run_dir: run_dir.clone(),
-            assets,
-            accel: &accel,
-            layers,
-            upper,
-            workspace,
-            cpus: spec.limits.cpus.max(1),
-            memory_mib: (spec.limits.memory_bytes >> 20).max(256),
-            mapper,
-            cgroup: None,
-        };
-        let (vm, transport) = QemuInstance::boot(boot).await.map_err(|e| DriverError::InitFailed(e.to_string()))?;
-        let mux = Mux::open_side(transport);
-        let mut ping = mux.open(Frame::Ping)?;
-        match tokio::time::timeout(BOOT_WAIT, ping.next()).await {
-            Ok(Ok(Some(Frame::Pong))) => {}
-            Ok(other) => return Err(DriverError::InitFailed(format!("the agent answered {other:?} to ping"))),
-            Err(_) => return Err(DriverError::Timeout("the vm's agent")),
-        }
-        let pid = vm.pid().unwrap_or(0);
-        let listener = vm.listener();
-        Ok(Arc::new(VmInstance {
-            mux,
-            listener,
-            pid,
-            qmp: vm.qmp_socket().to_path_buf(),
-            vm: Mutex::new(Some(vm)),
-            mapper: mapper.clone(),
-            run_dir,
-        }))
+        Ok(self.boot_vm(spec).await?)
+    }
+
+    fn keep_warm(&self) {
+        // Templates and pools fill per shape as shapes boot (warm_up).
+    }
+
+    async fn release(&self) {
+        self.warm.drain().await;
     }
 }
 
@@ -150,6 +243,7 @@ pub struct VmInstance {
     vm: Mutex<Option<QemuInstance>>,
     mapper: IdMapper,
     run_dir: PathBuf,
+    origin: Origin,
 }
 
 impl std::fmt::Debug for VmInstance {
@@ -159,6 +253,11 @@ impl std::fmt::Debug for VmInstance {
 }
 
 impl VmInstance {
+    /// Where this vm came from.
+    pub fn origin(&self) -> &Origin {
+        &self.origin
+    }
+
     /// Runs argv in the guest and returns its stdout; a nonzero exit is an
     /// error carrying stderr.
     async fn output(&self, argv: Vec<String>) -> Result<Vec<u8>, String> {
