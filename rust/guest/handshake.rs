@@ -44,7 +44,11 @@ impl Go {
             .map(|ch| if ch.is_ascii_alphanumeric() || ch == '-' || ch == '.' { ch } else { '-' })
             .collect();
         let seed: String = self.seed.iter().map(|b| format!("{b:02x}")).collect();
-        format!("smcp-go time={} seed={seed} hostname={hostname} workspace={}\n", self.time_ns, u8::from(self.workspace))
+        format!(
+            "smcp-go time={} seed={seed} hostname={hostname} workspace={}\n",
+            self.time_ns,
+            u8::from(self.workspace)
+        )
     }
 
     /// Parses a line written by [`encode`](Self::encode).
@@ -161,7 +165,8 @@ mod tests {
 
     #[test]
     fn go_round_trips_and_sanitizes_the_hostname() {
-        let go = Go { hostname: "a b".into(), workspace: true, time_ns: 1_700_000_000_123_456_789, seed: [7; SEED_BYTES] };
+        let go =
+            Go { hostname: "a b".into(), workspace: true, time_ns: 1_700_000_000_123_456_789, seed: [7; SEED_BYTES] };
         let line = go.encode();
         assert!(line.ends_with('\n') && line.contains(" hostname=a-b "), "{line}");
         assert_eq!(Go::parse(&line).unwrap(), Go { hostname: "a-b".into(), ..go });

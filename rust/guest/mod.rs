@@ -138,11 +138,7 @@ mod tests {
 
     #[test]
     fn boot_config_reads_the_smcp_parameters() {
-        let c = BootConfig::from_vars(vars(&[
-            ("smcp_layers", "3"),
-            ("TERM", "linux"),
-        ]))
-        .unwrap();
+        let c = BootConfig::from_vars(vars(&[("smcp_layers", "3"), ("TERM", "linux")])).unwrap();
         assert_eq!(c, BootConfig { layers: 3, probe: false });
         let p = BootConfig::from_vars(vars(&[("smcp_probe", "1")])).unwrap();
         assert!(p.probe && p.layers == 0);

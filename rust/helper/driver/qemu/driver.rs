@@ -93,7 +93,12 @@ impl QemuDriver {
 
     /// A vm of `shape` with the sandbox's `attach`: from the pool, else
     /// restored from the template, else booted cold.
-    async fn create(&self, shape: &Shape, run_dir: &Path, attach: Attach<'_>) -> Result<(QemuInstance, PathBuf, tokio::net::UnixStream, Origin), QemuError> {
+    async fn create(
+        &self,
+        shape: &Shape,
+        run_dir: &Path,
+        attach: Attach<'_>,
+    ) -> Result<(QemuInstance, PathBuf, tokio::net::UnixStream, Origin), QemuError> {
         if let Some(mut pooled) = self.warm.take(shape) {
             match pooled.vm.go(attach, false).await {
                 Ok(stream) => return Ok((pooled.vm, pooled.run_dir, stream, Origin::Pool)),

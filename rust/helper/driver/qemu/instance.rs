@@ -177,8 +177,12 @@ impl Instance {
     /// connection (cold: booted and given its "go" at once).
     pub async fn boot(spec: BootSpec<'_>) -> Result<(Instance, UnixStream), QemuError> {
         let mut vm = Instance::start(&spec.shape(), &spec.run_dir, Start::Cold, spec.cgroup).await?;
-        let attach =
-            Attach { hostname: spec.hostname, upper: &spec.upper, workspace: spec.workspace.as_deref(), mapper: spec.mapper };
+        let attach = Attach {
+            hostname: spec.hostname,
+            upper: &spec.upper,
+            workspace: spec.workspace.as_deref(),
+            mapper: spec.mapper,
+        };
         match vm.go(attach, true).await {
             Ok(stream) => Ok((vm, stream)),
             Err(e) => {
@@ -202,7 +206,9 @@ impl Instance {
         let bind = |name: &str| {
             let path = dir.join(name);
             let _ = std::fs::remove_file(&path);
-            UnixListener::bind(&path).map(|l| (l, path.clone())).map_err(|e| QemuError::io(format!("bind {}", path.display()), e))
+            UnixListener::bind(&path)
+                .map(|l| (l, path.clone()))
+                .map_err(|e| QemuError::io(format!("bind {}", path.display()), e))
         };
         let (listener, agent_socket) = bind("agent.sock")?;
         let (control_listener, control_socket) = bind("control.sock")?;
@@ -334,7 +340,10 @@ impl Instance {
             time_ns: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
             seed: seed()?,
         };
-        self.control.write_all(go.encode().as_bytes()).await.map_err(|e| QemuError::io("write go on the control port", e))?;
+        self.control
+            .write_all(go.encode().as_bytes())
+            .await
+            .map_err(|e| QemuError::io("write go on the control port", e))?;
         match self.agent.take() {
             Some(stream) => Ok(stream),
             None => self.accept(CONNECT_WAIT).await,

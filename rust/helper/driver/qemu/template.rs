@@ -99,7 +99,8 @@ impl Template {
         let tmp = self.dir.join(format!("vm.state.{}", std::process::id()));
         let saved = async {
             vm.wait_ready(READY_WAIT).await?;
-            let file = std::fs::File::create(&tmp).map_err(|e| QemuError::io(format!("create {}", tmp.display()), e))?;
+            let file =
+                std::fs::File::create(&tmp).map_err(|e| QemuError::io(format!("create {}", tmp.display()), e))?;
             vm.qmp().await?.migrate_to_file(&file).await
         }
         .await;
