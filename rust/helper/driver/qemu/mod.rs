@@ -16,6 +16,7 @@
 //! - [`driver`]: the `vm` driver behind the helper's driver seam.
 //! - [`snapshot`]: the writable layer as a layer of the image store.
 //! - [`template`]: memory snapshots of a vm waiting at guest init's handshake.
+//! - [`bench`]: the create and memory figures `make bench` prints.
 //! - [`pool`]: restored vms kept ready, and the templates built behind them.
 //!
 //! qemu runs as the helper's user with no extra privilege, under
@@ -23,6 +24,7 @@
 //! host has cgroups.
 pub mod argv;
 pub mod assets;
+pub mod bench;
 pub mod disks;
 pub mod driver;
 pub mod instance;
