@@ -269,19 +269,28 @@ impl Instance {
     /// its "go", nothing sandbox-specific attached or mounted yet.
     pub async fn wait_ready(&mut self, wait: Duration) -> Result<(), QemuError> {
         let mut got = Vec::new();
+        // Ok(false): the port closed, which a qemu that is exiting does.
         let read = async {
             while !got.ends_with(READY.as_bytes()) {
                 let mut byte = [0u8; 1];
                 let n = self.control.read(&mut byte).await.map_err(|e| QemuError::io("read the control port", e))?;
                 if n == 0 {
-                    return Err(QemuError::Exited("the control port closed before guest init was ready".into()));
+                    return Ok(false);
                 }
                 got.push(byte[0]);
             }
-            Ok(())
+            Ok(true)
         };
         let status = tokio::select! {
-            r = tokio::time::timeout(wait, read) => return r.unwrap_or(Err(QemuError::Timeout { what: "guest init to be ready", secs: wait.as_secs() })),
+            r = tokio::time::timeout(wait, read) => match r {
+                Ok(Ok(true)) => return Ok(()),
+                Ok(Ok(false)) => match tokio::time::timeout(CONNECT_WAIT, self.child.wait()).await {
+                    Ok(status) => status,
+                    Err(_) => return Err(QemuError::Exited("the control port closed before guest init was ready".into())),
+                },
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(QemuError::Timeout { what: "guest init to be ready", secs: wait.as_secs() }),
+            },
             status = self.child.wait() => status,
         };
         let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
