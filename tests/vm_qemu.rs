@@ -534,6 +534,9 @@ async fn restores_from_one_snapshot_are_reseeded_clocked_and_their_own() {
     assert_own_volume_and_layer(&cold, &ws, "cold").await;
     cold.kill();
     driver.warm().idle().await;
+    // The snapshot's own clock stands still while it is saved: let it fall
+    // behind the host's, so a restore that did not set the clock shows.
+    tokio::time::sleep(Duration::from_secs(8)).await;
     let mut seen = Vec::new();
     for name in ["first", "second"] {
         let (spec, ws) = sandbox(&dir.0, name, &layers, &mapper);
