@@ -149,8 +149,12 @@ bench: export SANDBOX_MCP_BIN := $(RELEASE_BIN)/sandbox-mcp
 bench: export SANDBOX_VM_HELPER_BIN := $(RELEASE_BIN)/sandbox-vm-helper
 bench: export SANDBOX_MCP_BENCH_IMAGE_STORE := $(TEST_IMAGE_STORE)
 bench: export SANDBOX_MCP_BENCH_IMAGE := $(TEST_IMAGE)
+bench: export SANDBOX_MCP_VM_DIR := $(VM_DIR)
 bench: deps venv build
 	@scripts/test-image.sh "$(RELEASE_BIN)/sandbox-mcp" "$(TEST_IMAGE_STORE)" $(TEST_IMAGE) $(TEST_PACKAGES)
+	@# The vm figures need the guest kernel and the release helper's initramfs
+	@# (without qemu the bench says so and skips them).
+	-@$(MAKE) --no-print-directory vm-assets VM_ASSETS_DIR=$(VM_DIR) VM_HELPER=$(RELEASE_BIN)/sandbox-vm-helper
 	$(VENV)/bin/python bench/bench.py
 
 # Removes the test venv and the test image (the image is owned by shifted

@@ -15,10 +15,13 @@ dir=${SANDBOX_MCP_VM_DIR:-${XDG_DATA_HOME:-$HOME/.local/share}/sandbox-mcp/vm}
 meta=${SANDBOX_MCP_VM_KERNEL_PACKAGE:-linux-image-cloud-amd64}
 # virtio_mmio: microvm's transport; virtio_console: the agent's port;
 # virtio_blk and virtiofs: the root filesystem's layers and /workspace;
-# overlay: the image's layers plus the VM's writable layer; bridge and veth:
+# overlay: the image's layers plus the VM's writable layer; virtio_pci: the
+# writable disk and /workspace, attached on PCIe root ports after a restore
+# from a memory snapshot (the warm pool; microvm's virtio-mmio slots cannot
+# be added to a running guest, a PCI bus can be rescanned); bridge and veth:
 # dockerd's default bridge network in images that have Docker Engine (it runs
 # with --iptables=false, so no netfilter modules: see rust/guest/containers.rs).
-wanted=(virtio_mmio virtio_console virtio_blk virtiofs overlay bridge veth)
+wanted=(virtio_mmio virtio_console virtio_blk virtiofs overlay virtio_pci bridge veth)
 
 # The metapackage names the real package, whose version is the release.
 pkg=$(apt-cache depends "$meta" 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*\)$/\1/p' | head -n1)
@@ -27,9 +30,16 @@ if [ -z "$pkg" ]; then
     exit 1
 fi
 release=${pkg#linux-image-}
-# A changed module list rebuilds too (modules/wanted keeps the list built).
-if [ -f "$dir/vmlinux" ] && [ "$(cat "$dir/kernel.release" 2>/dev/null)" = "$release" ] &&
-    [ "$(cat "$dir/modules/wanted" 2>/dev/null)" = "${wanted[*]}" ]; then
+# The build is current when the release matches and every wanted module is
+# in the load order (a module added here rebuilds it).
+current() {
+    [ -f "$dir/vmlinux" ] && [ "$(cat "$dir/kernel.release" 2>/dev/null)" = "$release" ] || return 1
+    local m
+    for m in "${wanted[@]}"; do
+        grep -qx "$m" "$dir/modules/order" 2>/dev/null || grep -qx "$m" "$dir/modules/builtin" 2>/dev/null || return 1
+    done
+}
+if current; then
     echo "vm-kernel: $release: already built in $dir"
     exit 0
 fi
@@ -89,10 +99,13 @@ add_module() {
     cp "$file" "$work/modules/$name.ko"
     echo "$name" >>"$work/modules/order"
 }
+: >"$work/modules/builtin"
 for m in "${wanted[@]}"; do
+    if grep -q "/$m.ko\$" "$moddir/modules.builtin" 2>/dev/null; then
+        echo "$m" >>"$work/modules/builtin"
+    fi
     add_module "$m"
 done
-echo "${wanted[*]}" >"$work/modules/wanted"
 
 rm -rf "$dir/modules"
 mv "$work/modules" "$dir/modules"

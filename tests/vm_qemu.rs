@@ -13,11 +13,11 @@ use std::time::Duration;
 use sandbox_mcp::agent::mux::Mux;
 use sandbox_mcp::agent::protocol::{ExitStatus, Frame, StartSpec};
 use sandbox_mcp::helper::driver::qemu::assets::{Assets, build_id, vm_dir};
-use sandbox_mcp::helper::driver::qemu::driver::QemuDriver;
-use sandbox_mcp::helper::driver::qemu::instance::{BootSpec, Instance};
+use sandbox_mcp::helper::driver::qemu::driver::{Origin, QemuDriver, VmInstance};
+use sandbox_mcp::helper::driver::qemu::instance::{BootSpec, Instance, Shape};
 use sandbox_mcp::helper::driver::qemu::{Accel, disks, probe, snapshot};
 use sandbox_mcp::helper::driver::userns::IdMapper;
-use sandbox_mcp::helper::driver::{BindMount, BootSpec as SeamBootSpec, Driver as _, Limits};
+use sandbox_mcp::helper::driver::{BindMount, BootSpec as SeamBootSpec, Driver as _, Instance as _, Limits};
 
 /// A directory removed on drop; short, for socket paths.
 struct TempDir(PathBuf);
@@ -178,12 +178,13 @@ async fn a_guest_that_cannot_start_reports_why() {
     // No layers: guest-init refuses `smcp_layers=0`.
     let mut spec = boot_spec("failing", &dir.0, &assets, &accel, &mapper, (Vec::new(), upper), None);
     spec.memory_mib = 256;
-    let (mut vm, _transport) = Instance::boot(spec).await.expect("boot");
-    let exit = tokio::time::timeout(Duration::from_secs(180), vm.wait()).await.expect("the guest powers off");
-    assert!(!exit.killed, "{exit:?}");
-    let text = exit.to_string();
-    assert!(text.starts_with("the vm stopped (qemu exit status: 0)"), "{text}");
-    assert!(text.contains("guest-init: kernel command line: smcp_layers=0"), "{text}");
+    // The guest powers off before its handshake: the boot fails with why.
+    let e = match tokio::time::timeout(Duration::from_secs(300), Instance::boot(spec)).await.expect("boot returns") {
+        Ok(_) => panic!("a guest without layers booted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.starts_with("qemu exited: exit status: 0"), "{e}");
+    assert!(e.contains("guest-init: kernel command line: smcp_layers=0"), "{e}");
 }
 
 /// QMP pauses a vm and writes its state to a file it gets as a descriptor
@@ -391,8 +392,9 @@ fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
 // ------------------------------------------------- through the driver seam
 
 fn seam_spec(dir: &Path, layers: Vec<PathBuf>, mounts: Vec<BindMount>) -> SeamBootSpec {
+    let id = format!("vm-{}", dir.file_name().unwrap().to_string_lossy());
     SeamBootSpec {
-        id: "vm-seam".into(),
+        id,
         hostname: "seam".into(),
         layers,
         dir: dir.to_path_buf(),
@@ -422,10 +424,10 @@ async fn the_vm_driver_boots_execs_snapshots_and_reports_a_kill() {
         eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
         return;
     };
-    let driver = QemuDriver::with_assets(Ok(assets.clone()));
+    let dir = TempDir::new("seam");
+    let driver = QemuDriver::with_assets(Ok(assets.clone())).with_warm(dir.0.join("templates"), 0);
     assert_eq!(driver.unavailable_reason(), None);
     assert!(driver.capabilities().own_kernel);
-    let dir = TempDir::new("seam");
     let vm = driver.boot(&seam_spec(&dir.0, layers, Vec::new())).await.expect("boot through the seam");
     let (code, release) = exec(&vm.connection(), &["uname", "-r"]).await;
     assert_eq!((code, release.trim()), (0, assets.release.as_str()));
@@ -443,6 +445,8 @@ async fn the_vm_driver_boots_execs_snapshots_and_reports_a_kill() {
     let how = tokio::time::timeout(Duration::from_secs(30), exit).await.expect("the exit resolves");
     assert!(how.starts_with("qemu was killed"), "{how}");
     vm.cleanup();
+    // The template saved behind the boot is not left running.
+    driver.warm().idle().await;
 }
 
 /// What the vm driver cannot do yet is refused before anything boots.
@@ -517,4 +521,170 @@ async fn dockerd_in_the_guest_builds_and_runs_a_scratch_image() {
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines, [assets.release.as_str(), "guest-root", "no-host-file"], "{out}");
     vm.kill().await;
+}
+
+// ------------------------------------------------ memory snapshots, pool
+
+/// A driver keeping its memory snapshots (and pool of `pool` vms) in `dir`.
+fn warm_driver(assets: &Assets, dir: &Path, pool: usize) -> QemuDriver {
+    QemuDriver::with_assets(Ok(assets.clone())).with_warm(dir.join("templates"), pool)
+}
+
+/// The shape of [`seam_spec`]'s vms of `layers`.
+async fn seam_shape(driver: &QemuDriver, assets: &Assets, layers: &[PathBuf], mapper: &IdMapper) -> Shape {
+    Shape {
+        kernel: assets.kernel.clone(),
+        initramfs: assets.initramfs.clone(),
+        accel: driver.accel(assets).await.clone(),
+        layers: layers.iter().map(|l| disks::layer_disk(l, &vm_dir().join("disks"), mapper).unwrap()).collect(),
+        cpus: 1,
+        memory_mib: 512,
+    }
+}
+
+/// A sandbox named `name` under `dir` with its own `/workspace` volume.
+fn sandbox(dir: &Path, name: &str, layers: &[PathBuf], mapper: &IdMapper) -> (SeamBootSpec, PathBuf) {
+    let own = dir.join(name);
+    std::fs::create_dir_all(&own).unwrap();
+    let workspace = workspace_dir(&own, mapper);
+    let mount = BindMount { host: workspace.clone(), guest: "/workspace".into(), read_only: false };
+    let mut spec = seam_spec(&own, layers.to_vec(), vec![mount]);
+    spec.id = format!("vm-{}-{name}", std::process::id());
+    (spec, workspace)
+}
+
+async fn sh(vm: &VmInstance, script: &str) -> String {
+    let (code, out) = exec(&vm.connection(), &["sh", "-c", script]).await;
+    assert_eq!(code, 0, "{script}: {out}");
+    out
+}
+
+/// The guest's wall clock is the host's, within a few seconds.
+async fn assert_clock_is_the_hosts(vm: &VmInstance) {
+    let guest: i64 = sh(vm, "date +%s").await.trim().parse().unwrap();
+    let host = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    assert!((guest - host).abs() <= 5, "guest clock {guest} vs host {host}");
+}
+
+/// `/workspace` is this sandbox's volume, both ways, and the writable
+/// layer is its own: what other vms wrote is not there.
+async fn assert_own_volume_and_layer(vm: &VmInstance, workspace: &Path, name: &str) {
+    std::fs::write(workspace.join("host.txt"), format!("for {name}\n")).unwrap();
+    assert_eq!(sh(vm, "cat /workspace/host.txt").await, format!("for {name}\n"));
+    sh(vm, &format!("echo from {name} > /workspace/guest.txt")).await;
+    assert_eq!(std::fs::read_to_string(workspace.join("guest.txt")).unwrap(), format!("from {name}\n"));
+    assert_eq!(sh(vm, "ls /etc/written-by-* 2>/dev/null || true").await, "", "another vm's writable layer");
+    sh(vm, &format!("echo {name} > /etc/written-by-{name}")).await;
+}
+
+/// Two vms restored from one memory snapshot: each reseeded (different
+/// random uuids and boot ids), each with the host's clock, each with its
+/// own `/workspace` and writable layer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restores_from_one_snapshot_are_reseeded_clocked_and_their_own() {
+    let Some(assets) = assets() else { return };
+    let Some(layers) = test_image_layers() else {
+        eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
+        return;
+    };
+    let mapper = IdMapper::detect().expect("an id map (host-setup)");
+    let dir = TempDir::new("restore");
+    let driver = warm_driver(&assets, &dir.0, 0);
+    let (spec, ws) = sandbox(&dir.0, "cold", &layers, &mapper);
+    let cold = driver.boot_vm(&spec).await.expect("a cold boot");
+    assert!(
+        matches!(cold.origin(), Origin::Cold { reason } if reason.contains("no memory snapshot")),
+        "{:?}",
+        cold.origin()
+    );
+    assert_own_volume_and_layer(&cold, &ws, "cold").await;
+    cold.kill();
+    driver.warm().idle().await;
+    // The snapshot's own clock stands still while it is saved: let it fall
+    // behind the host's, so a restore that did not set the clock shows.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let mut seen = Vec::new();
+    for name in ["first", "second"] {
+        let (spec, ws) = sandbox(&dir.0, name, &layers, &mapper);
+        let vm = driver.boot_vm(&spec).await.expect("a restore");
+        assert_eq!(vm.origin(), &Origin::Snapshot);
+        let ids = sh(&vm, "cat /proc/sys/kernel/random/uuid /proc/sys/kernel/random/boot_id").await;
+        assert_clock_is_the_hosts(&vm).await;
+        assert_own_volume_and_layer(&vm, &ws, name).await;
+        assert_eq!(sh(&vm, "hostname").await.trim(), "seam");
+        vm.kill();
+        seen.push(ids);
+    }
+    let (a, b): (Vec<&str>, Vec<&str>) = (seen[0].lines().collect(), seen[1].lines().collect());
+    assert_ne!(a[0], b[0], "random uuids after two restores of one snapshot");
+    assert_ne!(a[1], b[1], "boot ids after two restores of one snapshot");
+    driver.release().await;
+}
+
+/// With a pool, the next boot takes a restored vm from it and the pool
+/// fills again behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_vm_serves_the_next_boot_and_the_pool_refills() {
+    let Some(assets) = assets() else { return };
+    let Some(layers) = test_image_layers() else {
+        eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
+        return;
+    };
+    let mapper = IdMapper::detect().expect("an id map (host-setup)");
+    let dir = TempDir::new("pool");
+    let driver = warm_driver(&assets, &dir.0, 1);
+    let (spec, _) = sandbox(&dir.0, "cold", &layers, &mapper);
+    let cold = driver.boot_vm(&spec).await.expect("a cold boot");
+    cold.kill();
+    driver.warm().idle().await;
+    let shape = seam_shape(&driver, &assets, &layers, &mapper).await;
+    assert_eq!(driver.warm().ready(&shape), 1, "the pool filled behind the cold boot");
+    let (spec, ws) = sandbox(&dir.0, "pooled", &layers, &mapper);
+    let vm = driver.boot_vm(&spec).await.expect("a boot from the pool");
+    assert_eq!(vm.origin(), &Origin::Pool);
+    assert_own_volume_and_layer(&vm, &ws, "pooled").await;
+    assert_clock_is_the_hosts(&vm).await;
+    vm.kill();
+    driver.warm().idle().await;
+    assert_eq!(driver.warm().ready(&shape), 1, "the pool refilled");
+    driver.release().await;
+    assert_eq!(driver.warm().ready(&shape), 0, "release kills the idle vms");
+}
+
+/// A state file that is stale (another kernel, helper or image) or corrupt
+/// is not restored: the vm boots cold and says why, and a corrupt one is
+/// discarded to be saved anew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_or_corrupt_state_file_falls_back_to_a_cold_boot() {
+    let Some(assets) = assets() else { return };
+    let Some(layers) = test_image_layers() else {
+        eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
+        return;
+    };
+    let mapper = IdMapper::detect().expect("an id map (host-setup)");
+    let dir = TempDir::new("stale");
+    let driver = warm_driver(&assets, &dir.0, 0);
+    let shape = seam_shape(&driver, &assets, &layers, &mapper).await;
+    let template = driver.warm().template(&shape);
+    std::fs::create_dir_all(template.state().parent().unwrap()).unwrap();
+    std::fs::write(template.state(), b"not a vm state").unwrap();
+    std::fs::write(template.key_file(), "an older kernel's key").unwrap();
+    let (spec, _) = sandbox(&dir.0, "stale", &layers, &mapper);
+    let vm = driver.boot_vm(&spec).await.expect("a cold boot");
+    assert!(matches!(vm.origin(), Origin::Cold { reason } if reason.contains("stale")), "{:?}", vm.origin());
+    vm.kill();
+    driver.warm().idle().await;
+    assert!(template.current().is_some(), "a current template was saved behind the cold boot");
+    std::fs::write(template.state(), b"corrupt").unwrap();
+    let (spec, ws) = sandbox(&dir.0, "corrupt", &layers, &mapper);
+    let vm = driver.boot_vm(&spec).await.expect("a cold boot");
+    match vm.origin() {
+        Origin::Cold { reason } => assert!(reason.contains("restoring") && reason.contains("failed"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    assert_own_volume_and_layer(&vm, &ws, "corrupt").await;
+    vm.kill();
+    driver.warm().idle().await;
+    assert!(template.current().is_some(), "the corrupt state was replaced");
+    driver.release().await;
 }

@@ -42,6 +42,21 @@ enum Command {
     /// from the initramfs scripts/vm-initramfs.sh builds).
     #[command(name = "guest-init", hide = true)]
     GuestInit,
+    /// Measure the vm driver's create paths (cold, from the memory
+    /// snapshot, from the warm pool) and idle memory on an image; prints
+    /// the samples as JSON (bench/bench.py reads them).
+    #[command(name = "vm-bench")]
+    VmBench {
+        /// The image store.
+        #[arg(long)]
+        store: PathBuf,
+        /// The image.
+        #[arg(long)]
+        image: String,
+        /// Samples of each restore figure (a quarter as many cold boots).
+        #[arg(long, default_value_t = 10)]
+        runs: usize,
+    },
     /// Copy a VM's writable layer (internal; run by `serve` inside the VM's
     /// user namespace when the helper is not root).
     #[command(name = "__copy-layer", hide = true)]
@@ -68,6 +83,36 @@ fn main() -> ExitCode {
             let e = sandbox_mcp::agent::serve(listen);
             eprintln!("sandbox-vm-helper agent: {e}");
             ExitCode::FAILURE
+        }
+        Command::VmBench { store, image, runs } => {
+            let store = sandbox_mcp::image::ImageStore::new(store);
+            let layers = match store.get(&image) {
+                Ok(info) => {
+                    std::iter::once(store.rootfs(&image)).chain(store.layer_paths(&info.layers)).collect::<Vec<_>>()
+                }
+                Err(e) => {
+                    eprintln!("vm-bench: image {image}: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            // Under /tmp: virtiofsd runs as the sandbox's root, which must
+            // reach the workspace (a home directory may be closed to it).
+            let work = std::env::temp_dir().join(format!("smcp-vm-bench-{}", std::process::id()));
+            let figures = tokio::runtime::Runtime::new().map_err(|e| e.to_string()).and_then(|rt| {
+                rt.block_on(sandbox_mcp::helper::driver::qemu::bench::run(&layers, runs, &work))
+                    .map_err(|e| e.to_string())
+            });
+            let _ = std::fs::remove_dir_all(&work);
+            match figures {
+                Ok(f) => {
+                    println!("{}", serde_json::to_string(&f).unwrap_or_default());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("vm-bench: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Command::CopyLayer { src, dst } => match sandbox_mcp::image::copy_tree(&src, &dst) {
             Ok(()) => ExitCode::SUCCESS,

@@ -10,11 +10,16 @@
 //! - [`agent`]: starts the agent on the virtio-serial port, reaps orphans and
 //!   powers the VM off when the agent ends.
 //!
-//! The host side passes what the guest needs on the kernel command line as
-//! `smcp_*=` parameters, which the kernel hands to init as environment
-//! variables (see [`BootConfig`]).
+//! - [`handshake`]: waits for the host's "go" (hostname, clock, RNG seed)
+//!   before anything sandbox-specific, the point a memory snapshot is taken.
+//!
+//! What is the same for every VM of an image passes on the kernel command
+//! line as `smcp_*=` parameters, which the kernel hands to init as
+//! environment variables (see [`BootConfig`]); what is the sandbox's own
+//! comes in the [`handshake::Go`] line.
 pub mod agent;
 pub mod containers;
+pub mod handshake;
 pub mod modules;
 pub mod rootfs;
 
@@ -71,10 +76,6 @@ impl GuestError {
 pub struct BootConfig {
     /// How many layer disks there are (`smcp_layers`), at least one.
     pub layers: usize,
-    /// The sandbox's hostname (`smcp_hostname`).
-    pub hostname: String,
-    /// Whether `/workspace` is shared (`smcp_workspace=1`).
-    pub workspace: bool,
     /// A boot probe (`smcp_probe=1`): answer on the agent port once the
     /// modules are loaded, then power off (no disks, no agent).
     pub probe: bool,
@@ -83,7 +84,7 @@ pub struct BootConfig {
 impl BootConfig {
     /// Reads the parameters from `vars` (the process environment at boot).
     pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self, GuestError> {
-        let (mut layers, mut hostname, mut workspace, mut probe) = (None, String::from("sandbox"), false, false);
+        let (mut layers, mut probe) = (None, false);
         for (k, v) in vars {
             match k.as_str() {
                 "smcp_layers" => {
@@ -94,8 +95,6 @@ impl BootConfig {
                     }
                     layers = Some(n);
                 }
-                "smcp_hostname" => hostname = v,
-                "smcp_workspace" => workspace = v == "1",
                 "smcp_probe" => probe = v == "1",
                 _ => {}
             }
@@ -105,7 +104,7 @@ impl BootConfig {
             (None, true) => 0,
             (None, false) => return Err(GuestError::Config("smcp_layers is missing".into())),
         };
-        Ok(BootConfig { layers, hostname, workspace, probe })
+        Ok(BootConfig { layers, probe })
     }
 }
 
@@ -119,7 +118,10 @@ pub fn run() -> GuestError {
             agent::answer_probe()?;
             agent::power_off();
         }
-        rootfs::assemble(&config)?;
+        let go = handshake::wait_for_go()?;
+        handshake::apply(&go)?;
+        handshake::rescan_pci()?;
+        rootfs::assemble(&config, &go)?;
         containers::start();
         agent::serve()
     };
@@ -139,14 +141,8 @@ mod tests {
 
     #[test]
     fn boot_config_reads_the_smcp_parameters() {
-        let c = BootConfig::from_vars(vars(&[
-            ("smcp_layers", "3"),
-            ("smcp_hostname", "box"),
-            ("smcp_workspace", "1"),
-            ("TERM", "linux"),
-        ]))
-        .unwrap();
-        assert_eq!(c, BootConfig { layers: 3, hostname: "box".into(), workspace: true, probe: false });
+        let c = BootConfig::from_vars(vars(&[("smcp_layers", "3"), ("TERM", "linux")])).unwrap();
+        assert_eq!(c, BootConfig { layers: 3, probe: false });
         let p = BootConfig::from_vars(vars(&[("smcp_probe", "1")])).unwrap();
         assert!(p.probe && p.layers == 0);
     }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use nix::mount::{MsFlags, mount};
 
+use super::handshake::Go;
 use super::{AGENT_DIR, BootConfig, GuestError, LAYER_SERIAL, LAYER_VIEW, LIB_DIR, UPPER_SERIAL, WORKSPACE_TAG};
 
 /// Where the overlay is assembled before it becomes `/`.
@@ -67,7 +68,7 @@ pub fn lowerdir(layers: usize) -> String {
 }
 
 /// Builds the sandbox's root at [`NEW_ROOT`] and moves it to `/`.
-pub fn assemble(config: &BootConfig) -> Result<(), GuestError> {
+pub fn assemble(config: &BootConfig, go: &Go) -> Result<(), GuestError> {
     let ro = MsFlags::MS_RDONLY;
     for i in 0..config.layers {
         let dev = disk(&format!("{LAYER_SERIAL}{i}"))?;
@@ -115,11 +116,11 @@ pub fn assemble(config: &BootConfig) -> Result<(), GuestError> {
     mkdir(&under(LAYER_VIEW))?;
     mnt(&format!("{RW}/upper"), &under(LAYER_VIEW), None, MsFlags::MS_BIND, None)?;
     mnt("none", &under(LAYER_VIEW), None, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY, None)?;
-    if config.workspace {
+    if go.workspace {
         mkdir(&under("/workspace"))?;
         mnt(WORKSPACE_TAG, &under("/workspace"), Some("virtiofs"), MsFlags::MS_NODEV, None)?;
     }
-    nix::unistd::sethostname(&config.hostname).map_err(|e| GuestError::sys("sethostname", e))?;
+    nix::unistd::sethostname(&go.hostname).map_err(|e| GuestError::sys("sethostname", e))?;
     switch_root(root)
 }
 

@@ -2,7 +2,18 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use crate::guest::{AGENT_PORT, LAYER_SERIAL, UPPER_SERIAL, WORKSPACE_TAG};
+use crate::guest::handshake::CONTROL_PORT;
+use crate::guest::{AGENT_PORT, LAYER_SERIAL};
+
+/// The PCIe root port the writable disk is attached to, and `/workspace`'s.
+/// Both are there from the start, empty, so a VM restored from a memory
+/// snapshot taken before either existed can get them (microvm has no
+/// hotplug for its virtio-mmio slots; a root port takes `device_add`, and
+/// the guest finds the device by rescanning the bus). Without a power
+/// controller the slot is live at once, no guest hotplug driver needed.
+pub const UPPER_PORT: &str = "rpupper";
+/// See [`UPPER_PORT`].
+pub const WORKSPACE_PORT: &str = "rpws";
 
 /// Everything the command line says about one vm.
 #[derive(Debug, Clone)]
@@ -21,18 +32,20 @@ pub struct Machine {
     pub cmdline: String,
     /// The image's layers as ext4 files, bottom first (read-only disks).
     pub layers: Vec<PathBuf>,
-    /// The vm's writable disk.
-    pub upper: Option<PathBuf>,
-    /// virtiofsd's socket for `/workspace`.
-    pub workspace: Option<PathBuf>,
     /// The socket the helper listens on for the agent's port.
     pub agent_socket: PathBuf,
+    /// The socket the helper listens on for guest init's control port (the
+    /// "go" handshake, [`crate::guest::handshake`]); none for the probe.
+    pub control_socket: Option<PathBuf>,
     /// QMP's socket (qemu listens).
     pub qmp_socket: PathBuf,
     /// The guest console (kernel messages, guest-init's errors).
     pub console_log: PathBuf,
     /// Wait for an incoming migration (a restore) instead of booting.
     pub incoming: bool,
+    /// Start with the CPUs stopped (`-S`): devices are attached over QMP
+    /// first, then `cont`.
+    pub paused: bool,
 }
 
 /// The guest kernel's command line. `quiet` and no timer calibration keep a
@@ -40,23 +53,17 @@ pub struct Machine {
 /// and the stock kernel stalls without `tsc_early_khz`. `panic=-1` with
 /// qemu's `-no-reboot` turns a guest panic into qemu's exit. Parameters
 /// after `--` go to init as arguments, `smcp_*=` ones as its environment.
-pub fn cmdline(layers: usize, hostname: &str, workspace: bool, probe: bool) -> String {
+/// Only what every VM of the image shares is here (a memory snapshot of
+/// one serves them all); the sandbox's own parameters come in the "go"
+/// line ([`crate::guest::handshake::Go`]).
+pub fn cmdline(layers: usize, probe: bool) -> String {
     let mut c = String::from(
         "console=ttyS0 quiet loglevel=3 tsc_early_khz=2600000 tsc=reliable panic=-1 cryptomgr.notests random.trust_cpu=on",
     );
     if probe {
         c.push_str(" smcp_probe=1");
     } else {
-        // A hostname is a VM name (checked by the orchestrator); anything
-        // else could end the parameter and add another.
-        let hostname: String = hostname
-            .chars()
-            .map(|ch| if ch.is_ascii_alphanumeric() || ch == '-' || ch == '.' { ch } else { '-' })
-            .collect();
-        c.push_str(&format!(" smcp_layers={layers} smcp_hostname={hostname}"));
-        if workspace {
-            c.push_str(" smcp_workspace=1");
-        }
+        c.push_str(&format!(" smcp_layers={layers}"));
     }
     c.push_str(" -- guest-init");
     c
@@ -67,15 +74,12 @@ impl Machine {
     pub fn argv(&self) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
         let mut push = |parts: &[&str]| a.extend(parts.iter().map(OsString::from));
-        let shared_memory = self.workspace.is_some();
         // vhost-user (virtiofsd) maps the guest's memory, so it must be a
-        // shared memfd; virtio-mmio must be modern (virtio 1.0) for it. The
-        // RTC stays: the guest's clock is set from it at boot.
-        let machine = if shared_memory {
-            "microvm,x-option-roms=off,pit=off,pic=off,memory-backend=mem"
-        } else {
-            "microvm,x-option-roms=off,pit=off,pic=off"
-        };
+        // shared memfd, always: a memory snapshot restores into the same
+        // backend, and `/workspace` may be attached after the restore. The
+        // RTC stays: the guest's clock is set from it at boot. PCIe carries
+        // the devices attached after a restore (see [`UPPER_PORT`]).
+        let machine = "microvm,x-option-roms=off,pit=off,pic=off,pcie=on,memory-backend=mem";
         push(&["-M", machine, "-accel", self.accel, "-cpu", if self.accel == "kvm" { "host" } else { "max" }]);
         push(&["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
         // qemu's own seccomp filter: no exec, no privilege changes, no
@@ -83,9 +87,7 @@ impl Machine {
         push(&["-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"]);
         push(&["-smp", &self.cpus.max(1).to_string(), "-m", &format!("{}M", self.memory_mib)]);
         push(&["-global", "virtio-mmio.force-legacy=false"]);
-        if shared_memory {
-            push(&["-object", &format!("memory-backend-memfd,id=mem,size={}M,share=on", self.memory_mib)]);
-        }
+        push(&["-object", &format!("memory-backend-memfd,id=mem,size={}M,share=on", self.memory_mib)]);
         let path = |p: &PathBuf| p.to_string_lossy().replace(',', ",,");
         push(&["-kernel", &path(&self.kernel), "-initrd", &path(&self.initramfs), "-append", &self.cmdline]);
         push(&["-serial", &format!("file:{}", path(&self.console_log))]);
@@ -93,20 +95,26 @@ impl Machine {
             push(&["-drive", &format!("file={},if=none,id=layer{i},format=raw,readonly=on", path(layer))]);
             push(&["-device", &format!("virtio-blk-device,drive=layer{i},serial={LAYER_SERIAL}{i}")]);
         }
-        if let Some(upper) = &self.upper {
-            push(&["-drive", &format!("file={},if=none,id=upper,format=raw,discard=unmap", path(upper))]);
-            push(&["-device", &format!("virtio-blk-device,drive=upper,serial={UPPER_SERIAL}")]);
-        }
-        if let Some(sock) = &self.workspace {
-            push(&["-chardev", &format!("socket,id=workspace,path={}", path(sock))]);
-            push(&["-device", &format!("vhost-user-fs-device,chardev=workspace,tag={WORKSPACE_TAG}")]);
+        for (i, port) in [UPPER_PORT, WORKSPACE_PORT].iter().enumerate() {
+            let n = i + 1;
+            push(&[
+                "-device",
+                &format!("pcie-root-port,id={port},bus=pcie.0,chassis={n},slot={n},power_controller_present=off"),
+            ]);
         }
         // The helper listens; qemu connects, and reconnects to a helper that
         // took over after a restart.
         push(&["-device", "virtio-serial-device"]);
         push(&["-chardev", &format!("socket,id=agent,path={},reconnect=1", path(&self.agent_socket))]);
         push(&["-device", &format!("virtserialport,chardev=agent,name={AGENT_PORT}")]);
+        if let Some(control) = &self.control_socket {
+            push(&["-chardev", &format!("socket,id=control,path={},reconnect=1", path(control))]);
+            push(&["-device", &format!("virtserialport,chardev=control,name={CONTROL_PORT}")]);
+        }
         push(&["-qmp", &format!("unix:{},server=on,wait=off", path(&self.qmp_socket))]);
+        if self.paused {
+            push(&["-S"]);
+        }
         if self.incoming {
             push(&["-incoming", "defer"]);
         }
@@ -125,14 +133,14 @@ mod tests {
             memory_mib: 512,
             kernel: "/k/vmlinux".into(),
             initramfs: "/k/initramfs.cpio.gz".into(),
-            cmdline: cmdline(2, "box", true, false),
+            cmdline: cmdline(2, false),
             layers: vec!["/l/0.ext4".into(), "/l/1,x.ext4".into()],
-            upper: Some("/v/upper.ext4".into()),
-            workspace: Some("/v/fs.sock".into()),
             agent_socket: "/v/agent.sock".into(),
+            control_socket: Some("/v/control.sock".into()),
             qmp_socket: "/v/qmp.sock".into(),
             console_log: "/v/console.log".into(),
             incoming: false,
+            paused: true,
         }
     }
 
@@ -151,12 +159,16 @@ mod tests {
             "drive=layer0,serial=layer0",
             // A comma in a path is doubled, or qemu would read an option.
             "file=/l/1,,x.ext4,if=none,id=layer1,format=raw,readonly=on",
-            "drive=upper,serial=upper",
             "memory-backend-memfd,id=mem,size=512M,share=on",
-            "vhost-user-fs-device,chardev=workspace,tag=workspace",
+            "pcie=on,memory-backend=mem",
+            "pcie-root-port,id=rpupper,bus=pcie.0,chassis=1,slot=1,power_controller_present=off",
+            "pcie-root-port,id=rpws,bus=pcie.0,chassis=2,slot=2,power_controller_present=off",
             "socket,id=agent,path=/v/agent.sock,reconnect=1",
             "virtserialport,chardev=agent,name=agent",
+            "socket,id=control,path=/v/control.sock,reconnect=1",
+            "virtserialport,chardev=control,name=smcp-control",
             "-no-reboot",
+            "-S",
         ] {
             assert!(a.contains(want), "{want:?} missing from {a}");
         }
@@ -164,22 +176,21 @@ mod tests {
     }
 
     #[test]
-    fn without_a_workspace_memory_is_not_shared() {
+    fn a_restore_waits_for_its_state_and_the_probe_has_no_control_port() {
         let mut m = machine();
-        m.workspace = None;
         m.incoming = true;
+        m.control_socket = None;
         let a = joined(&m);
-        assert!(!a.contains("memfd") && !a.contains("memory-backend=mem"), "{a}");
-        assert!(a.ends_with("-incoming defer"), "{a}");
+        assert!(a.ends_with("-S -incoming defer"), "{a}");
+        assert!(!a.contains("smcp-control"), "{a}");
     }
 
     #[test]
-    fn cmdline_hands_init_its_parameters() {
-        let c = cmdline(3, "box", true, false);
-        assert!(c.contains(" smcp_layers=3 smcp_hostname=box smcp_workspace=1 -- guest-init"), "{c}");
-        assert!(c.contains("panic=-1"), "{c}");
-        assert!(cmdline(1, "a b smcp_x=1", false, false).contains("smcp_hostname=a-b-smcp-x-1 "));
-        let p = cmdline(0, "box", false, true);
+    fn cmdline_hands_init_only_what_the_image_shares() {
+        let c = cmdline(3, false);
+        assert!(c.contains(" smcp_layers=3 -- guest-init"), "{c}");
+        assert!(c.contains("panic=-1") && !c.contains("hostname"), "{c}");
+        let p = cmdline(0, true);
         assert!(p.contains("smcp_probe=1") && !p.contains("smcp_layers"), "{p}");
     }
 }

@@ -2,6 +2,11 @@
 //! boots a qemu microVM per sandbox and hands the helper the agent's
 //! multiplexed connection over the virtio-serial port.
 //!
+//! A vm comes from the warm pool when one of its shape waits there, else
+//! it is restored from its shape's memory snapshot, else it boots cold
+//! (the reason kept in its [`Origin`]); after a boot the shape's template
+//! and pool are made ready in the background ([`super::pool`]).
+//!
 //! What it does not do yet, refused with the reason: EGRESS networking,
 //! shares other than `/workspace`. CPUs and memory are the VM's own size
 //! (`-smp`, `-m`); qemu also runs in the sandbox's cgroup (the namespace
@@ -11,10 +16,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::assets::Assets;
-use super::instance::{BootSpec as QemuBoot, Instance as QemuInstance};
+use super::instance::{Attach, Instance as QemuInstance, Shape, Start};
+use super::pool::Warm;
 use super::share::Share;
 use super::virtiofsd::VIRTIOFSD;
-use super::{Accel, disks, probe, snapshot};
+use super::{Accel, QemuError, disks, probe, snapshot};
 use crate::agent::mux::Mux;
 use crate::agent::protocol::{ExitStatus, Frame, StartSpec};
 use crate::helper::agent_link::Dialer;
@@ -47,8 +53,24 @@ pub struct QemuDriver {
     disk_cache: PathBuf,
     /// Per-VM sockets and consoles (short paths: sockets).
     run_root: PathBuf,
+    /// Memory snapshots and the warm pool.
+    warm: Arc<Warm>,
     /// Where the per-VM cgroups go, or why VMs run without host limits.
     cgroups: Result<CgroupLayout, String>,
+}
+
+/// Where a vm came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// A restored vm waiting in the warm pool.
+    Pool,
+    /// Restored from its shape's memory snapshot on demand.
+    Snapshot,
+    /// The kernel booted; why no snapshot served.
+    Cold {
+        /// No snapshot yet, a stale one, or why restoring failed.
+        reason: String,
+    },
 }
 
 impl QemuDriver {
@@ -61,12 +83,15 @@ impl QemuDriver {
     /// from their own process).
     pub fn with_assets(assets: Result<Assets, String>) -> Self {
         let mapper = IdMapper::detect();
+        let run_root = crate::paths::runtime_dir().join("qemu");
+        let templates = super::assets::vm_dir().join("templates");
         QemuDriver {
             assets,
             mapper,
             accel: tokio::sync::OnceCell::new(),
             disk_cache: super::assets::vm_dir().join("disks"),
-            run_root: crate::paths::runtime_dir().join("qemu"),
+            warm: Arc::new(Warm::new(super::pool::configured_size(), templates, run_root.clone())),
+            run_root,
             cgroups: Err("no cgroup layout was given to the vm driver".into()),
         }
     }
@@ -78,52 +103,68 @@ impl QemuDriver {
         self
     }
 
-    /// KVM or TCG, probed once.
-    pub async fn accel(&self, assets: &Assets) -> &Accel {
-        let dir = self.run_root.join("probe");
-        self.accel.get_or_init(|| async move { probe::detect(assets, &dir).await }).await
-    }
-}
-
-fn unavailable(e: impl std::fmt::Display) -> DriverError {
-    DriverError::Unavailable(e.to_string())
-}
-
-#[tonic::async_trait]
-impl Driver for QemuDriver {
-    fn name(&self) -> &'static str {
-        "vm"
+    /// This driver with its memory snapshots under `templates` and a warm
+    /// pool of `pool_size` vms per shape (tests keep theirs apart).
+    pub fn with_warm(mut self, templates: PathBuf, pool_size: usize) -> Self {
+        self.warm = Arc::new(Warm::new(pool_size, templates, self.run_root.clone()));
+        self
     }
 
-    fn unavailable_reason(&self) -> Option<String> {
-        if let Some(reason) = self.assets.as_ref().err().or(self.mapper.as_ref().err()) {
-            return Some(reason.clone());
-        }
-        if !on_path(super::QEMU) {
-            return Some(format!("{} is not installed: {}", super::QEMU, super::INSTALL_HINT));
-        }
-        // Every sandbox shares its /workspace through it.
-        if !Path::new(VIRTIOFSD).is_file() {
-            return Some(format!("{VIRTIOFSD} is missing: {}", super::INSTALL_HINT));
-        }
-        None
+    /// Templates and the pool.
+    pub fn warm(&self) -> &Arc<Warm> {
+        &self.warm
     }
 
-    fn capabilities(&self) -> Capabilities {
-        let cgroups = self.cgroups.as_ref().ok();
-        Capabilities {
-            tty: true,
-            own_kernel: true,
-            dial: true,
-            snapshot: true,
-            containers: true,
-            limits: cgroups.is_some(),
-            cgroups: cgroups.map(CgroupLayout::capability),
-            ..Capabilities::default()
+    /// A vm of `shape` with the sandbox's `attach`: from the pool, else
+    /// restored from the template, else booted cold.
+    async fn create(
+        &self,
+        shape: &Shape,
+        run_dir: &Path,
+        attach: Attach<'_>,
+    ) -> Result<(QemuInstance, PathBuf, tokio::net::UnixStream, Origin), QemuError> {
+        if let Some(mut pooled) = self.warm.take(shape) {
+            match pooled.vm.go(attach, false).await {
+                Ok(stream) => return Ok((pooled.vm, pooled.run_dir, stream, Origin::Pool)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "a pooled vm failed to start; restoring another");
+                    pooled.vm.kill().await;
+                    let _ = std::fs::remove_dir_all(&pooled.run_dir);
+                }
+            }
+        }
+        let template = self.warm.template(shape);
+        let reason = match template.current() {
+            None => template.why_not(),
+            Some(state) => match QemuInstance::start(shape, run_dir, Start::Restore(&state), None).await {
+                Ok(mut vm) => match vm.go(attach, false).await {
+                    Ok(stream) => return Ok((vm, run_dir.to_path_buf(), stream, Origin::Snapshot)),
+                    Err(e) => {
+                        vm.kill().await;
+                        format!("the restored vm did not start: {e}")
+                    }
+                },
+                Err(e) => {
+                    // A state that does not load never will: made anew.
+                    template.discard();
+                    format!("restoring {} failed: {e}", state.display())
+                }
+            },
+        };
+        tracing::info!(%reason, "vm boots cold");
+        let mut vm = QemuInstance::start(shape, run_dir, Start::Cold, None).await?;
+        match vm.go(attach, true).await {
+            Ok(stream) => Ok((vm, run_dir.to_path_buf(), stream, Origin::Cold { reason })),
+            Err(e) => {
+                vm.kill().await;
+                Err(e)
+            }
         }
     }
 
-    async fn boot(&self, spec: &BootSpec) -> Result<Arc<dyn Instance>, DriverError> {
+    /// Boots a vm for `spec` (what [`Driver::boot`] does), the vm's own
+    /// type: its [`Origin`] says whether the pool or a snapshot served it.
+    pub async fn boot_vm(&self, spec: &BootSpec) -> Result<Arc<VmInstance>, DriverError> {
         let assets = self.assets.as_ref().map_err(unavailable)?;
         let mapper = self.mapper.as_ref().map_err(unavailable)?;
         if spec.egress.is_some() {
@@ -173,23 +214,24 @@ impl Driver for QemuDriver {
             Some(host) => Some(Share::of(host, &spec.id).map_err(|e| DriverError::InitFailed(e.to_string()))?),
             None => None,
         };
-        let run_dir = self.run_root.join(&spec.id);
-        let boot = QemuBoot {
-            hostname: &spec.hostname,
-            run_dir: run_dir.clone(),
-            assets,
-            accel: &accel,
+        let shape = Shape {
+            kernel: assets.kernel.clone(),
+            initramfs: assets.initramfs.clone(),
+            accel,
             layers,
-            upper,
-            workspace: share.as_ref().map(|s| s.path().to_path_buf()),
             cpus: spec.limits.cpus.max(1),
             memory_mib: (spec.limits.memory_bytes >> 20).max(256),
+        };
+        let attach = Attach {
+            hostname: &spec.hostname,
+            upper: &upper,
+            workspace: share.as_ref().map(Share::path),
             mapper,
             cgroup: cgroup.as_ref(),
         };
-        let booted = QemuInstance::boot(boot).await;
-        let (vm, transport) = match booted {
-            Ok(booted) => booted,
+        let created = self.create(&shape, &self.run_root.join(&spec.id), attach).await;
+        let (vm, run_dir, transport, origin) = match created {
+            Ok(created) => created,
             Err(e) => {
                 if let Some(cg) = &cgroup {
                     cg.remove();
@@ -197,6 +239,7 @@ impl Driver for QemuDriver {
                 return Err(DriverError::InitFailed(e.to_string()));
             }
         };
+        self.warm.warm_up(shape);
         let mux = Mux::open_side(transport);
         let mut ping = mux.open(Frame::Ping)?;
         match tokio::time::timeout(BOOT_WAIT, ping.next()).await {
@@ -214,10 +257,67 @@ impl Driver for QemuDriver {
             vm: Mutex::new(Some(vm)),
             mapper: mapper.clone(),
             run_dir,
+            origin,
             limits_not_enforced: self.cgroups.as_ref().err().cloned().unwrap_or_default(),
             cgroup,
             share: Mutex::new(share),
         }))
+    }
+
+    /// KVM or TCG, probed once.
+    pub async fn accel(&self, assets: &Assets) -> &Accel {
+        let dir = self.run_root.join("probe");
+        self.accel.get_or_init(|| async move { probe::detect(assets, &dir).await }).await
+    }
+}
+
+fn unavailable(e: impl std::fmt::Display) -> DriverError {
+    DriverError::Unavailable(e.to_string())
+}
+
+#[tonic::async_trait]
+impl Driver for QemuDriver {
+    fn name(&self) -> &'static str {
+        "vm"
+    }
+
+    fn unavailable_reason(&self) -> Option<String> {
+        if let Some(reason) = self.assets.as_ref().err().or(self.mapper.as_ref().err()) {
+            return Some(reason.clone());
+        }
+        if !on_path(super::QEMU) {
+            return Some(format!("{} is not installed: {}", super::QEMU, super::INSTALL_HINT));
+        }
+        // Every sandbox shares its /workspace through it.
+        if !Path::new(VIRTIOFSD).is_file() {
+            return Some(format!("{VIRTIOFSD} is missing: {}", super::INSTALL_HINT));
+        }
+        None
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let cgroups = self.cgroups.as_ref().ok();
+        Capabilities {
+            tty: true,
+            own_kernel: true,
+            dial: true,
+            snapshot: true,
+            limits: cgroups.is_some(),
+            cgroups: cgroups.map(CgroupLayout::capability),
+            ..Capabilities::default()
+        }
+    }
+
+    async fn boot(&self, spec: &BootSpec) -> Result<Arc<dyn Instance>, DriverError> {
+        Ok(self.boot_vm(spec).await?)
+    }
+
+    fn keep_warm(&self) {
+        // Templates and pools fill per shape as shapes boot (warm_up).
+    }
+
+    async fn release(&self) {
+        self.warm.drain().await;
     }
 }
 
@@ -239,9 +339,10 @@ pub struct VmInstance {
     vm: Mutex<Option<QemuInstance>>,
     mapper: IdMapper,
     run_dir: PathBuf,
+    origin: Origin,
     /// Why qemu runs without a cgroup; empty when it has one.
     limits_not_enforced: String,
-    /// The VM's cgroup, holding qemu.
+    /// The VM's cgroup, holding qemu and virtiofsd.
     cgroup: Option<VmCgroup>,
     /// Its workspace's mount for virtiofsd, released at cleanup.
     share: Mutex<Option<Share>>,
@@ -254,6 +355,11 @@ impl std::fmt::Debug for VmInstance {
 }
 
 impl VmInstance {
+    /// Where this vm came from.
+    pub fn origin(&self) -> &Origin {
+        &self.origin
+    }
+
     /// Runs argv in the guest and returns its stdout; a nonzero exit is an
     /// error carrying stderr.
     async fn output(&self, argv: Vec<String>) -> Result<Vec<u8>, String> {

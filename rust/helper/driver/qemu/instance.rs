@@ -3,30 +3,89 @@
 //! The helper listens on the agent socket before qemu starts; qemu connects
 //! to it as the virtio-serial port's host end (and again after the helper
 //! restarts and listens anew), so each accepted connection is one byte
-//! stream to the agent. A vm's files live in its run dir: the sockets, the
-//! console log, and (by default) its writable disk.
+//! stream to the agent. A second port carries guest init's "go" handshake
+//! ([`crate::guest::handshake`]). A vm's files live in its run dir: the
+//! sockets, the console log, and (by default) its writable disk.
+//!
+//! A vm starts one of three ways ([`Start`]): cold (the kernel boots), as a
+//! template (booted to the handshake and saved, see [`super::template`]),
+//! or restored from a template's memory state. Only then does it get what
+//! is the sandbox's own ([`Attach`]): the writable disk and `/workspace`
+//! are attached over QMP on PCIe root ports, then the guest gets its "go".
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde_json::json;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{UnixListener, UnixStream};
 
-use super::argv::{Machine, cmdline};
+use super::argv::{Machine, UPPER_PORT, WORKSPACE_PORT, cmdline};
 use super::assets::Assets;
 use super::qmp::Qmp;
 use super::virtiofsd::Virtiofsd;
 use super::{Accel, QEMU, QemuError};
+use crate::guest::handshake::{Go, READY, SEED_BYTES};
+use crate::guest::{UPPER_SERIAL, WORKSPACE_TAG};
 use crate::helper::driver::cgroup::VmCgroup;
 use crate::helper::driver::userns::IdMapper;
 
 /// How long qemu has to connect to the agent socket after it starts (it
 /// does so before the guest runs).
 const CONNECT_WAIT: Duration = Duration::from_secs(30);
+/// How long a TCG boot may take to guest init's ready on the control port.
+pub const READY_WAIT: Duration = Duration::from_secs(300);
 /// How much of the console an exit report quotes.
 const CONSOLE_TAIL: usize = 2048;
 
-/// What to boot.
+/// What every vm restored from one template shares: the machine, the
+/// image's layer disks and the size. A template is made per shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shape {
+    /// The PVH kernel.
+    pub kernel: PathBuf,
+    /// The initramfs (named by the helper's build id).
+    pub initramfs: PathBuf,
+    /// KVM or TCG.
+    pub accel: Accel,
+    /// The image's layer disks, bottom first ([`super::disks::layer_disk`]).
+    pub layers: Vec<PathBuf>,
+    /// `-smp`.
+    pub cpus: u32,
+    /// `-m`, MiB.
+    pub memory_mib: u64,
+}
+
+/// What is the sandbox's own, attached once the vm runs its shape.
+#[derive(Debug, Clone, Copy)]
+pub struct Attach<'a> {
+    /// The vm's hostname.
+    pub hostname: &'a str,
+    /// The writable disk ([`super::disks::upper_disk`]).
+    pub upper: &'a Path,
+    /// The volume shown at `/workspace`.
+    pub workspace: Option<&'a Path>,
+    /// The helper's id map (virtiofsd runs under it).
+    pub mapper: &'a IdMapper,
+    /// The sandbox's cgroup: qemu (started for no sandbox yet when it came
+    /// from the pool) and virtiofsd go into it.
+    pub cgroup: Option<&'a VmCgroup>,
+}
+
+/// How a vm starts.
+#[derive(Debug, Clone, Copy)]
+pub enum Start<'a> {
+    /// The kernel boots; CPUs stopped until [`Instance::go`].
+    Cold,
+    /// The kernel boots to guest init's handshake, to be saved.
+    Template,
+    /// The memory state in this file is loaded; CPUs stopped until
+    /// [`Instance::go`].
+    Restore(&'a Path),
+}
+
+/// What to boot (cold, all at once: [`Instance::boot`]).
 pub struct BootSpec<'a> {
     /// The vm's hostname.
     pub hostname: &'a str,
@@ -53,10 +112,29 @@ pub struct BootSpec<'a> {
     pub cgroup: Option<&'a VmCgroup>,
 }
 
-/// A booted vm.
+impl BootSpec<'_> {
+    /// The shape this boot shares with others of its image and size.
+    pub fn shape(&self) -> Shape {
+        Shape {
+            kernel: self.assets.kernel.clone(),
+            initramfs: self.assets.initramfs.clone(),
+            accel: self.accel.clone(),
+            layers: self.layers.clone(),
+            cpus: self.cpus,
+            memory_mib: self.memory_mib,
+        }
+    }
+}
+
+/// A started vm.
 pub struct Instance {
     child: tokio::process::Child,
     listener: Arc<UnixListener>,
+    /// The first agent connection, until [`go`](Self::go) hands it out.
+    agent: Option<UnixStream>,
+    control: UnixStream,
+    paused: bool,
+    run_dir: PathBuf,
     qmp: PathBuf,
     console: PathBuf,
     qemu_log: PathBuf,
@@ -98,50 +176,194 @@ fn tail(path: &Path) -> String {
 }
 
 impl Instance {
-    /// Starts qemu (and virtiofsd for `/workspace`) and returns the vm with
-    /// its first agent connection.
+    /// Starts qemu for `shape` and returns the vm with its first agent
+    /// connection (cold: booted and given its "go" at once).
     pub async fn boot(spec: BootSpec<'_>) -> Result<(Instance, UnixStream), QemuError> {
-        let dir = &spec.run_dir;
-        std::fs::create_dir_all(dir).map_err(|e| QemuError::io(format!("create {}", dir.display()), e))?;
-        let agent_socket = dir.join("agent.sock");
-        let _ = std::fs::remove_file(&agent_socket);
-        let listener = UnixListener::bind(&agent_socket)
-            .map_err(|e| QemuError::io(format!("bind {}", agent_socket.display()), e))?;
-        let virtiofsd = match &spec.workspace {
-            Some(source) => Some(Virtiofsd::start(source, &dir.join("workspace.sock"), spec.mapper, spec.cgroup)?),
-            None => None,
+        let mut vm = Instance::start(&spec.shape(), &spec.run_dir, Start::Cold, spec.cgroup).await?;
+        let attach = Attach {
+            hostname: spec.hostname,
+            upper: &spec.upper,
+            workspace: spec.workspace.as_deref(),
+            mapper: spec.mapper,
+            cgroup: spec.cgroup,
         };
-        let machine = Machine {
-            accel: spec.accel.name(),
-            cpus: spec.cpus,
-            memory_mib: spec.memory_mib,
-            kernel: spec.assets.kernel.clone(),
-            initramfs: spec.assets.initramfs.clone(),
-            cmdline: cmdline(spec.layers.len(), spec.hostname, spec.workspace.is_some(), false),
-            layers: spec.layers.clone(),
-            upper: Some(spec.upper.clone()),
-            workspace: virtiofsd.as_ref().map(|d| d.socket().to_path_buf()),
-            agent_socket,
-            qmp_socket: dir.join("qmp.sock"),
-            console_log: dir.join("console.log"),
-            incoming: false,
-        };
-        let (child, listener) = spawn(&machine, listener, spec.cgroup)?;
-        let qemu_log = qemu_log(&machine);
-        let mut vm = Instance {
-            child,
-            listener: Arc::new(listener),
-            qmp: machine.qmp_socket,
-            console: machine.console_log,
-            qemu_log,
-            virtiofsd,
-        };
-        match vm.accept(CONNECT_WAIT).await {
+        match vm.go(attach, true).await {
             Ok(stream) => Ok((vm, stream)),
             Err(e) => {
                 vm.kill().await;
                 Err(e)
             }
+        }
+    }
+
+    /// Starts qemu for `shape` in `run_dir`, `how` says from what; waits
+    /// for its agent and control connections (and, for a restore, until the
+    /// state is loaded).
+    pub async fn start(
+        shape: &Shape,
+        run_dir: &Path,
+        how: Start<'_>,
+        cgroup: Option<&VmCgroup>,
+    ) -> Result<Instance, QemuError> {
+        let dir = run_dir;
+        std::fs::create_dir_all(dir).map_err(|e| QemuError::io(format!("create {}", dir.display()), e))?;
+        let bind = |name: &str| {
+            let path = dir.join(name);
+            let _ = std::fs::remove_file(&path);
+            UnixListener::bind(&path)
+                .map(|l| (l, path.clone()))
+                .map_err(|e| QemuError::io(format!("bind {}", path.display()), e))
+        };
+        let (listener, agent_socket) = bind("agent.sock")?;
+        let (control_listener, control_socket) = bind("control.sock")?;
+        let machine = Machine {
+            accel: shape.accel.name(),
+            cpus: shape.cpus,
+            memory_mib: shape.memory_mib,
+            kernel: shape.kernel.clone(),
+            initramfs: shape.initramfs.clone(),
+            cmdline: cmdline(shape.layers.len(), false),
+            layers: shape.layers.clone(),
+            agent_socket,
+            control_socket: Some(control_socket),
+            qmp_socket: dir.join("qmp.sock"),
+            console_log: dir.join("console.log"),
+            incoming: matches!(how, Start::Restore(_)),
+            paused: !matches!(how, Start::Template),
+        };
+        let (child, listener) = spawn(&machine, listener, cgroup)?;
+        let qemu_log = qemu_log(&machine);
+        let mut vm = Instance {
+            child,
+            listener: Arc::new(listener),
+            agent: None,
+            // Replaced below; a placeholder keeps the struct whole meanwhile.
+            control: UnixStream::pair().map_err(|e| QemuError::io("socketpair", e))?.0,
+            paused: machine.paused,
+            run_dir: dir.to_path_buf(),
+            qmp: machine.qmp_socket,
+            console: machine.console_log,
+            qemu_log,
+            virtiofsd: None,
+        };
+        let started = async {
+            vm.agent = Some(vm.accept(CONNECT_WAIT).await?);
+            let control = tokio::time::timeout(CONNECT_WAIT, control_listener.accept())
+                .await
+                .map_err(|_| QemuError::Timeout { what: "qemu to connect to the control socket", secs: 30 })?
+                .map_err(|e| QemuError::io("accept qemu's control connection", e))?;
+            vm.control = control.0;
+            if let Start::Restore(state) = how {
+                let file =
+                    std::fs::File::open(state).map_err(|e| QemuError::io(format!("open {}", state.display()), e))?;
+                vm.qmp().await?.migrate_from_file(&file).await?;
+            }
+            Ok(())
+        };
+        match started.await {
+            Ok(()) => Ok(vm),
+            Err(e) => {
+                let exit = vm.kill().await;
+                Err(with_output(e, &exit))
+            }
+        }
+    }
+
+    /// Waits for guest init's [`READY`] on the control port: it waits for
+    /// its "go", nothing sandbox-specific attached or mounted yet.
+    pub async fn wait_ready(&mut self, wait: Duration) -> Result<(), QemuError> {
+        let mut got = Vec::new();
+        // Ok(false): the port closed, which a qemu that is exiting does.
+        let read = async {
+            while !got.ends_with(READY.as_bytes()) {
+                let mut byte = [0u8; 1];
+                let n = self.control.read(&mut byte).await.map_err(|e| QemuError::io("read the control port", e))?;
+                if n == 0 {
+                    return Ok(false);
+                }
+                got.push(byte[0]);
+            }
+            Ok(true)
+        };
+        let status = tokio::select! {
+            r = tokio::time::timeout(wait, read) => match r {
+                Ok(Ok(true)) => return Ok(()),
+                Ok(Ok(false)) => match tokio::time::timeout(CONNECT_WAIT, self.child.wait()).await {
+                    Ok(status) => status,
+                    Err(_) => return Err(QemuError::Exited("the control port closed before guest init was ready".into())),
+                },
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(QemuError::Timeout { what: "guest init to be ready", secs: wait.as_secs() }),
+            },
+            status = self.child.wait() => status,
+        };
+        let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+        Err(QemuError::Exited(format!("{status}; {}", self.output())))
+    }
+
+    /// Attaches what is the sandbox's own (the writable disk, `/workspace`
+    /// with its virtiofsd), resumes the CPUs and gives guest init its "go"
+    /// (waiting for its ready first on a cold boot, so the clock it gets is
+    /// the time it reads it). Returns the agent's first connection.
+    pub async fn go(&mut self, attach: Attach<'_>, wait_ready: bool) -> Result<UnixStream, QemuError> {
+        if let (Some(cg), Some(pid)) = (attach.cgroup, self.pid()) {
+            into_cgroup(cg, pid)?;
+        }
+        if let Some(source) = attach.workspace {
+            let socket = self.run_dir.join("workspace.sock");
+            self.virtiofsd = Some(Virtiofsd::start(source, &socket, attach.mapper, attach.cgroup)?);
+        }
+        let mut qmp = self.qmp().await?;
+        let upper = attach.upper.to_string_lossy();
+        qmp.execute(
+            "blockdev-add",
+            Some(json!({ "driver": "raw", "node-name": "upper", "discard": "unmap",
+                          "file": { "driver": "file", "filename": upper } })),
+        )
+        .await?;
+        qmp.execute(
+            "device_add",
+            Some(json!({ "driver": "virtio-blk-pci", "id": "upper-disk", "drive": "upper",
+                          "serial": UPPER_SERIAL, "bus": UPPER_PORT })),
+        )
+        .await?;
+        if let Some(d) = &self.virtiofsd {
+            let path = d.socket().to_string_lossy();
+            qmp.execute(
+                "chardev-add",
+                Some(json!({ "id": "workspace", "backend": { "type": "socket", "data": {
+                    "addr": { "type": "unix", "data": { "path": path } }, "server": false } } })),
+            )
+            .await?;
+            qmp.execute(
+                "device_add",
+                Some(json!({ "driver": "vhost-user-fs-pci", "id": "workspace-fs", "chardev": "workspace",
+                              "tag": WORKSPACE_TAG, "bus": WORKSPACE_PORT })),
+            )
+            .await?;
+        }
+        if self.paused {
+            qmp.cont().await?;
+            self.paused = false;
+        }
+        // qemu serves one QMP client at a time.
+        drop(qmp);
+        if wait_ready {
+            self.wait_ready(READY_WAIT).await?;
+        }
+        let go = Go {
+            hostname: attach.hostname.to_string(),
+            workspace: attach.workspace.is_some(),
+            time_ns: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
+            seed: seed()?,
+        };
+        self.control
+            .write_all(go.encode().as_bytes())
+            .await
+            .map_err(|e| QemuError::io("write go on the control port", e))?;
+        match self.agent.take() {
+            Some(stream) => Ok(stream),
+            None => self.accept(CONNECT_WAIT).await,
         }
     }
 
@@ -231,6 +453,27 @@ impl Instance {
     }
 }
 
+/// The seed a guest's RNG gets at its "go".
+fn seed() -> Result<[u8; SEED_BYTES], QemuError> {
+    use std::io::Read as _;
+    let mut seed = [0u8; SEED_BYTES];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut seed))
+        .map_err(|e| QemuError::io("read /dev/urandom for the guest's seed", e))?;
+    Ok(seed)
+}
+
+/// `e` with what qemu and the console said, when qemu exited.
+fn with_output(e: QemuError, exit: &Exit) -> QemuError {
+    match e {
+        QemuError::Exited(_) => e,
+        other => {
+            let tail = exit.console_tail.trim();
+            if tail.is_empty() { other } else { QemuError::Exited(format!("{other}; {tail}")) }
+        }
+    }
+}
+
 /// Where qemu's stderr goes: next to the console log.
 fn qemu_log(machine: &Machine) -> PathBuf {
     machine.console_log.with_file_name("qemu.log")
@@ -258,8 +501,12 @@ pub fn spawn(
         _ => QemuError::io(format!("start {QEMU}"), e),
     })?;
     if let (Some(cg), Some(pid)) = (cgroup, child.id()) {
-        cg.add(pid as i32)
-            .map_err(|e| QemuError::io("move qemu into the vm's cgroup", std::io::Error::other(e.to_string())))?;
+        into_cgroup(cg, pid)?;
     }
     Ok((child, listener))
+}
+
+/// Moves qemu (`pid`) into a vm's cgroup.
+fn into_cgroup(cg: &VmCgroup, pid: u32) -> Result<(), QemuError> {
+    cg.add(pid as i32).map_err(|e| QemuError::io("move qemu into the vm's cgroup", std::io::Error::other(e.to_string())))
 }

@@ -16,19 +16,25 @@
 //! - [`instance`]: boot, transport, stop, kill, wait.
 //! - [`driver`]: the `vm` driver behind the helper's driver seam.
 //! - [`snapshot`]: the writable layer as a layer of the image store.
+//! - [`template`]: memory snapshots of a vm waiting at guest init's handshake.
+//! - [`bench`]: the create and memory figures `make bench` prints.
+//! - [`pool`]: restored vms kept ready, and the templates built behind them.
 //!
 //! qemu runs as the helper's user with no extra privilege, under
 //! `-sandbox on` (its own seccomp filter), in the sandbox's cgroup when the
 //! host has cgroups.
 pub mod argv;
 pub mod assets;
+pub mod bench;
 pub mod disks;
 pub mod driver;
 pub mod instance;
+pub mod pool;
 pub mod probe;
 pub mod qmp;
 pub mod share;
 pub mod snapshot;
+pub mod template;
 pub mod virtiofsd;
 
 /// Debian's qemu for x86-64 guests (package qemu-system-x86).

@@ -61,14 +61,14 @@ pub async fn boot_probe(assets: &Assets, run_dir: &Path, accel: &Accel, timeout:
         memory_mib: 256,
         kernel: assets.kernel.clone(),
         initramfs: assets.initramfs.clone(),
-        cmdline: cmdline(0, "probe", false, true),
+        cmdline: cmdline(0, true),
         layers: Vec::new(),
-        upper: None,
-        workspace: None,
         agent_socket: agent_socket.clone(),
+        control_socket: None,
         qmp_socket: run_dir.join("probe-qmp.sock"),
         console_log: run_dir.join("probe-console.log"),
         incoming: false,
+        paused: false,
     };
     let (mut child, listener) = spawn(&machine, listener, None)?;
     let answered = async {

@@ -1,0 +1,138 @@
+//! `sandbox-vm-helper vm-bench`: the vm driver's create figures for
+//! `make bench`, measured on the driver's own steps (as its `create` takes
+//! them), from qemu's start to the agent's first Pong: a cold boot, a
+//! restore from the shape's memory snapshot, and a vm taken from the pool
+//! (restored ahead, untimed; then only attach, "go" and the Pong). Also the
+//! host memory of an idle vm: the RSS of its qemu and virtiofsd.
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::QemuError;
+use super::assets::{Assets, vm_dir};
+use super::instance::{Attach, Instance, Shape, Start};
+use super::template::Template;
+use super::{disks, probe};
+use crate::agent::mux::Mux;
+use crate::agent::protocol::Frame;
+use crate::helper::driver::userns::IdMapper;
+
+/// The samples, in milliseconds and MiB.
+#[derive(Debug, Default, Serialize)]
+pub struct Figures {
+    /// Cold boots.
+    pub cold_ms: Vec<f64>,
+    /// Restores from the state file.
+    pub snapshot_ms: Vec<f64>,
+    /// Pooled vms handed out.
+    pub pool_ms: Vec<f64>,
+    /// RSS of qemu and virtiofsd per idle vm.
+    pub idle_rss_mib: Vec<f64>,
+}
+
+fn failed(what: &str, e: impl std::fmt::Display) -> QemuError {
+    QemuError::io(what.to_string(), std::io::Error::other(e.to_string()))
+}
+
+/// The RSS of the processes whose command line contains `needle`, in KiB.
+fn rss_kib_matching(needle: &str) -> u64 {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return 0 };
+    procs
+        .flatten()
+        .filter(|p| {
+            std::fs::read(p.path().join("cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).replace('\0', " ").contains(needle))
+        })
+        .map(|p| rss_kib(&p.path()))
+        .sum()
+}
+
+fn rss_kib(proc_dir: &Path) -> u64 {
+    std::fs::read_to_string(proc_dir.join("status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("VmRSS:").and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            })
+        })
+        .unwrap_or(0)
+}
+
+/// Runs the benchmark on `layers` (an image's, bottom first), `runs`
+/// samples of each restore figure and fewer cold boots, under `work`.
+pub async fn run(layers: &[PathBuf], runs: usize, work: &Path) -> Result<Figures, QemuError> {
+    let assets = Assets::for_this_helper()?;
+    let mapper = IdMapper::detect().map_err(|e| failed("the id map", e))?;
+    let accel = probe::detect(&assets, &work.join("probe")).await;
+    let cache = vm_dir().join("disks");
+    let layers = layers.iter().map(|l| disks::layer_disk(l, &cache, &mapper)).collect::<Result<Vec<_>, _>>()?;
+    let shape = Shape {
+        kernel: assets.kernel.clone(),
+        initramfs: assets.initramfs.clone(),
+        accel,
+        layers,
+        cpus: 1,
+        memory_mib: 512,
+    };
+    let template = Template::of(&work.join("templates"), &shape);
+    template.build(&shape, &work.join("template")).await?;
+    let state = template.current().ok_or_else(|| failed("the template", "no state was saved"))?;
+    let mut figures = Figures::default();
+    let cold_runs = runs.div_ceil(4).max(1);
+    for i in 0..cold_runs + 2 * runs {
+        let dir = work.join(format!("vm{i}"));
+        std::fs::create_dir_all(dir.join("ws")).map_err(|e| QemuError::io("create the bench's workspace", e))?;
+        let (uid, gid) = mapper.id_map().host_root();
+        let _ = nix::unistd::chown(&dir.join("ws"), Some(uid.into()), Some(gid.into()));
+        let upper = dir.join("upper.ext4");
+        disks::upper_disk(&upper, 1 << 30)?;
+        let ws = dir.join("ws");
+        let attach = Attach { hostname: "bench", upper: &upper, workspace: Some(&ws), mapper: &mapper };
+        let run_dir = dir.join("run");
+        let (mut vm, ms) = if i < cold_runs {
+            let t = Instant::now();
+            let mut vm = Instance::start(&shape, &run_dir, Start::Cold, None).await?;
+            let stream = vm.go(attach, true).await?;
+            pong(stream).await?;
+            (vm, t.elapsed())
+        } else if i < cold_runs + runs {
+            let t = Instant::now();
+            let mut vm = Instance::start(&shape, &run_dir, Start::Restore(&state), None).await?;
+            let stream = vm.go(attach, false).await?;
+            pong(stream).await?;
+            (vm, t.elapsed())
+        } else {
+            let mut vm = Instance::start(&shape, &run_dir, Start::Restore(&state), None).await?;
+            let t = Instant::now();
+            let stream = vm.go(attach, false).await?;
+            pong(stream).await?;
+            (vm, t.elapsed())
+        };
+        let ms = ms.as_secs_f64() * 1000.0;
+        match i {
+            i if i < cold_runs => figures.cold_ms.push(ms),
+            i if i < cold_runs + runs => figures.snapshot_ms.push(ms),
+            _ => figures.pool_ms.push(ms),
+        }
+        if i == cold_runs || i == cold_runs + runs {
+            // An idle restored vm, settled.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let qemu = vm.pid().map_or(0, |p| rss_kib(&PathBuf::from(format!("/proc/{p}"))));
+            let virtiofsd = rss_kib_matching(&format!("source={}", ws.display()));
+            figures.idle_rss_mib.push((qemu + virtiofsd) as f64 / 1024.0);
+        }
+        vm.kill().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(figures)
+}
+
+async fn pong(stream: tokio::net::UnixStream) -> Result<(), QemuError> {
+    let mux = Mux::open_side(stream);
+    let mut ping = mux.open(Frame::Ping).map_err(|e| failed("ping the agent", e))?;
+    match tokio::time::timeout(Duration::from_secs(300), ping.next()).await {
+        Ok(Ok(Some(Frame::Pong))) => Ok(()),
+        other => Err(failed("ping the agent", format!("{other:?}"))),
+    }
+}

@@ -1,0 +1,143 @@
+//! The warm pool: per [`Shape`], up to `size` vms restored from the shape's
+//! template and left paused at guest init's handshake, each waiting for a
+//! sandbox's disk, `/workspace` and "go". [`Warm::take`] hands one out and
+//! the pool refills in the background; templates are built in the
+//! background too, the first time a shape boots cold. Idle vms are killed
+//! by [`Warm::drain`] (the helper's exit).
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::instance::{Instance, Shape, Start};
+use super::template::Template;
+
+/// The helper's setting for the pool's size per shape (default 1; 0: no
+/// pool, vms are restored from the template on demand).
+pub const POOL_SIZE_ENV: &str = "SANDBOX_MCP_VM_POOL";
+/// The default pool size per shape.
+pub const DEFAULT_POOL_SIZE: usize = 1;
+
+/// The pool size the helper was configured with.
+pub fn configured_size() -> usize {
+    std::env::var(POOL_SIZE_ENV).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(DEFAULT_POOL_SIZE)
+}
+
+/// A restored vm waiting in the pool, with its own run directory.
+pub struct Pooled {
+    /// The vm (paused, state loaded).
+    pub vm: Instance,
+    /// Its directory (sockets, console).
+    pub run_dir: PathBuf,
+}
+
+/// Templates and the pool of one driver.
+pub struct Warm {
+    size: usize,
+    templates: PathBuf,
+    run_root: PathBuf,
+    vms: Mutex<HashMap<PathBuf, Vec<Pooled>>>,
+    /// Shapes whose template or pool is being worked on (one task each).
+    busy: Mutex<HashSet<PathBuf>>,
+    counter: AtomicU64,
+}
+
+impl std::fmt::Debug for Warm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Warm").field("size", &self.size).field("templates", &self.templates).finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Warm {
+    /// Templates under `templates`, pool vms' run dirs under `run_root`.
+    pub fn new(size: usize, templates: PathBuf, run_root: PathBuf) -> Self {
+        Warm {
+            size,
+            templates,
+            run_root,
+            vms: Mutex::new(HashMap::new()),
+            busy: Mutex::new(HashSet::new()),
+            counter: AtomicU64::new(0),
+        }
+    }
+
+    /// The template of `shape`.
+    pub fn template(&self, shape: &Shape) -> Template {
+        Template::of(&self.templates, shape)
+    }
+
+    /// A pooled vm of `shape`, if one waits.
+    pub fn take(&self, shape: &Shape) -> Option<Pooled> {
+        lock(&self.vms).get_mut(&self.template(shape).state()).and_then(Vec::pop)
+    }
+
+    /// How many vms of `shape` wait in the pool.
+    pub fn ready(&self, shape: &Shape) -> usize {
+        lock(&self.vms).get(&self.template(shape).state()).map_or(0, Vec::len)
+    }
+
+    /// A fresh run directory for a vm the driver starts on its own.
+    pub fn run_dir(&self, what: &str) -> PathBuf {
+        self.run_root.join(format!("{what}-{}-{}", std::process::id(), self.counter.fetch_add(1, Ordering::Relaxed)))
+    }
+
+    /// In the background: builds `shape`'s template if it has none that is
+    /// current, then fills its pool. One task per shape at a time.
+    pub fn warm_up(self: &Arc<Self>, shape: Shape) {
+        let template = self.template(&shape);
+        if !lock(&self.busy).insert(template.state()) {
+            return;
+        }
+        let warm = self.clone();
+        tokio::spawn(async move {
+            warm.fill(&shape, &template).await;
+            lock(&warm.busy).remove(&template.state());
+        });
+    }
+
+    async fn fill(&self, shape: &Shape, template: &Template) {
+        if template.current().is_none() {
+            let run_dir = self.run_dir("template");
+            match template.build(shape, &run_dir).await {
+                Ok(()) => tracing::info!(state = %template.state().display(), "vm template saved"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "vm template not saved; vms of this image boot cold");
+                    return;
+                }
+            }
+        }
+        while self.ready(shape) < self.size {
+            let Some(state) = template.current() else { return };
+            let run_dir = self.run_dir("pool");
+            match Instance::start(shape, &run_dir, Start::Restore(&state), None).await {
+                Ok(vm) => lock(&self.vms).entry(template.state()).or_default().push(Pooled { vm, run_dir }),
+                Err(e) => {
+                    tracing::warn!(error = %e, "a pool vm did not restore; the template is discarded");
+                    template.discard();
+                    let _ = std::fs::remove_dir_all(&run_dir);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Returns once no template is being built and no pool filled.
+    pub async fn idle(&self) {
+        while !lock(&self.busy).is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Kills every idle vm (the helper exits).
+    pub async fn drain(&self) {
+        let all: Vec<Pooled> = lock(&self.vms).drain().flat_map(|(_, v)| v).collect();
+        for mut p in all {
+            p.vm.kill().await;
+            let _ = std::fs::remove_dir_all(&p.run_dir);
+        }
+    }
+}
