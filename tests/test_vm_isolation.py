@@ -78,9 +78,10 @@ def pids_of(program: str, mark: str) -> list[int]:
     return pids
 
 
-def qemu_pids(env: dict[str, str]) -> list[int]:
-    """The qemu processes of this test's helper: their sockets live in its runtime dir."""
-    return pids_of(QEMU, env["XDG_RUNTIME_DIR"])
+def qemu_pids(key: str) -> list[int]:
+    """The qemu of the sandbox keyed `key`, booted cold (its run dir is named by the key; a vm taken
+    from the warm pool keeps the pool's, and the pool's own and a template's are named otherwise)."""
+    return pids_of(QEMU, key)
 
 
 @needs_vm
@@ -109,7 +110,7 @@ def test_a_vm_sandbox_from_the_project_file(front_end, roots, env):
 
     # qemu and the virtiofsd serving /workspace share the sandbox's cgroup (named by its key) when the
     # helper has cgroups, and the helper's otherwise.
-    pids = qemu_pids(env)
+    pids = qemu_pids(sandbox_key("default", roots))
     assert len(pids) == 1, pids
     virtiofsd = pids_of("virtiofsd", sandbox_key("default", roots))  # it forks into a pid namespace of its own
     assert virtiofsd, "no virtiofsd"

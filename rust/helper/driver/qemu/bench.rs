@@ -88,7 +88,7 @@ pub async fn run(layers: &[PathBuf], runs: usize, work: &Path) -> Result<Figures
         let upper = dir.join("upper.ext4");
         disks::upper_disk(&upper, 1 << 30)?;
         let ws = dir.join("ws");
-        let attach = Attach { hostname: "bench", upper: &upper, workspace: Some(&ws), mapper: &mapper };
+        let attach = Attach { hostname: "bench", upper: &upper, workspace: Some(&ws), mapper: &mapper, cgroup: None };
         let run_dir = dir.join("run");
         let (mut vm, ms) = if i < cold_runs {
             let t = Instant::now();

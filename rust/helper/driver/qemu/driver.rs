@@ -302,6 +302,7 @@ impl Driver for QemuDriver {
             own_kernel: true,
             dial: true,
             snapshot: true,
+            containers: true,
             limits: cgroups.is_some(),
             cgroups: cgroups.map(CgroupLayout::capability),
             ..Capabilities::default()
