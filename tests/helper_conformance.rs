@@ -7,6 +7,10 @@
 //! `SANDBOX_MCP_TEST_IMAGE_STORE` (built by `make test`), and kills it at the
 //! end, even on panic.
 //!
+//! With `SANDBOX_MCP_CONFORMANCE_DRIVER` set (e.g. `vm`, with the vm assets
+//! in `SANDBOX_MCP_VM_DIR`), every VM a test creates names that driver: run
+//! a chosen subset against it by filter, e.g. `exec_` and `lifecycle_`.
+//!
 //! The issue-3 RPCs have a file each under `helper_conformance/`; the image
 //! RPCs (issue 4) are in `helper_conformance/images.rs`, with a store of
 //! their own per test whose base image is a symlink to the shared one.
@@ -263,6 +267,7 @@ impl Harness {
             id: self.id(name),
             image: self.image.clone(),
             network: pb::NetworkMode::None as i32,
+            driver: driver_under_test(),
             ..Default::default()
         }
     }
@@ -339,6 +344,12 @@ impl Harness {
     async fn sh(&mut self, id: &str, script: &str) -> Output {
         self.run(process(id, &["sh", "-c", script]), b"").await.expect("exec")
     }
+}
+
+/// The driver the tests' VMs name (`SANDBOX_MCP_CONFORMANCE_DRIVER`); empty:
+/// the helper's default.
+fn driver_under_test() -> String {
+    std::env::var("SANDBOX_MCP_CONFORMANCE_DRIVER").unwrap_or_default()
 }
 
 fn req(msg: pb::exec_request::Msg) -> pb::ExecRequest {
@@ -454,7 +465,9 @@ async fn get_info_lists_every_driver_with_typed_capabilities() {
 async fn a_vm_runs_on_the_driver_it_names() {
     let mut h = Harness::new("drv").await;
     let info = h.client.get_info(pb::GetInfoRequest {}).await.unwrap().into_inner();
-    let vm = h.create(h.spec("plain")).await.unwrap();
+    let mut plain = h.spec("plain");
+    plain.driver = String::new();
+    let vm = h.create(plain).await.unwrap();
     assert_eq!(vm.spec.unwrap().driver, info.driver, "an empty driver is the default one");
     let err = {
         let mut spec = h.spec("odd");

@@ -364,22 +364,28 @@ impl VmInstance {
     /// Runs argv in the guest and returns its stdout; a nonzero exit is an
     /// error carrying stderr.
     async fn output(&self, argv: Vec<String>) -> Result<Vec<u8>, String> {
-        let spec = StartSpec::plain(argv);
-        let mut s = self.mux.open(Frame::Start(spec)).map_err(|e| e.to_string())?;
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        loop {
-            match s.next().await.map_err(|e| e.to_string())? {
-                Some(Frame::Stdout(b)) => out.extend(b),
-                Some(Frame::Stderr(b)) => err.extend(b),
-                Some(Frame::Exited(ExitStatus::Code(0))) => return Ok(out),
-                Some(Frame::Exited(status)) => {
-                    return Err(format!("{status:?}: {}", String::from_utf8_lossy(&err).trim()));
-                }
-                Some(Frame::Error(e)) => return Err(e),
-                Some(Frame::Fail { message, .. }) => return Err(message),
-                Some(_) => {}
-                None => return Err("the agent ended the stream".into()),
+        guest_output(&self.mux, argv).await
+    }
+}
+
+/// Runs argv in the guest through `mux` and returns its stdout; a nonzero
+/// exit is an error carrying stderr.
+async fn guest_output(mux: &Mux, argv: Vec<String>) -> Result<Vec<u8>, String> {
+    let spec = StartSpec::plain(argv);
+    let mut s = mux.open(Frame::Start(spec)).map_err(|e| e.to_string())?;
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    loop {
+        match s.next().await.map_err(|e| e.to_string())? {
+            Some(Frame::Stdout(b)) => out.extend(b),
+            Some(Frame::Stderr(b)) => err.extend(b),
+            Some(Frame::Exited(ExitStatus::Code(0))) => return Ok(out),
+            Some(Frame::Exited(status)) => {
+                return Err(format!("{status:?}: {}", String::from_utf8_lossy(&err).trim()));
             }
+            Some(Frame::Error(e)) => return Err(e),
+            Some(Frame::Fail { message, .. }) => return Err(message),
+            Some(_) => {}
+            None => return Err("the agent ended the stream".into()),
         }
     }
 }
@@ -403,9 +409,15 @@ impl Instance for VmInstance {
     }
 
     fn request_stop(&self) {
-        // The guest has no shutdown path of its own yet: qemu quits.
-        let qmp = self.qmp.clone();
+        // The guest has no shutdown path of its own yet: qemu quits, once
+        // the guest wrote what its page cache holds to its writable disk
+        // (the layer survives a stop, as on the namespace driver). The
+        // caller's grace period bounds the whole.
+        let (qmp, mux) = (self.qmp.clone(), self.mux.clone());
         tokio::spawn(async move {
+            if let Err(e) = guest_output(&mux, vec!["sync".into()]).await {
+                tracing::warn!(error = %e, "the vm's writable disk was not synced before its stop");
+            }
             if let Ok(mut q) = super::qmp::Qmp::connect(&qmp, Duration::from_secs(5)).await {
                 let _ = q.quit().await;
             }
