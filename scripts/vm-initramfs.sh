@@ -23,7 +23,8 @@ if [ -z "$build_id" ]; then
     exit 1
 fi
 out="$dir/initramfs-$build_id.cpio.gz"
-if [ -f "$out" ]; then
+# Built means built since vm-kernel.sh last changed the modules.
+if [ -f "$out" ] && [ "$out" -nt "$dir/modules/order" ]; then
     echo "vm-initramfs: $(basename "$out"): already built"
     exit 0
 fi

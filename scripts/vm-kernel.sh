@@ -15,8 +15,9 @@ dir=${SANDBOX_MCP_VM_DIR:-${XDG_DATA_HOME:-$HOME/.local/share}/sandbox-mcp/vm}
 meta=${SANDBOX_MCP_VM_KERNEL_PACKAGE:-linux-image-cloud-amd64}
 # virtio_mmio: microvm's transport; virtio_console: the agent's port;
 # virtio_blk and virtiofs: the root filesystem's layers and /workspace;
-# overlay: the image's layers plus the VM's writable layer.
-wanted=(virtio_mmio virtio_console virtio_blk virtiofs overlay)
+# overlay: the image's layers plus the VM's writable layer; virtio_net: the
+# EGRESS network card (qemu's -netdev stream to the helper's stack).
+wanted=(virtio_mmio virtio_console virtio_blk virtiofs overlay virtio_net)
 
 # The metapackage names the real package, whose version is the release.
 pkg=$(apt-cache depends "$meta" 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*\)$/\1/p' | head -n1)
@@ -25,7 +26,9 @@ if [ -z "$pkg" ]; then
     exit 1
 fi
 release=${pkg#linux-image-}
-if [ -f "$dir/vmlinux" ] && [ "$(cat "$dir/kernel.release" 2>/dev/null)" = "$release" ]; then
+# Built means this release with this very list of modules.
+if [ -f "$dir/vmlinux" ] && [ "$(cat "$dir/kernel.release" 2>/dev/null)" = "$release" ] &&
+    [ "$(cat "$dir/modules/wanted" 2>/dev/null)" = "${wanted[*]}" ]; then
     echo "vm-kernel: $release: already built in $dir"
     exit 0
 fi
@@ -88,6 +91,7 @@ add_module() {
 for m in "${wanted[@]}"; do
     add_module "$m"
 done
+echo "${wanted[*]}" >"$work/modules/wanted"
 
 rm -rf "$dir/modules"
 mv "$work/modules" "$dir/modules"

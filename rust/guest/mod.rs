@@ -6,6 +6,7 @@
 //! - [`rootfs`]: the image's layers (read-only disks) under an overlay whose
 //!   writable layer is the VM's own disk, `/workspace` over virtiofs, and the
 //!   switch into that root.
+//! - [`network`]: eth0 and the resolver, when the VM has a network card.
 //! - [`agent`]: starts the agent on the virtio-serial port, reaps orphans and
 //!   powers the VM off when the agent ends.
 //!
@@ -14,6 +15,7 @@
 //! variables (see [`BootConfig`]).
 pub mod agent;
 pub mod modules;
+pub mod network;
 pub mod rootfs;
 
 /// Where the initramfs keeps this binary, its loader, its libraries and the
@@ -50,6 +52,9 @@ pub enum GuestError {
     /// The kernel command line lacks or garbles a parameter.
     #[error("kernel command line: {0}")]
     Config(String),
+    /// The network card could not be configured.
+    #[error("eth0: {0}")]
+    Network(String),
     /// A device the host should have attached never appeared.
     #[error("no {0} appeared")]
     Missing(String),
@@ -118,6 +123,7 @@ pub fn run() -> GuestError {
             agent::power_off();
         }
         rootfs::assemble(&config)?;
+        network::up()?;
         agent::serve()
     };
     match step() {

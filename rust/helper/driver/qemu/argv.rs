@@ -27,6 +27,9 @@ pub struct Machine {
     pub workspace: Option<PathBuf>,
     /// The socket the helper listens on for the agent's port.
     pub agent_socket: PathBuf,
+    /// The socket of the helper's network stack (EGRESS): the virtio-net
+    /// card's frames go there.
+    pub network: Option<PathBuf>,
     /// QMP's socket (qemu listens).
     pub qmp_socket: PathBuf,
     /// The guest console (kernel messages, guest-init's errors).
@@ -106,6 +109,13 @@ impl Machine {
         push(&["-device", "virtio-serial-device"]);
         push(&["-chardev", &format!("socket,id=agent,path={},reconnect=1", path(&self.agent_socket))]);
         push(&["-device", &format!("virtserialport,chardev=agent,name={AGENT_PORT}")]);
+        if let Some(sock) = &self.network {
+            // Frames, each with its length, over the helper's socket; the
+            // card's MAC is the one the stack sends to.
+            push(&["-netdev", &format!("stream,id=net0,server=off,addr.type=unix,addr.path={}", path(sock))]);
+            let mac = crate::helper::netstack::GUEST_MAC.0.map(|b| format!("{b:02x}")).join(":");
+            push(&["-device", &format!("virtio-net-device,netdev=net0,mac={mac}")]);
+        }
         push(&["-qmp", &format!("unix:{},server=on,wait=off", path(&self.qmp_socket))]);
         if self.incoming {
             push(&["-incoming", "defer"]);
@@ -130,6 +140,7 @@ mod tests {
             upper: Some("/v/upper.ext4".into()),
             workspace: Some("/v/fs.sock".into()),
             agent_socket: "/v/agent.sock".into(),
+            network: None,
             qmp_socket: "/v/qmp.sock".into(),
             console_log: "/v/console.log".into(),
             incoming: false,
@@ -161,6 +172,20 @@ mod tests {
             assert!(a.contains(want), "{want:?} missing from {a}");
         }
         assert!(!a.contains("-incoming"), "{a}");
+        assert!(!a.contains("-netdev"), "no network card without EGRESS: {a}");
+    }
+
+    #[test]
+    fn egress_adds_a_card_whose_frames_go_to_the_helpers_socket() {
+        let mut m = machine();
+        m.network = Some("/v/net,1.sock".into());
+        let a = joined(&m);
+        for want in [
+            "-netdev stream,id=net0,server=off,addr.type=unix,addr.path=/v/net,,1.sock",
+            "-device virtio-net-device,netdev=net0,mac=52:54:00:0a:00:0f",
+        ] {
+            assert!(a.contains(want), "{want:?} missing from {a}");
+        }
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //! boots a qemu microVM per sandbox and hands the helper the agent's
 //! multiplexed connection over the virtio-serial port.
 //!
-//! What it does not do yet, refused with the reason: EGRESS networking,
-//! shares other than `/workspace`. CPUs and memory are the VM's own size
+//! EGRESS goes through the helper's network stack, with the sandbox's
+//! policy, as on the namespace driver ([`super::network`]). What it does not
+//! do yet, refused with the reason: shares other than `/workspace`. CPUs and memory are the VM's own size
 //! (`-smp`, `-m`); no host cgroup is applied yet.
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -11,12 +12,14 @@ use std::time::Duration;
 
 use super::assets::Assets;
 use super::instance::{BootSpec as QemuBoot, Instance as QemuInstance};
+use super::network::NetLink;
 use super::{Accel, disks, probe, snapshot};
 use crate::agent::mux::Mux;
 use crate::agent::protocol::{ExitStatus, Frame, StartSpec};
 use crate::helper::agent_link::Dialer;
 use crate::helper::driver::userns::IdMapper;
 use crate::helper::driver::{BootSpec, Capabilities, Driver, DriverError, Exit, HostFacts, HostProcesses, Instance};
+use crate::helper::netstack::NetStack;
 
 /// How long a TCG boot may take to the agent's first Pong.
 const BOOT_WAIT: Duration = Duration::from_secs(300);
@@ -76,15 +79,19 @@ impl Driver for QemuDriver {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { tty: true, own_kernel: true, dial: true, snapshot: true, ..Capabilities::default() }
+        Capabilities {
+            tty: true,
+            network_egress: true,
+            own_kernel: true,
+            dial: true,
+            snapshot: true,
+            ..Capabilities::default()
+        }
     }
 
     async fn boot(&self, spec: &BootSpec) -> Result<Arc<dyn Instance>, DriverError> {
         let assets = self.assets.as_ref().map_err(unavailable)?;
         let mapper = self.mapper.as_ref().map_err(unavailable)?;
-        if spec.egress.is_some() {
-            return Err(unavailable("the vm driver has no EGRESS networking yet: use network none"));
-        }
         let mut workspace = None;
         for m in &spec.mounts {
             if m.guest != Path::new("/workspace") || m.read_only {
@@ -106,6 +113,10 @@ impl Driver for QemuDriver {
         let upper = spec.dir.join("upper.ext4");
         disks::upper_disk(&upper, UPPER_BYTES).map_err(|e| DriverError::InitFailed(e.to_string()))?;
         let run_dir = self.run_root.join(&spec.id);
+        let net_link = match &spec.egress {
+            Some(_) => Some(NetLink::listen(&run_dir).map_err(|e| DriverError::InitFailed(e.to_string()))?),
+            None => None,
+        };
         let boot = QemuBoot {
             hostname: &spec.hostname,
             run_dir: run_dir.clone(),
@@ -118,8 +129,19 @@ impl Driver for QemuDriver {
             memory_mib: (spec.limits.memory_bytes >> 20).max(256),
             mapper,
             cgroup: None,
+            network: net_link.as_ref().map(|l| l.path().to_path_buf()),
         };
-        let (vm, transport) = QemuInstance::boot(boot).await.map_err(|e| DriverError::InitFailed(e.to_string()))?;
+        let (mut vm, transport) = QemuInstance::boot(boot).await.map_err(|e| DriverError::InitFailed(e.to_string()))?;
+        let net = match (net_link, &spec.egress) {
+            (Some(link), Some((policy, events))) => match link.attach(policy.clone(), events.clone()).await {
+                Ok(net) => Some(net),
+                Err(e) => {
+                    vm.kill().await;
+                    return Err(DriverError::InitFailed(e.to_string()));
+                }
+            },
+            _ => None,
+        };
         let mux = Mux::open_side(transport);
         let mut ping = mux.open(Frame::Ping)?;
         match tokio::time::timeout(BOOT_WAIT, ping.next()).await {
@@ -137,6 +159,7 @@ impl Driver for QemuDriver {
             vm: Mutex::new(Some(vm)),
             mapper: mapper.clone(),
             run_dir,
+            _net: net,
         }))
     }
 }
@@ -150,6 +173,8 @@ pub struct VmInstance {
     vm: Mutex<Option<QemuInstance>>,
     mapper: IdMapper,
     run_dir: PathBuf,
+    /// The EGRESS stack; it ends with qemu's connection, or with this.
+    _net: Option<NetStack>,
 }
 
 impl std::fmt::Debug for VmInstance {

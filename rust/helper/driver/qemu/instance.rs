@@ -51,6 +51,8 @@ pub struct BootSpec<'a> {
     pub mapper: &'a IdMapper,
     /// The sandbox's cgroup: qemu and virtiofsd are moved into it.
     pub cgroup: Option<&'a VmCgroup>,
+    /// The network stack's socket ([`super::network::NetLink`]), for EGRESS.
+    pub network: Option<PathBuf>,
 }
 
 /// A booted vm.
@@ -122,6 +124,7 @@ impl Instance {
             upper: Some(spec.upper.clone()),
             workspace: virtiofsd.as_ref().map(|d| d.socket().to_path_buf()),
             agent_socket,
+            network: spec.network.clone(),
             qmp_socket: dir.join("qmp.sock"),
             console_log: dir.join("console.log"),
             incoming: false,

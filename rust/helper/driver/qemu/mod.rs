@@ -12,6 +12,7 @@
 //! - [`disks`]: the image's layers as read-only ext4 disks and the VM's
 //!   writable disk.
 //! - [`virtiofsd`]: the daemon serving `/workspace`.
+//! - [`network`]: the EGRESS network card's link to the helper's stack.
 //! - [`instance`]: boot, transport, stop, kill, wait.
 //! - [`driver`]: the `vm` driver behind the helper's driver seam.
 //! - [`snapshot`]: the writable layer as a layer of the image store.
@@ -24,6 +25,7 @@ pub mod assets;
 pub mod disks;
 pub mod driver;
 pub mod instance;
+pub mod network;
 pub mod probe;
 pub mod qmp;
 pub mod snapshot;

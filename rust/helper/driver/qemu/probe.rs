@@ -66,6 +66,7 @@ pub async fn boot_probe(assets: &Assets, run_dir: &Path, accel: &Accel, timeout:
         upper: None,
         workspace: None,
         agent_socket: agent_socket.clone(),
+        network: None,
         qmp_socket: run_dir.join("probe-qmp.sock"),
         console_log: run_dir.join("probe-console.log"),
         incoming: false,
