@@ -27,6 +27,9 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
     def log_message(self, *a):
         pass
+# Room for every connection a test opens at once: beyond the default
+# backlog of 5, the host's connects would wait for SYN-ACK retransmits.
+http.server.ThreadingHTTPServer.request_queue_size = 1024
 http.server.ThreadingHTTPServer((addr, 8080), H).serve_forever()
 "#;
 
