@@ -538,6 +538,37 @@ async fn egress_checks(agent: &Mux, events: &Events, addr: std::net::Ipv4Addr, h
     }
 }
 
+/// What the helper's dial (the way `expose` reaches a guest port) gets
+/// from an HTTP server on the guest's loopback: the agent's `Dial` stream
+/// on the serial port, no network card involved. Retries while the server
+/// starts (a refused dial fails the stream).
+async fn dial_guest_http(agent: &Mux) -> String {
+    let start = "setsid python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 < /dev/null &";
+    assert_eq!(exec(agent, &["sh", "-c", start]).await.0, 0);
+    for _ in 0..60 {
+        let mut s = agent.open(Frame::Dial(8000)).expect("open a dial stream");
+        match tokio::time::timeout(Duration::from_secs(30), s.next()).await.expect("dial answers") {
+            Ok(Some(Frame::Connected)) => {}
+            _ => {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        }
+        s.send(Frame::Data(b"GET / HTTP/1.0\r\n\r\n".to_vec())).await.expect("send the request");
+        s.send(Frame::End).await.expect("half-close");
+        let mut answer = Vec::new();
+        loop {
+            match tokio::time::timeout(Duration::from_secs(30), s.next()).await.expect("the answer comes") {
+                Ok(Some(Frame::Data(b))) => answer.extend(b),
+                Ok(Some(Frame::Credit(_))) => {}
+                _ => break,
+            }
+        }
+        return String::from_utf8_lossy(&answer).lines().next().unwrap_or_default().to_string();
+    }
+    panic!("the guest's http server never accepted a dial");
+}
+
 /// The stack's refusals so far, as "protocol destination reason" lines.
 fn refusals(events: &Events) -> String {
     let snap = events.snapshot();
@@ -550,7 +581,8 @@ fn refusals(events: &Events) -> String {
 /// a destination outside the allow list is refused at once with the
 /// refusal recorded, and an allowed test host (root: a network namespace)
 /// serves HTTP. A hostile guest's frames (garbage, lying lengths, ARP
-/// spoofing of the gateway, a flood) leave the stack serving.
+/// spoofing of the gateway, a flood) leave the stack serving. A guest port
+/// is reached by the helper's dial, as `expose` does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vm_reaches_the_network_only_as_its_policy_allows_and_survives_hostile_frames() {
     let Some(assets) = assets() else { return };
@@ -589,7 +621,92 @@ async fn a_vm_reaches_the_network_only_as_its_policy_allows_and_survives_hostile
     egress_checks(&agent, &events, addr, host.as_ref()).await;
     let (_, arp) = exec(&agent, &["cat", "/proc/net/arp"]).await;
     assert!(arp.lines().any(|l| l.starts_with("10.0.2.2 ") && l.contains("52:55:0a:00:02:02")), "{arp}");
+    assert_eq!(dial_guest_http(&agent).await, "HTTP/1.0 200 OK", "a guest port is reachable by dial");
     vm.kill();
     responder.abort();
     vm.cleanup();
+}
+
+/// One length-prefixed frame, as qemu's `-netdev stream` writes it.
+fn framed(frame: &[u8]) -> Vec<u8> {
+    let mut v = (frame.len() as u32).to_be_bytes().to_vec();
+    v.extend(frame);
+    v
+}
+
+/// An ARP request from the guest's address for `target`.
+fn arp_request(target: std::net::Ipv4Addr) -> Vec<u8> {
+    use sandbox_mcp::helper::netstack::{GUEST, GUEST_MAC};
+    use smoltcp::wire::{ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol};
+    let repr = ArpRepr::EthernetIpv4 {
+        operation: ArpOperation::Request,
+        source_hardware_addr: GUEST_MAC,
+        source_protocol_addr: GUEST,
+        target_hardware_addr: EthernetAddress([0; 6]),
+        target_protocol_addr: target,
+    };
+    let mut frame = vec![0u8; 14 + repr.buffer_len()];
+    let mut eth = EthernetFrame::new_unchecked(&mut frame[..]);
+    eth.set_src_addr(GUEST_MAC);
+    eth.set_dst_addr(EthernetAddress::BROADCAST);
+    eth.set_ethertype(EthernetProtocol::Arp);
+    repr.emit(&mut ArpPacket::new_unchecked(eth.payload_mut()));
+    frame
+}
+
+/// The network socket without qemu: the test plays qemu's `-netdev stream`
+/// end. The helper accepts one connection and removes the socket; the
+/// stack answers ARP for the gateway with its MAC, and after a length
+/// prefix far beyond any frame (skipped unbuffered), garbage and a runt it
+/// is still in step and answering.
+#[tokio::test]
+async fn the_network_socket_speaks_qemus_frame_stream_and_survives_a_corrupt_one() {
+    use sandbox_mcp::helper::driver::qemu::network::NetLink;
+    use sandbox_mcp::helper::netstack::{GATEWAY, GATEWAY_MAC, GUEST_MAC};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let dir = TempDir::new("netsock");
+    let link = NetLink::listen(&dir.0).expect("listen");
+    let path = link.path().to_path_buf();
+    let mut qemu = tokio::net::UnixStream::connect(&path).await.expect("connect as qemu");
+    let _stack = link.attach(NetworkPolicy::default(), Arc::new(Events::default())).await.expect("attach");
+    assert!(!path.exists(), "the socket is gone once qemu is connected");
+
+    async fn reply(qemu: &mut tokio::net::UnixStream) -> Vec<u8> {
+        let mut len = [0u8; 4];
+        tokio::time::timeout(Duration::from_secs(10), qemu.read_exact(&mut len)).await.expect("an answer").unwrap();
+        let mut frame = vec![0u8; u32::from_be_bytes(len) as usize];
+        qemu.read_exact(&mut frame).await.unwrap();
+        frame
+    }
+    let expect_arp_reply = |frame: &[u8]| {
+        use smoltcp::wire::{ArpOperation, ArpPacket, ArpRepr, EthernetFrame};
+        let eth = EthernetFrame::new_checked(frame).unwrap();
+        assert_eq!((eth.src_addr(), eth.dst_addr()), (GATEWAY_MAC, GUEST_MAC));
+        let repr = ArpRepr::parse(&ArpPacket::new_checked(eth.payload()).unwrap()).unwrap();
+        let ArpRepr::EthernetIpv4 { operation, source_hardware_addr, source_protocol_addr, .. } = repr else {
+            panic!("{repr:?}")
+        };
+        assert_eq!(
+            (operation, source_hardware_addr, source_protocol_addr),
+            (ArpOperation::Reply, GATEWAY_MAC, GATEWAY)
+        );
+    };
+    qemu.write_all(&framed(&arp_request(GATEWAY))).await.unwrap();
+    expect_arp_reply(&reply(&mut qemu).await);
+
+    // A 64 MiB length prefix and its "frame" in 1 MiB writes, then a
+    // runt, garbage, and the question again.
+    let huge: u32 = 1 << 26;
+    qemu.write_all(&huge.to_be_bytes()).await.unwrap();
+    let junk = vec![0x5au8; 1 << 20];
+    let mut left = huge as usize;
+    while left > 0 {
+        let n = left.min(junk.len());
+        qemu.write_all(&junk[..n]).await.unwrap();
+        left -= n;
+    }
+    qemu.write_all(&framed(&[1, 2, 3])).await.unwrap();
+    qemu.write_all(&framed(&[0xffu8; 1500])).await.unwrap();
+    qemu.write_all(&framed(&arp_request(GATEWAY))).await.unwrap();
+    expect_arp_reply(&reply(&mut qemu).await);
 }
