@@ -581,7 +581,8 @@ fn refusals(events: &Events) -> String {
 /// a destination outside the allow list is refused at once with the
 /// refusal recorded, and an allowed test host (root: a network namespace)
 /// serves HTTP. A hostile guest's frames (garbage, lying lengths, ARP
-/// spoofing of the gateway, a flood) leave the stack serving. A guest port
+/// spoofing of the gateway, a flood) leave the stack serving, and another
+/// vm's stack in the helper answers throughout. A guest port
 /// is reached by the helper's dial, as `expose` does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vm_reaches_the_network_only_as_its_policy_allows_and_survives_hostile_frames() {
@@ -613,9 +614,19 @@ async fn a_vm_reaches_the_network_only_as_its_policy_allows_and_survives_hostile
     assert_eq!(conf, "nameserver 10.0.2.3\n");
     egress_checks(&agent, &events, addr, host.as_ref()).await;
 
-    let (code, sent) = exec(&agent, &["python3", "-c", HOSTILE_FRAMES]).await;
+    // Another vm's stack in this helper keeps answering while this guest
+    // is hostile.
+    let (_neighbour, mut other) = neighbour_stack(&dir.0.join("other")).await;
+    let hostile = exec(&agent, &["python3", "-c", HOSTILE_FRAMES]);
+    let asking = async {
+        for _ in 0..20 {
+            ask_gateway(&mut other).await;
+        }
+    };
+    let ((code, sent), ()) = tokio::join!(hostile, asking);
     assert_eq!(code, 0, "{sent}");
     assert!(sent.starts_with("sent "), "{sent}");
+    ask_gateway(&mut other).await;
     // The stack still serves the guest: every check passes again, and the
     // guest found the gateway at the stack's MAC.
     egress_checks(&agent, &events, addr, host.as_ref()).await;
@@ -654,6 +665,46 @@ fn arp_request(target: std::net::Ipv4Addr) -> Vec<u8> {
     frame
 }
 
+/// The next frame the stack sends on a network socket.
+async fn reply(qemu: &mut tokio::net::UnixStream) -> Vec<u8> {
+    use tokio::io::AsyncReadExt as _;
+    let mut len = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(10), qemu.read_exact(&mut len)).await.expect("an answer").unwrap();
+    let mut frame = vec![0u8; u32::from_be_bytes(len) as usize];
+    qemu.read_exact(&mut frame).await.unwrap();
+    frame
+}
+
+/// Asserts `frame` is the stack's ARP reply: the gateway is at its MAC.
+fn expect_arp_reply(frame: &[u8]) {
+    use sandbox_mcp::helper::netstack::{GATEWAY, GATEWAY_MAC, GUEST_MAC};
+    use smoltcp::wire::{ArpOperation, ArpPacket, ArpRepr, EthernetFrame};
+    let eth = EthernetFrame::new_checked(frame).unwrap();
+    assert_eq!((eth.src_addr(), eth.dst_addr()), (GATEWAY_MAC, GUEST_MAC));
+    let repr = ArpRepr::parse(&ArpPacket::new_checked(eth.payload()).unwrap()).unwrap();
+    let ArpRepr::EthernetIpv4 { operation, source_hardware_addr, source_protocol_addr, .. } = repr else {
+        panic!("{repr:?}")
+    };
+    assert_eq!((operation, source_hardware_addr, source_protocol_addr), (ArpOperation::Reply, GATEWAY_MAC, GATEWAY));
+}
+
+/// A second vm's stack in the same helper, the test playing its qemu:
+/// its stack and the stream to it.
+async fn neighbour_stack(dir: &Path) -> (sandbox_mcp::helper::netstack::NetStack, tokio::net::UnixStream) {
+    use sandbox_mcp::helper::driver::qemu::network::NetLink;
+    let link = NetLink::listen(dir).expect("listen");
+    let qemu = tokio::net::UnixStream::connect(link.path()).await.expect("connect as qemu");
+    let stack = link.attach(NetworkPolicy::default(), Arc::new(Events::default())).await.expect("attach");
+    (stack, qemu)
+}
+
+/// Asks `qemu`'s stack for the gateway's MAC and checks the answer.
+async fn ask_gateway(qemu: &mut tokio::net::UnixStream) {
+    use tokio::io::AsyncWriteExt as _;
+    qemu.write_all(&framed(&arp_request(sandbox_mcp::helper::netstack::GATEWAY))).await.unwrap();
+    expect_arp_reply(&reply(qemu).await);
+}
+
 /// The network socket without qemu: the test plays qemu's `-netdev stream`
 /// end. The helper accepts one connection and removes the socket; the
 /// stack answers ARP for the gateway with its MAC, and after a length
@@ -662,8 +713,7 @@ fn arp_request(target: std::net::Ipv4Addr) -> Vec<u8> {
 #[tokio::test]
 async fn the_network_socket_speaks_qemus_frame_stream_and_survives_a_corrupt_one() {
     use sandbox_mcp::helper::driver::qemu::network::NetLink;
-    use sandbox_mcp::helper::netstack::{GATEWAY, GATEWAY_MAC, GUEST_MAC};
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::io::AsyncWriteExt as _;
     let dir = TempDir::new("netsock");
     let link = NetLink::listen(&dir.0).expect("listen");
     let path = link.path().to_path_buf();
@@ -671,28 +721,7 @@ async fn the_network_socket_speaks_qemus_frame_stream_and_survives_a_corrupt_one
     let _stack = link.attach(NetworkPolicy::default(), Arc::new(Events::default())).await.expect("attach");
     assert!(!path.exists(), "the socket is gone once qemu is connected");
 
-    async fn reply(qemu: &mut tokio::net::UnixStream) -> Vec<u8> {
-        let mut len = [0u8; 4];
-        tokio::time::timeout(Duration::from_secs(10), qemu.read_exact(&mut len)).await.expect("an answer").unwrap();
-        let mut frame = vec![0u8; u32::from_be_bytes(len) as usize];
-        qemu.read_exact(&mut frame).await.unwrap();
-        frame
-    }
-    let expect_arp_reply = |frame: &[u8]| {
-        use smoltcp::wire::{ArpOperation, ArpPacket, ArpRepr, EthernetFrame};
-        let eth = EthernetFrame::new_checked(frame).unwrap();
-        assert_eq!((eth.src_addr(), eth.dst_addr()), (GATEWAY_MAC, GUEST_MAC));
-        let repr = ArpRepr::parse(&ArpPacket::new_checked(eth.payload()).unwrap()).unwrap();
-        let ArpRepr::EthernetIpv4 { operation, source_hardware_addr, source_protocol_addr, .. } = repr else {
-            panic!("{repr:?}")
-        };
-        assert_eq!(
-            (operation, source_hardware_addr, source_protocol_addr),
-            (ArpOperation::Reply, GATEWAY_MAC, GATEWAY)
-        );
-    };
-    qemu.write_all(&framed(&arp_request(GATEWAY))).await.unwrap();
-    expect_arp_reply(&reply(&mut qemu).await);
+    ask_gateway(&mut qemu).await;
 
     // A 64 MiB length prefix and its "frame" in 1 MiB writes, then a
     // runt, garbage, and the question again.
@@ -707,6 +736,5 @@ async fn the_network_socket_speaks_qemus_frame_stream_and_survives_a_corrupt_one
     }
     qemu.write_all(&framed(&[1, 2, 3])).await.unwrap();
     qemu.write_all(&framed(&[0xffu8; 1500])).await.unwrap();
-    qemu.write_all(&framed(&arp_request(GATEWAY))).await.unwrap();
-    expect_arp_reply(&reply(&mut qemu).await);
+    ask_gateway(&mut qemu).await;
 }
