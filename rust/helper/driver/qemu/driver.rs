@@ -3,9 +3,10 @@
 //! multiplexed connection over the virtio-serial port.
 //!
 //! EGRESS goes through the helper's network stack, with the sandbox's
-//! policy, as on the namespace driver ([`super::network`]). What it does not
-//! do yet, refused with the reason: shares other than `/workspace`. CPUs and memory are the VM's own size
-//! (`-smp`, `-m`); no host cgroup is applied yet.
+//! policy, as on the namespace driver ([`super::network`]). What it does
+//! not do yet, refused with the reason: shares other than `/workspace`.
+//! CPUs and memory are the VM's own size (`-smp`, `-m`); no host cgroup is
+//! applied yet.
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
