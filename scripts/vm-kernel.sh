@@ -20,8 +20,9 @@ meta=${SANDBOX_MCP_VM_KERNEL_PACKAGE:-linux-image-cloud-amd64}
 # from a memory snapshot (the warm pool; microvm's virtio-mmio slots cannot
 # be added to a running guest, a PCI bus can be rescanned); bridge and veth:
 # dockerd's default bridge network in images that have Docker Engine (it runs
-# with --iptables=false, so no netfilter modules: see rust/guest/containers.rs).
-wanted=(virtio_mmio virtio_console virtio_blk virtiofs overlay virtio_pci bridge veth)
+# with --iptables=false, so no netfilter modules: see rust/guest/containers.rs);
+# virtio_net: the EGRESS network card (qemu's -netdev stream to the helper's stack).
+wanted=(virtio_mmio virtio_console virtio_blk virtiofs overlay virtio_pci bridge veth virtio_net)
 
 # The metapackage names the real package, whose version is the release.
 pkg=$(apt-cache depends "$meta" 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*\)$/\1/p' | head -n1)

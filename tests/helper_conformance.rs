@@ -40,6 +40,8 @@ mod dial;
 mod images;
 #[path = "helper_conformance/mux.rs"]
 mod mux;
+#[path = "support/net.rs"]
+mod net_support;
 #[path = "helper_conformance/network.rs"]
 mod network;
 #[path = "helper_conformance/quota.rs"]

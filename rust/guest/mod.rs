@@ -6,6 +6,7 @@
 //! - [`rootfs`]: the image's layers (read-only disks) under an overlay whose
 //!   writable layer is the VM's own disk, `/workspace` over virtiofs, and the
 //!   switch into that root.
+//! - [`network`]: eth0 and the resolver, when the VM has a network card.
 //! - [`containers`]: dockerd, in images that have Docker Engine.
 //! - [`agent`]: starts the agent on the virtio-serial port, reaps orphans and
 //!   powers the VM off when the agent ends.
@@ -21,6 +22,7 @@ pub mod agent;
 pub mod containers;
 pub mod handshake;
 pub mod modules;
+pub mod network;
 pub mod rootfs;
 
 /// Where the initramfs keeps this binary, its loader, its libraries and the
@@ -57,6 +59,9 @@ pub enum GuestError {
     /// The kernel command line lacks or garbles a parameter.
     #[error("kernel command line: {0}")]
     Config(String),
+    /// The network card could not be configured.
+    #[error("eth0: {0}")]
+    Network(String),
     /// A device the host should have attached never appeared.
     #[error("no {0} appeared")]
     Missing(String),
@@ -122,6 +127,7 @@ pub fn run() -> GuestError {
         handshake::apply(&go)?;
         handshake::rescan_pci()?;
         rootfs::assemble(&config, &go)?;
+        network::up()?;
         containers::start();
         agent::serve()
     };

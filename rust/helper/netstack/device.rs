@@ -1,71 +1,142 @@
-//! A VM's network link as a packet device: any fd that delivers one IPv4
-//! packet per read and takes one per write (a tun opened with IFF_NO_PI, a
-//! SOCK_DGRAM/SEQPACKET socket). The stack reads packets here, inspects them,
-//! and feeds the ones smoltcp should see through [`Device`].
+//! A VM's network link as a packet device. Two kinds of link carry the
+//! same IPv4 packets, so stack, flows and policy are one implementation:
 //!
-//! Links that carry Ethernet frames or a byte stream (qemu `-netdev stream`
-//! prefixes each frame with its length; Virtualization.framework's file
-//! handle attachment sends frames as datagrams) plug in by unwrapping frames
-//! to IP packets at this boundary (ARP for the one gateway address and the
-//! Ethernet header are all it takes), so stack, flows and policy are shared.
+//! - [`LinkKind::Packets`]: any fd that delivers one IPv4 packet per read and
+//!   takes one per write (a tun opened with IFF_NO_PI, a SOCK_DGRAM or
+//!   SEQPACKET socket): the namespace driver's eth0.
+//! - [`LinkKind::EthernetStream`]: a stream socket carrying Ethernet frames,
+//!   each prefixed by its length as a 4-byte big-endian number (qemu's
+//!   `-netdev stream` wire format): the vm driver's virtio-net card. Frames
+//!   are unwrapped to IP packets here: ARP requests for the gateway and the
+//!   DNS address get this end's MAC, other ARP (spoofed replies included)
+//!   and other ether types are dropped, and packets to the VM go out in a
+//!   frame from [`super::GATEWAY_MAC`] to [`super::GUEST_MAC`].
+//!
+//! The stack reads packets here, inspects them, and feeds the ones smoltcp
+//! should see through [`Device`].
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use smoltcp::phy::{Checksum, ChecksumCapabilities, Device, DeviceCapabilities, Medium};
 use smoltcp::time::Instant;
+use smoltcp::wire::{ArpOperation, ArpPacket, ArpRepr, EthernetFrame, EthernetProtocol, EthernetRepr};
 use tokio::io::unix::AsyncFd;
 
-/// The MTU both ends use: tun links are memory copies, so the largest
+use super::{DNS, GATEWAY, GATEWAY_MAC, GUEST, GUEST_MAC};
+
+/// The MTU of packet links: tun links are memory copies, so the largest
 /// packets cost the least per byte.
 pub const MTU: usize = 65520;
+/// The IP MTU of Ethernet links: virtio-net's default, which needs no
+/// offload or large-buffer negotiation with the guest's driver.
+pub const ETHERNET_MTU: usize = 1500;
+/// The largest frame read from an Ethernet link: a maximal IPv4 packet in
+/// its Ethernet header. A longer length prefix (a guest that raised its MTU,
+/// or a corrupt stream) is skipped, never buffered.
+const MAX_FRAME: usize = 14 + 65535;
+/// Bytes of frames to the VM waiting for the stream to take them; beyond
+/// this, frames are dropped as on a full queue.
+const MAX_TX_QUEUE: usize = 1 << 20;
+const ETHERNET_HEADER: usize = 14;
 
-/// One packet link, nonblocking.
-pub struct PacketDevice {
+/// What the link's fd carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkKind {
+    /// One IPv4 packet per read or write.
+    Packets,
+    /// Length-prefixed Ethernet frames on a byte stream.
+    EthernetStream,
+}
+
+/// The fd and what its framing needs.
+struct Link {
     fd: AsyncFd<OwnedFd>,
-    /// Packets read but not yet consumed by smoltcp.
-    rx: VecDeque<Vec<u8>>,
+    framing: Framing,
     scratch: Vec<u8>,
 }
 
+enum Framing {
+    Packets,
+    Ethernet(Box<Stream>),
+}
+
+/// An Ethernet stream's buffers.
+#[derive(Default)]
+struct Stream {
+    /// Bytes read and not yet parsed, from `start`.
+    rx: Vec<u8>,
+    start: usize,
+    /// Bytes of an oversized frame still to be skipped.
+    skip: usize,
+    /// Framed bytes not yet written.
+    tx: VecDeque<u8>,
+}
+
+/// One link, nonblocking.
+pub struct PacketDevice {
+    link: Link,
+    /// Packets read but not yet consumed by smoltcp.
+    rx: VecDeque<Vec<u8>>,
+    /// The last read found the link empty, so waiting for readiness cannot
+    /// miss data already there.
+    drained: bool,
+}
+
 impl PacketDevice {
-    /// Wraps `fd` (set nonblocking here).
-    pub fn new(fd: OwnedFd) -> std::io::Result<Self> {
+    /// Wraps `fd`, a link of `kind` (set nonblocking here).
+    pub fn new(fd: OwnedFd, kind: LinkKind) -> std::io::Result<Self> {
         nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK))?;
         // SAFETY: we own the fd, and it stays open as long as the AsyncFd.
         let fd = unsafe { AsyncFd::register(fd) }?;
-        Ok(PacketDevice { fd, rx: VecDeque::new(), scratch: Vec::with_capacity(MTU) })
+        let framing = match kind {
+            LinkKind::Packets => Framing::Packets,
+            LinkKind::EthernetStream => Framing::Ethernet(Box::default()),
+        };
+        let link = Link { fd, framing, scratch: Vec::with_capacity(MTU) };
+        Ok(PacketDevice { link, rx: VecDeque::new(), drained: false })
+    }
+
+    /// Whether the last [`read`](Self::read) found nothing left: only then
+    /// may the stack sleep until [`readable`](Self::readable).
+    pub fn drained(&self) -> bool {
+        self.drained
     }
 
     /// Waits until the link may have packets to read.
     pub async fn readable(&self) -> std::io::Result<()> {
-        let mut guard = self.fd.readable().await?;
+        let mut guard = self.link.fd.readable().await?;
         guard.clear_ready();
         Ok(())
     }
 
-    /// Reads one packet without blocking; None when there is none now.
-    pub fn read(&self) -> std::io::Result<Option<Vec<u8>>> {
-        let mut buf = vec![0u8; MTU + 64];
-        // SAFETY: read into a buffer we own, of the length given.
-        let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            return match e.kind() {
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Ok(None),
-                _ => Err(e),
-            };
-        }
-        if n == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        buf.truncate(n as usize);
-        Ok(Some(buf))
+    /// Whether frames wait for the stream to take them.
+    pub fn tx_pending(&self) -> bool {
+        matches!(&self.link.framing, Framing::Ethernet(s) if !s.tx.is_empty())
     }
 
-    /// Writes one packet to the VM. A full queue drops it, as a real link
-    /// would; TCP retransmits.
-    pub fn write(&self, packet: &[u8]) {
-        write_fd(&self.fd, packet);
+    /// Waits until the link may take more bytes (then [`flush`](Self::flush)).
+    pub async fn writable(&self) -> std::io::Result<()> {
+        let mut guard = self.link.fd.writable().await?;
+        guard.clear_ready();
+        Ok(())
+    }
+
+    /// Writes as many waiting frames as the link takes now.
+    pub fn flush(&mut self) {
+        self.link.flush();
+    }
+
+    /// Reads one IP packet without blocking; None when there is none now.
+    pub fn read(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        let packet = self.link.read();
+        self.drained = matches!(packet, Ok(None));
+        packet
+    }
+
+    /// Writes one IP packet to the VM. A full queue drops it, as a real
+    /// link would; TCP retransmits.
+    pub fn write(&mut self, packet: &[u8]) {
+        self.link.send(packet);
     }
 
     /// Queues a packet for smoltcp; `front` puts it before everything else
@@ -75,12 +146,209 @@ impl PacketDevice {
     }
 }
 
-fn write_fd(fd: &AsyncFd<OwnedFd>, packet: &[u8]) {
-    // SAFETY: write from a slice we borrow, of its length.
-    let n = unsafe { libc::write(fd.as_raw_fd(), packet.as_ptr().cast(), packet.len()) };
+/// One read(2): the byte count, None when the fd has nothing now.
+fn read_fd(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
+    // SAFETY: read into a buffer we borrow, of its length.
+    let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
     if n < 0 {
-        tracing::trace!(error = %std::io::Error::last_os_error(), "packet to the vm dropped");
+        let e = std::io::Error::last_os_error();
+        return match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Ok(None),
+            _ => Err(e),
+        };
     }
+    if n == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(Some(n as usize))
+}
+
+/// One write(2): the byte count, 0 when the fd takes nothing now.
+fn write_fd(fd: &AsyncFd<OwnedFd>, bytes: &[u8]) -> usize {
+    // SAFETY: write from a slice we borrow, of its length.
+    let n = unsafe { libc::write(fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
+    if n < 0 {
+        tracing::trace!(error = %std::io::Error::last_os_error(), "write to the vm's link failed");
+        return 0;
+    }
+    n as usize
+}
+
+impl Link {
+    fn read(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        let stream = match &mut self.framing {
+            Framing::Packets => {
+                let mut buf = vec![0u8; MTU + 64];
+                let Some(n) = read_fd(&self.fd, &mut buf)? else { return Ok(None) };
+                buf.truncate(n);
+                return Ok(Some(buf));
+            }
+            Framing::Ethernet(stream) => stream,
+        };
+        loop {
+            while let Some(frame) = stream.next_frame() {
+                match unwrap_frame(&frame) {
+                    Unwrapped::Ip(packet) => return Ok(Some(packet)),
+                    Unwrapped::ArpReply(reply) => stream.queue_frame(&reply),
+                    Unwrapped::Dropped => {}
+                }
+            }
+            if !stream.tx.is_empty() {
+                flush_stream(&self.fd, stream);
+            }
+            let filled = stream.rx.len();
+            stream.rx.resize(filled + MAX_FRAME + 4, 0);
+            let got = read_fd(&self.fd, &mut stream.rx[filled..]);
+            stream.rx.truncate(filled + got.as_ref().ok().copied().flatten().unwrap_or(0));
+            if got?.is_none() {
+                return Ok(None);
+            }
+        }
+    }
+
+    fn send(&mut self, packet: &[u8]) {
+        match &mut self.framing {
+            Framing::Packets => {
+                if write_fd(&self.fd, packet) == 0 {
+                    tracing::trace!("packet to the vm dropped");
+                }
+            }
+            Framing::Ethernet(stream) => {
+                let mut frame = vec![0u8; ETHERNET_HEADER + packet.len()];
+                let repr =
+                    EthernetRepr { src_addr: GATEWAY_MAC, dst_addr: GUEST_MAC, ethertype: EthernetProtocol::Ipv4 };
+                let mut eth = EthernetFrame::new_unchecked(&mut frame[..]);
+                repr.emit(&mut eth);
+                eth.payload_mut().copy_from_slice(packet);
+                stream.queue_frame(&frame);
+                flush_stream(&self.fd, stream);
+            }
+        }
+    }
+
+    fn flush(&mut self) {
+        if let Framing::Ethernet(stream) = &mut self.framing {
+            flush_stream(&self.fd, stream);
+        }
+    }
+}
+
+/// Writes as much of the queued frames as the stream takes now.
+fn flush_stream(fd: &AsyncFd<OwnedFd>, stream: &mut Stream) {
+    while !stream.tx.is_empty() {
+        let (head, _) = stream.tx.as_slices();
+        let n = write_fd(fd, head);
+        if n == 0 {
+            return;
+        }
+        stream.tx.drain(..n);
+    }
+}
+
+impl Stream {
+    /// The next whole frame in `rx`, skipping oversized ones.
+    fn next_frame(&mut self) -> Option<Vec<u8>> {
+        loop {
+            let avail = &self.rx[self.start..];
+            if self.skip > 0 {
+                let n = self.skip.min(avail.len());
+                self.skip -= n;
+                self.start += n;
+                if self.skip > 0 {
+                    self.compact();
+                    return None;
+                }
+                continue;
+            }
+            let Some(prefix) = avail.first_chunk::<4>() else {
+                self.compact();
+                return None;
+            };
+            let len = u32::from_be_bytes(*prefix) as usize;
+            if len > MAX_FRAME {
+                tracing::debug!(len, "skipping an oversized frame from the vm");
+                self.start += 4;
+                self.skip = len;
+                continue;
+            }
+            if avail.len() < 4 + len {
+                self.compact();
+                return None;
+            }
+            let frame = avail[4..4 + len].to_vec();
+            self.start += 4 + len;
+            return Some(frame);
+        }
+    }
+
+    /// Moves unparsed bytes to the front, so the buffer never outgrows one
+    /// frame and one read.
+    fn compact(&mut self) {
+        self.rx.drain(..self.start);
+        self.start = 0;
+    }
+
+    /// Queues `frame` with its length prefix, or drops it when the queue is
+    /// full (a VM that stopped reading).
+    fn queue_frame(&mut self, frame: &[u8]) {
+        if self.tx.len() + 4 + frame.len() > MAX_TX_QUEUE {
+            tracing::trace!("frame to the vm dropped: its link's queue is full");
+            return;
+        }
+        self.tx.extend((frame.len() as u32).to_be_bytes());
+        self.tx.extend(frame);
+    }
+}
+
+enum Unwrapped {
+    /// An IPv4 packet for the stack.
+    Ip(Vec<u8>),
+    /// A frame answering the VM's ARP request.
+    ArpReply(Vec<u8>),
+    Dropped,
+}
+
+/// What one Ethernet frame from the VM is to the stack.
+fn unwrap_frame(frame: &[u8]) -> Unwrapped {
+    let Ok(eth) = EthernetFrame::new_checked(frame) else { return Unwrapped::Dropped };
+    match eth.ethertype() {
+        EthernetProtocol::Ipv4 => Unwrapped::Ip(eth.payload().to_vec()),
+        EthernetProtocol::Arp => arp_reply(eth.payload()).map_or(Unwrapped::Dropped, Unwrapped::ArpReply),
+        _ => Unwrapped::Dropped,
+    }
+}
+
+/// The answer to an ARP request from the VM's address for the gateway or
+/// the DNS address; None for anything else (replies, gratuitous ARP,
+/// requests from other addresses or for other addresses): this end's idea
+/// of who is where never changes.
+fn arp_reply(payload: &[u8]) -> Option<Vec<u8>> {
+    let packet = ArpPacket::new_checked(payload).ok()?;
+    let ArpRepr::EthernetIpv4 { operation, source_hardware_addr, source_protocol_addr, target_protocol_addr, .. } =
+        ArpRepr::parse(&packet).ok()?
+    else {
+        return None;
+    };
+    if operation != ArpOperation::Request
+        || source_protocol_addr != GUEST
+        || !(target_protocol_addr == GATEWAY || target_protocol_addr == DNS)
+        || !source_hardware_addr.is_unicast()
+    {
+        return None;
+    }
+    let reply = ArpRepr::EthernetIpv4 {
+        operation: ArpOperation::Reply,
+        source_hardware_addr: GATEWAY_MAC,
+        source_protocol_addr: target_protocol_addr,
+        target_hardware_addr: source_hardware_addr,
+        target_protocol_addr: source_protocol_addr,
+    };
+    let mut frame = vec![0u8; ETHERNET_HEADER + reply.buffer_len()];
+    let mut eth = EthernetFrame::new_unchecked(&mut frame[..]);
+    EthernetRepr { src_addr: GATEWAY_MAC, dst_addr: source_hardware_addr, ethertype: EthernetProtocol::Arp }
+        .emit(&mut eth);
+    reply.emit(&mut ArpPacket::new_unchecked(eth.payload_mut()));
+    Some(frame)
 }
 
 /// A packet handed to smoltcp.
@@ -88,8 +356,7 @@ pub struct Rx(Vec<u8>);
 
 /// A packet smoltcp writes, sent to the VM when consumed.
 pub struct Tx<'a> {
-    fd: &'a AsyncFd<OwnedFd>,
-    scratch: &'a mut Vec<u8>,
+    link: &'a mut Link,
 }
 
 impl smoltcp::phy::RxToken for Rx {
@@ -100,10 +367,12 @@ impl smoltcp::phy::RxToken for Rx {
 
 impl smoltcp::phy::TxToken for Tx<'_> {
     fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
-        self.scratch.clear();
-        self.scratch.resize(len, 0);
-        let r = f(self.scratch);
-        write_fd(self.fd, self.scratch);
+        let mut scratch = std::mem::take(&mut self.link.scratch);
+        scratch.clear();
+        scratch.resize(len, 0);
+        let r = f(&mut scratch);
+        self.link.send(&scratch);
+        self.link.scratch = scratch;
         r
     }
 }
@@ -114,17 +383,21 @@ impl Device for PacketDevice {
 
     fn receive(&mut self, _now: Instant) -> Option<(Rx, Tx<'_>)> {
         let packet = self.rx.pop_front()?;
-        Some((Rx(packet), Tx { fd: &self.fd, scratch: &mut self.scratch }))
+        Some((Rx(packet), Tx { link: &mut self.link }))
     }
 
     fn transmit(&mut self, _now: Instant) -> Option<Tx<'_>> {
-        Some(Tx { fd: &self.fd, scratch: &mut self.scratch })
+        Some(Tx { link: &mut self.link })
     }
 
     fn capabilities(&self) -> DeviceCapabilities {
         let mut caps = DeviceCapabilities::default();
+        // Frames are unwrapped at this boundary: smoltcp always sees IP.
         caps.medium = Medium::Ip;
-        caps.max_transmission_unit = MTU;
+        caps.max_transmission_unit = match self.link.framing {
+            Framing::Packets => MTU,
+            Framing::Ethernet(_) => ETHERNET_MTU,
+        };
         // The VM's kernel checksummed what it wrote into a memory link;
         // verifying again only costs throughput. What we send is summed.
         let mut sums = ChecksumCapabilities::default();
@@ -134,5 +407,98 @@ impl Device for PacketDevice {
         sums.icmpv4 = Checksum::Tx;
         caps.checksum = sums;
         caps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use smoltcp::wire::EthernetAddress;
+
+    use super::*;
+
+    fn framed(frame: &[u8]) -> Vec<u8> {
+        let mut v = (frame.len() as u32).to_be_bytes().to_vec();
+        v.extend(frame);
+        v
+    }
+
+    fn stream_of(bytes: &[u8]) -> Stream {
+        Stream { rx: bytes.to_vec(), ..Stream::default() }
+    }
+
+    #[test]
+    fn frames_split_across_reads_come_out_whole() {
+        let (a, b) = (vec![1u8; 60], vec![2u8; 1514]);
+        let mut bytes = framed(&a);
+        bytes.extend(framed(&b));
+        let mut s = stream_of(&bytes[..70]);
+        assert_eq!(s.next_frame(), Some(a));
+        assert_eq!(s.next_frame(), None, "the second frame is not complete yet");
+        s.rx.extend(&bytes[70..]);
+        assert_eq!(s.next_frame(), Some(b));
+        assert_eq!(s.next_frame(), None);
+        assert!(s.rx.is_empty());
+    }
+
+    #[test]
+    fn an_oversized_length_is_skipped_without_buffering_it() {
+        let big = MAX_FRAME + 100;
+        let mut bytes = (big as u32).to_be_bytes().to_vec();
+        bytes.extend(vec![9u8; 1000]);
+        let mut s = stream_of(&bytes);
+        assert_eq!(s.next_frame(), None);
+        assert_eq!(s.skip, big - 1000);
+        assert!(s.rx.is_empty(), "skipped bytes are not kept");
+        // The rest of the oversized frame, then a good one: in sync again.
+        let mut rest = vec![9u8; big - 1000];
+        rest.extend(framed(&[7u8; 42]));
+        s.rx.extend(rest);
+        assert_eq!(s.next_frame(), Some(vec![7u8; 42]));
+    }
+
+    fn arp(operation: ArpOperation, sender: std::net::Ipv4Addr, target: std::net::Ipv4Addr) -> Vec<u8> {
+        let repr = ArpRepr::EthernetIpv4 {
+            operation,
+            source_hardware_addr: GUEST_MAC,
+            source_protocol_addr: sender,
+            target_hardware_addr: EthernetAddress([0; 6]),
+            target_protocol_addr: target,
+        };
+        let mut frame = vec![0u8; ETHERNET_HEADER + repr.buffer_len()];
+        let mut eth = EthernetFrame::new_unchecked(&mut frame[..]);
+        EthernetRepr { src_addr: GUEST_MAC, dst_addr: EthernetAddress::BROADCAST, ethertype: EthernetProtocol::Arp }
+            .emit(&mut eth);
+        repr.emit(&mut ArpPacket::new_unchecked(eth.payload_mut()));
+        frame
+    }
+
+    #[test]
+    fn arp_answers_only_the_guests_requests_for_the_gateway_and_dns() {
+        for target in [GATEWAY, DNS] {
+            let Unwrapped::ArpReply(reply) = unwrap_frame(&arp(ArpOperation::Request, GUEST, target)) else {
+                panic!("no reply for {target}");
+            };
+            let eth = EthernetFrame::new_checked(&reply[..]).unwrap();
+            assert_eq!(eth.dst_addr(), GUEST_MAC);
+            let ArpRepr::EthernetIpv4 { operation, source_hardware_addr, source_protocol_addr, .. } =
+                ArpRepr::parse(&ArpPacket::new_checked(eth.payload()).unwrap()).unwrap()
+            else {
+                unreachable!()
+            };
+            assert_eq!(
+                (operation, source_hardware_addr, source_protocol_addr),
+                (ArpOperation::Reply, GATEWAY_MAC, target)
+            );
+        }
+        let other = std::net::Ipv4Addr::new(10, 0, 2, 9);
+        for ignored in [
+            arp(ArpOperation::Request, GUEST, other),
+            arp(ArpOperation::Request, other, GATEWAY),
+            // A spoofed reply claiming the gateway changes nothing here.
+            arp(ArpOperation::Reply, GATEWAY, GUEST),
+            vec![0u8; 10],
+        ] {
+            assert!(matches!(unwrap_frame(&ignored), Unwrapped::Dropped));
+        }
     }
 }

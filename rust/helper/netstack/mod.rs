@@ -1,11 +1,13 @@
 //! Egress for EGRESS VMs: a user-mode TCP/IP stack in the helper, one tokio
-//! task per VM, on the VM's tun device. Every TCP flow and UDP datagram is
+//! task per VM, on the VM's link: a namespace sandbox's tun device or a vm
+//! sandbox's virtio-net card (qemu's `-netdev stream`), see [`device`]. Every TCP flow and UDP datagram is
 //! re-dialled by the helper only after [`crate::netpolicy`] allows its real
 //! destination; the VM's DNS is answered here so domain rules can be pinned
 //! to the addresses this VM was given.
 //!
-//! Addresses inside: the VM is 10.0.2.15/24, its gateway 10.0.2.2, its DNS
-//! 10.0.2.3 (IPv4 only; AAAA answers are dropped).
+//! Addresses inside, the same on both drivers: the VM is 10.0.2.15/24, its
+//! gateway 10.0.2.2, its DNS 10.0.2.3 (IPv4 only; AAAA answers are
+//! dropped). On an Ethernet link both answer ARP with [`GATEWAY_MAC`].
 //!
 //! Why smoltcp rather than `ipstack` or `netstack-smoltcp`: those accept a
 //! connection inside (complete the handshake) and hand it over as a stream,
@@ -26,6 +28,7 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use smoltcp::wire::EthernetAddress;
 use tokio::task::JoinHandle;
 
 use crate::netpolicy::{HostAddrs, NetworkPolicy};
@@ -49,6 +52,10 @@ pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
 pub const DNS: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 3);
 /// Its prefix length.
 pub const PREFIX: u8 = 24;
+/// The VM's MAC on an Ethernet link (qemu's OUI; set on its virtio-net card).
+pub const GUEST_MAC: EthernetAddress = EthernetAddress([0x52, 0x54, 0x00, 0x0a, 0x00, 0x0f]);
+/// The gateway's and the DNS address's MAC on an Ethernet link.
+pub const GATEWAY_MAC: EthernetAddress = EthernetAddress([0x52, 0x55, 0x0a, 0x00, 0x02, 0x02]);
 
 /// How stale the host's address list may get: an address added to the host
 /// is refused to sandboxes within this long.
@@ -61,10 +68,15 @@ pub struct NetStack {
 }
 
 impl NetStack {
-    /// Starts serving `link` (the VM's tun fd) under `policy`, recording
-    /// into `events`.
-    pub fn start(link: OwnedFd, policy: NetworkPolicy, events: Arc<events::Events>) -> std::io::Result<Self> {
-        let dev = device::PacketDevice::new(link)?;
+    /// Starts serving `link` (the VM's tun fd, or its end of a frame
+    /// stream) under `policy`, recording into `events`.
+    pub fn start(
+        link: OwnedFd,
+        kind: device::LinkKind,
+        policy: NetworkPolicy,
+        events: Arc<events::Events>,
+    ) -> std::io::Result<Self> {
+        let dev = device::PacketDevice::new(link, kind)?;
         let ctx = Arc::new(stack::Ctx {
             policy,
             events,

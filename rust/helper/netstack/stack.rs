@@ -204,15 +204,21 @@ pub async fn run(mut dev: PacketDevice, ctx: Arc<Ctx>) {
         let moved = s.pump();
         s.poll();
         s.nat.expire(std::time::Instant::now());
-        if moved > 0 {
+        // Packets left unread (a full batch) are not waited for.
+        if moved > 0 || !s.dev.drained() {
             tokio::task::yield_now().await;
             continue;
         }
         let now = s.now();
         let delay = s.iface.poll_delay(now, &s.sockets).map_or(Duration::from_secs(1), Duration::from);
         let wake = s.wake.clone();
+        let tx_pending = s.dev.tx_pending();
         tokio::select! {
             r = s.dev.readable() => if r.is_err() { return },
+            r = s.dev.writable(), if tx_pending => match r {
+                Ok(()) => s.dev.flush(),
+                Err(_) => return,
+            },
             Some(msg) = inbox.recv() => s.message(msg),
             _ = wake.notified() => {}
             _ = tokio::time::sleep(delay) => {}
@@ -363,7 +369,7 @@ impl Stack {
         });
     }
 
-    fn reply_dns(&self, port: u16, data: &[u8]) {
+    fn reply_dns(&mut self, port: u16, data: &[u8]) {
         self.dev.write(&wire::udp(SocketAddrV4::new(DNS, 53), SocketAddrV4::new(GUEST, port), data));
     }
 

@@ -100,7 +100,7 @@ impl Flow {
             }
             // Bytes read past the inspector must not overtake those held.
             if self.inspect.is_some() || !self.held.is_empty() {
-                if self.held.is_empty() && !sock.may_recv() && !sock.can_recv() {
+                if self.held.is_empty() && client_finished(sock) {
                     self.up = None;
                 }
                 return moved + self.pump_down(sock);
@@ -117,7 +117,7 @@ impl Flow {
                 moved += chunk.len();
                 permit.send(chunk);
             }
-            if !sock.may_recv() && !sock.can_recv() {
+            if client_finished(sock) {
                 self.up = None;
             }
         }
@@ -148,7 +148,7 @@ impl Flow {
                         self.inspect = None;
                     }
                     Step::NeedMore => {
-                        if !pending.is_empty() && !sock.may_recv() && !sock.can_recv() {
+                        if !pending.is_empty() && client_finished(sock) {
                             let why =
                                 "the connection was closed in the middle of a TLS ClientHello or HTTP request head";
                             ctx.refuse_unnamed(dst, why);
@@ -227,6 +227,17 @@ impl Flow {
         }
         moved
     }
+}
+
+/// Whether the client sent its FIN and every byte before it was read.
+/// A socket still in its handshake (SYN-RECEIVED: the held SYN was
+/// answered, the client's ACK is on its way) cannot receive yet either, but
+/// has not finished: taken for finished, the flow would half-close upstream
+/// before the client's first byte (seen with a guest slow to ACK, a vm under
+/// TCG).
+fn client_finished(sock: &tcp::Socket<'_>) -> bool {
+    let handshaking = matches!(sock.state(), tcp::State::Listen | tcp::State::SynReceived | tcp::State::SynSent);
+    !handshaking && !sock.may_recv() && !sock.can_recv()
 }
 
 /// Copies between the host stream and the flow's channels until both

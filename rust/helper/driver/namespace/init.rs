@@ -191,7 +191,7 @@ fn pid1(control: &OwnedFd, config: &InitConfig, listener: OwnedFd) -> Result<i32
     nix::unistd::sethostname(&config.hostname).map_err(sys("sethostname"))?;
     super::network::loopback_up()?;
     if config.egress {
-        super::network::eth0_up()?;
+        super::network::eth0_up(crate::helper::netstack::device::MTU)?;
     }
 
     let mut mask = SigSet::empty();

@@ -21,6 +21,7 @@ use super::userns::IdMapper;
 use crate::agent::mux::Mux;
 use crate::agent::protocol::Frame;
 use crate::helper::netstack::NetStack;
+use crate::helper::netstack::device::LinkKind;
 use crate::helper::netstack::events::Events;
 use crate::netpolicy::NetworkPolicy;
 
@@ -338,7 +339,7 @@ async fn handshake(
     }
     let unused_tun = match (&spec.egress, tun) {
         (Some((policy, events)), Some(tun)) => {
-            let net = NetStack::start(tun, policy.clone(), events.clone())
+            let net = NetStack::start(tun, LinkKind::Packets, policy.clone(), events.clone())
                 .map_err(|e| DriverError::io("start the vm's network stack", e))?;
             state.net = Some(net);
             None

@@ -87,10 +87,12 @@ pub fn eth0_tun_request() -> libc::ifreq {
     req
 }
 
-/// PID 1 of an EGRESS VM: eth0 up as 10.0.2.15/24 with MTU 65520 and the
-/// default route via 10.0.2.2 (the helper's stack).
-pub fn eth0_up() -> Result<(), DriverError> {
-    use crate::helper::netstack::{GATEWAY, GUEST, PREFIX, device::MTU};
+/// PID 1 of an EGRESS VM: eth0 up as 10.0.2.15/24 with `mtu` (the link's,
+/// see [`crate::helper::netstack::device`]) and the default route via
+/// 10.0.2.2 (the helper's stack). The vm driver's guest init calls it too,
+/// so both drivers' sandboxes see the same network.
+pub fn eth0_up(mtu: usize) -> Result<(), DriverError> {
+    use crate::helper::netstack::{GATEWAY, GUEST, PREFIX};
     let sys = |what: &str| DriverError::Sys { what: what.into(), source: nix::errno::Errno::last() };
     let sockaddr = |ip: std::net::Ipv4Addr| {
         // SAFETY: a zeroed sockaddr_in is valid; we fill family and address.
@@ -112,7 +114,7 @@ pub fn eth0_up() -> Result<(), DriverError> {
         for (dst, src) in req.ifr_name.iter_mut().zip(b"eth0\0") {
             *dst = *src as libc::c_char;
         }
-        req.ifr_ifru.ifru_mtu = MTU as libc::c_int;
+        req.ifr_ifru.ifru_mtu = mtu as libc::c_int;
         if libc::ioctl(fd.as_raw_fd(), libc::SIOCSIFMTU, &req) < 0 {
             return Err(sys("SIOCSIFMTU eth0"));
         }

@@ -37,6 +37,9 @@ pub struct Machine {
     /// The socket the helper listens on for guest init's control port (the
     /// "go" handshake, [`crate::guest::handshake`]); none for the probe.
     pub control_socket: Option<PathBuf>,
+    /// The socket of the helper's network stack (EGRESS): the virtio-net
+    /// card's frames go there.
+    pub network: Option<PathBuf>,
     /// QMP's socket (qemu listens).
     pub qmp_socket: PathBuf,
     /// The guest console (kernel messages, guest-init's errors).
@@ -111,6 +114,13 @@ impl Machine {
             push(&["-chardev", &format!("socket,id=control,path={},reconnect=1", path(control))]);
             push(&["-device", &format!("virtserialport,chardev=control,name={CONTROL_PORT}")]);
         }
+        if let Some(sock) = &self.network {
+            // Frames, each with its length, over the helper's socket; the
+            // card's MAC is the one the stack sends to.
+            push(&["-netdev", &format!("stream,id=net0,server=off,addr.type=unix,addr.path={}", path(sock))]);
+            let mac = crate::helper::netstack::GUEST_MAC.0.map(|b| format!("{b:02x}")).join(":");
+            push(&["-device", &format!("virtio-net-device,netdev=net0,mac={mac}")]);
+        }
         push(&["-qmp", &format!("unix:{},server=on,wait=off", path(&self.qmp_socket))]);
         if self.paused {
             push(&["-S"]);
@@ -137,6 +147,7 @@ mod tests {
             layers: vec!["/l/0.ext4".into(), "/l/1,x.ext4".into()],
             agent_socket: "/v/agent.sock".into(),
             control_socket: Some("/v/control.sock".into()),
+            network: None,
             qmp_socket: "/v/qmp.sock".into(),
             console_log: "/v/console.log".into(),
             incoming: false,
@@ -173,6 +184,20 @@ mod tests {
             assert!(a.contains(want), "{want:?} missing from {a}");
         }
         assert!(!a.contains("-incoming"), "{a}");
+        assert!(!a.contains("-netdev"), "no network card without EGRESS: {a}");
+    }
+
+    #[test]
+    fn egress_adds_a_card_whose_frames_go_to_the_helpers_socket() {
+        let mut m = machine();
+        m.network = Some("/v/net,1.sock".into());
+        let a = joined(&m);
+        for want in [
+            "-netdev stream,id=net0,server=off,addr.type=unix,addr.path=/v/net,,1.sock",
+            "-device virtio-net-device,netdev=net0,mac=52:54:00:0a:00:0f",
+        ] {
+            assert!(a.contains(want), "{want:?} missing from {a}");
+        }
     }
 
     #[test]

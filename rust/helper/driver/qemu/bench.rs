@@ -92,7 +92,7 @@ pub async fn run(layers: &[PathBuf], runs: usize, work: &Path) -> Result<Figures
         let run_dir = dir.join("run");
         let (mut vm, ms) = if i < cold_runs {
             let t = Instant::now();
-            let mut vm = Instance::start(&shape, &run_dir, Start::Cold, None).await?;
+            let mut vm = Instance::start(&shape, &run_dir, Start::Cold { network: None }, None).await?;
             let stream = vm.go(attach, true).await?;
             pong(stream).await?;
             (vm, t.elapsed())

@@ -7,8 +7,10 @@
 //! (the reason kept in its [`Origin`]); after a boot the shape's template
 //! and pool are made ready in the background ([`super::pool`]).
 //!
-//! What it does not do yet, refused with the reason: EGRESS networking,
-//! shares other than `/workspace`. CPUs and memory are the VM's own size
+//! EGRESS goes through the helper's network stack, with the sandbox's
+//! policy, as on the namespace driver ([`super::network`]); such a vm boots
+//! cold. What it does not do yet, refused with the reason: shares other
+//! than `/workspace`. CPUs and memory are the VM's own size
 //! (`-smp`, `-m`); qemu also runs in the sandbox's cgroup (the namespace
 //! driver's layout), which bounds what the host gives the whole VM.
 use std::path::{Path, PathBuf};
@@ -17,6 +19,7 @@ use std::time::Duration;
 
 use super::assets::Assets;
 use super::instance::{Attach, Instance as QemuInstance, Shape, Start};
+use super::network::NetLink;
 use super::pool::Warm;
 use super::share::Share;
 use super::virtiofsd::VIRTIOFSD;
@@ -29,6 +32,7 @@ use crate::helper::driver::userns::IdMapper;
 use crate::helper::driver::{
     BootSpec, Capabilities, Driver, DriverError, Exit, HostFacts, HostProcesses, Instance, Limits,
 };
+use crate::helper::netstack::NetStack;
 
 /// How long a TCG boot may take to the agent's first Pong.
 const BOOT_WAIT: Duration = Duration::from_secs(300);
@@ -116,13 +120,20 @@ impl QemuDriver {
     }
 
     /// A vm of `shape` with the sandbox's `attach`: from the pool, else
-    /// restored from the template, else booted cold.
+    /// restored from the template, else booted cold. One with a `network`
+    /// socket (EGRESS) always boots cold: qemu 7.2's `-netdev stream` cannot
+    /// be added to a restored vm.
     async fn create(
         &self,
         shape: &Shape,
         run_dir: &Path,
         attach: Attach<'_>,
+        network: Option<&Path>,
     ) -> Result<(QemuInstance, PathBuf, tokio::net::UnixStream, Origin), QemuError> {
+        if network.is_some() {
+            let reason = "a vm with network egress boots cold (its network card cannot join a restored vm)";
+            return self.boot_cold(shape, run_dir, attach, network, reason.into()).await;
+        }
         if let Some(mut pooled) = self.warm.take(shape) {
             match pooled.vm.go(attach, false).await {
                 Ok(stream) => return Ok((pooled.vm, pooled.run_dir, stream, Origin::Pool)),
@@ -151,8 +162,19 @@ impl QemuDriver {
                 }
             },
         };
+        self.boot_cold(shape, run_dir, attach, None, reason).await
+    }
+
+    async fn boot_cold(
+        &self,
+        shape: &Shape,
+        run_dir: &Path,
+        attach: Attach<'_>,
+        network: Option<&Path>,
+        reason: String,
+    ) -> Result<(QemuInstance, PathBuf, tokio::net::UnixStream, Origin), QemuError> {
         tracing::info!(%reason, "vm boots cold");
-        let mut vm = QemuInstance::start(shape, run_dir, Start::Cold, None).await?;
+        let mut vm = QemuInstance::start(shape, run_dir, Start::Cold { network }, None).await?;
         match vm.go(attach, true).await {
             Ok(stream) => Ok((vm, run_dir.to_path_buf(), stream, Origin::Cold { reason })),
             Err(e) => {
@@ -167,9 +189,6 @@ impl QemuDriver {
     pub async fn boot_vm(&self, spec: &BootSpec) -> Result<Arc<VmInstance>, DriverError> {
         let assets = self.assets.as_ref().map_err(unavailable)?;
         let mapper = self.mapper.as_ref().map_err(unavailable)?;
-        if spec.egress.is_some() {
-            return Err(unavailable("the vm driver has no EGRESS networking yet: use network none"));
-        }
         let mut workspace = None;
         for m in &spec.mounts {
             if m.guest != Path::new("/workspace") || m.read_only {
@@ -229,17 +248,33 @@ impl QemuDriver {
             mapper,
             cgroup: cgroup.as_ref(),
         };
-        let created = self.create(&shape, &self.run_root.join(&spec.id), attach).await;
-        let (vm, run_dir, transport, origin) = match created {
-            Ok(created) => created,
-            Err(e) => {
-                if let Some(cg) = &cgroup {
-                    cg.remove();
-                }
-                return Err(DriverError::InitFailed(e.to_string()));
+        let run_dir = self.run_root.join(&spec.id);
+        let failed = |e: String| {
+            if let Some(cg) = &cgroup {
+                cg.remove();
             }
+            DriverError::InitFailed(e)
         };
-        self.warm.warm_up(shape);
+        let net_link = match &spec.egress {
+            Some(_) => Some(NetLink::listen(&run_dir).map_err(|e| failed(e.to_string()))?),
+            None => None,
+        };
+        let network = net_link.as_ref().map(NetLink::path);
+        let created = self.create(&shape, &run_dir, attach, network).await;
+        let (mut vm, run_dir, transport, origin) = created.map_err(|e| failed(e.to_string()))?;
+        let net = match (net_link, &spec.egress) {
+            (Some(link), Some((policy, events))) => match link.attach(policy.clone(), events.clone()).await {
+                Ok(net) => Some(net),
+                Err(e) => {
+                    vm.kill().await;
+                    return Err(failed(e.to_string()));
+                }
+            },
+            _ => None,
+        };
+        if net.is_none() {
+            self.warm.warm_up(shape);
+        }
         let mux = Mux::open_side(transport);
         let mut ping = mux.open(Frame::Ping)?;
         match tokio::time::timeout(BOOT_WAIT, ping.next()).await {
@@ -261,6 +296,7 @@ impl QemuDriver {
             limits_not_enforced: self.cgroups.as_ref().err().cloned().unwrap_or_default(),
             cgroup,
             share: Mutex::new(share),
+            _net: net,
         }))
     }
 
@@ -302,6 +338,7 @@ impl Driver for QemuDriver {
             own_kernel: true,
             dial: true,
             snapshot: true,
+            network_egress: true,
             containers: true,
             limits: cgroups.is_some(),
             cgroups: cgroups.map(CgroupLayout::capability),
@@ -347,6 +384,8 @@ pub struct VmInstance {
     cgroup: Option<VmCgroup>,
     /// Its workspace's mount for virtiofsd, released at cleanup.
     share: Mutex<Option<Share>>,
+    /// The EGRESS stack; it ends with qemu's connection, or with this.
+    _net: Option<NetStack>,
 }
 
 impl std::fmt::Debug for VmInstance {

@@ -76,8 +76,14 @@ pub struct Attach<'a> {
 /// How a vm starts.
 #[derive(Debug, Clone, Copy)]
 pub enum Start<'a> {
-    /// The kernel boots; CPUs stopped until [`Instance::go`].
-    Cold,
+    /// The kernel boots; CPUs stopped until [`Instance::go`]. With the
+    /// network stack's socket for EGRESS ([`super::network::NetLink`]):
+    /// only a cold boot has a network card, as qemu 7.2's `-netdev stream`
+    /// cannot be added to a restored vm.
+    Cold {
+        /// The network stack's socket.
+        network: Option<&'a Path>,
+    },
     /// The kernel boots to guest init's handshake, to be saved.
     Template,
     /// The memory state in this file is loaded; CPUs stopped until
@@ -110,6 +116,8 @@ pub struct BootSpec<'a> {
     pub mapper: &'a IdMapper,
     /// The sandbox's cgroup: qemu and virtiofsd are moved into it.
     pub cgroup: Option<&'a VmCgroup>,
+    /// The network stack's socket ([`super::network::NetLink`]), for EGRESS.
+    pub network: Option<PathBuf>,
 }
 
 impl BootSpec<'_> {
@@ -179,7 +187,8 @@ impl Instance {
     /// Starts qemu for `shape` and returns the vm with its first agent
     /// connection (cold: booted and given its "go" at once).
     pub async fn boot(spec: BootSpec<'_>) -> Result<(Instance, UnixStream), QemuError> {
-        let mut vm = Instance::start(&spec.shape(), &spec.run_dir, Start::Cold, spec.cgroup).await?;
+        let how = Start::Cold { network: spec.network.as_deref() };
+        let mut vm = Instance::start(&spec.shape(), &spec.run_dir, how, spec.cgroup).await?;
         let attach = Attach {
             hostname: spec.hostname,
             upper: &spec.upper,
@@ -226,6 +235,10 @@ impl Instance {
             layers: shape.layers.clone(),
             agent_socket,
             control_socket: Some(control_socket),
+            network: match how {
+                Start::Cold { network } => network.map(Path::to_path_buf),
+                _ => None,
+            },
             qmp_socket: dir.join("qmp.sock"),
             console_log: dir.join("console.log"),
             incoming: matches!(how, Start::Restore(_)),
@@ -508,5 +521,6 @@ pub fn spawn(
 
 /// Moves qemu (`pid`) into a vm's cgroup.
 fn into_cgroup(cg: &VmCgroup, pid: u32) -> Result<(), QemuError> {
-    cg.add(pid as i32).map_err(|e| QemuError::io("move qemu into the vm's cgroup", std::io::Error::other(e.to_string())))
+    cg.add(pid as i32)
+        .map_err(|e| QemuError::io("move qemu into the vm's cgroup", std::io::Error::other(e.to_string())))
 }

@@ -13,6 +13,7 @@
 //!   writable disk.
 //! - [`virtiofsd`]: the daemon serving `/workspace`.
 //! - [`share`]: where a root helper's virtiofsd reaches `/workspace`.
+//! - [`network`]: the EGRESS network card's link to the helper's stack.
 //! - [`instance`]: boot, transport, stop, kill, wait.
 //! - [`driver`]: the `vm` driver behind the helper's driver seam.
 //! - [`snapshot`]: the writable layer as a layer of the image store.
@@ -29,6 +30,7 @@ pub mod bench;
 pub mod disks;
 pub mod driver;
 pub mod instance;
+pub mod network;
 pub mod pool;
 pub mod probe;
 pub mod qmp;

@@ -65,6 +65,7 @@ pub async fn boot_probe(assets: &Assets, run_dir: &Path, accel: &Accel, timeout:
         layers: Vec::new(),
         agent_socket: agent_socket.clone(),
         control_socket: None,
+        network: None,
         qmp_socket: run_dir.join("probe-qmp.sock"),
         console_log: run_dir.join("probe-console.log"),
         incoming: false,
