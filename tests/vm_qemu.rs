@@ -583,6 +583,12 @@ async fn a_pooled_vm_serves_the_next_boot_and_the_pool_refills() {
     assert_eq!(driver.warm().ready(&shape), 1, "the pool refilled");
     driver.release().await;
     assert_eq!(driver.warm().ready(&shape), 0, "release kills the idle vms");
+    // A helper that starts fills the pools of the shapes it has templates of.
+    let restarted = warm_driver(&assets, &dir.0, 1);
+    restarted.keep_warm();
+    restarted.warm().idle().await;
+    assert_eq!(restarted.warm().ready(&shape), 1, "keep_warm fills the pool from the saved template");
+    restarted.release().await;
 }
 
 /// A state file that is stale (another kernel, helper or image) or corrupt
