@@ -533,6 +533,7 @@ async fn restores_from_one_snapshot_are_reseeded_clocked_and_their_own() {
     );
     assert_own_volume_and_layer(&cold, &ws, "cold").await;
     cold.kill();
+    cold.cleanup();
     driver.warm().idle().await;
     // The snapshot's own clock stands still while it is saved: let it fall
     // behind the host's, so a restore that did not set the clock shows.
@@ -547,6 +548,7 @@ async fn restores_from_one_snapshot_are_reseeded_clocked_and_their_own() {
         assert_own_volume_and_layer(&vm, &ws, name).await;
         assert_eq!(sh(&vm, "hostname").await.trim(), "seam");
         vm.kill();
+        vm.cleanup();
         seen.push(ids);
     }
     let (a, b): (Vec<&str>, Vec<&str>) = (seen[0].lines().collect(), seen[1].lines().collect());
@@ -570,6 +572,7 @@ async fn a_pooled_vm_serves_the_next_boot_and_the_pool_refills() {
     let (spec, _) = sandbox(&dir.0, "cold", &layers, &mapper);
     let cold = driver.boot_vm(&spec).await.expect("a cold boot");
     cold.kill();
+    cold.cleanup();
     driver.warm().idle().await;
     let shape = seam_shape(&driver, &assets, &layers, &mapper).await;
     assert_eq!(driver.warm().ready(&shape), 1, "the pool filled behind the cold boot");
@@ -579,6 +582,7 @@ async fn a_pooled_vm_serves_the_next_boot_and_the_pool_refills() {
     assert_own_volume_and_layer(&vm, &ws, "pooled").await;
     assert_clock_is_the_hosts(&vm).await;
     vm.kill();
+    vm.cleanup();
     driver.warm().idle().await;
     assert_eq!(driver.warm().ready(&shape), 1, "the pool refilled");
     driver.release().await;
@@ -613,6 +617,7 @@ async fn a_stale_or_corrupt_state_file_falls_back_to_a_cold_boot() {
     let vm = driver.boot_vm(&spec).await.expect("a cold boot");
     assert!(matches!(vm.origin(), Origin::Cold { reason } if reason.contains("stale")), "{:?}", vm.origin());
     vm.kill();
+    vm.cleanup();
     driver.warm().idle().await;
     assert!(template.current().is_some(), "a current template was saved behind the cold boot");
     std::fs::write(template.state(), b"corrupt").unwrap();
@@ -624,6 +629,7 @@ async fn a_stale_or_corrupt_state_file_falls_back_to_a_cold_boot() {
     }
     assert_own_volume_and_layer(&vm, &ws, "corrupt").await;
     vm.kill();
+    vm.cleanup();
     driver.warm().idle().await;
     assert!(template.current().is_some(), "the corrupt state was replaced");
     driver.release().await;
