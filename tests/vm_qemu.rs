@@ -600,6 +600,7 @@ async fn restores_from_one_snapshot_are_reseeded_clocked_and_their_own() {
     );
     assert_own_volume_and_layer(&cold, &ws, "cold").await;
     cold.kill();
+    cold.cleanup();
     driver.warm().idle().await;
     // The snapshot's own clock stands still while it is saved: let it fall
     // behind the host's, so a restore that did not set the clock shows.
@@ -614,6 +615,7 @@ async fn restores_from_one_snapshot_are_reseeded_clocked_and_their_own() {
         assert_own_volume_and_layer(&vm, &ws, name).await;
         assert_eq!(sh(&vm, "hostname").await.trim(), "seam");
         vm.kill();
+        vm.cleanup();
         seen.push(ids);
     }
     let (a, b): (Vec<&str>, Vec<&str>) = (seen[0].lines().collect(), seen[1].lines().collect());
@@ -637,6 +639,7 @@ async fn a_pooled_vm_serves_the_next_boot_and_the_pool_refills() {
     let (spec, _) = sandbox(&dir.0, "cold", &layers, &mapper);
     let cold = driver.boot_vm(&spec).await.expect("a cold boot");
     cold.kill();
+    cold.cleanup();
     driver.warm().idle().await;
     let shape = seam_shape(&driver, &assets, &layers, &mapper).await;
     assert_eq!(driver.warm().ready(&shape), 1, "the pool filled behind the cold boot");
@@ -646,10 +649,17 @@ async fn a_pooled_vm_serves_the_next_boot_and_the_pool_refills() {
     assert_own_volume_and_layer(&vm, &ws, "pooled").await;
     assert_clock_is_the_hosts(&vm).await;
     vm.kill();
+    vm.cleanup();
     driver.warm().idle().await;
     assert_eq!(driver.warm().ready(&shape), 1, "the pool refilled");
     driver.release().await;
     assert_eq!(driver.warm().ready(&shape), 0, "release kills the idle vms");
+    // A helper that starts fills the pools of the shapes it has templates of.
+    let restarted = warm_driver(&assets, &dir.0, 1);
+    restarted.keep_warm();
+    restarted.warm().idle().await;
+    assert_eq!(restarted.warm().ready(&shape), 1, "keep_warm fills the pool from the saved template");
+    restarted.release().await;
 }
 
 /// A state file that is stale (another kernel, helper or image) or corrupt
@@ -674,6 +684,7 @@ async fn a_stale_or_corrupt_state_file_falls_back_to_a_cold_boot() {
     let vm = driver.boot_vm(&spec).await.expect("a cold boot");
     assert!(matches!(vm.origin(), Origin::Cold { reason } if reason.contains("stale")), "{:?}", vm.origin());
     vm.kill();
+    vm.cleanup();
     driver.warm().idle().await;
     assert!(template.current().is_some(), "a current template was saved behind the cold boot");
     std::fs::write(template.state(), b"corrupt").unwrap();
@@ -685,6 +696,7 @@ async fn a_stale_or_corrupt_state_file_falls_back_to_a_cold_boot() {
     }
     assert_own_volume_and_layer(&vm, &ws, "corrupt").await;
     vm.kill();
+    vm.cleanup();
     driver.warm().idle().await;
     assert!(template.current().is_some(), "the corrupt state was replaced");
     driver.release().await;

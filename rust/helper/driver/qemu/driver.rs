@@ -351,7 +351,9 @@ impl Driver for QemuDriver {
     }
 
     fn keep_warm(&self) {
-        // Templates and pools fill per shape as shapes boot (warm_up).
+        // Shapes booted before have templates: their pools fill now; others
+        // get theirs after their first boot.
+        self.warm.warm_saved();
     }
 
     async fn release(&self) {

@@ -41,7 +41,7 @@ const CONSOLE_TAIL: usize = 2048;
 
 /// What every vm restored from one template shares: the machine, the
 /// image's layer disks and the size. A template is made per shape.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Shape {
     /// The PVH kernel.
     pub kernel: PathBuf,

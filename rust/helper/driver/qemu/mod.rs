@@ -98,7 +98,7 @@ impl QemuError {
 }
 
 /// How the guest's CPU runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Accel {
     /// Hardware virtualization: a probe VM booted our kernel under it.
     Kvm,

@@ -85,6 +85,17 @@ impl Warm {
         self.run_root.join(format!("{what}-{}-{}", std::process::id(), self.counter.fetch_add(1, Ordering::Relaxed)))
     }
 
+    /// In the background: fills the pool of every shape with a current
+    /// template (the helper starts).
+    pub fn warm_saved(self: &Arc<Self>) {
+        if self.size == 0 {
+            return;
+        }
+        for shape in Template::saved_shapes(&self.templates) {
+            self.warm_up(shape);
+        }
+    }
+
     /// In the background: builds `shape`'s template if it has none that is
     /// current, then fills its pool. One task per shape at a time.
     pub fn warm_up(self: &Arc<Self>, shape: Shape) {

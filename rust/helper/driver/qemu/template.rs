@@ -62,6 +62,22 @@ impl Template {
         self.dir.join("vm.state")
     }
 
+    /// The shape itself, so a helper that starts can fill its pool
+    /// ([`Template::saved_shapes`]).
+    fn shape_file(&self) -> PathBuf {
+        self.dir.join("shape.json")
+    }
+
+    /// The shapes with a current template under `root`.
+    pub fn saved_shapes(root: &Path) -> Vec<Shape> {
+        let Ok(dirs) = std::fs::read_dir(root) else { return Vec::new() };
+        dirs.flatten()
+            .filter_map(|d| std::fs::read(d.path().join("shape.json")).ok())
+            .filter_map(|json| serde_json::from_slice::<Shape>(&json).ok())
+            .filter(|shape| Template::of(root, shape).current().is_some())
+            .collect()
+    }
+
     /// The file naming the shape the state was saved for.
     pub fn key_file(&self) -> PathBuf {
         self.dir.join("key")
@@ -112,6 +128,9 @@ impl Template {
         }
         let _ = std::fs::remove_file(self.key_file());
         std::fs::rename(&tmp, self.state()).map_err(|e| QemuError::io(format!("rename {}", tmp.display()), e))?;
+        let shape_json = serde_json::to_vec(shape).map_err(|e| QemuError::io("describe the shape", e.into()))?;
+        std::fs::write(self.shape_file(), shape_json)
+            .map_err(|e| QemuError::io(format!("write {}", self.shape_file().display()), e))?;
         std::fs::write(self.key_file(), &self.key)
             .map_err(|e| QemuError::io(format!("write {}", self.key_file().display()), e))
     }
