@@ -131,11 +131,8 @@ def test_a_vm_sandbox_from_the_project_file(front_end, roots, env):
 
 def test_isolation_errors_name_the_setting_and_the_fix(front_end, roots, env):
     # This helper finds no vm assets (its data dir is the test's own): the vm driver is listed, unusable.
-    write_config(env, '[profiles.net]\nisolation = "vm"\n[profiles.bare]\nisolation = "vm"\nnetwork = "none"\n')
+    write_config(env, '[profiles.bare]\nisolation = "vm"\nnetwork = "none"\n')
     client = front_end(SANDBOX_MCP_HOST_ROOTS=str(roots))
-    text, err = client.tool("exec", command="true", sandbox="net")
-    assert err and 'network egress (network = "egress") is not available: the VM helper\'s "vm" driver does not ' \
-        'support it (it works with isolation = "namespaces")' in text, text
     text, err = client.tool("exec", command="true", sandbox="bare")
     assert err and "the vm driver is not usable here: no vm kernel in" in text and "make vm" in text, text
     (roots / ".sandbox-mcp.toml").write_text('isolation = "gvisor"\n')
@@ -143,6 +140,26 @@ def test_isolation_errors_name_the_setting_and_the_fix(front_end, roots, env):
     assert err and 'isolation: must be "namespaces" or "vm", not "gvisor"' in text, text
     text, err = client.tool("validate_config")
     assert err and '  isolation: must be "namespaces" or "vm", not "gvisor"' in text, text
+
+
+@needs_vm
+def test_a_vm_sandbox_goes_out_through_the_helpers_stack_and_its_policy(front_end, roots):
+    """EGRESS on the vm driver: the guest's resolver is the helper's stack, and a connection the policy
+    refuses (the host's own address) is refused at once and shown by network_info, as on namespaces."""
+    from test_network_policy import host_address
+
+    (roots / ".sandbox-mcp.toml").write_text('isolation = "vm"\n')
+    client = vm_server(front_end, roots)
+    addr = host_address()
+    code = f"import socket\ntry:\n    socket.create_connection(('{addr}', 9), timeout=20)\n    print('connected')\n" \
+           "except OSError as e:\n    print('refused', e)\n"
+    out = run(client, "grep nameserver /etc/resolv.conf; cat /sys/class/net/eth0/operstate")
+    assert out.splitlines() == ["nameserver 10.0.2.3", "up"], out
+    out, err = client.tool("python", _timeout=VM_CALL_TIMEOUT, code=code)
+    assert not err and out.startswith("refused"), out
+    info, err = client.tool("network_info")
+    assert not err, info
+    assert f"  refused tcp {addr}:9 \u2014 " in info, info
 
 
 @needs_vm
