@@ -39,8 +39,11 @@ pub struct Warm {
     vms: Mutex<HashMap<PathBuf, Vec<Pooled>>>,
     /// Shapes whose template or pool is being worked on (one task each).
     busy: Mutex<HashSet<PathBuf>>,
-    counter: AtomicU64,
 }
+
+/// Numbers the run dirs of vms started for no sandbox: process-wide, as
+/// several drivers (tests) may share one run root.
+static RUN_DIRS: AtomicU64 = AtomicU64::new(0);
 
 impl std::fmt::Debug for Warm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -61,7 +64,6 @@ impl Warm {
             run_root,
             vms: Mutex::new(HashMap::new()),
             busy: Mutex::new(HashSet::new()),
-            counter: AtomicU64::new(0),
         }
     }
 
@@ -82,7 +84,7 @@ impl Warm {
 
     /// A fresh run directory for a vm the driver starts on its own.
     pub fn run_dir(&self, what: &str) -> PathBuf {
-        self.run_root.join(format!("{what}-{}-{}", std::process::id(), self.counter.fetch_add(1, Ordering::Relaxed)))
+        self.run_root.join(format!("{what}-{}-{}", std::process::id(), RUN_DIRS.fetch_add(1, Ordering::Relaxed)))
     }
 
     /// In the background: fills the pool of every shape with a current
