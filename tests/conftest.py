@@ -91,6 +91,28 @@ def isolated_env(base: str) -> dict[str, str]:
     return env
 
 
+def pids_of(program: str, arg: str | None = None, environ: str | None = None) -> list[int]:
+    """Pids of the processes running `program` (the end of argv[0]), with `arg` inside one of their
+    arguments and `environ` (`NAME=value`) in their environment, when given."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+            env = (d / "environ").read_bytes().split(b"\0") if environ is not None else []
+        except OSError:
+            continue
+        if not argv or not argv[0].endswith(program.encode()):
+            continue
+        if arg is not None and not any(arg.encode() in a for a in argv):
+            continue
+        if environ is not None and environ.encode() not in env:
+            continue
+        pids.append(int(d.name))
+    return pids
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from conftest import required_env
+from conftest import pids_of, required_env
 from mcp_client import McpClient, McpError
 from test_persistence import _get, exited, free_port, until
 
@@ -47,17 +47,7 @@ def daemon_pid(env: dict[str, str]) -> int | None:
 
 def daemon_pids(env: dict[str, str]) -> list[int]:
     """Pids of `sandbox-mcp daemon` processes running in `env`."""
-    want = f"XDG_STATE_HOME={env['XDG_STATE_HOME']}".encode()
-    pids = []
-    for d in Path("/proc").iterdir():
-        try:
-            cmd = (d / "cmdline").read_bytes().split(b"\0")
-            environ = (d / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if cmd[:2] and cmd[1] == b"daemon" and cmd[0].endswith(b"sandbox-mcp") and want in environ:
-            pids.append(int(d.name))
-    return pids
+    return pids_of("sandbox-mcp", arg="daemon", environ=f"XDG_STATE_HOME={env['XDG_STATE_HOME']}")
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import sandbox_key, stop_daemon, volume_dir
+from conftest import pids_of, sandbox_key, stop_daemon, volume_dir
 from mcp_client import McpError
 from waiting import wait_for
 
@@ -30,19 +30,7 @@ def until(fn, what: str, timeout: float = 20.0):
 
 def server_pids(env: dict[str, str]) -> list[int]:
     """Pids of `sandbox-mcp` server processes running in `env`."""
-    want = f"XDG_STATE_HOME={env['XDG_STATE_HOME']}".encode()
-    pids = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes().split(b"\0")
-            environ = (d / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if cmd and cmd[0].endswith(b"/sandbox-mcp") and want in environ:
-            pids.append(int(d.name))
-    return pids
+    return pids_of("/sandbox-mcp", environ=f"XDG_STATE_HOME={env['XDG_STATE_HOME']}")
 
 
 def exited(pid: int) -> bool:

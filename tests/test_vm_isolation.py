@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import required_env, sandbox_key, volume_dir, write_config
+from conftest import pids_of, required_env, sandbox_key, volume_dir, write_config
 from waiting import poll
 
 # Long enough for a TCG boot on a loaded machine, and the first build of the image's layer disk.
@@ -63,25 +63,10 @@ def run(client, command: str, sandbox: str = "default") -> str:
     return out.rsplit("(", 1)[0]
 
 
-def pids_of(program: str, mark: str) -> list[int]:
-    """The processes running `program` with `mark` in an argument."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and argv[0].endswith(program.encode()) and any(mark.encode() in a for a in argv):
-            pids.append(int(d.name))
-    return pids
-
-
 def qemu_pids(key: str) -> list[int]:
     """The qemu of the sandbox keyed `key`, booted cold (its run dir is named by the key; a vm taken
     from the warm pool keeps the pool's, and the pool's own and a template's are named otherwise)."""
-    return pids_of(QEMU, key)
+    return pids_of(QEMU, arg=key)
 
 
 @needs_vm
@@ -112,7 +97,7 @@ def test_a_vm_sandbox_from_the_project_file(front_end, roots, env):
     # helper has cgroups, and the helper's otherwise.
     pids = qemu_pids(sandbox_key("default", roots))
     assert len(pids) == 1, pids
-    virtiofsd = pids_of("virtiofsd", sandbox_key("default", roots))  # it forks into a pid namespace of its own
+    virtiofsd = pids_of("virtiofsd", arg=sandbox_key("default", roots))  # it forks into a pid namespace of its own
     assert virtiofsd, "no virtiofsd"
     groups = [Path(f"/proc/{pid}/cgroup").read_text() for pid in [pids[0], *virtiofsd]]
     assert all(g == groups[0] for g in groups), groups

@@ -63,6 +63,10 @@ pub struct QemuDriver {
     cgroups: Result<CgroupLayout, String>,
 }
 
+/// A started vm for a sandbox: qemu, its run dir, the agent's first
+/// connection, and where it came from.
+type Created = (QemuInstance, PathBuf, tokio::net::UnixStream, Origin);
+
 /// Where a vm came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Origin {
@@ -129,7 +133,7 @@ impl QemuDriver {
         run_dir: &Path,
         attach: Attach<'_>,
         network: Option<&Path>,
-    ) -> Result<(QemuInstance, PathBuf, tokio::net::UnixStream, Origin), QemuError> {
+    ) -> Result<Created, QemuError> {
         if network.is_some() {
             let reason = "a vm with network egress boots cold (its network card cannot join a restored vm)";
             return self.boot_cold(shape, run_dir, attach, network, reason.into()).await;
@@ -172,7 +176,7 @@ impl QemuDriver {
         attach: Attach<'_>,
         network: Option<&Path>,
         reason: String,
-    ) -> Result<(QemuInstance, PathBuf, tokio::net::UnixStream, Origin), QemuError> {
+    ) -> Result<Created, QemuError> {
         tracing::info!(%reason, "vm boots cold");
         let mut vm = QemuInstance::start(shape, run_dir, Start::Cold { network }, None).await?;
         match vm.go(attach, true).await {

@@ -58,13 +58,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Warm {
     /// Templates under `templates`, pool vms' run dirs under `run_root`.
     pub fn new(size: usize, templates: PathBuf, run_root: PathBuf) -> Self {
-        Warm {
-            size,
-            templates,
-            run_root,
-            vms: Mutex::new(HashMap::new()),
-            busy: Mutex::new(HashSet::new()),
-        }
+        Warm { size, templates, run_root, vms: Mutex::new(HashMap::new()), busy: Mutex::new(HashSet::new()) }
     }
 
     /// The template of `shape`.
