@@ -64,15 +64,16 @@ def run(client, command: str, sandbox: str = "default") -> str:
 
 
 def qemu_pids(key: str) -> list[int]:
-    """The qemu of the sandbox keyed `key`, booted cold (its run dir is named by the key; a vm taken
-    from the warm pool keeps the pool's, and the pool's own and a template's are named otherwise)."""
+    """The qemu of the sandbox keyed `key`, booted cold or restored (its run dir is named by the key; a vm
+    taken from the warm pool keeps the pool's, and the pool's own and a template's are named otherwise)."""
     return pids_of(QEMU, arg=key)
 
 
 @needs_vm
 def test_a_vm_sandbox_from_the_project_file(front_end, roots, env):
     (roots / ".sandbox-mcp.toml").write_text(VM_PROJECT)
-    client = vm_server(front_end, roots)
+    # Without a warm pool its qemu runs in a dir named by its key (cold or restored from a saved state).
+    client = vm_server(front_end, roots, SANDBOX_MCP_VM_POOL="0")
     release = (vm_dir() / "kernel.release").read_text().strip()
     assert release != os.uname().release
     assert run(client, "uname -r").strip() == release
