@@ -26,10 +26,11 @@ const MAX_SOCKET_PATH: usize = 107;
 /// Failures talking to the helper, already phrased for a user.
 #[derive(Debug, thiserror::Error)]
 pub enum HelperError {
-    /// The helper could not be reached or started.
-    #[error("VM helper unavailable at {socket}: {reason}")]
+    /// The helper could not be reached or started, or it answered that
+    /// what the call needs (a VM's agent) is gone.
+    #[error("{}", unavailable(socket, reason))]
     Unavailable {
-        /// Socket we tried.
+        /// Socket we tried; empty when the helper itself answered.
         socket: PathBuf,
         /// What went wrong.
         reason: String,
@@ -64,6 +65,16 @@ pub enum HelperError {
     /// Anything else the helper reported.
     #[error("VM helper error: {0}")]
     Other(String),
+}
+
+/// The text of [`HelperError::Unavailable`]: the helper's own words when
+/// it answered, else where it was not found.
+fn unavailable(socket: &std::path::Path, reason: &str) -> String {
+    if socket.as_os_str().is_empty() {
+        reason.to_string()
+    } else {
+        format!("VM helper unavailable at {}: {reason}", socket.display())
+    }
 }
 
 impl From<tonic::Status> for HelperError {
