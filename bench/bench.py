@@ -31,7 +31,7 @@ Measures, on an isolated server (fresh XDG dirs, helper stopped at the end):
 Environment: SANDBOX_MCP_BIN (default target/release/sandbox-mcp),
 SANDBOX_VM_HELPER_BIN (passed through), SANDBOX_MCP_BENCH_IMAGE_STORE and
 SANDBOX_MCP_BENCH_IMAGE (default: the server's own store and default image).
-`make bench` sets them all. `--only create` runs (b) alone.
+`make bench` sets them all. `--only create` runs (b) alone; `--only exec` runs (a), (g) and (c).
 """
 from __future__ import annotations
 
@@ -514,7 +514,7 @@ def create_rows(client: McpClient) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--only", choices=["create"], help="run only this part")
+    parser.add_argument("--only", choices=["create", "exec"], help="run only this part")
     only = parser.parse_args().only
     binary = os.environ.get("SANDBOX_MCP_BIN") or str(ROOT / "target/release/sandbox-mcp")
     if not os.access(binary, os.X_OK):
@@ -534,6 +534,9 @@ def main() -> int:
                 return report(binary, rows, [])
             rows.append(row("exec `echo hi` (warm, MCP)", bench_warm_exec(client)))
             rows.extend(bench_relay(binary, env))
+            if only == "exec":
+                rows.append(row("baseline subprocess sh -c echo", bench_baseline()))
+                return report(binary, rows, [])
             rows.extend(create_rows(client))
             checked(client, "destroy", sandbox="bench")
             extra = [
