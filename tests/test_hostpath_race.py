@@ -38,29 +38,57 @@ OWN_DATA = "inside sandbox-mcp's own data"
 # symlink to a host directory outside the roots, as fast as it can, touching
 # a file on every turn so that sync jobs get events to push. Stops when
 # /workspace/stop exists or after `n` turns.
+#
+# The victim's tools may create /workspace/d themselves while it is away
+# (downloads make the parents of their target), and then a rename fails: the
+# swapper moves that directory aside and goes on, so that the race lasts as
+# long as the test needs it (it once died early and left d a plain directory).
 SWAP = r"""
 import os, sys
 outside, n = sys.argv[1], int(sys.argv[2])
 os.chdir('/workspace')
-os.makedirs('real', exist_ok=True)
-for name in ('secret.txt', 'payload'):
-    with open('real/' + name, 'w') as f:
-        f.write('decoy\n')
-if not os.path.lexists('lnk'):
-    os.symlink(outside, 'lnk')
+
+def settle(i):
+    # Back to: real/ a directory, lnk a symlink, no d.
+    if os.path.islink('d'):
+        if os.path.lexists('lnk'):
+            os.unlink('d')
+        else:
+            os.rename('d', 'lnk')
+    elif os.path.isdir('d'):
+        os.rename('d', 'real' if not os.path.isdir('real') else 'aside%d' % i)
+    elif os.path.lexists('d'):
+        os.rename('d', 'aside%d' % i)
+    os.makedirs('real', exist_ok=True)
+    for name in ('secret.txt', 'payload'):
+        if not os.path.exists('real/' + name):
+            with open('real/' + name, 'w') as f:
+                f.write('decoy\\n')
+    if not os.path.lexists('lnk'):
+        os.symlink(outside, 'lnk')
+
+settle(0)
 print('swapping', flush=True)
+settled = 0
 for i in range(n):
     if os.path.exists('stop'):
         break
-    os.rename('real', 'd')
-    with open('d/tick', 'w') as f:
-        f.write(str(i))
-    os.rename('d', 'real')
-    os.rename('lnk', 'd')
-    with open('real/tock', 'w') as f:
-        f.write(str(i))
-    os.rename('d', 'lnk')
-print('done', flush=True)
+    try:
+        os.rename('real', 'd')
+        with open('d/tick', 'w') as f:
+            f.write(str(i))
+        os.rename('d', 'real')
+        os.rename('lnk', 'd')
+        with open('real/tock', 'w') as f:
+            f.write(str(i))
+        os.rename('d', 'lnk')
+    except OSError:
+        settled += 1
+        try:
+            settle(i)
+        except OSError:
+            pass
+print('done after', i, 'turns, settled', settled, flush=True)
 """
 
 
@@ -94,7 +122,11 @@ def start_swapping(srv: McpClient, outside_dir: Path, sandbox: str, turns: int =
 
 
 def stop_swapping(srv: McpClient, sandbox: str) -> None:
+    """Stops the swapper, checking that it raced to the end (a swapper that
+    died early would leave the later rounds racing nothing)."""
     srv.tool("exec", command="touch /workspace/stop", sandbox=sandbox)
+    assert wait_for(lambda: "done after" in srv.tool("logs", name="swap", sandbox=sandbox)[0], timeout=30), \
+        srv.tool("logs", name="swap", sandbox=sandbox)[0]
     srv.tool("kill", name="swap", sandbox=sandbox)
 
 

@@ -126,12 +126,6 @@ impl Store {
         Ok((Self { jobs }, set_aside))
     }
 
-    /// Run `f` on the database thread, after everything queued before it.
-    pub fn queue(&self, f: impl FnOnce(&mut Connection) + Send + 'static) {
-        // Fails only once the thread is gone, at shutdown.
-        let _ = self.jobs.send(Box::new(f));
-    }
-
     /// Run `f` on the database thread. It is queued now (also when the
     /// returned future is dropped unpolled); the future ends when it ran.
     pub fn call<T: Send + 'static>(
