@@ -9,6 +9,7 @@ skip, saying which is missing. Each VM boots under TCG here (seconds), so the al
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -166,3 +167,26 @@ def test_a_child_asks_for_a_vm_within_its_parents_policy(front_end, roots, env):
     # Its own child takes its isolation unless told.
     status, _ = client.tool("status")
     assert "isolation:vm" in next(line for line in status.splitlines() if "default..kid" in line), status
+
+
+@needs_vm
+def test_a_vm_sandbox_keeps_to_its_disk_limit(front_end, roots):
+    """The profile's `disk` holds on the vm driver as on namespaces: the writable disk is that size (a write
+    past it fails in the guest), writes to /workspace count against the same limit (the watcher stops the
+    writer with the quota message), and stats shows the sandbox's own figures, not the host's."""
+    (roots / ".sandbox-mcp.toml").write_text(VM_PROJECT + 'disk = "64M"\n')
+    client = vm_server(front_end, roots, SANDBOX_MCP_VM_POOL="0")
+    out = run(client, "head -c 100M /dev/zero > /var/big; echo rc=$?; rm /var/big; sync")
+    assert "No space left on device" in out and "rc=1" in out, out
+    text, err = client.tool("stats")
+    assert not err and re.search(r"^Quota:   .+ / 64.0MB \(\d+%", text, re.M), text
+    data = client.call_raw("stats").structured_content
+    assert data["quota_limit_bytes"] == 64 << 20 and data["quota_used_bytes"] < 64 << 20, data
+    # A steady writer (1 MiB every 20 ms, 300 MiB in all) meets the watcher well before it ends.
+    writer = "for i in $(seq 300); do head -c 1048576 /dev/zero >> /workspace/big; sleep 0.02; done"
+    text, _ = client.tool("exec", _timeout=VM_CALL_TIMEOUT, command=writer, timeout=240)
+    assert "disk quota exceeded" in text and "used of 64 MiB" in text, text
+    text, err = client.tool("stats")
+    assert not err and re.search(r"^Quota:   disk quota exceeded: .+ used of 64 MiB \(writable layer .+, /workspace ", text,
+                                 re.M), text
+    run(client, "rm -f /workspace/big")

@@ -401,6 +401,7 @@ fn seam_spec(dir: &Path, layers: Vec<PathBuf>, mounts: Vec<BindMount>) -> SeamBo
         dir: dir.to_path_buf(),
         mounts,
         limits: Limits { cpus: 1, memory_bytes: 512 << 20, pids: 1024 },
+        disk_bytes: 1 << 30,
         egress: None,
     }
 }

@@ -179,6 +179,10 @@ pub struct GuestStats {
     pub net_rx_bytes: u64,
     /// Bytes sent on non-loopback interfaces.
     pub net_tx_bytes: u64,
+    /// Bytes in use on a vm's writable disk (its writable layer and
+    /// Docker's data), which only the guest can read; 0 elsewhere.
+    #[serde(default)]
+    pub disk_used_bytes: u64,
 }
 
 /// One protocol message.
@@ -600,6 +604,7 @@ mod tests {
                 pids: 3,
                 net_rx_bytes: 4,
                 net_tx_bytes: 5,
+                disk_used_bytes: 6,
             }),
         ];
         let mut bytes = Vec::new();

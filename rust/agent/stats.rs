@@ -26,7 +26,22 @@ pub fn read() -> GuestStats {
     }
     let dev = std::fs::read_to_string("/proc/net/dev").unwrap_or_default();
     (stats.net_rx_bytes, stats.net_tx_bytes) = net_bytes(&dev);
+    stats.disk_used_bytes = writable_disk_used();
     stats
+}
+
+/// Bytes in use on the filesystem of a vm's writable disk, read at its
+/// layer view (absent on the namespace driver, whose host measures its
+/// layer itself): the disk's whole filesystem, so Docker's data, which
+/// lives beside the layer on it, counts too.
+fn writable_disk_used() -> u64 {
+    match nix::sys::statfs::statfs(crate::guest::LAYER_VIEW) {
+        Ok(fs) => {
+            let bsize = u64::try_from(fs.block_size()).unwrap_or(0);
+            (fs.blocks().saturating_sub(fs.blocks_free())).saturating_mul(bsize)
+        }
+        Err(_) => 0,
+    }
 }
 
 struct ProcStat {

@@ -1,11 +1,11 @@
 //! The helper's side of the agent requests other than Exec: tar copies in
 //! and out of the VM, its background processes, dials to its ports and its
-//! usage as the guest sees it. Each is one stream on the VM's agent link;
+//! usage as the guest sees it, and the helper's own short commands there. Each is one stream on the VM's agent link;
 //! the agent's `Fail` frames become [`HelperError::Guest`].
 use super::agent_link::{AgentLink, agent_error};
 use super::error::HelperError;
 use crate::agent::mux::{StreamReceiver, StreamSender};
-use crate::agent::protocol::{BackgroundReply, BackgroundRequest, FailKind, Frame, GuestStats};
+use crate::agent::protocol::{BackgroundReply, BackgroundRequest, ExitStatus, FailKind, Frame, GuestStats, StartSpec};
 
 fn unexpected(what: &str, frame: Option<Frame>) -> HelperError {
     let got = match frame {
@@ -120,6 +120,26 @@ pub async fn background(link: &AgentLink, req: BackgroundRequest) -> Result<(Bac
         }
     }
     Ok((reply, output))
+}
+
+/// Runs `argv` in the guest as root, output discarded, until it exits;
+/// an exit other than 0 is an error naming the status.
+pub async fn run(link: &AgentLink, argv: Vec<String>) -> Result<(), HelperError> {
+    let what = argv.join(" ");
+    let mut s = link.open(Frame::Start(StartSpec::plain(argv))).await?;
+    loop {
+        match s.next().await.map_err(|e| link.error(e))? {
+            Some(Frame::Exited(ExitStatus::Code(0))) => return Ok(()),
+            Some(Frame::Exited(status)) => {
+                return Err(HelperError::io(
+                    format!("run {what} in the guest"),
+                    std::io::Error::other(format!("{status:?}")),
+                ));
+            }
+            Some(Frame::Started(_) | Frame::Stdout(_) | Frame::Stderr(_)) => {}
+            other => return Err(unexpected("the process's output or exit", other)),
+        }
+    }
 }
 
 /// The guest's own view of its usage.

@@ -21,13 +21,16 @@
 //! the round spares (e.g. code injected by ptrace): the VM is stopped by
 //! killing its PID 1, with the reason as its stop reason. Files the VM's
 //! processes hold open after unlinking them count too.
+//!
+//! A vm (its own kernel) is watched the same way with the guest's figures
+//! for its writable disk, which is itself sized to the quota ([`Writers`]).
 use std::collections::HashSet;
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::NixPath;
@@ -36,6 +39,9 @@ use nix::fcntl::{AT_FDCWD, AtFlags, OFlag, openat};
 use nix::sys::signal::{Signal, kill};
 use nix::sys::stat::{FileStat, Mode, fstat, fstatat};
 use nix::unistd::Pid;
+
+use super::agent_link::AgentLink;
+use super::driver::Instance;
 
 /// How often usage is measured, far from the quota.
 const INTERVAL: Duration = Duration::from_secs(1);
@@ -95,23 +101,58 @@ impl Watch {
     }
 }
 
-/// Starts watching a VM whose PID 1 and agent have host pids `pid1` and
-/// `agent`; the watcher ends when the returned handle is dropped.
-pub fn watch(
-    limit: u64,
-    parts: Vec<Part>,
-    pid1: i32,
-    agent: i32,
-) -> (std::sync::Arc<Watch>, tokio_util::task::AbortOnDropHandle<()>) {
-    let w = std::sync::Arc::new(Watch { limit, reading: Mutex::default(), stops: AtomicU64::new(0) });
+/// Where a VM's writers run: how the watcher measures them and stops them.
+pub enum Writers {
+    /// On the host (the namespace driver): its PID 1 and agent by host pid.
+    /// Every part is a host directory, the writable layer included.
+    Host {
+        /// Host pid of the VM's PID 1.
+        pid1: i32,
+        /// Host pid of its agent, spared by a kill round.
+        agent: i32,
+    },
+    /// In a guest with a kernel of its own (the vm driver). The writable
+    /// layer lives on the guest's disk, which only the guest can read: its
+    /// agent reports the disk's use. The disk's size is the quota, so the
+    /// guest's writes there meet ENOSPC at the latest; the watcher adds the
+    /// shares (host directories). A kill round is the guest's own `kill`
+    /// of every process but its init and agent; stopping the VM kills qemu.
+    Guest {
+        /// The guest's agent.
+        agent: Arc<AgentLink>,
+        /// The vm, killed if its writes outlive a kill round.
+        instance: Arc<dyn Instance>,
+    },
+}
+
+/// Kills every process of the guest but its init (1), the agent (this
+/// shell's parent) and itself, a few rounds as [`stop_processes`] does
+/// (kernel threads ignore the signal). Then flushes the guest's page cache:
+/// writes to `/workspace` the killed processes left there reach the host
+/// now, so the watcher's next measurement (its baseline) holds them, and
+/// only writes made after it count as growth.
+const GUEST_KILL: &str = r#"for round in 1 2 3 4 5 6 7 8; do
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    if [ "$p" != 1 ] && [ "$p" != "$PPID" ] && [ "$p" != "$$" ]; then kill -9 "$p" 2>/dev/null; fi
+  done
+done
+sync"#;
+
+/// Starts watching a VM whose writers are `writers`; the watcher ends when
+/// the returned handle is dropped.
+pub fn watch(limit: u64, parts: Vec<Part>, writers: Writers) -> (Arc<Watch>, tokio_util::task::AbortOnDropHandle<()>) {
+    let w = Arc::new(Watch { limit, reading: Mutex::default(), stops: AtomicU64::new(0) });
     let shared = w.clone();
     let task = tokio::spawn(async move {
         let mut previous: Option<u64> = None;
         let mut phase = Phase::Normal;
         loop {
             let started = tokio::time::Instant::now();
-            let walk = parts.clone();
-            let Ok(sizes) = tokio::task::spawn_blocking(move || measure(&walk, pid1)).await else { return };
+            let Some(sizes) = measure_writers(&parts, &writers).await else {
+                tokio::time::sleep(INTERVAL).await;
+                continue;
+            };
             let took = started.elapsed();
             let used: u64 = sizes.iter().map(|(_, b)| b).sum();
             let action;
@@ -123,13 +164,13 @@ pub fn watch(
                     Action::Nothing => {}
                     Action::KillProcesses => {
                         r.exceeded = message(used, limit, &sizes, "its processes were stopped");
-                        tracing::warn!(pid1, why = %r.exceeded, "stopping the vm's processes");
+                        tracing::warn!(why = %r.exceeded, "stopping the vm's processes");
                     }
                     Action::StopVm => {
                         r.exceeded =
                             message(used, limit, &sizes, "the VM was stopped, its writes outlived its processes");
                         r.stopped_vm = true;
-                        tracing::warn!(pid1, why = %r.exceeded, "stopping the vm");
+                        tracing::warn!(why = %r.exceeded, "stopping the vm");
                     }
                 }
             }
@@ -139,14 +180,28 @@ pub fn watch(
                     // Counted before the kill: an Exec that sees its process
                     // die of it must find the reason already there.
                     shared.stops.fetch_add(1, Ordering::SeqCst);
-                    stop_processes(pid1, agent);
+                    match &writers {
+                        Writers::Host { pid1, agent } => stop_processes(*pid1, *agent),
+                        Writers::Guest { agent, .. } => {
+                            let argv = vec!["sh".into(), "-c".into(), GUEST_KILL.into()];
+                            if let Err(e) = super::guest::run(agent, argv).await {
+                                tracing::warn!(error = %e, "the guest's processes were not all stopped");
+                            }
+                        }
+                    }
                 }
                 Action::StopVm => {
-                    // PID 1's death ends the pid namespace: the kernel kills
-                    // every process in it, and the VM stops as if its init
-                    // died, with the reason above as its stop reason.
+                    // On the host, PID 1's death ends the pid namespace: the
+                    // kernel kills every process in it. Either way the VM
+                    // stops as if its init died, with the reason above as
+                    // its stop reason.
                     shared.stops.fetch_add(1, Ordering::SeqCst);
-                    let _ = kill(Pid::from_raw(pid1), Signal::SIGKILL);
+                    match &writers {
+                        Writers::Host { pid1, .. } => {
+                            let _ = kill(Pid::from_raw(*pid1), Signal::SIGKILL);
+                        }
+                        Writers::Guest { instance, .. } => instance.kill(),
+                    }
                     return;
                 }
             }
@@ -157,6 +212,28 @@ pub fn watch(
         }
     });
     (w, tokio_util::task::AbortOnDropHandle::new(task))
+}
+
+/// One measurement of the parts and what the writers hold beside them;
+/// `None` if none could be made this time (a guest's agent that did not
+/// answer: the run's end aborts the watcher).
+async fn measure_writers(parts: &[Part], writers: &Writers) -> Option<Vec<(String, u64)>> {
+    let walk = parts.to_vec();
+    match writers {
+        Writers::Host { pid1, .. } => {
+            let pid1 = *pid1;
+            tokio::task::spawn_blocking(move || measure(&walk, pid1)).await.ok()
+        }
+        Writers::Guest { agent, .. } => {
+            let layer = super::guest::stats(agent).await.ok()?.disk_used_bytes;
+            let shares = tokio::task::spawn_blocking(move || {
+                walk.iter().map(|p| (p.label.clone(), allocated(&p.path))).collect::<Vec<_>>()
+            })
+            .await
+            .ok()?;
+            Some(std::iter::once(("writable layer".to_string(), layer)).chain(shares).collect())
+        }
+    }
 }
 
 /// Where the watcher stands after its last kill round.

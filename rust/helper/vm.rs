@@ -111,9 +111,8 @@ pub struct RunHandles {
     pub instance: Arc<dyn Instance>,
     /// When this run started.
     pub started: Instant,
-    /// Its disk usage and quota, where the helper watches them (the
-    /// driver shows the VM's processes on the host).
-    pub quota: Option<Arc<quota::Watch>>,
+    /// Its disk usage and quota.
+    pub quota: Arc<quota::Watch>,
 }
 
 struct Data {
@@ -130,7 +129,7 @@ struct Data {
 struct Run {
     instance: Arc<dyn Instance>,
     /// Ends the disk quota watcher with the run.
-    _quota: Option<tokio_util::task::AbortOnDropHandle<()>>,
+    _quota: tokio_util::task::AbortOnDropHandle<()>,
     /// Set once the launcher exited, with a description of how.
     exited: watch::Receiver<Option<String>>,
 }
@@ -325,6 +324,7 @@ impl VmManager {
                 .map(|m| BindMount { host: m.host_path.clone(), guest: m.guest_path.clone(), read_only: m.read_only })
                 .collect(),
             limits: Limits { cpus: config.cpus, memory_bytes: config.memory_bytes, pids: config.pids_limit },
+            disk_bytes: config.disk_bytes,
             egress: egress.then(|| (config.network_policy.clone(), events.clone())),
         };
         let instance = slot.driver.boot(&spec).await.map_err(|e| match e {
@@ -332,14 +332,14 @@ impl VmManager {
             other => HelperError::Driver(other),
         })?;
         let exit = instance.take_exit();
-        let (quota, quota_task) = match instance.host_processes() {
-            Some(p) => {
-                let (q, task) = quota::watch(config.disk_bytes, disk_parts(&slot.dir, &config), p.pid1, p.agent);
-                (Some(q), Some(task))
-            }
-            None => (None, None),
-        };
         let agent = AgentLink::new(id, instance.connection(), instance.agent_dialer());
+        let (writers, parts) = match instance.host_processes() {
+            Some(p) => (quota::Writers::Host { pid1: p.pid1, agent: p.agent }, disk_parts(Some(&slot.dir), &config)),
+            None => {
+                (quota::Writers::Guest { agent: agent.clone(), instance: instance.clone() }, disk_parts(None, &config))
+            }
+        };
+        let (quota, quota_task) = quota::watch(config.disk_bytes, parts, writers);
         let handles = RunHandles { agent, instance: instance.clone(), started: Instant::now(), quota };
         let limits_not_enforced = instance.limits_not_enforced();
         let generation = {
@@ -382,7 +382,7 @@ impl VmManager {
             let mut d = slot.data();
             // The quota watcher ends a VM whose writes outlive its kill
             // rounds by killing init: its reason is the better one.
-            let quota = d.run.take().and_then(|r| r.quota).map(|q| q.reading()).filter(|r| r.stopped_vm);
+            let quota = d.run.take().map(|r| r.quota.reading()).filter(|r| r.stopped_vm);
             d.info.state = VmState::Stopped;
             d.info.stop_reason = quota.map_or(how, |r| r.exceeded);
         }
@@ -511,16 +511,17 @@ async fn remove_vm_dir(dir: PathBuf) -> Result<(), HelperError> {
     }
 }
 
-/// What counts against a VM's disk quota: its writable layer (/tmp is part
-/// of it) and its writable mounts.
-fn disk_parts(dir: &std::path::Path, config: &VmConfig) -> Vec<quota::Part> {
-    let layer = quota::Part { label: "writable layer".into(), path: dir.join("upper") };
+/// What counts against a VM's disk quota on the host: its writable layer
+/// when that is a host directory in `dir` (/tmp is part of it), and its
+/// writable mounts.
+fn disk_parts(dir: Option<&std::path::Path>, config: &VmConfig) -> Vec<quota::Part> {
+    let layer = dir.map(|d| quota::Part { label: "writable layer".into(), path: d.join("upper") });
     let mounts = config
         .mounts
         .iter()
         .filter(|m| !m.read_only)
         .map(|m| quota::Part { label: m.guest_path.display().to_string(), path: m.host_path.clone() });
-    std::iter::once(layer).chain(mounts).collect()
+    layer.into_iter().chain(mounts).collect()
 }
 
 async fn stop_run(run: Run, grace: Duration) {

@@ -17,7 +17,7 @@ use tokio::{
     task::JoinHandle,
 };
 
-use super::{OrchestratorError, SandboxManager, state::ForwardRecord};
+use super::{OrchestratorError, SandboxManager, isolation::Isolation, state::ForwardRecord};
 
 /// Bytes read from a client per Dial message: big chunks keep the per-message
 /// cost of gRPC small next to the copy itself.
@@ -148,7 +148,7 @@ impl ForwardManager {
             if host_port == 0 { port } else { port_param("host_port", host_port, ", or 0 for the same as port")? };
         self.in_use(host_port)?;
         let sb = self.sandboxes.get_or_create(sandbox).await?;
-        let listening = self.probe(&sb.name, port).await;
+        let listening = self.probe(&sb.name, sb.isolation, port).await;
         let info = {
             let mut forwards = self.lock();
             // Checked again: another expose may have taken the port while we waited.
@@ -178,8 +178,8 @@ impl ForwardManager {
     }
 
     /// Whether a connection to `port` inside the sandbox is accepted.
-    async fn probe(&self, vm_id: &str, port: u16) -> bool {
-        match self.sandboxes.helper.dial(vm_id, port).await {
+    async fn probe(&self, vm_id: &str, isolation: Isolation, port: u16) -> bool {
+        match self.sandboxes.helper.dial(vm_id, isolation, port).await {
             Ok((writer, _reader)) => {
                 writer.close_write().await;
                 true
@@ -285,7 +285,8 @@ async fn serve(stream: TcpStream, sandboxes: &SandboxManager, sandbox: &str, por
     let current = sandboxes.get(sandbox)?;
     // Traffic through a forward is use: a served dev server is not idle.
     sandboxes.touch(sandbox);
-    let (writer, mut reader) = sandboxes.helper.dial(&current.name, port).await.map_err(OrchestratorError::from)?;
+    let (writer, mut reader) =
+        sandboxes.helper.dial(&current.name, current.isolation, port).await.map_err(OrchestratorError::from)?;
     stream.set_nodelay(true).ok();
     let (mut client_rx, mut client_tx) = stream.into_split();
     let upstream = async move {

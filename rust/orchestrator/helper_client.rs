@@ -568,9 +568,17 @@ impl HelperClient {
         Ok(images.into_iter().map(image_summary).collect())
     }
 
-    /// Commit a running VM's writable layer as a new image.
-    pub async fn commit_vm(&self, vm_id: &str, c: CommitConfig) -> Result<ImageSummary, HelperError> {
-        self.driver.require(self.driver.snapshot, "snapshotting a running sandbox")?;
+    /// Commit a running VM's writable layer as a new image; `isolation`
+    /// is the VM's own (its driver must take snapshots, whatever the
+    /// helper's default driver can do).
+    pub async fn commit_vm(
+        &self,
+        vm_id: &str,
+        isolation: Isolation,
+        c: CommitConfig,
+    ) -> Result<ImageSummary, HelperError> {
+        let driver = self.features(isolation)?;
+        driver.require(driver.snapshot, "snapshotting a running sandbox")?;
         let req = pb::CommitVmRequest {
             vm_id: vm_id.into(),
             image: c.image,
@@ -893,9 +901,16 @@ impl DialReader {
 }
 
 impl HelperClient {
-    /// Open a byte pipe to `port` inside the VM; returns once the guest accepted.
-    pub async fn dial(&self, vm_id: &str, port: u16) -> Result<(DialWriter, DialReader), HelperError> {
-        self.driver.require(self.driver.dial, "port forwarding")?;
+    /// Open a byte pipe to `port` inside the VM, which runs on `isolation`'s
+    /// driver; returns once the guest accepted.
+    pub async fn dial(
+        &self,
+        vm_id: &str,
+        isolation: Isolation,
+        port: u16,
+    ) -> Result<(DialWriter, DialReader), HelperError> {
+        let driver = self.features(isolation)?;
+        driver.require(driver.dial, "port forwarding")?;
         let (tx, rx) = mpsc::channel(16);
         let start = pb::DialStart { vm_id: vm_id.into(), port: port.into() };
         tx.send(pb::DialRequest { msg: Some(pb::dial_request::Msg::Start(start)) })
@@ -1165,6 +1180,70 @@ mod tests {
         assert!(f.network_egress && f.dial && f.snapshot && !f.containers && f.name == "namespaces", "{f:?}");
         // A helper from before drivers has only the namespace driver.
         assert_eq!(DriverFeatures::all_from_info(&old), vec![f]);
+    }
+
+    /// A client of a helper that answered GetInfo with `info`, whose channel
+    /// never connects: the gates answer before any request is sent.
+    fn client_of(info: &pb::GetInfoResponse) -> HelperClient {
+        let channel = tonic::transport::Endpoint::try_from("http://localhost").unwrap().connect_with_connector_lazy(
+            tower::service_fn(|_| async {
+                Err::<TokioIo<UnixStream>, _>(std::io::Error::other("no helper in this test"))
+            }),
+        );
+        HelperClient {
+            client: VmHelperClient::new(channel),
+            driver: std::sync::Arc::new(DriverFeatures::from_info(info)),
+            drivers: std::sync::Arc::new(DriverFeatures::all_from_info(info)),
+        }
+    }
+
+    #[tokio::test]
+    async fn snapshots_and_dials_are_gated_on_the_sandboxs_own_driver() {
+        let lacking = pb::DriverCapabilities { dial: false, snapshot: false, ..Default::default() };
+        let full = pb::DriverCapabilities { dial: true, snapshot: true, ..Default::default() };
+        let commit =
+            || CommitConfig { image: "snap".into(), config: None, parent: String::new(), labels: HashMap::new() };
+        // Each driver in turn is the default, the other lacks dial and
+        // snapshots: a sandbox on the lacking one is refused, naming it,
+        // and one on the full one passes the gate (to fail only for want
+        // of a helper).
+        for (default_is_vm, lacking_one) in [(false, Isolation::Vm), (true, Isolation::Namespaces)] {
+            let (ns, vm) = if lacking_one == Isolation::Vm { (&full, &lacking) } else { (&lacking, &full) };
+            let info = pb::GetInfoResponse {
+                drivers: vec![
+                    pb::DriverInfo {
+                        name: "namespaces".into(),
+                        is_default: !default_is_vm,
+                        capabilities: Some(ns.clone()),
+                        ..Default::default()
+                    },
+                    pb::DriverInfo {
+                        name: "vm".into(),
+                        is_default: default_is_vm,
+                        capabilities: Some(vm.clone()),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            };
+            let client = client_of(&info);
+            let other = if lacking_one == Isolation::Vm { Isolation::Namespaces } else { Isolation::Vm };
+            let name = lacking_one.as_str();
+            let e = client.commit_vm("vm-1", lacking_one, commit()).await.unwrap_err();
+            assert!(
+                matches!(&e, HelperError::Unsupported { feature: "snapshotting a running sandbox", driver } if driver == name),
+                "{e}"
+            );
+            let e = client.dial("vm-1", lacking_one, 8080).await.err().expect("dial refused");
+            assert!(
+                matches!(&e, HelperError::Unsupported { feature: "port forwarding", driver } if driver == name),
+                "{e}"
+            );
+            let e = client.commit_vm("vm-1", other, commit()).await.unwrap_err();
+            assert!(!matches!(e, HelperError::Unsupported { .. }), "{e}");
+            let e = client.dial("vm-1", other, 8080).await.err().expect("no helper to dial");
+            assert!(!matches!(e, HelperError::Unsupported { .. }), "{e}");
+        }
     }
 
     fn config(network: Network) -> VmConfig {

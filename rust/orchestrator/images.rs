@@ -157,7 +157,7 @@ impl SandboxManager {
             (SOURCE_LABEL.to_string(), sandbox.to_string()),
         ]);
         let commit = CommitConfig { image: image_of(name), config: None, parent: String::new(), labels };
-        let image = match self.helper.commit_vm(&source.name, commit).await {
+        let image = match self.helper.commit_vm(&source.name, source.isolation, commit).await {
             Ok(image) => image,
             Err(HelperError::AlreadyExists(_)) => return Err(ImagesError::SnapshotExists(name.to_string())),
             Err(e) => return Err(e.into()),

@@ -116,6 +116,9 @@ pub struct BootSpec {
     pub mounts: Vec<BindMount>,
     /// CPU, memory and task limits.
     pub limits: Limits,
+    /// The disk quota, bytes: the writable layer and the writable mounts
+    /// together (a vm's writable disk has this size).
+    pub disk_bytes: u64,
     /// EGRESS: the policy the helper's network stack enforces and where it
     /// records its decisions; `None` is no network.
     pub egress: Option<(NetworkPolicy, Arc<Events>)>,

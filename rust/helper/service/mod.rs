@@ -219,7 +219,7 @@ impl VmHelper for HelperService {
     async fn stats(&self, req: Request<pb::StatsRequest>) -> Result<Response<pb::StatsResponse>, Status> {
         let run = self.vms.run_handles(&req.into_inner().vm_id, "read stats of").map_err(status)?;
         let u = super::stats::read(&run).await.map_err(status)?;
-        let disk = run.quota.as_ref().map(|q| (q.reading(), q.limit())).unwrap_or_default();
+        let disk = (run.quota.reading(), run.quota.limit());
         Ok(Response::new(pb::StatsResponse {
             disk_used_bytes: disk.0.used,
             disk_limit_bytes: disk.1,

@@ -54,7 +54,7 @@ pub async fn exec(
     let vm_id = first.vm_id.clone();
     let (agent, spec) = start_spec(vms, first, "start").map_err(status)?;
     // Whether the disk quota watcher killed processes while this one ran.
-    let quota = vms.run_handles(&vm_id, "exec in").ok().and_then(|r| r.quota);
+    let quota = vms.run_handles(&vm_id, "exec in").ok().map(|r| r.quota);
     let stops_before = quota.as_ref().map(|q| q.stops());
     let (pid, mut sink, mut source) = exec::start(&vm_id, &agent, spec).await.map_err(|e| match e {
         // The VM died a moment ago and its exit has not been recorded yet:

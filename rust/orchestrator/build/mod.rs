@@ -15,6 +15,7 @@ use super::{
     exec::{self, Outcome},
     helper_client::{CommitConfig, HelperClient, HelperError, ImageConfig, ImageSummary, ProcessConfig, VmConfig},
     images::{KIND_LABEL, SNAPSHOT_PREFIX},
+    isolation::Isolation,
     names::random_hex,
     network::Network,
     owner,
@@ -25,6 +26,9 @@ use super::{
 
 mod context;
 use context::{check_context, resolve_copy};
+
+/// The driver build VMs run on.
+const BUILD_ISOLATION: Isolation = Isolation::Namespaces;
 
 /// Label on build VMs and intermediate images: the image being built.
 pub const BUILD_LABEL: &str = "sandbox-mcp.build";
@@ -171,7 +175,7 @@ impl Job {
                 parent: self.base.clone(),
                 labels: self.labels("build-step"),
             };
-            let committed = self.helper.commit_vm(&vm, commit).await;
+            let committed = self.helper.commit_vm(&vm, BUILD_ISOLATION, commit).await;
             self.helper.delete_vm(&vm).await.ok();
             self.vm = None;
             committed?;
@@ -193,7 +197,7 @@ impl Job {
             ]),
             clone_from: None,
             files: Vec::new(),
-            isolation: Default::default(),
+            isolation: BUILD_ISOLATION,
         };
         self.helper.create_vm(cfg).await?;
         self.vm = Some(id.clone());
@@ -340,7 +344,7 @@ impl SandboxManager {
         labels.extend(job.labels("built"));
         let commit =
             CommitConfig { image: spec.name.clone(), config: Some(state.config()), parent: job.base.clone(), labels };
-        Ok(self.helper.commit_vm(&vm, commit).await?)
+        Ok(self.helper.commit_vm(&vm, BUILD_ISOLATION, commit).await?)
     }
 }
 

@@ -36,8 +36,6 @@ use crate::helper::netstack::NetStack;
 
 /// How long a TCG boot may take to the agent's first Pong.
 const BOOT_WAIT: Duration = Duration::from_secs(300);
-/// Size of a VM's writable disk (sparse; the disk quota's default).
-const UPPER_BYTES: u64 = 10 << 30;
 /// What qemu needs on the host beside the guest's memory, within the
 /// cgroup's memory limit: TCG's translated-code buffer alone may grow to
 /// 1 GiB (qemu's default on a host this size), and a limit below it would
@@ -213,11 +211,12 @@ impl QemuDriver {
         .map_err(|e| DriverError::InitFailed(e.to_string()))?;
         // Made at the first boot from the layer dir the helper prepared
         // (seeded files, a clone's copy), then kept: the writable layer
-        // survives a stop as on the namespace driver.
+        // survives a stop as on the namespace driver. Sized to the disk
+        // quota (sparse), so the guest's writes there meet ENOSPC at it.
         let upper = spec.dir.join("upper.ext4");
         if !upper.exists() {
-            let (disk, dir, m) = (upper.clone(), spec.dir.clone(), mapper.clone());
-            tokio::task::spawn_blocking(move || disks::upper_disk_from(&disk, UPPER_BYTES, &dir, &m))
+            let (disk, dir, m, size) = (upper.clone(), spec.dir.clone(), mapper.clone(), spec.disk_bytes);
+            tokio::task::spawn_blocking(move || disks::upper_disk_from(&disk, size, &dir, &m))
                 .await
                 .map_err(|e| DriverError::InitFailed(format!("writable disk: {e}")))?
                 .map_err(|e| DriverError::InitFailed(e.to_string()))?;
