@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use sandbox_mcp::agent::mux::Mux;
 use sandbox_mcp::agent::protocol::{ExitStatus, Frame, StartSpec};
+use sandbox_mcp::helper::driver::cgroup::CgroupLayout;
 use sandbox_mcp::helper::driver::qemu::assets::{Assets, build_id, vm_dir};
 use sandbox_mcp::helper::driver::qemu::driver::{Origin, QemuDriver, VmInstance};
 use sandbox_mcp::helper::driver::qemu::instance::{BootSpec, Instance, Shape};
@@ -661,6 +662,94 @@ async fn a_pooled_vm_serves_the_next_boot_and_the_pool_refills() {
     restarted.warm().idle().await;
     assert_eq!(restarted.warm().ready(&shape), 1, "keep_warm fills the pool from the saved template");
     restarted.release().await;
+}
+
+/// The last component of `pid`'s cgroup (v2, or v1's memory hierarchy).
+fn cgroup_of(pid: u32) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let line = text.lines().find(|l| l.starts_with("0::") || l.contains(":memory:")).unwrap_or_default();
+    line.rsplit('/').next().unwrap_or_default().to_string()
+}
+
+/// The qemu of the pool vms waiting in a group of their own (only a driver
+/// with cgroups gives them one), with that group.
+fn pooled_qemus() -> Vec<(u32, String)> {
+    let pids = std::fs::read_dir("/proc").unwrap().flatten().filter_map(|e| e.file_name().to_str()?.parse().ok());
+    pids.filter(|pid: &u32| {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains("qemu-system"))
+    })
+    .map(|pid| (pid, cgroup_of(pid)))
+    .filter(|(_, group)| group.starts_with(&format!("pool-{}-", std::process::id())))
+    .collect()
+}
+
+/// A pool vm waits in a cgroup of its own with a cold vm's limits for its
+/// shape (its memory plus qemu's overhead), not in the helper's unlimited
+/// one; handed out, its qemu runs in its sandbox's cgroup and the pool's
+/// group is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_vms_wait_in_limited_cgroups_and_run_in_their_sandboxs() {
+    let Some(assets) = assets() else { return };
+    let Some(layers) = test_image_layers() else {
+        eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
+        return;
+    };
+    let layout = match CgroupLayout::detect() {
+        Ok(layout) => layout,
+        Err(e) => {
+            eprintln!("SKIP: no cgroup limits here ({e})");
+            return;
+        }
+    };
+    let mapper = IdMapper::detect().expect("an id map (host-setup)");
+    let dir = TempDir::new("poolcg");
+    let driver = warm_driver(&assets, &dir.0, 1).with_cgroups(Ok(layout.clone()));
+    let (spec, _) = sandbox(&dir.0, "cg-cold", &layers, &mapper);
+    let cold = driver.boot_vm(&spec).await.expect("a cold boot");
+    cold.kill();
+    cold.cleanup();
+    driver.warm().idle().await;
+    let waiting = pooled_qemus();
+    let [(pid, group)] = waiting.as_slice() else { panic!("one pool vm in a group of its own: {waiting:?}") };
+    let memory = match &layout {
+        CgroupLayout::V2 { base } => base.join(group).join("memory.max"),
+        CgroupLayout::V1 { memory, .. } => memory.join(group).join("memory.limit_in_bytes"),
+    };
+    let limit: u64 = std::fs::read_to_string(&memory).unwrap().trim().parse().unwrap();
+    assert_eq!(limit, (512 << 20) + (1 << 30), "{}", memory.display());
+    let (spec, _) = sandbox(&dir.0, "cg-pooled", &layers, &mapper);
+    let vm = driver.boot_vm(&spec).await.expect("a boot from the pool");
+    assert_eq!(vm.origin(), &Origin::Pool);
+    assert_eq!(cgroup_of(*pid), spec.id, "the pooled qemu runs in its sandbox's cgroup");
+    assert!(!memory.exists(), "the pool's group of the vm handed out is removed");
+    vm.kill();
+    vm.cleanup();
+    driver.warm().idle().await;
+    driver.release().await;
+}
+
+/// Templates this helper cannot use go at its start (`keep_warm`), ones it
+/// can stay.
+#[tokio::test]
+async fn keep_warm_removes_templates_of_another_helper_build() {
+    let Some(assets) = assets() else { return };
+    let dir = TempDir::new("gc");
+    let driver = warm_driver(&assets, &dir.0, 0);
+    let stale = dir.0.join("templates/0123456789abcdef01234567");
+    std::fs::create_dir_all(&stale).unwrap();
+    let shape = Shape {
+        kernel: assets.kernel.clone(),
+        initramfs: dir.0.join("initramfs-of-an-older-build.cpio.gz"),
+        accel: tcg(),
+        layers: Vec::new(),
+        cpus: 1,
+        memory_mib: 512,
+    };
+    std::fs::write(stale.join("shape.json"), serde_json::to_vec(&shape).unwrap()).unwrap();
+    std::fs::write(stale.join("vm.state"), b"state").unwrap();
+    driver.keep_warm();
+    assert!(!stale.exists(), "the other build's template is removed");
+    assert!(dir.0.join("templates").is_dir());
 }
 
 /// A state file that is stale (another kernel, helper or image) or corrupt

@@ -76,7 +76,7 @@ pub async fn run(layers: &[PathBuf], runs: usize, work: &Path) -> Result<Figures
         memory_mib: 512,
     };
     let template = Template::of(&work.join("templates"), &shape);
-    template.build(&shape, &work.join("template")).await?;
+    template.build(&shape, &work.join("template"), None).await?;
     let state = template.current().ok_or_else(|| failed("the template", "no state was saved"))?;
     let mut figures = Figures::default();
     let cold_runs = runs.div_ceil(4).max(1);

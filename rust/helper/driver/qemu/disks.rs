@@ -12,6 +12,7 @@
 //! layer has on the host.
 use std::hash::{Hash as _, Hasher as _};
 use std::os::fd::AsRawFd as _;
+use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::MetadataExt as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
@@ -73,8 +74,30 @@ exec mke2fs -q -F -t ext4 -O ^has_journal -m 0 -E root_owner=0:0 -N $((entries +
         }
     };
     drop(out);
+    // Which layer it holds, so the template collector can tell a disk whose
+    // image is gone (a layer made again gets a disk of another name).
+    std::fs::write(source_file(&disk), layer.as_os_str().as_bytes())
+        .map_err(|e| QemuError::io(format!("write {}", source_file(&disk).display()), e))?;
     std::fs::rename(&tmp, &disk).map_err(|e| QemuError::io(format!("rename {}", tmp.display()), e))?;
     Ok(disk)
+}
+
+/// The file naming the layer a layer disk was built from.
+fn source_file(disk: &Path) -> PathBuf {
+    disk.with_extension("source")
+}
+
+/// Whether the layer `disk` was built from is gone (its image deleted), or
+/// the disk itself is. A disk built before its source was recorded is not
+/// known to be gone.
+pub fn source_gone(disk: &Path) -> bool {
+    if !disk.is_file() {
+        return true;
+    }
+    match std::fs::read(source_file(disk)) {
+        Ok(source) => !Path::new(std::ffi::OsStr::from_bytes(&source)).exists(),
+        Err(_) => false,
+    }
 }
 
 /// Makes the vm's writable disk at `path`: a sparse ext4 file of

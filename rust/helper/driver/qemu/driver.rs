@@ -103,8 +103,12 @@ impl QemuDriver {
     }
 
     /// Runs each VM's qemu in a cgroup of `layout` (the namespace driver's),
-    /// or without host limits for the reason given.
+    /// or without host limits for the reason given; template and pool vms
+    /// too, in groups of their own until one is handed out.
     pub fn with_cgroups(mut self, layout: Result<CgroupLayout, String>) -> Self {
+        if let Ok(l) = &layout {
+            self.warm.limit(l.clone());
+        }
         self.cgroups = layout;
         self
     }
@@ -113,6 +117,9 @@ impl QemuDriver {
     /// pool of `pool_size` vms per shape (tests keep theirs apart).
     pub fn with_warm(mut self, templates: PathBuf, pool_size: usize) -> Self {
         self.warm = Arc::new(Warm::new(pool_size, templates, self.run_root.clone()));
+        if let Ok(l) = &self.cgroups {
+            self.warm.limit(l.clone());
+        }
         self
     }
 
@@ -137,13 +144,19 @@ impl QemuDriver {
             return self.boot_cold(shape, run_dir, attach, network, reason.into()).await;
         }
         if let Some(mut pooled) = self.warm.take(shape) {
-            match pooled.vm.go(attach, false).await {
+            // `go` moves qemu into the sandbox's group: the pool's own one
+            // is empty then.
+            let started = pooled.vm.go(attach, false).await;
+            if started.is_err() {
+                pooled.vm.kill().await;
+                let _ = std::fs::remove_dir_all(&pooled.run_dir);
+            }
+            if let Some(cg) = &pooled.cgroup {
+                cg.remove();
+            }
+            match started {
                 Ok(stream) => return Ok((pooled.vm, pooled.run_dir, stream, Origin::Pool)),
-                Err(e) => {
-                    tracing::warn!(error = %e, "a pooled vm failed to start; restoring another");
-                    pooled.vm.kill().await;
-                    let _ = std::fs::remove_dir_all(&pooled.run_dir);
-                }
+                Err(e) => tracing::warn!(error = %e, "a pooled vm failed to start; restoring another"),
             }
         }
         let template = self.warm.template(shape);
@@ -222,14 +235,7 @@ impl QemuDriver {
                 .map_err(|e| DriverError::InitFailed(e.to_string()))?;
         }
         let cgroup = match &self.cgroups {
-            Ok(layout) => Some(layout.create(
-                &spec.id,
-                Limits {
-                    cpus: spec.limits.cpus,
-                    memory_bytes: spec.limits.memory_bytes.max(256 << 20) + QEMU_OVERHEAD_BYTES,
-                    pids: QEMU_PIDS,
-                },
-            )?),
+            Ok(layout) => Some(layout.create(&spec.id, host_limits(spec.limits.cpus, spec.limits.memory_bytes))?),
             Err(_) => None,
         };
         let share = match &workspace {
@@ -310,6 +316,13 @@ impl QemuDriver {
     }
 }
 
+/// The host limits of a vm's cgroup (qemu and virtiofsd): `cpus`, the
+/// guest's `memory_bytes` (at least 256 MiB, as `-m`) plus qemu's own
+/// overhead, and qemu's tasks.
+pub(super) fn host_limits(cpus: u32, memory_bytes: u64) -> Limits {
+    Limits { cpus, memory_bytes: memory_bytes.max(256 << 20) + QEMU_OVERHEAD_BYTES, pids: QEMU_PIDS }
+}
+
 fn unavailable(e: impl std::fmt::Display) -> DriverError {
     DriverError::Unavailable(e.to_string())
 }
@@ -354,8 +367,13 @@ impl Driver for QemuDriver {
     }
 
     fn keep_warm(&self) {
-        // Shapes booted before have templates: their pools fill now; others
-        // get theirs after their first boot.
+        // Templates this helper cannot use go first (another kernel or
+        // helper build, a deleted image); shapes booted before have
+        // templates: their pools fill now; others get theirs after their
+        // first boot.
+        if let Ok(assets) = &self.assets {
+            self.warm.collect(assets);
+        }
         self.warm.warm_saved();
     }
 

@@ -17,6 +17,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nix::fcntl::{Flock, FlockArg};
 use serde_json::json;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{UnixListener, UnixStream};
@@ -269,6 +270,10 @@ impl Instance {
             if let Start::Restore(state) = how {
                 let file =
                     std::fs::File::open(state).map_err(|e| QemuError::io(format!("open {}", state.display()), e))?;
+                // Held shared while the state loads: the template collector
+                // leaves a state in use alone (see super::template).
+                let file = Flock::lock(file, FlockArg::LockShared)
+                    .map_err(|(_, e)| QemuError::io(format!("lock {}", state.display()), e.into()))?;
                 vm.qmp().await?.migrate_from_file(&file).await?;
             }
             Ok(())

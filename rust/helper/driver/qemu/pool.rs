@@ -5,12 +5,13 @@
 //! background too, the first time a shape boots cold. Idle vms are killed
 //! by [`Warm::drain`] (the helper's exit).
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use super::instance::{Instance, Shape, Start};
 use super::template::Template;
+use crate::helper::driver::cgroup::{CgroupLayout, VmCgroup};
 
 /// The helper's setting for the pool's size per shape (default 1; 0: no
 /// pool, vms are restored from the template on demand).
@@ -29,6 +30,9 @@ pub struct Pooled {
     pub vm: Instance,
     /// Its directory (sockets, console).
     pub run_dir: PathBuf,
+    /// Its cgroup while it waits (a cold vm's limits for its shape), to be
+    /// removed once qemu moved into its sandbox's or ended.
+    pub cgroup: Option<VmCgroup>,
 }
 
 /// Templates and the pool of one driver.
@@ -39,6 +43,8 @@ pub struct Warm {
     vms: Mutex<HashMap<PathBuf, Vec<Pooled>>>,
     /// Shapes whose template or pool is being worked on (one task each).
     busy: Mutex<HashSet<PathBuf>>,
+    /// Where template and pool vms get cgroups of their own, if anywhere.
+    cgroups: OnceLock<CgroupLayout>,
 }
 
 /// Numbers the run dirs of vms started for no sandbox: process-wide, as
@@ -58,7 +64,34 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Warm {
     /// Templates under `templates`, pool vms' run dirs under `run_root`.
     pub fn new(size: usize, templates: PathBuf, run_root: PathBuf) -> Self {
-        Warm { size, templates, run_root, vms: Mutex::new(HashMap::new()), busy: Mutex::new(HashSet::new()) }
+        Warm {
+            size,
+            templates,
+            run_root,
+            vms: Mutex::new(HashMap::new()),
+            busy: Mutex::new(HashSet::new()),
+            cgroups: OnceLock::new(),
+        }
+    }
+
+    /// Runs template and pool vms in cgroups of `layout`, each with the
+    /// limits a cold vm of its shape gets (a template build is bounded as
+    /// one sandbox's vm is).
+    pub fn limit(&self, layout: CgroupLayout) {
+        let _ = self.cgroups.set(layout);
+    }
+
+    /// A cgroup for a vm of `shape` started for no sandbox in `run_dir`
+    /// (named after it); none without a layout, or if it cannot be made
+    /// (the vm then runs in the helper's group, as it would without one).
+    fn cgroup(&self, shape: &Shape, run_dir: &Path) -> Option<VmCgroup> {
+        let layout = self.cgroups.get()?;
+        let name = run_dir.file_name()?.to_string_lossy();
+        let limits = super::driver::host_limits(shape.cpus, shape.memory_mib << 20);
+        layout
+            .create(&name, limits)
+            .inspect_err(|e| tracing::warn!(error = %e, "a warm vm runs without its cgroup"))
+            .ok()
     }
 
     /// The template of `shape`.
@@ -79,6 +112,12 @@ impl Warm {
     /// A fresh run directory for a vm the driver starts on its own.
     pub fn run_dir(&self, what: &str) -> PathBuf {
         self.run_root.join(format!("{what}-{}-{}", std::process::id(), RUN_DIRS.fetch_add(1, Ordering::Relaxed)))
+    }
+
+    /// Removes the templates vms of `assets` cannot use
+    /// ([`Template::collect`]).
+    pub fn collect(&self, assets: &super::assets::Assets) -> Vec<PathBuf> {
+        Template::collect(&self.templates, &assets.kernel, &assets.initramfs)
     }
 
     /// In the background: fills the pool of every shape with a current
@@ -109,7 +148,12 @@ impl Warm {
     async fn fill(&self, shape: &Shape, template: &Template) {
         if template.current().is_none() {
             let run_dir = self.run_dir("template");
-            match template.build(shape, &run_dir).await {
+            let cgroup = self.cgroup(shape, &run_dir);
+            let built = template.build(shape, &run_dir, cgroup.as_ref()).await;
+            if let Some(cg) = cgroup {
+                cg.remove();
+            }
+            match built {
                 Ok(()) => tracing::info!(state = %template.state().display(), "vm template saved"),
                 Err(e) => {
                     tracing::warn!(error = %e, "vm template not saved; vms of this image boot cold");
@@ -120,12 +164,16 @@ impl Warm {
         while self.ready(shape) < self.size {
             let Some(state) = template.current() else { return };
             let run_dir = self.run_dir("pool");
-            match Instance::start(shape, &run_dir, Start::Restore(&state), None).await {
-                Ok(vm) => lock(&self.vms).entry(template.state()).or_default().push(Pooled { vm, run_dir }),
+            let cgroup = self.cgroup(shape, &run_dir);
+            match Instance::start(shape, &run_dir, Start::Restore(&state), cgroup.as_ref()).await {
+                Ok(vm) => lock(&self.vms).entry(template.state()).or_default().push(Pooled { vm, run_dir, cgroup }),
                 Err(e) => {
                     tracing::warn!(error = %e, "a pool vm did not restore; the template is discarded");
                     template.discard();
                     let _ = std::fs::remove_dir_all(&run_dir);
+                    if let Some(cg) = cgroup {
+                        cg.remove();
+                    }
                     return;
                 }
             }
@@ -145,6 +193,9 @@ impl Warm {
         for mut p in all {
             p.vm.kill().await;
             let _ = std::fs::remove_dir_all(&p.run_dir);
+            if let Some(cg) = p.cgroup {
+                cg.remove();
+            }
         }
     }
 }

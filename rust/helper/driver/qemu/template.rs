@@ -11,10 +11,12 @@
 //! build makes it stale) and the state is used only when the key matches.
 use std::path::{Path, PathBuf};
 
+use nix::fcntl::{Flock, FlockArg};
 use sha2::{Digest as _, Sha256};
 
-use super::QemuError;
 use super::instance::{Instance, READY_WAIT, Shape, Start};
+use super::{QemuError, disks};
+use crate::helper::driver::cgroup::VmCgroup;
 
 /// Bumped when what a template holds changes meaning (the machine's
 /// devices, the handshake), so older states are stale.
@@ -100,6 +102,36 @@ impl Template {
         }
     }
 
+    /// The file a build holds locked (exclusively) while it works.
+    fn lock_file(&self) -> PathBuf {
+        self.dir.join("lock")
+    }
+
+    /// Removes the templates under `root` that can no longer serve this
+    /// helper, whose vms boot `kernel` and `initramfs`: those of another
+    /// kernel or helper build (the initramfs is named by the helper's build
+    /// id), of an image that is gone, stale ones (a file of the shape
+    /// changed) and the leftovers of an interrupted build. Never one in
+    /// use: a build holds its `lock` file and a restore its state file
+    /// ([`Instance::start`]) locked, and a template either is locked is
+    /// left. Returns the directories removed.
+    pub fn collect(root: &Path, kernel: &Path, initramfs: &Path) -> Vec<PathBuf> {
+        let Ok(dirs) = std::fs::read_dir(root) else { return Vec::new() };
+        let mut removed = Vec::new();
+        for dir in dirs.flatten().map(|d| d.path()).filter(|d| d.is_dir()) {
+            let Some(_held) = unused(&dir) else { continue };
+            let Some(why) = stale(root, &dir, kernel, initramfs) else { continue };
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {
+                    tracing::info!(template = %dir.display(), %why, "stale vm template removed");
+                    removed.push(dir);
+                }
+                Err(e) => tracing::warn!(template = %dir.display(), error = %e, "stale vm template not removed"),
+            }
+        }
+        removed
+    }
+
     /// Removes the state (it failed to load).
     pub fn discard(&self) {
         let _ = std::fs::remove_file(self.key_file());
@@ -109,9 +141,17 @@ impl Template {
     /// Boots a vm of `shape` to guest init's handshake in `run_dir`, saves
     /// its memory state here and ends it. The state appears whole or not
     /// at all (written aside, then renamed).
-    pub async fn build(&self, shape: &Shape, run_dir: &Path) -> Result<(), QemuError> {
+    /// qemu runs in `cgroup` when given.
+    pub async fn build(&self, shape: &Shape, run_dir: &Path, cgroup: Option<&VmCgroup>) -> Result<(), QemuError> {
         std::fs::create_dir_all(&self.dir).map_err(|e| QemuError::io(format!("create {}", self.dir.display()), e))?;
-        let mut vm = Instance::start(shape, run_dir, Start::Template, None).await?;
+        let lock = self.lock_file();
+        let _held = std::fs::File::create(&lock)
+            .map_err(|e| QemuError::io(format!("create {}", lock.display()), e))
+            .and_then(|f| {
+                Flock::lock(f, FlockArg::LockExclusive)
+                    .map_err(|(_, e)| QemuError::io(format!("lock {}", lock.display()), e.into()))
+            })?;
+        let mut vm = Instance::start(shape, run_dir, Start::Template, cgroup).await?;
         let tmp = self.dir.join(format!("vm.state.{}", std::process::id()));
         let saved = async {
             vm.wait_ready(READY_WAIT).await?;
@@ -133,5 +173,118 @@ impl Template {
             .map_err(|e| QemuError::io(format!("write {}", self.shape_file().display()), e))?;
         std::fs::write(self.key_file(), &self.key)
             .map_err(|e| QemuError::io(format!("write {}", self.key_file().display()), e))
+    }
+}
+
+/// Locks on `dir`'s build lock and state file, taken only if nobody holds
+/// either (a build or a restore in progress); `None` if somebody does.
+fn unused(dir: &Path) -> Option<Vec<Flock<std::fs::File>>> {
+    let mut held = Vec::new();
+    for name in ["lock", "vm.state"] {
+        let Ok(file) = std::fs::File::open(dir.join(name)) else { continue };
+        held.push(Flock::lock(file, FlockArg::LockExclusiveNonblock).ok()?);
+    }
+    Some(held)
+}
+
+/// Why the template in `dir` (under `root`) cannot serve vms of `kernel`
+/// and `initramfs`, if it cannot.
+fn stale(root: &Path, dir: &Path, kernel: &Path, initramfs: &Path) -> Option<String> {
+    let Some(shape) =
+        std::fs::read(dir.join("shape.json")).ok().and_then(|json| serde_json::from_slice::<Shape>(&json).ok())
+    else {
+        return Some("no shape saved (an interrupted build)".into());
+    };
+    if shape.kernel != kernel || shape.initramfs != initramfs {
+        return Some(format!("made for {} and {}", shape.kernel.display(), shape.initramfs.display()));
+    }
+    if let Some(layer) = shape.layers.iter().find(|l| disks::source_gone(l)) {
+        return Some(format!("the image of {} is gone", layer.display()));
+    }
+    let template = Template::of(root, &shape);
+    if template.dir != dir {
+        return Some("not where its shape's template goes".into());
+    }
+    template.current().is_none().then(|| template.why_not())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::helper::driver::qemu::Accel;
+
+    /// A directory removed when the test ends.
+    struct Scratch(PathBuf);
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// Saves a template of `shape` under `root` as a build does (without
+    /// the vm): its state, shape and key.
+    fn save(root: &Path, shape: &Shape) -> PathBuf {
+        let t = Template::of(root, shape);
+        std::fs::create_dir_all(&t.dir).unwrap();
+        std::fs::write(t.state(), b"state").unwrap();
+        std::fs::write(t.shape_file(), serde_json::to_vec(shape).unwrap()).unwrap();
+        std::fs::write(t.key_file(), t.key()).unwrap();
+        assert!(t.current().is_some());
+        t.dir
+    }
+
+    /// A layer disk file under `dir` recording `source` as its layer.
+    fn layer_disk(dir: &Path, name: &str, source: &Path) -> PathBuf {
+        let disk = dir.join(format!("{name}.ext4"));
+        std::fs::write(&disk, b"disk").unwrap();
+        std::fs::write(disk.with_extension("source"), source.as_os_str().as_encoded_bytes()).unwrap();
+        disk
+    }
+
+    #[test]
+    fn collect_removes_what_this_helper_cannot_use_and_never_one_in_use() {
+        let scratch = Scratch(std::env::temp_dir().join(format!("template-gc-{}", std::process::id())));
+        let (dir, root) = (scratch.0.clone(), scratch.0.join("templates"));
+        std::fs::create_dir_all(dir.join("layers/kept")).unwrap();
+        for f in ["vmlinux", "initramfs-new.cpio.gz", "initramfs-old.cpio.gz"] {
+            std::fs::write(dir.join(f), f).unwrap();
+        }
+        let kept_layer = layer_disk(&dir, "kept", &dir.join("layers/kept"));
+        let gone_layer = layer_disk(&dir, "gone", &dir.join("layers/deleted"));
+        let shape = |initramfs: &str, layer: &Path, cpus: u32| Shape {
+            kernel: dir.join("vmlinux"),
+            initramfs: dir.join(initramfs),
+            accel: Accel::Tcg { kvm_unusable: "test".into() },
+            layers: vec![layer.to_path_buf()],
+            cpus,
+            memory_mib: 256,
+        };
+        let current = save(&root, &shape("initramfs-new.cpio.gz", &kept_layer, 1));
+        // The directory is the image's and size's: each case has a size of its own.
+        let old_build = save(&root, &shape("initramfs-old.cpio.gz", &kept_layer, 4));
+        let deleted_image = save(&root, &shape("initramfs-new.cpio.gz", &gone_layer, 1));
+        let changed = save(&root, &shape("initramfs-new.cpio.gz", &kept_layer, 2));
+        std::fs::write(changed.join("key"), "a kernel rebuilt in place").unwrap();
+        let interrupted = root.join("interrupted");
+        std::fs::create_dir_all(&interrupted).unwrap();
+        std::fs::write(interrupted.join("vm.state.123"), b"half").unwrap();
+        // In use: a stale state being restored, a build under way.
+        let restoring = save(&root, &shape("initramfs-old.cpio.gz", &kept_layer, 3));
+        let state = std::fs::File::open(restoring.join("vm.state")).unwrap();
+        let _restore = Flock::lock(state, FlockArg::LockShared).unwrap();
+        let building = root.join("building");
+        std::fs::create_dir_all(&building).unwrap();
+        let lock = std::fs::File::create(building.join("lock")).unwrap();
+        let _build = Flock::lock(lock, FlockArg::LockExclusive).unwrap();
+
+        let mut removed = Template::collect(&root, &dir.join("vmlinux"), &dir.join("initramfs-new.cpio.gz"));
+        removed.sort();
+        let mut expected = vec![old_build, deleted_image, changed, interrupted];
+        expected.sort();
+        assert_eq!(removed, expected);
+        for kept in [&current, &restoring, &building] {
+            assert!(kept.is_dir(), "{} was removed", kept.display());
+        }
     }
 }
