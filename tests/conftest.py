@@ -40,6 +40,8 @@ HTTP_STOP_TIMEOUT = 10.0
 # tool and security files again with `vm`.
 TEST_ISOLATION = os.environ.get("SANDBOX_MCP_TEST_ISOLATION", "")
 ON_VM = TEST_ISOLATION == "vm"
+# Deadlines for work inside a sandbox scale by this: a vm under TCG runs guest code several times slower.
+WAIT_SCALE = 6 if ON_VM else 1
 # The line `serve --http` prints once it listens (port 0 gets a free port).
 SERVING_LINE = re.compile(r"serving MCP at (http://(\S+)/mcp)")
 
@@ -77,6 +79,16 @@ def remove_env_dir(base: str) -> None:
                        check=False)
 
 
+def vm_dir() -> Path:
+    """Where the vm assets are: SANDBOX_MCP_VM_DIR, else the user's data dir (as the helper looks). A
+    test's servers get it named, since their XDG_DATA_HOME is the test's own."""
+    configured = os.environ.get("SANDBOX_MCP_VM_DIR")
+    if configured:
+        return Path(configured)
+    data = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
+    return Path(data) / "sandbox-mcp" / "vm"
+
+
 def isolated_env(base: str) -> dict[str, str]:
     """Environment for a server (and the helper it starts) confined to `base`."""
     env = {
@@ -96,8 +108,7 @@ def isolated_env(base: str) -> dict[str, str]:
     # start default to it, and their helpers find the vm assets.
     if TEST_ISOLATION:
         env["SANDBOX_MCP_ISOLATION"] = TEST_ISOLATION
-        if os.environ.get("SANDBOX_MCP_VM_DIR"):
-            env["SANDBOX_MCP_VM_DIR"] = os.environ["SANDBOX_MCP_VM_DIR"]
+        env["SANDBOX_MCP_VM_DIR"] = str(vm_dir())
     for key in ("XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME"):
         os.makedirs(env[key], mode=0o700, exist_ok=True)
     return env

@@ -16,22 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEST_HOST_BODY, TEST_HOST_PORT, pids_of, required_env, sandbox_key, volume_dir, write_config
+from conftest import (TEST_HOST_BODY, TEST_HOST_PORT, pids_of, required_env, sandbox_key, vm_dir, volume_dir,
+                      write_config)
 from waiting import poll
 
 # Long enough for a TCG boot on a loaded machine, and the first build of the image's layer disk.
 VM_CALL_TIMEOUT = 300.0
 QEMU = "qemu-system-x86_64"
 VM_PROJECT = 'isolation = "vm"\nnetwork = "none"\n'
-
-
-def vm_dir() -> Path:
-    """Where the vm assets are: SANDBOX_MCP_VM_DIR, else the user's data dir (as the helper looks)."""
-    configured = os.environ.get("SANDBOX_MCP_VM_DIR")
-    if configured:
-        return Path(configured)
-    data = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
-    return Path(data) / "sandbox-mcp" / "vm"
 
 
 def missing_vm_driver() -> str | None:
