@@ -28,6 +28,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mcp_client import START_TIMEOUT, McpClient, McpError  # noqa: E402
 from mcp.client.stdio import get_default_environment  # noqa: E402
+from waiting import poll  # noqa: E402
 
 # How long a helper gets between SIGTERM and SIGKILL at teardown.
 HELPER_STOP_TIMEOUT = 5.0
@@ -35,6 +36,12 @@ HELPER_STOP_TIMEOUT = 5.0
 DAEMON_STOP_TIMEOUT = 10.0
 # How long an HTTP server gets between SIGTERM and SIGKILL.
 HTTP_STOP_TIMEOUT = 10.0
+# The driver the servers' sandboxes default to (`namespaces` when unset): `make test-vm` runs the MCP
+# tool and security files again with `vm`.
+TEST_ISOLATION = os.environ.get("SANDBOX_MCP_TEST_ISOLATION", "")
+ON_VM = TEST_ISOLATION == "vm"
+# Deadlines for work inside a sandbox scale by this: a vm under TCG runs guest code several times slower.
+WAIT_SCALE = 6 if ON_VM else 1
 # The line `serve --http` prints once it listens (port 0 gets a free port).
 SERVING_LINE = re.compile(r"serving MCP at (http://(\S+)/mcp)")
 
@@ -72,6 +79,16 @@ def remove_env_dir(base: str) -> None:
                        check=False)
 
 
+def vm_dir() -> Path:
+    """Where the vm assets are: SANDBOX_MCP_VM_DIR, else the user's data dir (as the helper looks). A
+    test's servers get it named, since their XDG_DATA_HOME is the test's own."""
+    configured = os.environ.get("SANDBOX_MCP_VM_DIR")
+    if configured:
+        return Path(configured)
+    data = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
+    return Path(data) / "sandbox-mcp" / "vm"
+
+
 def isolated_env(base: str) -> dict[str, str]:
     """Environment for a server (and the helper it starts) confined to `base`."""
     env = {
@@ -86,6 +103,12 @@ def isolated_env(base: str) -> dict[str, str]:
     helper = os.environ.get("SANDBOX_VM_HELPER_BIN")
     if helper:
         env["SANDBOX_VM_HELPER_BIN"] = helper
+    # The driver matrix (issue 12): the same test files run on vm sandboxes
+    # when SANDBOX_MCP_TEST_ISOLATION=vm (`make test-vm`); the servers they
+    # start default to it, and their helpers find the vm assets.
+    if TEST_ISOLATION:
+        env["SANDBOX_MCP_ISOLATION"] = TEST_ISOLATION
+        env["SANDBOX_MCP_VM_DIR"] = str(vm_dir())
     for key in ("XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME"):
         os.makedirs(env[key], mode=0o700, exist_ok=True)
     return env
@@ -331,7 +354,8 @@ def _sessions(env: dict[str, str], transport: str, log_name: str) -> Iterator[Ca
             c.close()
 
 
-@pytest.fixture(params=["stdio", "http"])
+# The transports are the same code over any driver: the vm matrix (TCG-slow) runs stdio only.
+@pytest.fixture(params=["stdio"] if ON_VM else ["stdio", "http"])
 def server_factory(request: pytest.FixtureRequest, env: dict[str, str]) -> Iterator[Callable[..., McpClient]]:
     """Starts `$SANDBOX_MCP_BIN` in `env`, over stdio or (second run of every
     test) Streamable HTTP on a loopback port; call it again for a second
@@ -546,3 +570,54 @@ def user_env(user: str) -> dict[str, str]:
     env["SANDBOX_MCP_TEST_TMP"] = base
     env["HOME"] = base
     return env
+
+
+# --- Test hosts (egress) -------------------------------------------------------
+# A network namespace behind a veth pair (scripts/test-host.sh, as the helper's conformance suite uses),
+# serving HTTP on port 8080 at NET.2. On 10.214.N, apart from the Rust suite's 10.213.N hosts that may be
+# up at the same time.
+TEST_HOST_PORT = 8080
+TEST_HOST_BODY = "hello from the test host"
+_TEST_HOST_SERVER = f"""
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = {TEST_HOST_BODY!r}.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer((sys.argv[1], {TEST_HOST_PORT}), H).serve_forever()
+"""
+
+
+@pytest.fixture
+def test_host() -> Iterator[Callable[[], str]]:
+    """Brings up a test host per call and returns its address; all are removed at teardown. Skips when
+    not root (`ip netns` needs it)."""
+    if os.geteuid() != 0:
+        pytest.skip("test hosts need root (ip netns)")
+    script = str(Path(__file__).resolve().parent.parent / "scripts" / "test-host.sh")
+    names: list[str] = []
+
+    def up() -> str:
+        n = (os.getpid() + len(names) * 7) % 250 + 1
+        name, addr = f"smcpy{n}", f"10.214.{n}.2"
+        subprocess.run([script, "down", name], check=False)
+        subprocess.run([script, "up", name, str(n), f"10.214.{n}"], check=True)
+        names.append(name)
+        subprocess.Popen(["ip", "netns", "exec", name, "python3", "-c", _TEST_HOST_SERVER, addr],
+                         stdin=subprocess.DEVNULL)
+        probe = f"import socket; socket.create_connection(({addr!r}, {TEST_HOST_PORT}), timeout=1)"
+        serving = lambda: subprocess.run(["ip", "netns", "exec", name, "python3", "-c", probe],  # noqa: E731
+                                         stderr=subprocess.DEVNULL).returncode == 0
+        assert poll(serving, bool, timeout=20), f"test host {name} does not serve"
+        return addr
+
+    try:
+        yield up
+    finally:
+        for name in names:
+            subprocess.run([script, "down", name], check=False)

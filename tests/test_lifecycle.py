@@ -2,7 +2,9 @@
 import os
 import subprocess
 
-from conftest import isolated_env, new_env_dir, remove_env_dir, required_env
+import pytest
+
+from conftest import ON_VM, TEST_ISOLATION, isolated_env, new_env_dir, remove_env_dir, required_env
 from waiting import poll
 
 
@@ -24,7 +26,7 @@ def test_status_and_list_all(server):
     rows = text.split("\n")
     assert rows[0].split() == ["Name", "Container", "Shell", "Idle", "Resources", "Isolation", "Project"]
     assert rows[1] == "─" * 102
-    assert rows[2].split()[5] == "namespaces", rows[2]
+    assert rows[2].split()[5] == (TEST_ISOLATION or "namespaces"), rows[2]
     assert rows[2].split()[0] == "default" and rows[2].split()[2] == "alive"
 
 
@@ -81,6 +83,7 @@ def test_history_newest_first_and_redacted(server):
     assert lines[2].startswith("   2. [exit:4] ") and lines[2].endswith("  exit 4")
 
 
+@pytest.mark.skipif(ON_VM, reason="the vm driver shares only /workspace: the apt cache volume does not reach a vm")
 def test_install_with_apt(server):
     text, err = server.tool("install", packages="jq", _timeout=600)
     assert not err, text
@@ -107,6 +110,8 @@ def test_install_unknown_package(server):
     assert "Unable to locate package no-such-package-smcp" in text
 
 
+@pytest.mark.skipif(ON_VM, reason="kills the agent as PID 2, the namespace driver's; a vm's: "
+                                  "test_vm_isolation.py kills its qemu and resets it")
 def test_a_dead_sandbox_is_reported_not_replaced(server):
     server.tool("exec", command="echo keep > /workspace/k")
     server.tool("exec", command="kill -9 2")  # the sandbox's agent: the VM goes down with it

@@ -1,6 +1,7 @@
 """bg, logs and kill through a real MCP client."""
 import re
 
+from conftest import WAIT_SCALE
 from waiting import poll
 
 
@@ -8,7 +9,9 @@ def test_bg_logs_kill(server):
     text, err = server.tool("bg", command="echo ready; echo warn >&2; sleep 300 & sleep 301", name="srv")
     assert not err, text
     assert re.match(r"Started \[srv\] PID \d+\nUse logs\('srv'\) to read output, kill\('srv'\) to stop\.$", text), text
-    text = poll(lambda: server.tool("logs", name="srv")[0], lambda t: "warn" in t)
+    # Both lines, not the header (which shows the command, `warn` included).
+    text = poll(lambda: server.tool("logs", name="srv")[0], lambda t: t.endswith("\nready\nwarn"),
+                timeout=10 * WAIT_SCALE)
     assert text, "output never appeared"
     head, rule, body = text.split("\n", 2)
     assert re.match(r"\[srv\] PID \d+ \(alive\) — echo ready; echo warn >&2; sleep 300 & sleep 301$", head), head
@@ -39,7 +42,7 @@ def test_exited_process_shows_exit_code(server):
 
 def test_logs_are_bounded(server):
     server.tool("bg", command="head -c 3000000 /dev/zero | tr '\\0' x; echo; echo end", name="chatty")
-    text = poll(lambda: server.tool("logs", name="chatty", tail=0)[0], lambda t: "end" in t)
+    text = poll(lambda: server.tool("logs", name="chatty", tail=0)[0], lambda t: "end" in t, timeout=10 * WAIT_SCALE)
     assert text and len(text) <= (1 << 20) + 200, len(text)
 
 

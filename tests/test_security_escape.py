@@ -21,9 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from conftest import needs_cgroup_limits, volume_dir
+from conftest import ON_VM, needs_cgroup_limits, volume_dir
 from security_support import BYSTANDER, assert_unaffected, sec_server
 from waiting import wait_for
+
+
+# On the vm driver (`make test-vm`) the guest's root owns its kernel: unshare, mount, ptrace, its
+# /proc/sys and its devices are its own, and the boundary is the VM. These cases attack the namespace
+# driver's layers (seccomp, the shared kernel's /proc and devices); test_security_vm.py tries the same
+# escapes against the VM's boundary (host files, image disks, /workspace, the agent's port).
+namespace_layers = pytest.mark.skipif(ON_VM, reason="attacks the namespace driver's layers; on vm the "
+                                      "guest owns its kernel (the VM's boundary: test_security_vm.py)")
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +50,7 @@ def run_json(srv, code: str, sandbox: str = "default", timeout: float = 60):
 # ---------------------------------------------------------------- host files
 
 
+@namespace_layers
 def test_host_files_are_not_reachable_through_proc_root_cwd_or_symlinks(srv):
     # A file on the host that the sandbox must never see, by its host path.
     secret = srv.tmp / f"host-secret-{uuid.uuid4().hex}"
@@ -83,6 +92,7 @@ print(json.dumps({{"same_root": same_root, "roots": len(roots), "results": resul
     assert_unaffected(srv, "default")
 
 
+@namespace_layers
 def test_open_by_handle_cannot_reach_the_host_filesystem(srv):
     # "Shocker": open_by_handle_at with a guessed handle opens any inode of a
     # mounted filesystem, bypassing the mount namespace. /workspace is a host
@@ -165,6 +175,7 @@ print(json.dumps(out))
 """
 
 
+@namespace_layers
 def test_isolation_syscalls_are_refused_by_seccomp(srv):
     if platform.machine() != "x86_64":
         pytest.skip("raw syscall numbers are x86_64")
@@ -179,6 +190,7 @@ def test_isolation_syscalls_are_refused_by_seccomp(srv):
     assert_unaffected(srv, "default")
 
 
+@namespace_layers
 def test_ptrace_of_pid1_and_the_agent_grants_nothing_outside(srv):
     # ptrace stays allowed (debuggers); root inside may trace the sandbox's
     # own PID 1 and agent. That must give nothing of the host: their fds
@@ -254,6 +266,7 @@ print("sent")
 # ---------------------------------------------------------------- /proc, /sys, /dev
 
 
+@namespace_layers
 def test_proc_sys_cgroup_and_sysrq_writes_are_refused(srv):
     host_forward = Path("/proc/sys/net/ipv4/ip_forward").read_text()
     got = run_json(srv, """
@@ -301,6 +314,7 @@ print(json.dumps(out))
     assert_unaffected(srv, "default")
 
 
+@namespace_layers
 def test_no_host_devices_and_none_can_be_made(srv):
     got = run_json(srv, """
 import json, os, stat
@@ -364,6 +378,8 @@ print("bomb over")
 
 @needs_cgroup_limits
 @pytest.mark.heavy
+@pytest.mark.xfail(ON_VM, strict=True, reason="the vm driver does not enforce the pids limit inside its guest yet "
+                                              "(README: the vm driver's Not yet)")
 def test_fork_bomb_hits_the_pids_limit_and_everything_stays_up(srv):
     srv.sh("mkdir -p /workspace/bomb; rm -f /workspace/bomb/*", sandbox="bomb")
     assert not srv.call("write_file", path="/tmp/bomb.py", content=FORK_BOMB, sandbox="bomb")[1]
@@ -400,11 +416,15 @@ def test_fork_bomb_hits_the_pids_limit_and_everything_stays_up(srv):
 
 @needs_cgroup_limits
 @pytest.mark.heavy
+@pytest.mark.xfail(ON_VM, strict=True, reason="the vm driver's stats do not report its memory limit yet "
+                                              "(README: the vm driver's Not yet)")
 def test_memory_limit_holds_and_the_sandbox_survives(srv):
     # 1 GiB written in a sandbox limited to 512 MiB: the kernel kills the
     # hog (the sandbox's OOM), not the host; the sandbox keeps answering.
     out, err, code = srv.sh("python3 -c 'x = b\"x\" * (1 << 30); print(len(x))'", sandbox="hog", timeout=120)
-    assert code == 137 and "1073741824" not in out, (out, err, code)
+    # A guest kernel whose whole RAM is the limit may refuse the allocation instead.
+    refused = ON_VM and code == 1 and "MemoryError" in err
+    assert (code == 137 or refused) and "1073741824" not in out, (out, err, code)
     stats, _ = srv.call("stats", sandbox="hog")
     assert "/ 512.0MB" in stats, stats
     assert_unaffected(srv, "hog")

@@ -17,22 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pids_of, required_env, sandbox_key, volume_dir, write_config
+from conftest import (TEST_HOST_BODY, TEST_HOST_PORT, pids_of, required_env, sandbox_key, vm_dir, volume_dir,
+                      write_config)
 from waiting import poll
 
 # Long enough for a TCG boot on a loaded machine, and the first build of the image's layer disk.
 VM_CALL_TIMEOUT = 300.0
 QEMU = "qemu-system-x86_64"
 VM_PROJECT = 'isolation = "vm"\nnetwork = "none"\n'
-
-
-def vm_dir() -> Path:
-    """Where the vm assets are: SANDBOX_MCP_VM_DIR, else the user's data dir (as the helper looks)."""
-    configured = os.environ.get("SANDBOX_MCP_VM_DIR")
-    if configured:
-        return Path(configured)
-    data = os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share")
-    return Path(data) / "sandbox-mcp" / "vm"
 
 
 def missing_vm_driver() -> str | None:
@@ -149,6 +141,34 @@ def test_a_vm_sandbox_goes_out_through_the_helpers_stack_and_its_policy(front_en
     info, err = client.tool("network_info")
     assert not err, info
     assert f"  refused tcp {addr}:9 \u2014 " in info, info
+
+
+@needs_vm
+def test_a_vm_sandbox_reaches_the_allowed_test_host_and_not_another(front_end, roots, test_host):
+    """The allow-list on the vm driver, from the MCP side: the test host it names answers over HTTP, a
+    second test host it does not name (a private address: refused by default) is refused at once, and
+    network_info shows that refusal."""
+    allowed, other = test_host(), test_host()
+    (roots / ".sandbox-mcp.toml").write_text(f'isolation = "vm"\n[network]\nallow = ["{allowed}"]\n')
+    client = vm_server(front_end, roots)
+    code = f"""
+import socket
+for addr in [{allowed!r}, {other!r}]:
+    try:
+        s = socket.create_connection((addr, {TEST_HOST_PORT}), timeout=20)
+        s.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
+        print(addr, s.makefile("rb").read().split(b"\\r\\n\\r\\n")[-1].decode())
+    except OSError as e:
+        print(addr, "refused", type(e).__name__)
+"""
+    out, err = client.tool("python", _timeout=VM_CALL_TIMEOUT, code=code)
+    assert not err, out
+    lines = out.splitlines()
+    assert lines[0] == f"{allowed} {TEST_HOST_BODY}", out
+    assert lines[1].startswith(f"{other} refused"), out
+    info, err = client.tool("network_info")
+    assert not err, info
+    assert f"  refused tcp {other}:{TEST_HOST_PORT} \u2014 " in info, info
 
 
 @needs_vm

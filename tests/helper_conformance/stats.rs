@@ -29,7 +29,7 @@ async fn stats_follow_memory_pids_cpu_and_time() {
     let vm = h.get(&id).await.unwrap();
     assert_eq!(vm.limits_not_enforced, now.limits_not_enforced, "GetVm and Stats agree");
     if !cgroups {
-        eprintln!("skipped the cgroup counters: helper has no cgroups");
+        eprintln!("skipped the cgroup counters: the driver under test has no cgroups");
         return;
     }
     for _ in 0..100 {
@@ -52,7 +52,7 @@ async fn stats_follow_memory_pids_cpu_and_time() {
 async fn stats_report_oom_kills() {
     let mut h = Harness::new("statsoom").await;
     if !h.has_cgroups().await {
-        eprintln!("skipped: helper has no cgroups");
+        eprintln!("skipped: the driver under test has no cgroups");
         return;
     }
     let id = h.running("vm", |s| s.memory_bytes = 64 << 20).await;
@@ -64,8 +64,8 @@ async fn stats_report_oom_kills() {
 #[tokio::test]
 async fn stats_count_egress_traffic() {
     let mut h = Harness::new("statsnet").await;
-    if !h.caps().await.iter().any(|c| c == "network.egress") {
-        eprintln!("skipped: helper lacks network.egress");
+    if !h.has_egress().await {
+        eprintln!("skipped: the driver under test lacks network.egress");
         return;
     }
     let id = h.running("vm", |s| s.network = pb::NetworkMode::Egress as i32).await;

@@ -50,18 +50,29 @@ pub fn layer_disk(layer: &Path, cache: &Path, mapper: &IdMapper) -> Result<PathB
         return Err(failed(format!("chown the disk file to the namespace's root: {e}")));
     }
     // Sized from the layer (apparent bytes and entries) with room for
-    // ext4's own metadata; no journal, the disk is never written.
+    // ext4's own metadata; no journal, the disk is never written. The
+    // namespace's root may not pass through the dirs above the layer (an
+    // image store in a 0700 dir, or reached through a symlink from one):
+    // the layer and the disk come as open fds, reopened through
+    // /proc/self/fd by their own permissions (-D, -H: follow that link).
     let script = r#"set -e
-kib=$(du -sk --apparent-size "$1" | cut -f1)
-entries=$(find "$1" -xdev | wc -l)
+kib=$(du -skD --apparent-size "$1" | cut -f1)
+entries=$(find -H "$1" -xdev | wc -l)
 exec mke2fs -q -F -t ext4 -O ^has_journal -m 0 -E root_owner=0:0 -N $((entries + entries / 4 + 1024)) -d "$1" "$2" "$((kib + kib / 4 + 65536))k""#;
-    let mut cmd = Command::new("sh");
-    cmd.args(["-c", script, "mke2fs-layer"])
-        .arg(layer)
-        .arg(&tmp)
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
-    let out = run_mapped(mapper, cmd).map_err(|e| failed(e.to_string()));
+    let opened = std::fs::File::open(layer).and_then(|dir| {
+        let disk = std::fs::OpenOptions::new().read(true).write(true).open(&tmp)?;
+        Ok((dir, disk))
+    });
+    let out = match opened {
+        Ok((dir, disk)) => {
+            let mut cmd = Command::new("sh");
+            cmd.args(["-c", script, "mke2fs-layer"]);
+            let out = run_mapped_with(mapper, cmd, &[&dir, &disk]).map_err(|e| failed(e.to_string()));
+            drop((dir, disk));
+            out
+        }
+        Err(e) => Err(failed(format!("open the layer and the disk: {e}"))),
+    };
     let out = match out {
         Ok(o) if o.status.success() => o,
         Ok(o) => {
@@ -157,27 +168,11 @@ pub fn upper_disk_from(path: &Path, size_bytes: u64, vm_dir: &Path, mapper: &IdM
     });
     let out = match opened {
         Ok((dir, disk)) => {
-            let fds = [dir.as_raw_fd(), disk.as_raw_fd()];
             let mut cmd = Command::new("mke2fs");
-            // SAFETY: fcntl on fds we own, between fork and exec.
-            unsafe {
-                cmd.pre_exec(move || {
-                    for fd in fds {
-                        if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                            return Err(std::io::Error::last_os_error());
-                        }
-                    }
-                    Ok(())
-                });
-            }
             cmd.args(["-q", "-F", "-t", "ext4", "-m", "0", "-E"])
                 .arg("root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1")
-                .arg("-d")
-                .arg(format!("/proc/self/fd/{}", fds[0]))
-                .arg(format!("/proc/self/fd/{}", fds[1]))
-                .env_clear()
-                .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
-            let out = run_mapped(mapper, cmd);
+                .arg("-d");
+            let out = run_mapped_with(mapper, cmd, &[&dir, &disk]);
             drop((dir, disk));
             out
         }
@@ -196,4 +191,31 @@ pub fn upper_disk_from(path: &Path, size_bytes: u64, vm_dir: &Path, mapper: &IdM
         let _ = std::fs::remove_file(path);
     }
     result
+}
+
+/// Runs `cmd` under `mapper` with `files` open in it, appended to its
+/// arguments as `/proc/self/fd/N`: dirs and disks the namespace's root
+/// reaches by their own permissions, where their paths may pass through
+/// dirs it cannot (the helper's 0700 state dir, a private image store).
+pub(super) fn run_mapped_with(
+    mapper: &IdMapper,
+    mut cmd: Command,
+    files: &[&std::fs::File],
+) -> Result<std::process::Output, crate::helper::driver::DriverError> {
+    let fds: Vec<i32> = files.iter().map(|f| f.as_raw_fd()).collect();
+    cmd.args(fds.iter().map(|fd| format!("/proc/self/fd/{fd}")))
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
+    // SAFETY: fcntl on fds we own, between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            for &fd in &fds {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    run_mapped(mapper, cmd)
 }

@@ -510,7 +510,15 @@ impl Instance for VmInstance {
                 self.output(vec!["sync".into()]).await?;
                 self.output(snapshot::archive_argv()).await
             })
-            .map_err(failed)?;
+            .map_err(|detail| {
+                // GNU tar's words for a file the guest changed mid-copy: the
+                // same answer as the namespace driver's copy gives.
+                if detail.contains("as we read it") {
+                    failed("the writable layer changed while being copied (the sandbox modified it); retry".into())
+                } else {
+                    failed(detail)
+                }
+            })?;
         let archive = self.run_dir.join("layer.tar");
         std::fs::write(&archive, tar).map_err(|e| failed(format!("write {}: {e}", archive.display())))?;
         let unpacked = snapshot::unpack_layer(&archive, dst, &self.mapper).map_err(|e| failed(e.to_string()));

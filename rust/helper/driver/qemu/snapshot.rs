@@ -11,8 +11,9 @@ use std::path::Path;
 use std::process::Command;
 
 use super::QemuError;
+use super::disks::run_mapped_with;
 use crate::guest::LAYER_VIEW;
-use crate::helper::driver::userns::{IdMapper, run_mapped};
+use crate::helper::driver::userns::IdMapper;
 
 /// What the guest runs to write its writable layer to stdout as a tar
 /// archive (Debian images have GNU tar). The caller syncs and quiesces the
@@ -32,16 +33,15 @@ pub fn unpack_layer(archive: &Path, dest: &Path, mapper: &IdMapper) -> Result<()
     let (uid, gid) = mapper.id_map().host_root();
     nix::unistd::chown(dest, Some(uid.into()), Some(gid.into()))
         .map_err(|e| failed(format!("chown to the namespace's root: {e}")))?;
-    // Opened here: the namespace's root may have no right to the file.
+    // Opened here: the namespace's root may have no right to the file, nor
+    // pass through the dirs above `dest` (a private image store).
     let input = std::fs::File::open(archive).map_err(|e| QemuError::io(format!("open {}", archive.display()), e))?;
+    let dir = std::fs::File::open(dest).map_err(|e| QemuError::io(format!("open {}", dest.display()), e))?;
     let mut cmd = Command::new("tar");
     cmd.args(["--xattrs", "--xattrs-include=*", "--numeric-owner", "--same-permissions", "-x", "-f", "-"])
         .stdin(input)
-        .arg("-C")
-        .arg(dest)
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin");
-    let out = run_mapped(mapper, cmd).map_err(|e| failed(e.to_string()))?;
+        .arg("-C");
+    let out = run_mapped_with(mapper, cmd, &[&dir]).map_err(|e| failed(e.to_string()))?;
     if !out.status.success() {
         return Err(failed(format!("tar: {}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim())));
     }
