@@ -67,6 +67,34 @@ impl Qmp {
         self.answer(command).await
     }
 
+    /// Sends all `commands` at once, then reads their answers in order:
+    /// qemu runs one command at a time and keeps the rest in its input, so
+    /// the sequence costs one round trip, not one per command. The first
+    /// failure is returned (the commands after it still ran or failed).
+    pub async fn execute_all(&mut self, commands: &[(&str, Option<Value>)]) -> Result<(), QemuError> {
+        let mut bytes = Vec::new();
+        for (command, arguments) in commands {
+            let mut msg = json!({ "execute": command });
+            if let Some(args) = arguments {
+                msg["arguments"] = args.clone();
+            }
+            bytes.extend(msg.to_string().into_bytes());
+            bytes.push(b'\n');
+        }
+        self.wr.write_all(&bytes).await.map_err(|e| QemuError::io("qmp", e))?;
+        let mut first = Ok(());
+        for (command, _) in commands {
+            let answer = self.answer(command).await;
+            if let (Ok(()), Err(e)) = (&first, answer) {
+                if matches!(e, QemuError::Io { .. }) {
+                    return Err(e);
+                }
+                first = Err(e);
+            }
+        }
+        first
+    }
+
     async fn answer(&mut self, command: &str) -> Result<Value, QemuError> {
         loop {
             let v = self.line(command).await?;
