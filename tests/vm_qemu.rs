@@ -213,6 +213,16 @@ async fn qmp_saves_a_paused_vm_to_a_file() {
     assert!(size > 1 << 20, "the state holds the guest's memory: {size} bytes");
     qmp.cont().await.expect("cont");
     assert_eq!(qmp.status().await.unwrap(), "running");
+    // Commands sent at once: the failing one is named, and every answer is
+    // read, so the connection stays in step for the next command.
+    let bogus = serde_json::json!({ "driver": "virtio-blk-pci", "id": "x", "drive": "no-such-node" });
+    let e = qmp
+        .execute_all(&[("query-status", None), ("device_add", Some(bogus)), ("stop", None)])
+        .await
+        .expect_err("a device_add of a missing drive fails")
+        .to_string();
+    assert!(e.starts_with("qmp device_add: "), "{e}");
+    assert_eq!(qmp.status().await.unwrap(), "paused", "the command after the failure ran");
     // qemu serves one QMP client at a time; stop() makes its own.
     drop(qmp);
     let exit = vm.stop(Duration::from_secs(10)).await;

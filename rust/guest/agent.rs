@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, fork};
 
-use super::{AGENT_DIR, AGENT_PORT, GuestError};
+use super::{AGENT_PORT, GuestError};
 
 /// How long the port may take to appear after virtio_console loads.
 const PORT_WAIT: Duration = Duration::from_secs(10);
@@ -50,25 +50,35 @@ pub fn answer_probe() -> Result<(), GuestError> {
 
 /// Forks the agent, then reaps until it exits and powers off. Returns only
 /// if the agent could not be started.
+///
+/// The agent is this very binary's `agent` role, entered in the forked
+/// child itself rather than exec'd: the child already has the binary and
+/// its libraries mapped and relocated (under TCG an exec of the 12 MB
+/// binary through the loader costs more than the rest of a restore's
+/// hand-out), and it runs with the initramfs's libraries whatever libc the
+/// image has, as the exec'd agent did.
 pub fn serve() -> Result<std::convert::Infallible, GuestError> {
     if let Err(e) = crate::helper::driver::network::loopback_up() {
         eprintln!("guest-init: {e}");
     }
     let port = port(AGENT_PORT)?;
-    let listen = format!("serial:{}", port.display());
-    let dir = PathBuf::from(AGENT_DIR);
-    // Our own loader and libraries, so the image's libc does not matter.
-    let mut cmd = std::process::Command::new(dir.join("ld.so"));
-    cmd.arg("--library-path").arg(&dir).arg(dir.join("sandbox-vm-helper")).args(["agent", "--listen", &listen]);
-    cmd.env_clear().env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").env("HOME", "/root");
-    cmd.current_dir("/");
-    // SAFETY: the process is single-threaded here (PID 1 before any thread).
+    // SAFETY: the process is single-threaded here (PID 1 before any
+    // thread), so the child may change its environment and start a
+    // runtime.
     let agent = match unsafe { fork() }.map_err(|e| GuestError::sys("fork the agent", e))? {
         ForkResult::Child => {
-            use std::os::unix::process::CommandExt as _;
-            let e = cmd.exec();
-            eprintln!("guest-init: exec the agent: {e}");
-            std::process::exit(127);
+            let inherited: Vec<_> = std::env::vars_os().map(|(k, _)| k).collect();
+            // SAFETY: single-threaded (see above).
+            unsafe {
+                for k in inherited {
+                    std::env::remove_var(k);
+                }
+                std::env::set_var("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+                std::env::set_var("HOME", "/root");
+            }
+            let e = crate::agent::serve(crate::agent::listen::Address::Serial(port));
+            eprintln!("guest-init: the agent: {e}");
+            std::process::exit(1);
         }
         ForkResult::Parent { child } => child,
     };

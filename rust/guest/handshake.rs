@@ -1,6 +1,7 @@
 //! The "go" handshake on the control port. Guest init boots to the point
 //! where nothing sandbox-specific is attached (modules loaded, the image's
-//! layers not yet mounted), says [`READY`] on the virtio-serial port
+//! layers mounted: they are the shape's, not the sandbox's; no writable
+//! disk, no `/workspace`), says [`READY`] on the virtio-serial port
 //! [`CONTROL_PORT`], and blocks reading one [`Go`] line. A cold boot gets
 //! its line at once; a template VM is saved to a memory snapshot while it
 //! waits, so every VM restored from that snapshot wakes up here and gets its

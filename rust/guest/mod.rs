@@ -26,8 +26,9 @@ pub mod network;
 pub mod rootfs;
 
 /// Where the initramfs keeps this binary, its loader, its libraries and the
-/// modules; bound read-only into the sandbox's root at [`AGENT_DIR`] so the
-/// agent runs with these libraries whatever libc the image has.
+/// modules; bound read-only into the sandbox's root at [`AGENT_DIR`]. The
+/// agent is guest init's own fork ([`agent::serve`]), so it runs with these
+/// libraries whatever libc the image has.
 pub const LIB_DIR: &str = "/lib/sandbox-mcp";
 /// [`LIB_DIR`] as the sandbox's root shows it.
 pub const AGENT_DIR: &str = "/run/sandbox-mcp";
@@ -123,6 +124,7 @@ pub fn run() -> GuestError {
             agent::answer_probe()?;
             agent::power_off();
         }
+        rootfs::mount_layers(&config)?;
         let go = handshake::wait_for_go()?;
         handshake::apply(&go)?;
         handshake::rescan_pci()?;

@@ -67,8 +67,10 @@ pub fn lowerdir(layers: usize) -> String {
     (0..layers).rev().map(|i| format!("{LAYERS}/{i}")).collect::<Vec<_>>().join(":")
 }
 
-/// Builds the sandbox's root at [`NEW_ROOT`] and moves it to `/`.
-pub fn assemble(config: &BootConfig, go: &Go) -> Result<(), GuestError> {
+/// Mounts the image's layers (read-only disks, part of the machine from
+/// its start) where [`assemble`] finds them: before the "go", so a memory
+/// snapshot holds them mounted and a restored vm does not mount them again.
+pub fn mount_layers(config: &BootConfig) -> Result<(), GuestError> {
     let ro = MsFlags::MS_RDONLY;
     for i in 0..config.layers {
         let dev = disk(&format!("{LAYER_SERIAL}{i}"))?;
@@ -78,6 +80,12 @@ pub fn assemble(config: &BootConfig, go: &Go) -> Result<(), GuestError> {
         // replay a read-only device cannot take.
         mnt(&dev.to_string_lossy(), &at, Some("ext4"), ro, Some("noload"))?;
     }
+    Ok(())
+}
+
+/// Builds the sandbox's root at [`NEW_ROOT`] over the layers
+/// [`mount_layers`] mounted, and moves it to `/`.
+pub fn assemble(config: &BootConfig, go: &Go) -> Result<(), GuestError> {
     let rw = Path::new(RW);
     mkdir(rw)?;
     mnt(&disk(UPPER_SERIAL)?.to_string_lossy(), rw, Some("ext4"), MsFlags::MS_NOATIME, None)?;

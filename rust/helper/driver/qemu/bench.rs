@@ -3,7 +3,9 @@
 //! them), from qemu's start to the agent's first Pong: a cold boot, a
 //! restore from the shape's memory snapshot, and a vm taken from the pool
 //! (restored ahead, untimed; then only attach, "go" and the Pong). Also the
-//! host memory of an idle vm: the RSS of its qemu and virtiofsd.
+//! host memory of an idle vm (the RSS of its qemu and virtiofsd) and warm
+//! exec on a booted vm: `sh -c 'echo hi'` through its agent, from the
+//! stream's open to the exit status.
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -15,7 +17,7 @@ use super::instance::{Attach, Instance, Shape, Start};
 use super::template::Template;
 use super::{disks, probe};
 use crate::agent::mux::Mux;
-use crate::agent::protocol::Frame;
+use crate::agent::protocol::{ExitStatus, Frame, StartSpec};
 use crate::helper::driver::userns::IdMapper;
 
 /// The samples, in milliseconds and MiB.
@@ -29,7 +31,15 @@ pub struct Figures {
     pub pool_ms: Vec<f64>,
     /// RSS of qemu and virtiofsd per idle vm.
     pub idle_rss_mib: Vec<f64>,
+    /// Warm `sh -c 'echo hi'` through the agent of a booted vm.
+    pub warm_exec_ms: Vec<f64>,
 }
+
+/// How many warm execs are timed (after [`EXEC_WARMUP`] untimed ones).
+const EXEC_RUNS: usize = 50;
+/// Untimed execs first: the guest's first runs of `sh` fill its page
+/// cache (and, under TCG, qemu's translated code).
+const EXEC_WARMUP: usize = 5;
 
 fn failed(what: &str, e: impl std::fmt::Display) -> QemuError {
     QemuError::io(what.to_string(), std::io::Error::other(e.to_string()))
@@ -90,24 +100,24 @@ pub async fn run(layers: &[PathBuf], runs: usize, work: &Path) -> Result<Figures
         let ws = dir.join("ws");
         let attach = Attach { hostname: "bench", upper: &upper, workspace: Some(&ws), mapper: &mapper, cgroup: None };
         let run_dir = dir.join("run");
-        let (mut vm, ms) = if i < cold_runs {
+        let (mut vm, ms, agent) = if i < cold_runs {
             let t = Instant::now();
             let mut vm = Instance::start(&shape, &run_dir, Start::Cold { network: None }, None).await?;
             let stream = vm.go(attach, true).await?;
             pong(stream).await?;
-            (vm, t.elapsed())
+            (vm, t.elapsed(), None)
         } else if i < cold_runs + runs {
             let t = Instant::now();
             let mut vm = Instance::start(&shape, &run_dir, Start::Restore(&state), None).await?;
             let stream = vm.go(attach, false).await?;
             pong(stream).await?;
-            (vm, t.elapsed())
+            (vm, t.elapsed(), None)
         } else {
             let mut vm = Instance::start(&shape, &run_dir, Start::Restore(&state), None).await?;
             let t = Instant::now();
             let stream = vm.go(attach, false).await?;
-            pong(stream).await?;
-            (vm, t.elapsed())
+            let mux = pong(stream).await?;
+            (vm, t.elapsed(), Some(mux))
         };
         let ms = ms.as_secs_f64() * 1000.0;
         match i {
@@ -122,17 +132,41 @@ pub async fn run(layers: &[PathBuf], runs: usize, work: &Path) -> Result<Figures
             let virtiofsd = rss_kib_matching(&format!("source={}", ws.display()));
             figures.idle_rss_mib.push((qemu + virtiofsd) as f64 / 1024.0);
         }
+        if let (Some(agent), true) = (&agent, figures.warm_exec_ms.is_empty()) {
+            for n in 0..EXEC_WARMUP + EXEC_RUNS {
+                let t = Instant::now();
+                echo_hi(agent).await?;
+                if n >= EXEC_WARMUP {
+                    figures.warm_exec_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+                }
+            }
+        }
         vm.kill().await;
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(figures)
 }
 
-async fn pong(stream: tokio::net::UnixStream) -> Result<(), QemuError> {
+async fn pong(stream: tokio::net::UnixStream) -> Result<Mux, QemuError> {
     let mux = Mux::open_side(stream);
     let mut ping = mux.open(Frame::Ping).map_err(|e| failed("ping the agent", e))?;
     match tokio::time::timeout(Duration::from_secs(300), ping.next()).await {
-        Ok(Ok(Some(Frame::Pong))) => Ok(()),
+        Ok(Ok(Some(Frame::Pong))) => Ok(mux),
         other => Err(failed("ping the agent", format!("{other:?}"))),
+    }
+}
+
+/// `sh -c 'echo hi'` in the guest, to its exit status and output.
+async fn echo_hi(agent: &Mux) -> Result<(), QemuError> {
+    let argv = ["sh", "-c", "echo hi"].map(String::from).to_vec();
+    let mut s = agent.open(Frame::Start(StartSpec::plain(argv))).map_err(|e| failed("exec in the guest", e))?;
+    let mut out = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(60), s.next()).await {
+            Ok(Ok(Some(Frame::Stdout(b)))) => out.extend(b),
+            Ok(Ok(Some(Frame::Started(_) | Frame::Stderr(_) | Frame::Credit(_)))) => {}
+            Ok(Ok(Some(Frame::Exited(ExitStatus::Code(0))))) if out == b"hi\n" => return Ok(()),
+            other => return Err(failed("exec sh -c 'echo hi' in the guest", format!("{other:?} (stdout {out:?})"))),
+        }
     }
 }

@@ -148,6 +148,9 @@ pub struct Instance {
     console: PathBuf,
     qemu_log: PathBuf,
     virtiofsd: Option<Virtiofsd>,
+    /// The QMP connection a restore made, kept for [`go`](Self::go)'s
+    /// commands (qemu serves one client at a time: dropped there).
+    qmp_conn: Option<Qmp>,
 }
 
 /// How a vm ended, for the report a killed qemu or a guest panic gets.
@@ -259,6 +262,7 @@ impl Instance {
             console: machine.console_log,
             qemu_log,
             virtiofsd: None,
+            qmp_conn: None,
         };
         let started = async {
             vm.agent = Some(vm.accept(CONNECT_WAIT).await?);
@@ -274,7 +278,9 @@ impl Instance {
                 // leaves a state in use alone (see super::template).
                 let file = Flock::lock(file, FlockArg::LockShared)
                     .map_err(|(_, e)| QemuError::io(format!("lock {}", state.display()), e.into()))?;
-                vm.qmp().await?.migrate_from_file(&file).await?;
+                let mut qmp = vm.qmp().await?;
+                qmp.migrate_from_file(&file).await?;
+                vm.qmp_conn = Some(qmp);
             }
             Ok(())
         };
@@ -331,39 +337,41 @@ impl Instance {
             let socket = self.run_dir.join("workspace.sock");
             self.virtiofsd = Some(Virtiofsd::start(source, &socket, attach.mapper, attach.cgroup)?);
         }
-        let mut qmp = self.qmp().await?;
+        let mut qmp = match self.qmp_conn.take() {
+            Some(q) => q,
+            None => self.qmp().await?,
+        };
         let upper = attach.upper.to_string_lossy();
-        qmp.execute(
-            "blockdev-add",
-            Some(json!({ "driver": "raw", "node-name": "upper", "discard": "unmap",
-                          "file": { "driver": "file", "filename": upper } })),
-        )
-        .await?;
-        qmp.execute(
-            "device_add",
-            Some(json!({ "driver": "virtio-blk-pci", "id": "upper-disk", "drive": "upper",
-                          "serial": UPPER_SERIAL, "bus": UPPER_PORT })),
-        )
-        .await?;
+        let mut commands = vec![
+            (
+                "blockdev-add",
+                Some(json!({ "driver": "raw", "node-name": "upper", "discard": "unmap",
+                              "file": { "driver": "file", "filename": upper } })),
+            ),
+            (
+                "device_add",
+                Some(json!({ "driver": "virtio-blk-pci", "id": "upper-disk", "drive": "upper",
+                              "serial": UPPER_SERIAL, "bus": UPPER_PORT })),
+            ),
+        ];
         if let Some(d) = &self.virtiofsd {
             let path = d.socket().to_string_lossy();
-            qmp.execute(
+            commands.push((
                 "chardev-add",
                 Some(json!({ "id": "workspace", "backend": { "type": "socket", "data": {
                     "addr": { "type": "unix", "data": { "path": path } }, "server": false } } })),
-            )
-            .await?;
-            qmp.execute(
+            ));
+            commands.push((
                 "device_add",
                 Some(json!({ "driver": "vhost-user-fs-pci", "id": "workspace-fs", "chardev": "workspace",
                               "tag": WORKSPACE_TAG, "bus": WORKSPACE_PORT })),
-            )
-            .await?;
+            ));
         }
         if self.paused {
-            qmp.cont().await?;
-            self.paused = false;
+            commands.push(("cont", None));
         }
+        qmp.execute_all(&commands).await?;
+        self.paused = false;
         // qemu serves one QMP client at a time.
         drop(qmp);
         if wait_ready {
@@ -434,6 +442,8 @@ impl Instance {
     /// Asks qemu to quit over QMP, killing it if that fails or it takes
     /// longer than `grace`; then waits.
     pub async fn stop(&mut self, grace: Duration) -> Exit {
+        // Its own connection would keep the one below waiting.
+        self.qmp_conn = None;
         let quit = async {
             let mut qmp = self.qmp().await?;
             qmp.quit().await

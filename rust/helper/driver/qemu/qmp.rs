@@ -11,6 +11,17 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
 use super::QemuError;
 
+/// The line that runs `command` with `arguments`.
+fn request(command: &str, arguments: Option<&Value>) -> Vec<u8> {
+    let mut msg = json!({ "execute": command });
+    if let Some(args) = arguments {
+        msg["arguments"] = args.clone();
+    }
+    let mut bytes = msg.to_string().into_bytes();
+    bytes.push(b'\n');
+    bytes
+}
+
 /// A negotiated QMP connection.
 pub struct Qmp {
     rd: BufReader<OwnedReadHalf>,
@@ -57,14 +68,31 @@ impl Qmp {
     /// Runs `command` and returns its `return` value; qemu's `error` becomes
     /// [`QemuError::Qmp`] with its description.
     pub async fn execute(&mut self, command: &str, arguments: Option<Value>) -> Result<Value, QemuError> {
-        let mut msg = json!({ "execute": command });
-        if let Some(args) = arguments {
-            msg["arguments"] = args;
-        }
-        let mut bytes = msg.to_string().into_bytes();
-        bytes.push(b'\n');
+        let bytes = request(command, arguments.as_ref());
         self.wr.write_all(&bytes).await.map_err(|e| QemuError::io(format!("qmp {command}"), e))?;
         self.answer(command).await
+    }
+
+    /// Sends all `commands` at once, then reads their answers in order:
+    /// qemu runs one command at a time and keeps the rest in its input, so
+    /// the sequence costs one round trip, not one per command. The first
+    /// failure is returned (the commands after it still ran or failed: a
+    /// caller whose attach failed kills the vm).
+    pub async fn execute_all(&mut self, commands: &[(&str, Option<Value>)]) -> Result<(), QemuError> {
+        let bytes: Vec<u8> =
+            commands.iter().flat_map(|(command, arguments)| request(command, arguments.as_ref())).collect();
+        self.wr.write_all(&bytes).await.map_err(|e| QemuError::io("qmp", e))?;
+        let mut first = Ok(());
+        for (command, _) in commands {
+            let answer = self.answer(command).await;
+            if let (Ok(()), Err(e)) = (&first, answer) {
+                if matches!(e, QemuError::Io { .. }) {
+                    return Err(e);
+                }
+                first = Err(e);
+            }
+        }
+        first
     }
 
     async fn answer(&mut self, command: &str) -> Result<Value, QemuError> {
