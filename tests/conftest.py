@@ -573,24 +573,12 @@ def user_env(user: str) -> dict[str, str]:
 
 
 # --- Test hosts (egress) -------------------------------------------------------
-# A network namespace behind a veth pair (scripts/test-host.sh, as the helper's conformance suite uses),
-# serving HTTP on port 8080 at NET.2. On 10.214.N, apart from the Rust suite's 10.213.N hosts that may be
-# up at the same time.
+# A network namespace behind a veth pair (scripts/test-host.sh) serving HTTP on port 8080 at NET.2, with
+# the Rust suites' server (tests/support/test_host_server.py). On 10.214.N, apart from the Rust suites'
+# 10.213.N hosts that may be up at the same time.
 TEST_HOST_PORT = 8080
 TEST_HOST_BODY = "hello from the test host"
-_TEST_HOST_SERVER = f"""
-import http.server, sys
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = {TEST_HOST_BODY!r}.encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-http.server.ThreadingHTTPServer((sys.argv[1], {TEST_HOST_PORT}), H).serve_forever()
-"""
+_TEST_HOST_SERVER = (Path(__file__).resolve().parent / "support" / "test_host_server.py").read_text()
 
 
 @pytest.fixture

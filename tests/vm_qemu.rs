@@ -417,14 +417,22 @@ fn seam_spec(dir: &Path, layers: Vec<PathBuf>, mounts: Vec<BindMount>) -> SeamBo
     }
 }
 
+/// The test image's layers, or None (the caller's test skipped, saying so)
+/// when there is no test image.
 fn test_image_layers() -> Option<Vec<PathBuf>> {
-    let store = std::env::var_os("SANDBOX_MCP_TEST_IMAGE_STORE").map(PathBuf::from)?;
-    let name = std::env::var("SANDBOX_MCP_TEST_IMAGE").unwrap_or_else(|_| "mcp-test".into());
-    let store = sandbox_mcp::image::ImageStore::new(store);
-    let info = store.get(&name).ok()?;
-    let mut layers = vec![store.rootfs(&name)];
-    layers.extend(store.layer_paths(&info.layers));
-    Some(layers)
+    let layers = (|| {
+        let store = std::env::var_os("SANDBOX_MCP_TEST_IMAGE_STORE").map(PathBuf::from)?;
+        let name = std::env::var("SANDBOX_MCP_TEST_IMAGE").unwrap_or_else(|_| "mcp-test".into());
+        let store = sandbox_mcp::image::ImageStore::new(store);
+        let info = store.get(&name).ok()?;
+        let mut layers = vec![store.rootfs(&name)];
+        layers.extend(store.layer_paths(&info.layers));
+        Some(layers)
+    })();
+    if layers.is_none() {
+        eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
+    }
+    layers
 }
 
 /// The vm driver behind the helper's seam: boots to a pinged agent, runs
@@ -433,10 +441,7 @@ fn test_image_layers() -> Option<Vec<PathBuf>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_vm_driver_boots_execs_snapshots_and_reports_a_kill() {
     let Some(assets) = assets() else { return };
-    let Some(layers) = test_image_layers() else {
-        eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
-        return;
-    };
+    let Some(layers) = test_image_layers() else { return };
     let dir = TempDir::new("seam");
     let driver = QemuDriver::with_assets(Ok(assets.clone())).with_warm(dir.0.join("templates"), 0);
     assert_eq!(driver.unavailable_reason(), None);
@@ -596,10 +601,7 @@ async fn assert_own_volume_and_layer(vm: &VmInstance, workspace: &Path, name: &s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restores_from_one_snapshot_are_reseeded_clocked_and_their_own() {
     let Some(assets) = assets() else { return };
-    let Some(layers) = test_image_layers() else {
-        eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
-        return;
-    };
+    let Some(layers) = test_image_layers() else { return };
     let mapper = IdMapper::detect().expect("an id map (host-setup)");
     let dir = TempDir::new("restore");
     let driver = warm_driver(&assets, &dir.0, 0);
@@ -641,10 +643,7 @@ async fn restores_from_one_snapshot_are_reseeded_clocked_and_their_own() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pooled_vm_serves_the_next_boot_and_the_pool_refills() {
     let Some(assets) = assets() else { return };
-    let Some(layers) = test_image_layers() else {
-        eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
-        return;
-    };
+    let Some(layers) = test_image_layers() else { return };
     let mapper = IdMapper::detect().expect("an id map (host-setup)");
     let dir = TempDir::new("pool");
     let driver = warm_driver(&assets, &dir.0, 1);
@@ -700,10 +699,7 @@ fn pooled_qemus() -> Vec<(u32, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_vms_wait_in_limited_cgroups_and_run_in_their_sandboxs() {
     let Some(assets) = assets() else { return };
-    let Some(layers) = test_image_layers() else {
-        eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
-        return;
-    };
+    let Some(layers) = test_image_layers() else { return };
     let layout = match CgroupLayout::detect() {
         Ok(layout) => layout,
         Err(e) => {
@@ -768,10 +764,7 @@ async fn keep_warm_removes_templates_of_another_helper_build() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_or_corrupt_state_file_falls_back_to_a_cold_boot() {
     let Some(assets) = assets() else { return };
-    let Some(layers) = test_image_layers() else {
-        eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
-        return;
-    };
+    let Some(layers) = test_image_layers() else { return };
     let mapper = IdMapper::detect().expect("an id map (host-setup)");
     let dir = TempDir::new("stale");
     let driver = warm_driver(&assets, &dir.0, 0);
@@ -935,10 +928,7 @@ fn refusals(events: &Events) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vm_reaches_the_network_only_as_its_policy_allows_and_survives_hostile_frames() {
     let Some(assets) = assets() else { return };
-    let Some(layers) = test_image_layers() else {
-        eprintln!("SKIP: no test image (SANDBOX_MCP_TEST_IMAGE_STORE)");
-        return;
-    };
+    let Some(layers) = test_image_layers() else { return };
     // As an ordinary user there is no test host (ip netns needs root):
     // names then resolve to a documentation address nothing serves.
     let host = TestHost::up();

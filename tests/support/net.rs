@@ -8,30 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 /// HTTP on 8080 and UDP echo on 8081, on the test host's address.
-pub const TEST_HOST_SERVER: &str = r#"
-import http.server, socket, sys, threading
-addr = sys.argv[1]
-u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-u.bind((addr, 8081))
-def echo():
-    while True:
-        data, peer = u.recvfrom(65536)
-        u.sendto(b"echo:" + data, peer)
-threading.Thread(target=echo, daemon=True).start()
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = b"hello from the test host"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-# Room for every connection a test opens at once: beyond the default
-# backlog of 5, the host's connects would wait for SYN-ACK retransmits.
-http.server.ThreadingHTTPServer.request_queue_size = 1024
-http.server.ThreadingHTTPServer((addr, 8080), H).serve_forever()
-"#;
+pub const TEST_HOST_SERVER: &str = include_str!("test_host_server.py");
 
 /// In the sandbox: `tcp HOST PORT [HOSTHEADER]` GETs / and prints the
 /// status line or the error's name; `udp HOST PORT` sends one datagram on a
