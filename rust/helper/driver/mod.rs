@@ -60,6 +60,10 @@ pub enum DriverError {
     /// The sandbox's init reported a failure (or died) during setup.
     #[error("vm init: {0}")]
     InitFailed(String),
+    /// The namespace driver's launcher exited before it reported PID 1
+    /// (killed, say, while it waited warm for its VM).
+    #[error("vm init: the launcher exited during setup")]
+    LauncherExited,
     /// The agent did not answer its first ping.
     #[error("agent: {0}")]
     Agent(#[from] crate::agent::mux::MuxError),

@@ -369,7 +369,7 @@ async fn handshake(
         } else if let Some(err) = text.strip_prefix("error:") {
             return Err(DriverError::InitFailed(err.to_string()));
         } else if msg.is_empty() {
-            return Err(DriverError::InitFailed("the launcher exited during setup".into()));
+            return Err(DriverError::LauncherExited);
         }
     }
     if let Some((pid1, _)) = &state.pid1 {
@@ -448,9 +448,9 @@ async fn recv_tun(control: &AsyncFd<OwnedFd>) -> Result<OwnedFd, DriverError> {
         let text = String::from_utf8_lossy(&buf[..n]).into_owned();
         return match (text.as_str(), owned.len()) {
             ("tun", 1) => Ok(owned.remove(0)),
+            _ if n == 0 => Err(DriverError::LauncherExited),
             (other, _) => Err(DriverError::InitFailed(match other.strip_prefix("error:") {
                 Some(err) => err.to_string(),
-                None if n == 0 => "the launcher exited during setup".into(),
                 None => format!("expected the tun, got {other:?} with {} fds", owned.len()),
             })),
         };
@@ -462,10 +462,12 @@ async fn expect(control: &AsyncFd<OwnedFd>, want: &[u8]) -> Result<(), DriverErr
     if msg == want {
         return Ok(());
     }
+    if msg.is_empty() {
+        return Err(DriverError::LauncherExited);
+    }
     let text = String::from_utf8_lossy(&msg);
     Err(DriverError::InitFailed(match text.strip_prefix("error:") {
         Some(err) => err.to_string(),
-        None if msg.is_empty() => "the launcher exited during setup".into(),
         None => format!("unexpected message {text:?}"),
     }))
 }

@@ -86,7 +86,17 @@ impl NamespaceDriver {
         };
         let taken = launchers.take().await;
         launchers.refill();
-        launch::launch(taken?, spec).await
+        let (prepared, warm) = taken?;
+        match launch::launch(prepared, spec).await {
+            // Killed while it waited, but not yet gone when taken (a
+            // SIGKILL takes effect when the launcher next runs): the VM
+            // never began, so it begins again in a launcher of its own.
+            Err(DriverError::LauncherExited) if warm => {
+                tracing::warn!("the warm vm launcher died as it was taken; preparing another");
+                launch::launch(launchers.prepare_now().await?, spec).await
+            }
+            r => r,
+        }
     }
 
     /// How many starts found a launcher prepared ahead (warm) and how many

@@ -61,8 +61,8 @@ impl Launchers {
 
     /// The warm launcher if there is a live one (waiting for the one being
     /// prepared, which is never slower than preparing another), else one
-    /// prepared now.
-    pub async fn take(&self) -> Result<Prepared, DriverError> {
+    /// prepared now; `Ok((launcher, true))` for a warm one.
+    pub async fn take(&self) -> Result<(Prepared, bool), DriverError> {
         let warm = {
             let _filled = self.filling.lock().await;
             self.ready().take()
@@ -70,11 +70,16 @@ impl Launchers {
         if let Some(mut p) = warm {
             if !p.is_dead() {
                 self.counts.warm.fetch_add(1, Ordering::Relaxed);
-                return Ok(p);
+                return Ok((p, true));
             }
             tracing::warn!("the warm vm launcher died while waiting; preparing another");
             p.discard().await;
         }
+        Ok((self.prepare_now().await?, false))
+    }
+
+    /// A launcher prepared for this start alone.
+    pub async fn prepare_now(&self) -> Result<Prepared, DriverError> {
         self.counts.cold.fetch_add(1, Ordering::Relaxed);
         self.spawner.prepare().await
     }
