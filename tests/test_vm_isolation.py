@@ -8,6 +8,7 @@ skip, saying which is missing. Each VM boots under TCG here (seconds), so the al
 """
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 import shutil
@@ -210,3 +211,77 @@ def test_a_vm_sandbox_keeps_to_its_disk_limit(front_end, roots):
     assert not err and re.search(r"^Quota:   disk quota exceeded: .+ used of 64 MiB \(writable layer .+, /workspace ", text,
                                  re.M), text
     run(client, "rm -f /workspace/big")
+
+
+@needs_vm
+def test_three_clients_share_one_vm_sandbox(front_end, http_server, roots, env):
+    """Two stdio front-ends and an HTTP session on one vm sandbox at once: each sees the others' writes, every
+    acknowledged env set and file is kept, and a destroy through one is seen by the others as gone, not lost."""
+    (roots / ".sandbox-mcp.toml").write_text(VM_PROJECT)
+    extra = {"SANDBOX_MCP_HOST_ROOTS": str(roots), "SANDBOX_MCP_VM_DIR": str(vm_dir()), "SANDBOX_MCP_VM_POOL": "0"}
+    a, b = front_end(**extra), front_end(**extra)
+    h = http_server(**extra).client()
+    release = (vm_dir() / "kernel.release").read_text().strip()
+    assert run(a, "uname -r").strip() == release
+
+    def work(n_client):
+        n, client = n_client
+        for i in range(4):
+            text, err = client.tool("env", _timeout=VM_CALL_TIMEOUT, action="set", key=f"K{n}_{i}", value=f"v{n}{i}")
+            assert not err, text
+            text, err = client.tool("write_file", _timeout=VM_CALL_TIMEOUT, path=f"/workspace/c{n}_{i}",
+                                    content=f"{n}-{i}\n")
+            assert not err, text
+            assert run(client, f"echo {n}-{i} >> /root/log; uname -r").strip() == release
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        list(pool.map(work, enumerate((a, b, h))))
+    for client in (a, b, h):
+        seen = run(client, "env | grep '^K[0-9]_' | sort; cat /workspace/c* | sort; sort /root/log")
+        expected = sorted(f"K{n}_{i}=v{n}{i}" for n in range(3) for i in range(4))
+        expected += 2 * sorted(f"{n}-{i}" for n in range(3) for i in range(4))
+        assert seen.split() == expected, seen
+    for client in (b, h):
+        table, _ = client.tool("list_all")
+        assert "vm" in table.split("\n")[2].split(), table
+
+    text, err = b.tool("destroy", _timeout=VM_CALL_TIMEOUT, sandbox="default")
+    assert not err, text
+    for client in (a, h):
+        status, _ = client.tool("status")
+        assert "lost" not in status and "isolation:vm" not in status, status
+    assert not qemu_pids(sandbox_key("default", roots))
+
+
+@needs_vm
+def test_a_guest_filling_its_disk_while_snapshots_race_it(front_end, roots, image_store):
+    """The guest fills its 64 MiB writable disk over and over while snapshots are taken: each snapshot is
+    saved whole or refused with a message that says to retry, nothing half-written stays in the image store,
+    the sandbox answers afterwards, and a saved snapshot restores."""
+    (roots / ".sandbox-mcp.toml").write_text(VM_PROJECT + 'disk = "64M"\n')
+    client = vm_server(front_end, roots, SANDBOX_MCP_VM_POOL="0", SANDBOX_MCP_IMAGE_STORE=image_store)
+    assert run(client, "echo up") == "up\n"
+    filler = ("i=0; while :; do i=$((i+1)); head -c 80M /dev/urandom > /var/fill.$i 2>/dev/null; "
+              "sync; rm -f /var/fill.*; done")
+    text, err = client.tool("bg", _timeout=VM_CALL_TIMEOUT, command=filler, name="filler")
+    assert not err, text
+    saved, refused = [], []
+    for n in range(4):
+        text, err = client.tool("snapshot", _timeout=VM_CALL_TIMEOUT, snapshot_name=f"race{n}")
+        if err:
+            # The one refusal a racing guest may cause, in words an agent can act on.
+            assert "changed while being copied" in text and "retry" in text, text
+            refused.append(text)
+        else:
+            assert text.startswith(f"Snapshot 'race{n}' saved"), text
+            saved.append(f"race{n}")
+    text, err = client.tool("kill", _timeout=VM_CALL_TIMEOUT, name="filler")
+    assert not err, text
+    assert run(client, "rm -f /var/fill.*; echo still-up") == "still-up\n"
+    layers = Path(image_store) / "layers"
+    assert not [p.name for p in layers.iterdir() if p.name.startswith(".tmp-")], list(layers.iterdir())
+    if saved:
+        text, err = client.tool("restore", _timeout=VM_CALL_TIMEOUT, snapshot_name=saved[-1], sandbox="back")
+        assert not err, text
+        assert run(client, "df -k / >/dev/null && echo restored", sandbox="back") == "restored\n"
+    print(f"saved {saved}, refused {len(refused)}")

@@ -4,7 +4,7 @@
 //! the agent's `Fail` frames become [`HelperError::Guest`].
 use super::agent_link::{AgentLink, agent_error};
 use super::error::HelperError;
-use crate::agent::mux::{StreamReceiver, StreamSender};
+use crate::agent::mux::{Mux, MuxError, Stream, StreamReceiver, StreamSender};
 use crate::agent::protocol::{BackgroundReply, BackgroundRequest, ExitStatus, FailKind, Frame, GuestStats, StartSpec};
 
 fn unexpected(what: &str, frame: Option<Frame>) -> HelperError {
@@ -122,23 +122,69 @@ pub async fn background(link: &AgentLink, req: BackgroundRequest) -> Result<(Bac
     Ok((reply, output))
 }
 
+/// What a process the helper ran in the guest left when it exited.
+#[derive(Debug)]
+pub struct Finished {
+    /// How it ended.
+    pub status: ExitStatus,
+    /// Its standard output.
+    pub stdout: Vec<u8>,
+    /// Its standard error.
+    pub stderr: Vec<u8>,
+}
+
+/// Why a process's stream ended without its exit status.
+#[derive(Debug, thiserror::Error)]
+pub enum Unfinished {
+    /// The agent connection failed.
+    #[error(transparent)]
+    Stream(#[from] MuxError),
+    /// The agent answered something else (a `Fail`, or ended the stream).
+    #[error("expected the process's output or exit, got {0:?}")]
+    Unexpected(Option<Frame>),
+}
+
+/// Reads a started process's stream (`Frame::Start` sent) to its exit,
+/// collecting its output: the one loop behind every short command the
+/// helper runs in a guest.
+pub async fn finish(s: &mut Stream) -> Result<Finished, Unfinished> {
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    loop {
+        match s.next().await? {
+            Some(Frame::Stdout(b)) => stdout.extend(b),
+            Some(Frame::Stderr(b)) => stderr.extend(b),
+            Some(Frame::Started(_) | Frame::Credit(_)) => {}
+            Some(Frame::Exited(status)) => return Ok(Finished { status, stdout, stderr }),
+            other => return Err(Unfinished::Unexpected(other)),
+        }
+    }
+}
+
+/// Runs `argv` in the guest as root through `mux` and returns its stdout;
+/// an exit other than 0 is an error carrying the status and stderr.
+pub async fn output(mux: &Mux, argv: Vec<String>) -> Result<Vec<u8>, String> {
+    let mut s = mux.open(Frame::Start(StartSpec::plain(argv))).map_err(|e| e.to_string())?;
+    match finish(&mut s).await {
+        Ok(Finished { status: ExitStatus::Code(0), stdout, .. }) => Ok(stdout),
+        Ok(f) => Err(format!("{:?}: {}", f.status, String::from_utf8_lossy(&f.stderr).trim())),
+        Err(Unfinished::Unexpected(Some(Frame::Fail { message, .. }))) => Err(message),
+        Err(Unfinished::Unexpected(Some(Frame::Error(e)))) => Err(e),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// Runs `argv` in the guest as root, output discarded, until it exits;
 /// an exit other than 0 is an error naming the status.
 pub async fn run(link: &AgentLink, argv: Vec<String>) -> Result<(), HelperError> {
     let what = argv.join(" ");
     let mut s = link.open(Frame::Start(StartSpec::plain(argv))).await?;
-    loop {
-        match s.next().await.map_err(|e| link.error(e))? {
-            Some(Frame::Exited(ExitStatus::Code(0))) => return Ok(()),
-            Some(Frame::Exited(status)) => {
-                return Err(HelperError::io(
-                    format!("run {what} in the guest"),
-                    std::io::Error::other(format!("{status:?}")),
-                ));
-            }
-            Some(Frame::Started(_) | Frame::Stdout(_) | Frame::Stderr(_)) => {}
-            other => return Err(unexpected("the process's output or exit", other)),
+    match finish(&mut s).await {
+        Ok(Finished { status: ExitStatus::Code(0), .. }) => Ok(()),
+        Ok(f) => {
+            Err(HelperError::io(format!("run {what} in the guest"), std::io::Error::other(format!("{:?}", f.status))))
         }
+        Err(Unfinished::Stream(e)) => Err(link.error(e)),
+        Err(Unfinished::Unexpected(other)) => Err(unexpected("the process's output or exit", other)),
     }
 }
 

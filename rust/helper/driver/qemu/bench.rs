@@ -160,13 +160,8 @@ async fn pong(stream: tokio::net::UnixStream) -> Result<Mux, QemuError> {
 async fn echo_hi(agent: &Mux) -> Result<(), QemuError> {
     let argv = ["sh", "-c", "echo hi"].map(String::from).to_vec();
     let mut s = agent.open(Frame::Start(StartSpec::plain(argv))).map_err(|e| failed("exec in the guest", e))?;
-    let mut out = Vec::new();
-    loop {
-        match tokio::time::timeout(Duration::from_secs(60), s.next()).await {
-            Ok(Ok(Some(Frame::Stdout(b)))) => out.extend(b),
-            Ok(Ok(Some(Frame::Started(_) | Frame::Stderr(_) | Frame::Credit(_)))) => {}
-            Ok(Ok(Some(Frame::Exited(ExitStatus::Code(0))))) if out == b"hi\n" => return Ok(()),
-            other => return Err(failed("exec sh -c 'echo hi' in the guest", format!("{other:?} (stdout {out:?})"))),
-        }
+    match tokio::time::timeout(Duration::from_secs(60), crate::helper::guest::finish(&mut s)).await {
+        Ok(Ok(f)) if f.status == ExitStatus::Code(0) && f.stdout == b"hi\n" => Ok(()),
+        other => Err(failed("exec sh -c 'echo hi' in the guest", format!("{other:?}"))),
     }
 }

@@ -59,32 +59,12 @@ pub fn layer_disk(layer: &Path, cache: &Path, mapper: &IdMapper) -> Result<PathB
 kib=$(du -skD --apparent-size "$1" | cut -f1)
 entries=$(find -H "$1" -xdev | wc -l)
 exec mke2fs -q -F -t ext4 -O ^has_journal -m 0 -E root_owner=0:0 -N $((entries + entries / 4 + 1024)) -d "$1" "$2" "$((kib + kib / 4 + 65536))k""#;
-    let opened = std::fs::File::open(layer).and_then(|dir| {
-        let disk = std::fs::OpenOptions::new().read(true).write(true).open(&tmp)?;
-        Ok((dir, disk))
-    });
-    let out = match opened {
-        Ok((dir, disk)) => {
-            let mut cmd = Command::new("sh");
-            cmd.args(["-c", script, "mke2fs-layer"]);
-            let out = run_mapped_with(mapper, cmd, &[&dir, &disk]).map_err(|e| failed(e.to_string()));
-            drop((dir, disk));
-            out
-        }
-        Err(e) => Err(failed(format!("open the layer and the disk: {e}"))),
-    };
-    let out = match out {
-        Ok(o) if o.status.success() => o,
-        Ok(o) => {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(failed(format!("{}: {}", o.status, String::from_utf8_lossy(&o.stderr).trim())));
-        }
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-    };
-    drop(out);
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", script, "mke2fs-layer"]);
+    if let Err(detail) = mke2fs_mapped(mapper, cmd, layer, &tmp) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(failed(detail));
+    }
     // Which layer it holds, so the template collector can tell a disk whose
     // image is gone (a layer made again gets a disk of another name).
     std::fs::write(source_file(&disk), layer.as_os_str().as_bytes())
@@ -160,37 +140,39 @@ pub fn upper_disk_from(path: &Path, size_bytes: u64, vm_dir: &Path, mapper: &IdM
         }
     }
     // The namespace's root may not pass through the helper's state dir
-    // (0700): mke2fs gets both by open fds, which it reopens through
-    // /proc/self/fd by the files' own permissions.
-    let opened = std::fs::File::open(&root).and_then(|dir| {
-        let disk = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
-        Ok((dir, disk))
-    });
-    let out = match opened {
-        Ok((dir, disk)) => {
-            let mut cmd = Command::new("mke2fs");
-            cmd.args(["-q", "-F", "-t", "ext4", "-m", "0", "-E"])
-                .arg("root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1")
-                .arg("-d");
-            let out = run_mapped_with(mapper, cmd, &[&dir, &disk]);
-            drop((dir, disk));
-            out
-        }
-        Err(e) => Err(crate::helper::driver::DriverError::io(format!("open {}", root.display()), e)),
-    };
+    // (0700): mke2fs gets both by open fds (see mke2fs_mapped).
+    let mut cmd = Command::new("mke2fs");
+    cmd.args(["-q", "-F", "-t", "ext4", "-m", "0", "-E"])
+        .arg("root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1")
+        .arg("-d");
+    let out = mke2fs_mapped(mapper, cmd, &root, path);
     for sub in moved {
         let _ = std::fs::rename(root.join(sub), vm_dir.join(sub));
     }
     let _ = std::fs::remove_dir(&root);
-    let result = match out {
-        Ok(o) if o.status.success() => Ok(()),
-        Ok(o) => Err(failed(format!("{}: {}", o.status, String::from_utf8_lossy(&o.stderr).trim()))),
-        Err(e) => Err(failed(e.to_string())),
-    };
+    let result = out.map_err(failed);
     if result.is_err() {
         let _ = std::fs::remove_file(path);
     }
     result
+}
+
+/// Runs `cmd` (an mke2fs filling `disk` from the dir `src`) under `mapper`
+/// with both open in it, appended to its arguments as `/proc/self/fd/N`;
+/// the error is what went wrong, for the caller's disk error.
+fn mke2fs_mapped(mapper: &IdMapper, cmd: Command, src: &Path, disk: &Path) -> Result<(), String> {
+    let dir = std::fs::File::open(src).map_err(|e| format!("open {}: {e}", src.display()))?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(disk)
+        .map_err(|e| format!("open {}: {e}", disk.display()))?;
+    let out = run_mapped_with(mapper, cmd, &[&dir, &file]).map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()))
+    }
 }
 
 /// Runs `cmd` under `mapper` with `files` open in it, appended to its

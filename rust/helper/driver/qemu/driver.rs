@@ -25,7 +25,7 @@ use super::share::Share;
 use super::virtiofsd::VIRTIOFSD;
 use super::{Accel, QemuError, disks, probe, snapshot};
 use crate::agent::mux::Mux;
-use crate::agent::protocol::{ExitStatus, Frame, StartSpec};
+use crate::agent::protocol::Frame;
 use crate::helper::agent_link::Dialer;
 use crate::helper::driver::cgroup::{CgroupLayout, VmCgroup};
 use crate::helper::driver::userns::IdMapper;
@@ -371,10 +371,10 @@ impl Driver for QemuDriver {
         // helper build, a deleted image); shapes booted before have
         // templates: their pools fill now; others get theirs after their
         // first boot.
+        // (Without assets no vm boots: nothing to keep warm.)
         if let Ok(assets) = &self.assets {
-            self.warm.collect(assets);
+            self.warm.keep_warm(assets);
         }
-        self.warm.warm_saved();
     }
 
     async fn release(&self) {
@@ -426,29 +426,7 @@ impl VmInstance {
     /// Runs argv in the guest and returns its stdout; a nonzero exit is an
     /// error carrying stderr.
     async fn output(&self, argv: Vec<String>) -> Result<Vec<u8>, String> {
-        guest_output(&self.mux, argv).await
-    }
-}
-
-/// Runs argv in the guest through `mux` and returns its stdout; a nonzero
-/// exit is an error carrying stderr.
-async fn guest_output(mux: &Mux, argv: Vec<String>) -> Result<Vec<u8>, String> {
-    let spec = StartSpec::plain(argv);
-    let mut s = mux.open(Frame::Start(spec)).map_err(|e| e.to_string())?;
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    loop {
-        match s.next().await.map_err(|e| e.to_string())? {
-            Some(Frame::Stdout(b)) => out.extend(b),
-            Some(Frame::Stderr(b)) => err.extend(b),
-            Some(Frame::Exited(ExitStatus::Code(0))) => return Ok(out),
-            Some(Frame::Exited(status)) => {
-                return Err(format!("{status:?}: {}", String::from_utf8_lossy(&err).trim()));
-            }
-            Some(Frame::Error(e)) => return Err(e),
-            Some(Frame::Fail { message, .. }) => return Err(message),
-            Some(_) => {}
-            None => return Err("the agent ended the stream".into()),
-        }
+        crate::helper::guest::output(&self.mux, argv).await
     }
 }
 
@@ -477,7 +455,7 @@ impl Instance for VmInstance {
         // caller's grace period bounds the whole.
         let (qmp, mux) = (self.qmp.clone(), self.mux.clone());
         tokio::spawn(async move {
-            if let Err(e) = guest_output(&mux, vec!["sync".into()]).await {
+            if let Err(e) = crate::helper::guest::output(&mux, vec!["sync".into()]).await {
                 tracing::warn!(error = %e, "the vm's writable disk was not synced before its stop");
             }
             if let Ok(mut q) = super::qmp::Qmp::connect(&qmp, Duration::from_secs(5)).await {

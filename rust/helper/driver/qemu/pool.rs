@@ -115,19 +115,14 @@ impl Warm {
     }
 
     /// Removes the templates vms of `assets` cannot use
-    /// ([`Template::collect`]).
-    pub fn collect(&self, assets: &super::assets::Assets) -> Vec<PathBuf> {
-        Template::collect(&self.templates, &assets.kernel, &assets.initramfs)
-    }
-
-    /// In the background: fills the pool of every shape with a current
-    /// template (the helper starts).
-    pub fn warm_saved(self: &Arc<Self>) {
-        if self.size == 0 {
-            return;
-        }
-        for shape in Template::saved_shapes(&self.templates) {
-            self.warm_up(shape);
+    /// ([`Template::collect`]), then, in the background, fills the pool of
+    /// every shape with a current template (the helper starts).
+    pub fn keep_warm(self: &Arc<Self>, assets: &super::assets::Assets) {
+        let swept = Template::collect(&self.templates, &assets.kernel, &assets.initramfs);
+        if self.size > 0 {
+            for shape in swept.current {
+                self.warm_up(shape);
+            }
         }
     }
 

@@ -65,19 +65,9 @@ impl Template {
     }
 
     /// The shape itself, so a helper that starts can fill its pool
-    /// ([`Template::saved_shapes`]).
+    /// ([`Template::collect`]'s `current`).
     fn shape_file(&self) -> PathBuf {
         self.dir.join("shape.json")
-    }
-
-    /// The shapes with a current template under `root`.
-    pub fn saved_shapes(root: &Path) -> Vec<Shape> {
-        let Ok(dirs) = std::fs::read_dir(root) else { return Vec::new() };
-        dirs.flatten()
-            .filter_map(|d| std::fs::read(d.path().join("shape.json")).ok())
-            .filter_map(|json| serde_json::from_slice::<Shape>(&json).ok())
-            .filter(|shape| Template::of(root, shape).current().is_some())
-            .collect()
     }
 
     /// The file naming the shape the state was saved for.
@@ -114,22 +104,28 @@ impl Template {
     /// changed) and the leftovers of an interrupted build. Never one in
     /// use: a build holds its `lock` file and a restore its state file
     /// ([`Instance::start`]) locked, and a template either is locked is
-    /// left. Returns the directories removed.
-    pub fn collect(root: &Path, kernel: &Path, initramfs: &Path) -> Vec<PathBuf> {
-        let Ok(dirs) = std::fs::read_dir(root) else { return Vec::new() };
-        let mut removed = Vec::new();
+    /// left. Says what it removed and the shapes whose templates are
+    /// current, whose pools a starting helper fills.
+    pub fn collect(root: &Path, kernel: &Path, initramfs: &Path) -> Swept {
+        let mut swept = Swept::default();
+        let Ok(dirs) = std::fs::read_dir(root) else { return swept };
         for dir in dirs.flatten().map(|d| d.path()).filter(|d| d.is_dir()) {
-            let Some(_held) = unused(&dir) else { continue };
-            let Some(why) = stale(root, &dir, kernel, initramfs) else { continue };
-            match std::fs::remove_dir_all(&dir) {
-                Ok(()) => {
-                    tracing::info!(template = %dir.display(), %why, "stale vm template removed");
-                    removed.push(dir);
-                }
-                Err(e) => tracing::warn!(template = %dir.display(), error = %e, "stale vm template not removed"),
+            // Locked first, judged after: a build that ends in between
+            // cannot make a removed template current.
+            let held = unused(&dir);
+            match (verdict(root, &dir, kernel, initramfs), held) {
+                (Ok(shape), _) => swept.current.push(shape),
+                (Err(_), None) => {}
+                (Err(why), Some(_held)) => match std::fs::remove_dir_all(&dir) {
+                    Ok(()) => {
+                        tracing::info!(template = %dir.display(), %why, "stale vm template removed");
+                        swept.removed.push(dir);
+                    }
+                    Err(e) => tracing::warn!(template = %dir.display(), error = %e, "stale vm template not removed"),
+                },
             }
         }
-        removed
+        swept
     }
 
     /// Removes the state (it failed to load).
@@ -187,25 +183,37 @@ fn unused(dir: &Path) -> Option<Vec<Flock<std::fs::File>>> {
     Some(held)
 }
 
-/// Why the template in `dir` (under `root`) cannot serve vms of `kernel`
-/// and `initramfs`, if it cannot.
-fn stale(root: &Path, dir: &Path, kernel: &Path, initramfs: &Path) -> Option<String> {
+/// What [`Template::collect`] did.
+#[derive(Debug, Default)]
+pub struct Swept {
+    /// The template directories removed.
+    pub removed: Vec<PathBuf>,
+    /// The shapes whose templates are current.
+    pub current: Vec<Shape>,
+}
+
+/// The shape of the template in `dir` (under `root`) if it can serve vms
+/// of `kernel` and `initramfs`, else why it cannot.
+fn verdict(root: &Path, dir: &Path, kernel: &Path, initramfs: &Path) -> Result<Shape, String> {
     let Some(shape) =
         std::fs::read(dir.join("shape.json")).ok().and_then(|json| serde_json::from_slice::<Shape>(&json).ok())
     else {
-        return Some("no shape saved (an interrupted build)".into());
+        return Err("no shape saved (an interrupted build)".into());
     };
     if shape.kernel != kernel || shape.initramfs != initramfs {
-        return Some(format!("made for {} and {}", shape.kernel.display(), shape.initramfs.display()));
+        return Err(format!("made for {} and {}", shape.kernel.display(), shape.initramfs.display()));
     }
     if let Some(layer) = shape.layers.iter().find(|l| disks::source_gone(l)) {
-        return Some(format!("the image of {} is gone", layer.display()));
+        return Err(format!("the image of {} is gone", layer.display()));
     }
     let template = Template::of(root, &shape);
     if template.dir != dir {
-        return Some("not where its shape's template goes".into());
+        return Err("not where its shape's template goes".into());
     }
-    template.current().is_none().then(|| template.why_not())
+    match template.current() {
+        Some(_) => Ok(shape),
+        None => Err(template.why_not()),
+    }
 }
 
 #[cfg(test)]
@@ -278,7 +286,8 @@ mod tests {
         let lock = std::fs::File::create(building.join("lock")).unwrap();
         let _build = Flock::lock(lock, FlockArg::LockExclusive).unwrap();
 
-        let mut removed = Template::collect(&root, &dir.join("vmlinux"), &dir.join("initramfs-new.cpio.gz"));
+        let swept = Template::collect(&root, &dir.join("vmlinux"), &dir.join("initramfs-new.cpio.gz"));
+        let mut removed = swept.removed;
         removed.sort();
         let mut expected = vec![old_build, deleted_image, changed, interrupted];
         expected.sort();
@@ -286,5 +295,7 @@ mod tests {
         for kept in [&current, &restoring, &building] {
             assert!(kept.is_dir(), "{} was removed", kept.display());
         }
+        // The one a starting helper's pool fills from.
+        assert_eq!(swept.current, vec![shape("initramfs-new.cpio.gz", &kept_layer, 1)]);
     }
 }
