@@ -1,7 +1,8 @@
 //! `sandbox-vm-helper`: the Linux VM helper. `serve` runs the gRPC service in
 //! the foreground (the orchestrator daemonizes it); `agent` is the in-guest
 //! agent's standalone entry (a VM's init starts it); `__vm-init` and
-//! `__copy-layer` are internal: the helper re-executes itself with them to
+//! `__copy-layer` are internal (and `guest-init`, `__archive-layer` run in a
+//! `vm` guest): the helper re-executes itself with them to
 //! launch each VM and, when not root, to copy a VM's layer as the VM's root.
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,6 +43,11 @@ enum Command {
     /// from the initramfs scripts/vm-initramfs.sh builds).
     #[command(name = "guest-init", hide = true)]
     GuestInit,
+    /// Write a `vm` guest's writable layer to stdout as a tar archive, its
+    /// filesystem frozen meanwhile (internal; the helper runs it in the
+    /// guest for a snapshot).
+    #[command(name = "__archive-layer", hide = true)]
+    ArchiveLayer,
     /// Measure the vm driver's create paths (cold, from the memory
     /// snapshot, from the warm pool) and idle memory on an image; prints
     /// the samples as JSON (bench/bench.py reads them).
@@ -79,6 +85,7 @@ fn main() -> ExitCode {
             eprintln!("guest-init: {e}");
             sandbox_mcp::guest::agent::power_off()
         }
+        Command::ArchiveLayer => ExitCode::from(u8::try_from(sandbox_mcp::guest::layer_archive::run()).unwrap_or(2)),
         Command::Agent { listen } => {
             let e = sandbox_mcp::agent::serve(listen);
             eprintln!("sandbox-vm-helper agent: {e}");

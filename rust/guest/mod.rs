@@ -11,6 +11,7 @@
 //! - [`agent`]: starts the agent on the virtio-serial port, reaps orphans and
 //!   powers the VM off when the agent ends.
 //!
+//! - [`layer_archive`]: a snapshot's archive of the writable layer, frozen.
 //! - [`handshake`]: waits for the host's "go" (hostname, clock, RNG seed)
 //!   before anything sandbox-specific, the point a memory snapshot is taken.
 //!
@@ -21,6 +22,7 @@
 pub mod agent;
 pub mod containers;
 pub mod handshake;
+pub mod layer_archive;
 pub mod modules;
 pub mod network;
 pub mod rootfs;

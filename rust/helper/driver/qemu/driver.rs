@@ -486,12 +486,14 @@ impl Instance for VmInstance {
         let tar = tokio::runtime::Handle::current()
             .block_on(async {
                 self.output(vec!["sync".into()]).await?;
-                self.output(snapshot::archive_argv()).await
+                self.output(crate::guest::layer_archive::argv()).await
             })
             .map_err(|detail| {
-                // GNU tar's words for a file the guest changed mid-copy: the
-                // same answer as the namespace driver's copy gives.
-                if detail.contains("as we read it") {
+                // GNU tar's words for a file the guest changed mid-copy (the
+                // layer is frozen while it is read, so only a guest that
+                // thawed it itself gets there): the same answer as the
+                // namespace driver's copy gives.
+                if detail.contains(crate::guest::layer_archive::CHANGED) {
                     failed("the writable layer changed while being copied (the sandbox modified it); retry".into())
                 } else {
                     failed(detail)

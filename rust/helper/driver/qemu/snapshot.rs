@@ -1,10 +1,10 @@
 //! A vm's writable layer as a layer of the image store. The guest's
 //! overlay uses `userxattr`, so its upper dir (shown read-only at
-//! [`LAYER_VIEW`]) already has the store's format: whiteouts are 0/0
+//! [`crate::guest::LAYER_VIEW`]) already has the store's format: whiteouts are 0/0
 //! character devices and opaque directories carry `user.overlay.opaque`.
-//! The guest archives it with GNU tar (extended attributes included, which
-//! the agent's own copy-out does not carry), the helper receives the
-//! archive like any Exec's stdout, and [`unpack_layer`] extracts it as root
+//! The guest archives it with GNU tar, its filesystem frozen
+//! ([`crate::guest::layer_archive`]), the helper receives the archive like
+//! any Exec's stdout, and [`unpack_layer`] extracts it as root
 //! of a user namespace with the helper's id map, so every file gets the
 //! host ids the sandbox maps, as the namespace driver's layers have.
 use std::path::Path;
@@ -12,20 +12,9 @@ use std::process::Command;
 
 use super::QemuError;
 use super::disks::run_mapped_with;
-use crate::guest::LAYER_VIEW;
 use crate::helper::driver::userns::IdMapper;
 
-/// What the guest runs to write its writable layer to stdout as a tar
-/// archive (Debian images have GNU tar). The caller syncs and quiesces the
-/// guest's processes first, as the namespace driver freezes its VM.
-pub fn archive_argv() -> Vec<String> {
-    ["tar", "--xattrs", "--xattrs-include=*", "--numeric-owner", "-C", LAYER_VIEW, "-cf", "-", "."]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
-}
-
-/// Extracts `archive` (from [`archive_argv`]) into the new directory
+/// Extracts `archive` (from [`crate::guest::layer_archive`]) into the new directory
 /// `dest`, which must not exist.
 pub fn unpack_layer(archive: &Path, dest: &Path, mapper: &IdMapper) -> Result<(), QemuError> {
     let failed = |detail: String| QemuError::Disk { what: format!("layer {}", dest.display()), detail };
