@@ -367,7 +367,7 @@ async fn the_writable_layer_becomes_a_store_layer() {
     let change = "echo added > /etc/added && rm /etc/hostname && rm -r /usr/share/doc && mkdir /usr/share/doc \
         && echo new > /usr/share/doc/new && sync";
     assert_eq!(exec(&b.agent, &["sh", "-c", change]).await.0, 0);
-    let argv = snapshot::archive_argv();
+    let argv = sandbox_mcp::guest::layer_archive::argv();
     let (code, tar) = exec_bytes(&b.agent, &argv.iter().map(String::as_str).collect::<Vec<_>>()).await;
     assert_eq!(code, 0);
     b.vm.kill().await;
