@@ -116,7 +116,7 @@ fn images_table(images: &[ImageSummary]) -> String {
 #[tool_router(router = images_router, vis = "pub(super)")]
 impl SandboxServer {
     #[tool(
-        description = "Save a sandbox's root filesystem (installed packages, files outside /workspace, env) as a named snapshot. Incremental: only what changed since its image is stored. /workspace is never part of a snapshot.",
+        description = "Save a sandbox's root filesystem (installed packages, files outside /workspace, env) as a named snapshot. Incremental: only what changed since its image is stored. /workspace is never part of a snapshot, nor, on a vm sandbox, Docker's images and containers.",
         annotations(destructive_hint = false, idempotent_hint = false, open_world_hint = false)
     )]
     async fn snapshot(&self, Parameters(p): Parameters<SnapshotParams>) -> Result<CallToolResult, rmcp::ErrorData> {
