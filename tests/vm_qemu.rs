@@ -286,8 +286,7 @@ async fn boot_test_image(tag: &str, assets: &Assets, mapper: &IdMapper) -> Optio
     let workspace = workspace_dir(&dir.0, mapper);
     let accel = tcg();
     let spec = boot_spec(tag, &dir.0, assets, &accel, mapper, (layers, upper), Some(workspace.clone()));
-    let (vm, transport) = Instance::boot(spec).await.expect("boot");
-    let agent = Mux::open_side(transport);
+    let (vm, agent) = Instance::boot(spec).await.expect("boot");
     Some(Booted { dir, vm, agent, workspace })
 }
 
@@ -504,8 +503,7 @@ async fn dockerd_in_the_guest_builds_and_runs_a_scratch_image() {
         memory_mib: 1024,
         ..boot_spec("docker", &dir.0, &assets, &accel, &mapper, (layers, upper), Some(workspace))
     };
-    let (mut vm, transport) = Instance::boot(spec).await.expect("boot");
-    let agent = Mux::open_side(transport);
+    let (mut vm, agent) = Instance::boot(spec).await.expect("boot");
     ping(&agent).await;
     let sh = |script: &str| ["sh".to_string(), "-c".into(), format!("exec 2>&1; {script}")];
     let run = |script: &str| {

@@ -1,11 +1,13 @@
-//! Starts the agent on the virtio-serial port and stays PID 1: reaps every
+//! Starts the agent on the virtio-serial port (before the "go"; it enters
+//! the sandbox's root once init made it) and stays PID 1: reaps every
 //! orphan (the agent's spawned processes' children end up here) and powers
 //! the VM off once the agent is gone, so qemu exits and the host sees it.
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
-use nix::unistd::{ForkResult, Pid, fork};
+use nix::fcntl::OFlag;
+use nix::unistd::{ForkResult, Pid, fork, pipe2};
 
 use super::{AGENT_PORT, GuestError};
 
@@ -48,8 +50,23 @@ pub fn answer_probe() -> Result<(), GuestError> {
     Ok(())
 }
 
-/// Forks the agent, then reaps until it exits and powers off. Returns only
-/// if the agent could not be started.
+/// The agent, forked before the "go" (see [`start`]).
+pub struct Agent {
+    pid: Pid,
+    /// One byte asks the agent to enter init's root.
+    enter: std::os::fd::OwnedFd,
+    /// Its answer: `ENTERED`, or the reason it could not.
+    entered: std::fs::File,
+}
+
+/// What the agent answers once it runs in init's root.
+const ENTERED: &[u8] = b"ok";
+
+/// Forks the agent, serving the agent port at once, before the "go": a
+/// memory snapshot then holds it started (its runtime made, the port open),
+/// and a pool vm has it answering, so a hand-out does not wait for its
+/// start. Until [`Agent::enter_root`] it runs in the initramfs, where the
+/// host only pings it.
 ///
 /// The agent is this very binary's `agent` role, entered in the forked
 /// child itself rather than exec'd: the child already has the binary and
@@ -57,16 +74,19 @@ pub fn answer_probe() -> Result<(), GuestError> {
 /// binary through the loader costs more than the rest of a restore's
 /// hand-out), and it runs with the initramfs's libraries whatever libc the
 /// image has, as the exec'd agent did.
-pub fn serve() -> Result<std::convert::Infallible, GuestError> {
+pub fn start() -> Result<Agent, GuestError> {
     if let Err(e) = crate::helper::driver::network::loopback_up() {
         eprintln!("guest-init: {e}");
     }
     let port = port(AGENT_PORT)?;
+    let (enter_r, enter_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| GuestError::sys("pipe", e))?;
+    let (entered_r, entered_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| GuestError::sys("pipe", e))?;
     // SAFETY: the process is single-threaded here (PID 1 before any
     // thread), so the child may change its environment and start a
     // runtime.
-    let agent = match unsafe { fork() }.map_err(|e| GuestError::sys("fork the agent", e))? {
+    match unsafe { fork() }.map_err(|e| GuestError::sys("fork the agent", e))? {
         ForkResult::Child => {
+            drop((enter_w, entered_r));
             let inherited: Vec<_> = std::env::vars_os().map(|(k, _)| k).collect();
             // SAFETY: single-threaded (see above).
             unsafe {
@@ -76,14 +96,57 @@ pub fn serve() -> Result<std::convert::Infallible, GuestError> {
                 std::env::set_var("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
                 std::env::set_var("HOME", "/root");
             }
+            std::thread::spawn(move || await_root(enter_r, entered_w));
             let e = crate::agent::serve(crate::agent::listen::Address::Serial(port));
             eprintln!("guest-init: the agent: {e}");
             std::process::exit(1);
         }
-        ForkResult::Parent { child } => child,
+        ForkResult::Parent { child } => {
+            Ok(Agent { pid: child, enter: enter_w, entered: std::fs::File::from(entered_r) })
+        }
+    }
+}
+
+/// In the agent: waits for init's word, then moves the whole process (every
+/// thread shares its root) into init's root, the sandbox's, through
+/// `/proc/1/root`: the initramfs's /proc stays mounted under the agent's old
+/// root, which the new root was only mounted over.
+fn await_root(enter: std::os::fd::OwnedFd, entered: std::os::fd::OwnedFd) {
+    let mut byte = [0u8; 1];
+    let mut entered = std::fs::File::from(entered);
+    use std::io::Write as _;
+    let answer = match nix::unistd::read(&enter, &mut byte) {
+        Ok(1) => nix::unistd::chroot("/proc/1/root")
+            .and_then(|()| nix::unistd::chdir("/"))
+            .map(|()| ENTERED.to_vec())
+            .unwrap_or_else(|e| format!("enter the sandbox's root: {e}").into_bytes()),
+        // Init is gone (the vm powers off): nothing to enter.
+        _ => return,
     };
-    reap(agent);
-    power_off()
+    let _ = entered.write_all(&answer);
+}
+
+impl Agent {
+    /// Has the agent enter init's root (the sandbox's, which
+    /// [`super::rootfs::assemble`] made), and waits until it has.
+    pub fn enter_root(&mut self) -> Result<(), GuestError> {
+        use std::io::Read as _;
+        nix::unistd::write(&self.enter, b"e").map_err(|e| GuestError::sys("tell the agent its root", e))?;
+        let mut answer = Vec::new();
+        let _ = (&mut self.entered).take(4096).read_to_end(&mut answer);
+        match answer.as_slice() {
+            ENTERED => Ok(()),
+            [] => Err(GuestError::Missing("the agent (it exited before entering the sandbox's root)".into())),
+            why => Err(GuestError::Config(String::from_utf8_lossy(why).into_owned())),
+        }
+    }
+
+    /// Reaps until the agent exits, then powers off.
+    pub fn supervise(self) -> ! {
+        drop((self.enter, self.entered));
+        reap(self.pid);
+        power_off()
+    }
 }
 
 fn reap(agent: Pid) {

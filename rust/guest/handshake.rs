@@ -20,6 +20,9 @@ use super::GuestError;
 pub const CONTROL_PORT: &str = "smcp-control";
 /// What guest init writes once it waits for [`Go`].
 pub const READY: &str = "smcp-ready\n";
+/// What guest init writes once the sandbox's root is assembled and the
+/// agent (started before the "go") has entered it.
+pub const ROOTED: &str = "smcp-rooted\n";
 /// How many seed bytes a [`Go`] carries (the kernel's CRNG key size).
 pub const SEED_BYTES: usize = 32;
 
@@ -89,9 +92,10 @@ impl Go {
     }
 }
 
-/// Says [`READY`] on the control port and waits for the host's [`Go`].
-/// The port stays closed afterwards: the agent has a port of its own.
-pub fn wait_for_go() -> Result<Go, GuestError> {
+/// Says [`READY`] on the control port and waits for the host's [`Go`];
+/// returns it with the port, on which [`say_rooted`] follows (the port is
+/// closed after that: the agent has a port of its own).
+pub fn wait_for_go() -> Result<(Go, std::fs::File), GuestError> {
     let port = super::agent::port(CONTROL_PORT)?;
     let mut f = std::fs::OpenOptions::new()
         .read(true)
@@ -113,7 +117,13 @@ pub fn wait_for_go() -> Result<Go, GuestError> {
             return Err(GuestError::Config("go line longer than 4096 bytes".into()));
         }
     }
-    Go::parse(&String::from_utf8_lossy(&line))
+    Ok((Go::parse(&String::from_utf8_lossy(&line))?, f))
+}
+
+/// Says [`ROOTED`] on the control port: the sandbox's root is assembled
+/// and the agent runs in it, so the host's requests may come.
+pub fn say_rooted(control: &mut std::fs::File) -> Result<(), GuestError> {
+    control.write_all(ROOTED.as_bytes()).map_err(|e| GuestError::io("write rooted on the control port", e))
 }
 
 /// Sets the wall clock to the host's and reseeds the kernel's RNG with the

@@ -8,8 +8,9 @@
 //!   switch into that root.
 //! - [`network`]: eth0 and the resolver, when the VM has a network card.
 //! - [`containers`]: dockerd, in images that have Docker Engine.
-//! - [`agent`]: starts the agent on the virtio-serial port, reaps orphans and
-//!   powers the VM off when the agent ends.
+//! - [`agent`]: starts the agent on the virtio-serial port before the "go"
+//!   (a memory snapshot holds it started), has it enter the sandbox's root
+//!   after, reaps orphans and powers the VM off when the agent ends.
 //!
 //! - [`layer_archive`]: a snapshot's archive of the writable layer, frozen.
 //! - [`handshake`]: waits for the host's "go" (hostname, clock, RNG seed)
@@ -127,13 +128,16 @@ pub fn run() -> GuestError {
             agent::power_off();
         }
         rootfs::mount_layers(&config)?;
-        let go = handshake::wait_for_go()?;
+        let mut agent = agent::start()?;
+        let (go, mut control) = handshake::wait_for_go()?;
         handshake::apply(&go)?;
         handshake::rescan_pci()?;
         rootfs::assemble(&config, &go)?;
         network::up()?;
         containers::start();
-        agent::serve()
+        agent.enter_root()?;
+        handshake::say_rooted(&mut control)?;
+        agent.supervise()
     };
     match step() {
         Ok(never) => match never {},

@@ -2,7 +2,7 @@
 //! `make bench`, measured on the driver's own steps (as its `create` takes
 //! them), from qemu's start to the agent's first Pong: a cold boot, a
 //! restore from the shape's memory snapshot, and a vm taken from the pool
-//! (restored ahead, untimed; then only attach, "go" and the Pong). Also the
+//! (restored ahead and its agent pinged, untimed; then only attach, "go" and the Pong). Also the
 //! host memory of an idle vm (the RSS of its qemu and virtiofsd) and warm
 //! exec on a booted vm: `sh -c 'echo hi'` through its agent, from the
 //! stream's open to the exit status.
@@ -103,20 +103,19 @@ pub async fn run(layers: &[PathBuf], runs: usize, work: &Path) -> Result<Figures
         let (mut vm, ms, agent) = if i < cold_runs {
             let t = Instant::now();
             let mut vm = Instance::start(&shape, &run_dir, Start::Cold { network: None }, None).await?;
-            let stream = vm.go(attach, true).await?;
-            pong(stream).await?;
+            pong(vm.go(attach, true).await?).await?;
             (vm, t.elapsed(), None)
         } else if i < cold_runs + runs {
             let t = Instant::now();
             let mut vm = Instance::start(&shape, &run_dir, Start::Restore(&state), None).await?;
-            let stream = vm.go(attach, false).await?;
-            pong(stream).await?;
+            pong(vm.go(attach, false).await?).await?;
             (vm, t.elapsed(), None)
         } else {
             let mut vm = Instance::start(&shape, &run_dir, Start::Restore(&state), None).await?;
+            // As the pool does before a vm waits there.
+            vm.warm_agent().await?;
             let t = Instant::now();
-            let stream = vm.go(attach, false).await?;
-            let mux = pong(stream).await?;
+            let mux = pong(vm.go(attach, false).await?).await?;
             (vm, t.elapsed(), Some(mux))
         };
         let ms = ms.as_secs_f64() * 1000.0;
@@ -147,8 +146,7 @@ pub async fn run(layers: &[PathBuf], runs: usize, work: &Path) -> Result<Figures
     Ok(figures)
 }
 
-async fn pong(stream: tokio::net::UnixStream) -> Result<Mux, QemuError> {
-    let mux = Mux::open_side(stream);
+async fn pong(mux: Mux) -> Result<Mux, QemuError> {
     let mut ping = mux.open(Frame::Ping).map_err(|e| failed("ping the agent", e))?;
     match tokio::time::timeout(Duration::from_secs(300), ping.next()).await {
         Ok(Ok(Some(Frame::Pong))) => Ok(mux),

@@ -63,7 +63,7 @@ pub struct QemuDriver {
 
 /// A started vm for a sandbox: qemu, its run dir, the agent's first
 /// connection, and where it came from.
-type Created = (QemuInstance, PathBuf, tokio::net::UnixStream, Origin);
+type Created = (QemuInstance, PathBuf, Mux, Origin);
 
 /// Where a vm came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -284,7 +284,7 @@ impl QemuDriver {
         if net.is_none() {
             self.warm.warm_up(shape);
         }
-        let mux = Mux::open_side(transport);
+        let mux = transport;
         let mut ping = mux.open(Frame::Ping)?;
         match tokio::time::timeout(BOOT_WAIT, ping.next()).await {
             Ok(Ok(Some(Frame::Pong))) => {}

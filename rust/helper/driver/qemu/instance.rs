@@ -27,7 +27,9 @@ use super::assets::Assets;
 use super::qmp::Qmp;
 use super::virtiofsd::Virtiofsd;
 use super::{Accel, QEMU, QemuError};
-use crate::guest::handshake::{Go, READY, SEED_BYTES};
+use crate::agent::mux::Mux;
+use crate::agent::protocol::Frame;
+use crate::guest::handshake::{Go, READY, ROOTED, SEED_BYTES};
 use crate::guest::{UPPER_SERIAL, WORKSPACE_TAG};
 use crate::helper::driver::cgroup::VmCgroup;
 use crate::helper::driver::userns::IdMapper;
@@ -141,6 +143,9 @@ pub struct Instance {
     listener: Arc<UnixListener>,
     /// The first agent connection, until [`go`](Self::go) hands it out.
     agent: Option<UnixStream>,
+    /// The agent connection [`warm_agent`](Self::warm_agent) opened and
+    /// pinged, handed out by [`go`](Self::go).
+    mux: Option<Mux>,
     control: UnixStream,
     paused: bool,
     run_dir: PathBuf,
@@ -188,9 +193,9 @@ fn tail(path: &Path) -> String {
 }
 
 impl Instance {
-    /// Starts qemu for `shape` and returns the vm with its first agent
-    /// connection (cold: booted and given its "go" at once).
-    pub async fn boot(spec: BootSpec<'_>) -> Result<(Instance, UnixStream), QemuError> {
+    /// Starts qemu for `shape` and returns the vm with its agent connection
+    /// (cold: booted and given its "go" at once).
+    pub async fn boot(spec: BootSpec<'_>) -> Result<(Instance, Mux), QemuError> {
         let how = Start::Cold { network: spec.network.as_deref() };
         let mut vm = Instance::start(&spec.shape(), &spec.run_dir, how, spec.cgroup).await?;
         let attach = Attach {
@@ -254,6 +259,7 @@ impl Instance {
             child,
             listener: Arc::new(listener),
             agent: None,
+            mux: None,
             // Replaced below; a placeholder keeps the struct whole meanwhile.
             control: UnixStream::pair().map_err(|e| QemuError::io("socketpair", e))?.0,
             paused: machine.paused,
@@ -296,10 +302,15 @@ impl Instance {
     /// Waits for guest init's [`READY`] on the control port: it waits for
     /// its "go", nothing sandbox-specific attached or mounted yet.
     pub async fn wait_ready(&mut self, wait: Duration) -> Result<(), QemuError> {
+        self.wait_for(READY, "guest init to be ready", wait).await
+    }
+
+    /// Waits for guest init to say `line` on the control port.
+    async fn wait_for(&mut self, line: &str, what: &'static str, wait: Duration) -> Result<(), QemuError> {
         let mut got = Vec::new();
         // Ok(false): the port closed, which a qemu that is exiting does.
         let read = async {
-            while !got.ends_with(READY.as_bytes()) {
+            while !got.ends_with(line.as_bytes()) {
                 let mut byte = [0u8; 1];
                 let n = self.control.read(&mut byte).await.map_err(|e| QemuError::io("read the control port", e))?;
                 if n == 0 {
@@ -314,10 +325,10 @@ impl Instance {
                 Ok(Ok(true)) => return Ok(()),
                 Ok(Ok(false)) => match tokio::time::timeout(CONNECT_WAIT, self.child.wait()).await {
                     Ok(status) => status,
-                    Err(_) => return Err(QemuError::Exited("the control port closed before guest init was ready".into())),
+                    Err(_) => return Err(QemuError::Exited(format!("the control port closed while waiting for {what}"))),
                 },
                 Ok(Err(e)) => return Err(e),
-                Err(_) => return Err(QemuError::Timeout { what: "guest init to be ready", secs: wait.as_secs() }),
+                Err(_) => return Err(QemuError::Timeout { what, secs: wait.as_secs() }),
             },
             status = self.child.wait() => status,
         };
@@ -325,11 +336,41 @@ impl Instance {
         Err(QemuError::Exited(format!("{status}; {}", self.output())))
     }
 
+    /// Resumes a restored vm before its hand-out and pings its agent
+    /// (started before the template's snapshot): its code is then
+    /// translated, under TCG, while the vm waits in the pool rather than
+    /// while a sandbox waits for it. Guest init still waits for its "go".
+    pub async fn warm_agent(&mut self) -> Result<(), QemuError> {
+        if self.paused {
+            // The restore's own connection: qemu serves one QMP client at a time.
+            let mut qmp = match self.qmp_conn.take() {
+                Some(q) => q,
+                None => self.qmp().await?,
+            };
+            qmp.execute_all(&[("cont", None)]).await?;
+            self.paused = false;
+        }
+        let stream = match self.agent.take() {
+            Some(s) => s,
+            None => self.accept(CONNECT_WAIT).await?,
+        };
+        let mux = Mux::open_side(stream);
+        let mut ping = mux.open(Frame::Ping).map_err(|e| QemuError::Exited(format!("ping the agent: {e}")))?;
+        match tokio::time::timeout(READY_WAIT, ping.next()).await {
+            Ok(Ok(Some(Frame::Pong))) => {}
+            Ok(other) => return Err(QemuError::Exited(format!("the agent answered {other:?} to ping"))),
+            Err(_) => return Err(QemuError::Timeout { what: "the agent's first pong", secs: READY_WAIT.as_secs() }),
+        }
+        self.mux = Some(mux);
+        Ok(())
+    }
+
     /// Attaches what is the sandbox's own (the writable disk, `/workspace`
     /// with its virtiofsd), resumes the CPUs and gives guest init its "go"
     /// (waiting for its ready first on a cold boot, so the clock it gets is
-    /// the time it reads it). Returns the agent's first connection.
-    pub async fn go(&mut self, attach: Attach<'_>, wait_ready: bool) -> Result<UnixStream, QemuError> {
+    /// the time it reads it), and waits until the sandbox's root is made and
+    /// the agent runs in it. Returns the agent's connection.
+    pub async fn go(&mut self, attach: Attach<'_>, wait_ready: bool) -> Result<Mux, QemuError> {
         if let (Some(cg), Some(pid)) = (attach.cgroup, self.pid()) {
             into_cgroup(cg, pid)?;
         }
@@ -387,10 +428,15 @@ impl Instance {
             .write_all(go.encode().as_bytes())
             .await
             .map_err(|e| QemuError::io("write go on the control port", e))?;
-        match self.agent.take() {
-            Some(stream) => Ok(stream),
-            None => self.accept(CONNECT_WAIT).await,
+        self.wait_for(ROOTED, "guest init to make the sandbox's root", READY_WAIT).await?;
+        if let Some(mux) = self.mux.take() {
+            return Ok(mux);
         }
+        let stream = match self.agent.take() {
+            Some(stream) => stream,
+            None => self.accept(CONNECT_WAIT).await?,
+        };
+        Ok(Mux::open_side(stream))
     }
 
     /// The next connection qemu makes to the agent socket (the first one,

@@ -160,7 +160,15 @@ impl Warm {
             let Some(state) = template.current() else { return };
             let run_dir = self.run_dir("pool");
             let cgroup = self.cgroup(shape, &run_dir);
-            match Instance::start(shape, &run_dir, Start::Restore(&state), cgroup.as_ref()).await {
+            let restored = async {
+                let mut vm = Instance::start(shape, &run_dir, Start::Restore(&state), cgroup.as_ref()).await?;
+                if let Err(e) = vm.warm_agent().await {
+                    vm.kill().await;
+                    return Err(e);
+                }
+                Ok(vm)
+            };
+            match restored.await {
                 Ok(vm) => lock(&self.vms).entry(template.state()).or_default().push(Pooled { vm, run_dir, cgroup }),
                 Err(e) => {
                     tracing::warn!(error = %e, "a pool vm did not restore; the template is discarded");
