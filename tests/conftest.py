@@ -574,11 +574,11 @@ def user_env(user: str) -> dict[str, str]:
 
 # --- Test hosts (egress) -------------------------------------------------------
 # A network namespace behind a veth pair (scripts/test-host.sh) serving HTTP on port 8080 at NET.2, with
-# the Rust suites' server (tests/support/test_host_server.py). On 10.214.N, apart from the Rust suites'
+# the Rust suites' server (tests/support/host_server.py). On 10.214.N, apart from the Rust suites'
 # 10.213.N hosts that may be up at the same time.
 TEST_HOST_PORT = 8080
 TEST_HOST_BODY = "hello from the test host"
-_TEST_HOST_SERVER = (Path(__file__).resolve().parent / "support" / "test_host_server.py").read_text()
+_TEST_HOST_SERVER = (Path(__file__).resolve().parent / "support" / "host_server.py").read_text()
 
 
 @pytest.fixture

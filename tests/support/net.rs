@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 /// HTTP on 8080 and UDP echo on 8081, on the test host's address.
-pub const TEST_HOST_SERVER: &str = include_str!("test_host_server.py");
+pub const TEST_HOST_SERVER: &str = include_str!("host_server.py");
 
 /// In the sandbox: `tcp HOST PORT [HOSTHEADER]` GETs / and prints the
 /// status line or the error's name; `udp HOST PORT` sends one datagram on a
