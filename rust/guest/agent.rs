@@ -49,7 +49,8 @@ pub fn answer_probe() -> Result<(), GuestError> {
 }
 
 /// Forks the agent, then reaps until it exits and powers off. Returns only
-/// if the agent could not be started.
+/// if the agent could not be started. The agent stays in init's cgroup and
+/// starts every process in the sandbox's `group` ([`super::cgroup`]).
 ///
 /// The agent is this very binary's `agent` role, entered in the forked
 /// child itself rather than exec'd: the child already has the binary and
@@ -57,7 +58,7 @@ pub fn answer_probe() -> Result<(), GuestError> {
 /// binary through the loader costs more than the rest of a restore's
 /// hand-out), and it runs with the initramfs's libraries whatever libc the
 /// image has, as the exec'd agent did.
-pub fn serve() -> Result<std::convert::Infallible, GuestError> {
+pub fn serve(group: &std::path::Path) -> Result<std::convert::Infallible, GuestError> {
     if let Err(e) = crate::helper::driver::network::loopback_up() {
         eprintln!("guest-init: {e}");
     }
@@ -75,6 +76,10 @@ pub fn serve() -> Result<std::convert::Infallible, GuestError> {
                 }
                 std::env::set_var("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
                 std::env::set_var("HOME", "/root");
+            }
+            if let Err(e) = crate::agent::group::confine_to(group) {
+                eprintln!("guest-init: the agent: {e}");
+                std::process::exit(1);
             }
             let e = crate::agent::serve(crate::agent::listen::Address::Serial(port));
             eprintln!("guest-init: the agent: {e}");

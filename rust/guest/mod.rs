@@ -7,6 +7,8 @@
 //!   writable layer is the VM's own disk, `/workspace` over virtiofs, and the
 //!   switch into that root.
 //! - [`network`]: eth0 and the resolver, when the VM has a network card.
+//! - [`cgroup`]: the guest's cgroup hierarchy and the sandbox's group, where
+//!   its task and memory limits hold.
 //! - [`containers`]: dockerd, in images that have Docker Engine.
 //! - [`agent`]: starts the agent on the virtio-serial port, reaps orphans and
 //!   powers the VM off when the agent ends.
@@ -19,6 +21,7 @@
 //! environment variables (see [`BootConfig`]); what is the sandbox's own
 //! comes in the [`handshake::Go`] line.
 pub mod agent;
+pub mod cgroup;
 pub mod containers;
 pub mod handshake;
 pub mod modules;
@@ -129,9 +132,10 @@ pub fn run() -> GuestError {
         handshake::apply(&go)?;
         handshake::rescan_pci()?;
         rootfs::assemble(&config, &go)?;
+        let group = cgroup::sandbox_group(&go.limits)?;
         network::up()?;
         containers::start();
-        agent::serve()
+        agent::serve(&group)
     };
     match step() {
         Ok(never) => match never {},
