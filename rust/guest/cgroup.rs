@@ -6,7 +6,10 @@
 //!
 //! - The hierarchy is mounted once at `/sys/fs/cgroup`, in the sandbox's
 //!   root, for this group and for dockerd ([`super::containers`]).
-//! - The root enables `pids` and `memory` for its children; the group
+//! - The root enables `cpu`, `pids` and `memory` for its children: with
+//!   `cpu` the whole group competes for the CPUs as one entity beside each
+//!   of the agent's threads, so a thousand busy processes (a fork bomb under
+//!   TCG) do not starve the agent's answers. The group
 //!   [`SANDBOX_GROUP`] gets `pids.max` and `memory.max` from the go line
 //!   (`max` without one). `memory.oom.group` stays off: the OOM killer takes
 //!   the one process that pushed the group over, as on the namespace driver;
@@ -47,8 +50,8 @@ pub fn sandbox_group(limits: &GuestLimits) -> Result<PathBuf, GuestError> {
     )
     .map_err(|e| GuestError::sys(format!("mount cgroup2 on {ROOT}"), e))?;
     let root = Path::new(ROOT);
-    std::fs::write(root.join("cgroup.subtree_control"), "+pids +memory")
-        .map_err(|e| io("enable the pids and memory controllers in the guest's cgroup root", e))?;
+    std::fs::write(root.join("cgroup.subtree_control"), "+cpu +pids +memory")
+        .map_err(|e| io("enable the cpu, pids and memory controllers in the guest's cgroup root", e))?;
     let group = root.join(SANDBOX_GROUP);
     std::fs::create_dir_all(&group).map_err(|e| io("create the sandbox's cgroup", e))?;
     std::fs::write(group.join("pids.max"), limit_value(limits.pids))
