@@ -18,6 +18,7 @@ use std::sync::Arc;
 pub mod background;
 pub mod copy;
 pub mod dial;
+pub mod group;
 pub mod listen;
 pub mod mux;
 pub mod oom;

@@ -1,7 +1,8 @@
 //! Starting one user process from a [`StartSpec`]: environment, working
 //! directory, pipes or a pseudo-terminal (Exec) or one shared output pipe
-//! (background), its own process group, and tracking of its whole process
-//! tree ([`super::tree`]).
+//! (background), its own process group, the sandbox's cgroup in a vm's
+//! guest ([`super::group`]), and tracking of its whole process tree
+//! ([`super::tree`]).
 use std::os::fd::OwnedFd;
 use std::process::Stdio;
 
@@ -83,6 +84,8 @@ fn command(spec: &StartSpec) -> Result<Command, AgentError> {
     }
     let mut cmd = Command::new(program);
     super::oom::raise(&mut cmd);
+    // Before the closure below drops privileges.
+    super::group::place(&mut cmd);
     cmd.args(&spec.argv[1..]).env_clear().envs(BASE_ENV.iter().copied()).current_dir(cwd);
     if spec.tty {
         cmd.env("TERM", "xterm-256color");

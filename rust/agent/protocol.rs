@@ -183,6 +183,27 @@ pub struct GuestStats {
     /// Docker's data), which only the guest can read; 0 elsewhere.
     #[serde(default)]
     pub disk_used_bytes: u64,
+    /// The sandbox's cgroup inside a vm's guest, where its limits hold;
+    /// `None` on the namespace driver (the host has those figures) and from
+    /// agents that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupStats>,
+}
+
+/// The figures of the sandbox's cgroup inside a vm's guest
+/// ([`super::group`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupStats {
+    /// `memory.current`.
+    pub memory_used_bytes: u64,
+    /// `memory.max`, or the guest's RAM when that is `max`.
+    pub memory_limit_bytes: u64,
+    /// `pids.current`.
+    pub pids: u64,
+    /// `pids.max`; 0 when that is `max`.
+    pub pids_limit: u64,
+    /// Processes of the group the OOM killer killed (`memory.events`).
+    pub oom_kills: u64,
 }
 
 /// One protocol message.
@@ -605,6 +626,13 @@ mod tests {
                 net_rx_bytes: 4,
                 net_tx_bytes: 5,
                 disk_used_bytes: 6,
+                group: Some(GroupStats {
+                    memory_used_bytes: 7,
+                    memory_limit_bytes: 8,
+                    pids: 9,
+                    pids_limit: 10,
+                    oom_kills: 11,
+                }),
             }),
         ];
         let mut bytes = Vec::new();

@@ -2,7 +2,9 @@
 //! reading on every driver. CPU time and memory are summed over the
 //! processes the agent can see (its pid namespace, or the whole guest of a
 //! VM); network counters come from the guest's own interfaces. Limits and
-//! OOM kills are host facts: the helper's driver adds them where it has them.
+//! OOM kills are the sandbox's cgroup's: in a vm's guest the agent reads its
+//! group ([`super::group`]); elsewhere the helper's driver adds them from
+//! the host.
 use super::protocol::GuestStats;
 
 /// Reads the guest's usage now.
@@ -27,6 +29,7 @@ pub fn read() -> GuestStats {
     let dev = std::fs::read_to_string("/proc/net/dev").unwrap_or_default();
     (stats.net_rx_bytes, stats.net_tx_bytes) = net_bytes(&dev);
     stats.disk_used_bytes = writable_disk_used();
+    stats.group = super::group::stats();
     stats
 }
 

@@ -2,11 +2,12 @@
 //! the sandbox's root once init made it) and stays PID 1: reaps every
 //! orphan (the agent's spawned processes' children end up here) and powers
 //! the VM off once the agent is gone, so qemu exits and the host sees it.
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::fcntl::OFlag;
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, fork, pipe2};
 
 use super::{AGENT_PORT, GuestError};
@@ -107,31 +108,43 @@ pub fn start() -> Result<Agent, GuestError> {
     }
 }
 
-/// In the agent: waits for init's word, then moves the whole process (every
-/// thread shares its root) into init's root, the sandbox's, through
-/// `/proc/1/root`: the initramfs's /proc stays mounted under the agent's old
-/// root, which the new root was only mounted over.
+/// In the agent: waits for init's word (the sandbox's cgroup), then moves
+/// the whole process (every thread shares its root) into init's root, the
+/// sandbox's, through `/proc/1/root` (the initramfs's /proc stays mounted
+/// under the agent's old root, which the new root was only mounted over),
+/// and starts every process from then on in that group
+/// ([`crate::agent::group`]); the agent itself stays in init's group.
 fn await_root(enter: std::os::fd::OwnedFd, entered: std::os::fd::OwnedFd) {
-    let mut byte = [0u8; 1];
-    let mut entered = std::fs::File::from(entered);
     use std::io::Write as _;
-    let answer = match nix::unistd::read(&enter, &mut byte) {
-        Ok(1) => nix::unistd::chroot("/proc/1/root")
-            .and_then(|()| nix::unistd::chdir("/"))
-            .map(|()| ENTERED.to_vec())
-            .unwrap_or_else(|e| format!("enter the sandbox's root: {e}").into_bytes()),
+    let mut word = [0u8; 4096];
+    let mut entered = std::fs::File::from(entered);
+    let n = match nix::unistd::read(&enter, &mut word) {
+        Ok(n) if n > 0 => n,
         // Init is gone (the vm powers off): nothing to enter.
         _ => return,
+    };
+    let group = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&word[..n]));
+    let entering = nix::unistd::chroot("/proc/1/root")
+        .and_then(|()| nix::unistd::chdir("/"))
+        .map_err(|e| format!("enter the sandbox's root: {e}"))
+        .and_then(|()| crate::agent::group::confine_to(&group).map_err(|e| e.to_string()));
+    let answer = match entering {
+        Ok(()) => ENTERED.to_vec(),
+        Err(why) => why.into_bytes(),
     };
     let _ = entered.write_all(&answer);
 }
 
 impl Agent {
     /// Has the agent enter init's root (the sandbox's, which
-    /// [`super::rootfs::assemble`] made), and waits until it has.
-    pub fn enter_root(&mut self) -> Result<(), GuestError> {
+    /// [`super::rootfs::assemble`] made) and start its processes in the
+    /// sandbox's cgroup `group` ([`super::cgroup`]), and waits until it has.
+    pub fn enter_root(&mut self, group: &std::path::Path) -> Result<(), GuestError> {
         use std::io::Read as _;
-        nix::unistd::write(&self.enter, b"e").map_err(|e| GuestError::sys("tell the agent its root", e))?;
+        use std::os::unix::ffi::OsStrExt as _;
+        // One write under PIPE_BUF: the agent reads it whole.
+        nix::unistd::write(&self.enter, group.as_os_str().as_bytes())
+            .map_err(|e| GuestError::sys("tell the agent its root", e))?;
         let mut answer = Vec::new();
         let _ = (&mut self.entered).take(4096).read_to_end(&mut answer);
         match answer.as_slice() {

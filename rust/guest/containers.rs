@@ -5,8 +5,11 @@
 //! goes on without Docker (the tools then say dockerd is not running and
 //! where its log is).
 //!
-//! - **cgroup2** at `/sys/fs/cgroup`: the guest kernel is the VM's own, so
-//!   dockerd and runc own the whole hierarchy.
+//! - **cgroup2** at `/sys/fs/cgroup`, mounted by [`super::cgroup`] before
+//!   dockerd starts: the guest kernel is the VM's own, so dockerd and runc
+//!   create their groups in the whole hierarchy. dockerd runs in the root
+//!   group, outside the sandbox's: its containers' tasks and memory are
+//!   bounded by the VM, not by the sandbox's pids and memory limits.
 //! - **/var/lib/docker on the VM's disk, outside the overlay**: overlayfs
 //!   cannot take an overlay upper dir (dockerd's overlay2 driver) on another
 //!   overlay, so the writable disk is mounted a second time (the same ext4
@@ -48,14 +51,6 @@ pub fn start() {
 fn prepare() -> Result<(), GuestError> {
     let sys = |what: &str, e| GuestError::sys(what, e);
     let io = |what: &str, e| GuestError::io(what, e);
-    mount(
-        Some("cgroup2"),
-        "/sys/fs/cgroup",
-        Some("cgroup2"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        None::<&str>,
-    )
-    .map_err(|e| sys("mount cgroup2 on /sys/fs/cgroup", e))?;
     let disk = rootfs::disk(UPPER_SERIAL)?;
     std::fs::create_dir_all(DISK).map_err(|e| io("mkdir the disk's mount point", e))?;
     mount(Some(&disk), DISK, Some("ext4"), MsFlags::MS_NOATIME, None::<&str>)

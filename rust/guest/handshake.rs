@@ -6,8 +6,10 @@
 //! its line at once; a template VM is saved to a memory snapshot while it
 //! waits, so every VM restored from that snapshot wakes up here and gets its
 //! own line: hostname, whether `/workspace` is attached, the host's clock,
-//! and a seed for the kernel's RNG (two restores of one snapshot would
-//! otherwise share the RNG state the snapshot froze).
+//! a seed for the kernel's RNG (two restores of one snapshot would
+//! otherwise share the RNG state the snapshot froze) and the sandbox's
+//! [`GuestLimits`] (one snapshot serves every sandbox of its shape, whatever
+//! their task limit or a memory limit below the shape's RAM).
 //!
 //! The handshake has a port of its own so the agent's port is never opened
 //! twice or closed with the host's first request still buffered in it.
@@ -37,6 +39,19 @@ pub struct Go {
     pub time_ns: u128,
     /// Entropy for the kernel's RNG.
     pub seed: [u8; SEED_BYTES],
+    /// What the guest enforces on the sandbox's processes; optional words
+    /// (`pids=`, `memory=`), so a line without them still parses.
+    pub limits: GuestLimits,
+}
+
+/// The sandbox's limits as its guest enforces them, on the cgroup every
+/// process the agent starts runs in ([`super::cgroup`]); `None` is no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GuestLimits {
+    /// Tasks (`pids.max`).
+    pub pids: Option<u64>,
+    /// Memory, bytes (`memory.max`).
+    pub memory_bytes: Option<u64>,
 }
 
 impl Go {
@@ -48,11 +63,19 @@ impl Go {
             .map(|ch| if ch.is_ascii_alphanumeric() || ch == '-' || ch == '.' { ch } else { '-' })
             .collect();
         let seed: String = self.seed.iter().map(|b| format!("{b:02x}")).collect();
-        format!(
-            "smcp-go time={} seed={seed} hostname={hostname} workspace={}\n",
+        let mut line = format!(
+            "smcp-go time={} seed={seed} hostname={hostname} workspace={}",
             self.time_ns,
             u8::from(self.workspace)
-        )
+        );
+        if let Some(n) = self.limits.pids {
+            line.push_str(&format!(" pids={n}"));
+        }
+        if let Some(n) = self.limits.memory_bytes {
+            line.push_str(&format!(" memory={n}"));
+        }
+        line.push('\n');
+        line
     }
 
     /// Parses a line written by [`encode`](Self::encode).
@@ -63,12 +86,16 @@ impl Go {
             return Err(bad(format!("{line:?} does not start with smcp-go")));
         }
         let (mut hostname, mut workspace, mut time_ns, mut seed) = (None, None, None, None);
+        let mut limits = GuestLimits::default();
+        let number = |k: &str, v: &str| v.parse::<u64>().map_err(|_| bad(format!("{k}={v} is not a number")));
         for word in words {
             let (k, v) = word.split_once('=').ok_or_else(|| bad(format!("{word:?} is not key=value")))?;
             match k {
                 "hostname" => hostname = Some(v.to_string()),
                 "workspace" => workspace = Some(v == "1"),
                 "time" => time_ns = Some(v.parse().map_err(|_| bad(format!("time={v} is not a number")))?),
+                "pids" => limits.pids = Some(number(k, v)?),
+                "memory" => limits.memory_bytes = Some(number(k, v)?),
                 "seed" => {
                     let bytes: Option<Vec<u8>> = (0..v.len())
                         .step_by(2)
@@ -88,6 +115,7 @@ impl Go {
             workspace: workspace.ok_or_else(|| bad("workspace is missing".into()))?,
             time_ns: time_ns.ok_or_else(|| bad("time is missing".into()))?,
             seed: seed.ok_or_else(|| bad("seed is missing".into()))?,
+            limits,
         })
     }
 }
@@ -176,11 +204,31 @@ mod tests {
 
     #[test]
     fn go_round_trips_and_sanitizes_the_hostname() {
-        let go =
-            Go { hostname: "a b".into(), workspace: true, time_ns: 1_700_000_000_123_456_789, seed: [7; SEED_BYTES] };
+        let go = Go {
+            hostname: "a b".into(),
+            workspace: true,
+            time_ns: 1_700_000_000_123_456_789,
+            seed: [7; SEED_BYTES],
+            limits: GuestLimits { pids: Some(77), memory_bytes: Some(256 << 20) },
+        };
         let line = go.encode();
         assert!(line.ends_with('\n') && line.contains(" hostname=a-b "), "{line}");
+        assert!(line.contains(" pids=77") && line.contains(" memory=268435456"), "{line}");
         assert_eq!(Go::parse(&line).unwrap(), Go { hostname: "a-b".into(), ..go });
+        let unlimited = Go { limits: GuestLimits::default(), ..go };
+        let line = unlimited.encode();
+        assert!(!line.contains("pids=") && !line.contains("memory="), "{line}");
+        assert_eq!(Go::parse(&line).unwrap(), Go { hostname: "a-b".into(), ..unlimited });
+    }
+
+    #[test]
+    fn a_go_line_without_limits_parses_with_none() {
+        // What a host from before the limits writes.
+        let seed = "07".repeat(SEED_BYTES);
+        let go = Go::parse(&format!("smcp-go time=5 seed={seed} hostname=h workspace=0\n")).unwrap();
+        assert_eq!(go.limits, GuestLimits { pids: None, memory_bytes: None });
+        let go = Go::parse(&format!("smcp-go time=5 seed={seed} hostname=h workspace=0 pids=9\n")).unwrap();
+        assert_eq!(go.limits, GuestLimits { pids: Some(9), memory_bytes: None });
     }
 
     #[test]
@@ -191,5 +239,9 @@ mod tests {
         assert!(e.contains("seed is not 32 hex bytes"), "{e}");
         let e = Go::parse("smcp-go time=x").unwrap_err().to_string();
         assert!(e.contains("time=x"), "{e}");
+        let e = Go::parse("smcp-go pids=many").unwrap_err().to_string();
+        assert!(e.contains("pids=many is not a number"), "{e}");
+        let e = Go::parse("smcp-go memory=-1").unwrap_err().to_string();
+        assert!(e.contains("memory=-1 is not a number"), "{e}");
     }
 }

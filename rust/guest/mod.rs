@@ -7,6 +7,8 @@
 //!   writable layer is the VM's own disk, `/workspace` over virtiofs, and the
 //!   switch into that root.
 //! - [`network`]: eth0 and the resolver, when the VM has a network card.
+//! - [`cgroup`]: the guest's cgroup hierarchy and the sandbox's group, where
+//!   its task and memory limits hold.
 //! - [`containers`]: dockerd, in images that have Docker Engine.
 //! - [`agent`]: starts the agent on the virtio-serial port before the "go"
 //!   (a memory snapshot holds it started), has it enter the sandbox's root
@@ -21,6 +23,7 @@
 //! environment variables (see [`BootConfig`]); what is the sandbox's own
 //! comes in the [`handshake::Go`] line.
 pub mod agent;
+pub mod cgroup;
 pub mod containers;
 pub mod handshake;
 pub mod layer_archive;
@@ -133,9 +136,10 @@ pub fn run() -> GuestError {
         handshake::apply(&go)?;
         handshake::rescan_pci()?;
         rootfs::assemble(&config, &go)?;
+        let group = cgroup::sandbox_group(&go.limits)?;
         network::up()?;
         containers::start();
-        agent.enter_root()?;
+        agent.enter_root(&group)?;
         handshake::say_rooted(&mut control)?;
         agent.supervise()
     };

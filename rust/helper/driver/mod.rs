@@ -128,7 +128,9 @@ pub struct BootSpec {
     pub egress: Option<(NetworkPolicy, Arc<Events>)>,
 }
 
-/// What the host, not the guest, knows about a running VM's resources.
+/// A running VM's limits and OOM kills: what the host's cgroup knows
+/// ([`Instance::host_facts`]), or a vm guest's own group, where the
+/// sandbox's processes are counted ([`crate::helper::stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HostFacts {
     /// Memory limit, 0 if none is enforced.

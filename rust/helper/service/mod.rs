@@ -226,13 +226,13 @@ impl VmHelper for HelperService {
             disk_quota_exceeded: disk.0.exceeded,
             cpu_usage_ns: u.cpu_usage_ns,
             memory_used_bytes: u.memory_used_bytes,
-            memory_limit_bytes: u.host.memory_limit_bytes,
+            memory_limit_bytes: u.limits.memory_limit_bytes,
             pids: u.pids,
-            pids_limit: u.host.pids_limit,
+            pids_limit: u.limits.pids_limit,
             net_rx_bytes: u.net_rx_bytes,
             net_tx_bytes: u.net_tx_bytes,
             uptime_ms: u.uptime_ms,
-            oom_killed: u.host.oom_killed,
+            oom_killed: u.limits.oom_killed,
             limits_not_enforced: run.instance.limits_not_enforced(),
         }))
     }

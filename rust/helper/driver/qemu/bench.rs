@@ -18,6 +18,7 @@ use super::template::Template;
 use super::{disks, probe};
 use crate::agent::mux::Mux;
 use crate::agent::protocol::{ExitStatus, Frame, StartSpec};
+use crate::guest::handshake::GuestLimits;
 use crate::helper::driver::userns::IdMapper;
 
 /// The samples, in milliseconds and MiB.
@@ -98,7 +99,14 @@ pub async fn run(layers: &[PathBuf], runs: usize, work: &Path) -> Result<Figures
         let upper = dir.join("upper.ext4");
         disks::upper_disk(&upper, 1 << 30)?;
         let ws = dir.join("ws");
-        let attach = Attach { hostname: "bench", upper: &upper, workspace: Some(&ws), mapper: &mapper, cgroup: None };
+        let attach = Attach {
+            hostname: "bench",
+            upper: &upper,
+            workspace: Some(&ws),
+            mapper: &mapper,
+            cgroup: None,
+            limits: GuestLimits::default(),
+        };
         let run_dir = dir.join("run");
         let (mut vm, ms, agent) = if i < cold_runs {
             let t = Instant::now();

@@ -12,7 +12,11 @@
 //! cold. What it does not do yet, refused with the reason: shares other
 //! than `/workspace`. CPUs and memory are the VM's own size
 //! (`-smp`, `-m`); qemu also runs in the sandbox's cgroup (the namespace
-//! driver's layout), which bounds what the host gives the whole VM.
+//! driver's layout), which bounds what the host gives the whole VM. The
+//! sandbox's task limit, and its memory limit where it is below the VM's
+//! RAM, hold inside the guest, on the cgroup its processes run in (the go
+//! line carries them, [`crate::guest::cgroup`]); its stats report that
+//! group's figures.
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -26,6 +30,7 @@ use super::virtiofsd::VIRTIOFSD;
 use super::{Accel, QemuError, disks, probe, snapshot};
 use crate::agent::mux::Mux;
 use crate::agent::protocol::Frame;
+use crate::guest::handshake::GuestLimits;
 use crate::helper::agent_link::Dialer;
 use crate::helper::driver::cgroup::{CgroupLayout, VmCgroup};
 use crate::helper::driver::userns::IdMapper;
@@ -256,6 +261,7 @@ impl QemuDriver {
             workspace: share.as_ref().map(Share::path),
             mapper,
             cgroup: cgroup.as_ref(),
+            limits: guest_limits(&spec.limits),
         };
         let run_dir = self.run_root.join(&spec.id);
         let failed = |e: String| {
@@ -321,6 +327,16 @@ impl QemuDriver {
 /// overhead, and qemu's tasks.
 pub(super) fn host_limits(cpus: u32, memory_bytes: u64) -> Limits {
     Limits { cpus, memory_bytes: memory_bytes.max(256 << 20) + QEMU_OVERHEAD_BYTES, pids: QEMU_PIDS }
+}
+
+/// What the guest enforces on the sandbox's processes: its task limit, and
+/// its memory limit, which also holds when below the shape's RAM (at least
+/// 256 MiB, and one memory snapshot serves every limit of a shape).
+fn guest_limits(limits: &Limits) -> GuestLimits {
+    GuestLimits {
+        pids: (limits.pids > 0).then_some(u64::from(limits.pids)),
+        memory_bytes: (limits.memory_bytes > 0).then_some(limits.memory_bytes),
+    }
 }
 
 fn unavailable(e: impl std::fmt::Display) -> DriverError {

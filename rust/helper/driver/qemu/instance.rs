@@ -29,7 +29,7 @@ use super::virtiofsd::Virtiofsd;
 use super::{Accel, QEMU, QemuError};
 use crate::agent::mux::Mux;
 use crate::agent::protocol::Frame;
-use crate::guest::handshake::{Go, READY, ROOTED, SEED_BYTES};
+use crate::guest::handshake::{Go, GuestLimits, READY, ROOTED, SEED_BYTES};
 use crate::guest::{UPPER_SERIAL, WORKSPACE_TAG};
 use crate::helper::driver::cgroup::VmCgroup;
 use crate::helper::driver::userns::IdMapper;
@@ -74,6 +74,9 @@ pub struct Attach<'a> {
     /// The sandbox's cgroup: qemu (started for no sandbox yet when it came
     /// from the pool) and virtiofsd go into it.
     pub cgroup: Option<&'a VmCgroup>,
+    /// The task and memory limits the guest enforces on the sandbox's
+    /// processes (the host's cgroup only sees qemu's threads).
+    pub limits: GuestLimits,
 }
 
 /// How a vm starts.
@@ -204,6 +207,8 @@ impl Instance {
             workspace: spec.workspace.as_deref(),
             mapper: spec.mapper,
             cgroup: spec.cgroup,
+            // A bare boot (the driver's tests) has no sandbox's limits.
+            limits: GuestLimits::default(),
         };
         match vm.go(attach, true).await {
             Ok(stream) => Ok((vm, stream)),
@@ -423,6 +428,7 @@ impl Instance {
             workspace: attach.workspace.is_some(),
             time_ns: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
             seed: seed()?,
+            limits: attach.limits,
         };
         self.control
             .write_all(go.encode().as_bytes())
