@@ -442,7 +442,7 @@ async fn the_vm_driver_boots_execs_snapshots_and_reports_a_kill() {
     let Some(assets) = assets() else { return };
     let Some(layers) = test_image_layers() else { return };
     let dir = TempDir::new("seam");
-    let driver = QemuDriver::with_assets(Ok(assets.clone())).with_warm(dir.0.join("templates"), 0);
+    let driver = QemuDriver::with_assets(Ok(assets.clone())).with_warm(&dir.0, 0);
     assert_eq!(driver.unavailable_reason(), None);
     assert!(driver.capabilities().own_kernel);
     let vm = driver.boot(&seam_spec(&dir.0, layers, Vec::new())).await.expect("boot through the seam");
@@ -543,7 +543,7 @@ async fn dockerd_in_the_guest_builds_and_runs_a_scratch_image() {
 
 /// A driver keeping its memory snapshots (and pool of `pool` vms) in `dir`.
 fn warm_driver(assets: &Assets, dir: &Path, pool: usize) -> QemuDriver {
-    QemuDriver::with_assets(Ok(assets.clone())).with_warm(dir.join("templates"), pool)
+    QemuDriver::with_assets(Ok(assets.clone())).with_warm(dir, pool)
 }
 
 /// The shape of [`seam_spec`]'s vms of `layers`.
@@ -938,9 +938,9 @@ async fn a_vm_reaches_the_network_only_as_its_policy_allows_and_survives_hostile
     unsafe { std::env::set_var("SANDBOX_VM_HELPER_DNS_UPSTREAM", dns.to_string()) };
     let policy = NetworkPolicy::parse(&[format!("{addr}:8080"), "allowed.test".into()], &[]).unwrap();
     let events = Arc::new(Events::default());
-    let driver = QemuDriver::with_assets(Ok(assets));
-    assert!(driver.capabilities().network_egress, "the vm driver offers EGRESS");
     let dir = TempDir::new("net");
+    let driver = QemuDriver::with_assets(Ok(assets)).with_warm(&dir.0, 0);
+    assert!(driver.capabilities().network_egress, "the vm driver offers EGRESS");
     let mut spec = seam_spec(&dir.0, layers, Vec::new());
     spec.id = "vm-net".into();
     spec.egress = Some((policy, events.clone()));

@@ -118,9 +118,12 @@ impl QemuDriver {
         self
     }
 
-    /// This driver with its memory snapshots under `templates` and a warm
-    /// pool of `pool_size` vms per shape (tests keep theirs apart).
-    pub fn with_warm(mut self, templates: PathBuf, pool_size: usize) -> Self {
+    /// This driver with its vms' run dirs under `dir/run`, memory snapshots
+    /// under `dir/templates` and a warm pool of `pool_size` vms per shape
+    /// (tests keep theirs apart).
+    pub fn with_warm(mut self, dir: &Path, pool_size: usize) -> Self {
+        self.run_root = dir.join("run");
+        let templates = dir.join("templates");
         self.warm = Arc::new(Warm::new(pool_size, templates, self.run_root.clone()));
         if let Ok(l) = &self.cgroups {
             self.warm.limit(l.clone());
