@@ -125,19 +125,32 @@ pub enum Writers {
     },
 }
 
-/// Kills every process of the guest but its init (1), the agent (this
-/// shell's parent) and itself, a few rounds as [`stop_processes`] does
-/// (kernel threads ignore the signal). Then flushes the guest's page cache:
-/// writes to `/workspace` the killed processes left there reach the host
-/// now, so the watcher's next measurement (its baseline) holds them, and
-/// only writes made after it count as growth.
-const GUEST_KILL: &str = r#"for round in 1 2 3 4 5 6 7 8; do
-  for d in /proc/[0-9]*; do
-    p=${d#/proc/}
-    if [ "$p" != 1 ] && [ "$p" != "$PPID" ] && [ "$p" != "$$" ]; then kill -9 "$p" 2>/dev/null; fi
-  done
+/// Kills the guest's sandbox processes: its cgroup at once with
+/// `cgroup.kill` (every process in it, and the forks it races; see
+/// [`crate::guest::cgroup`]), then in one pass what runs outside it but
+/// init (1), the agent (this shell's parent) and itself: dockerd and its
+/// containers (kernel threads ignore the signal). This shell first leaves
+/// the group the agent started it in. A process in the group after the kill
+/// is a new request's (an exec that came after it) and is spared: rounds of
+/// kills over every process, as [`stop_processes`] does on the host, are
+/// slow enough under TCG to kill the next exec too. Then flushes the guest's
+/// page cache: writes to `/workspace` the killed processes left there reach
+/// the host now, so the watcher's next measurement (its baseline) holds
+/// them, and only writes made after it count as growth.
+fn guest_kill() -> String {
+    use crate::guest::cgroup::{ROOT, SANDBOX_GROUP};
+    format!(
+        r#"echo $$ > {ROOT}/cgroup.procs
+echo 1 > {ROOT}/{SANDBOX_GROUP}/cgroup.kill
+for d in /proc/[0-9]*; do
+  p=${{d#/proc/}}
+  if [ "$p" = 1 ] || [ "$p" = "$PPID" ] || [ "$p" = "$$" ]; then continue; fi
+  read -r group < "$d/cgroup" 2>/dev/null || continue
+  if [ "$group" != "0::/{SANDBOX_GROUP}" ]; then kill -9 "$p" 2>/dev/null; fi
 done
-sync"#;
+sync"#
+    )
+}
 
 /// Starts watching a VM whose writers are `writers`; the watcher ends when
 /// the returned handle is dropped.
@@ -183,7 +196,7 @@ pub fn watch(limit: u64, parts: Vec<Part>, writers: Writers) -> (Arc<Watch>, tok
                     match &writers {
                         Writers::Host { pid1, agent } => stop_processes(*pid1, *agent),
                         Writers::Guest { agent, .. } => {
-                            let argv = vec!["sh".into(), "-c".into(), GUEST_KILL.into()];
+                            let argv = vec!["sh".into(), "-c".into(), guest_kill()];
                             if let Err(e) = super::guest::run(agent, argv).await {
                                 tracing::warn!(error = %e, "the guest's processes were not all stopped");
                             }
