@@ -204,7 +204,10 @@ def test_race_through_another_servers_volume(env, roots, outside):
     try:
         start_swapping(attacker, outside_dir, "attacker")
         volume = volume_dir(other, "attacker") / "workspace"
-        assert (volume / "real").is_dir() or (volume / "d").exists()
+        # The swapper renames real -> d -> real -> ... as fast as it can, so
+        # two separate checks can both miss; one listing at a time, polled,
+        # shows that this is the racing sandbox's volume.
+        assert wait_for(lambda: {"real", "d", "lnk"} & set(os.listdir(volume))), sorted(os.listdir(volume))
         prepare_payloads(srv)
         results = []
         deadline = time.monotonic() + ROUND_BUDGET_S
