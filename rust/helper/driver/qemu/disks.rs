@@ -38,6 +38,16 @@ pub fn layer_disk(layer: &Path, cache: &Path, mapper: &IdMapper) -> Result<PathB
         return Ok(disk);
     }
     std::fs::create_dir_all(cache).map_err(|e| QemuError::io(format!("create {}", cache.display()), e))?;
+    // One builder per disk: two boots of one image at once (in one helper,
+    // whose temp name below is the same for both, or in two helpers sharing
+    // the cache) would otherwise write one file together, and mke2fs fails
+    // midway ("Ext2 inode is not a directory"). The second waits, then
+    // takes the disk the first built.
+    let lock = cache.join(format!(".{}.lock", disk.file_name().unwrap_or_default().to_string_lossy()));
+    let _held = super::lock_exclusive(&lock)?;
+    if disk.is_file() {
+        return Ok(disk);
+    }
     let tmp =
         cache.join(format!(".tmp-{}-{}", std::process::id(), disk.file_name().unwrap_or_default().to_string_lossy()));
     let failed = |detail: String| QemuError::Disk { what: layer.display().to_string(), detail };

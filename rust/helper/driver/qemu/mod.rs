@@ -97,6 +97,14 @@ impl QemuError {
     }
 }
 
+/// Creates `path` and holds an exclusive `flock` on it until dropped,
+/// waiting for another holder (a thread of this helper or another helper).
+pub fn lock_exclusive(path: &std::path::Path) -> Result<nix::fcntl::Flock<std::fs::File>, QemuError> {
+    let file = std::fs::File::create(path).map_err(|e| QemuError::io(format!("create {}", path.display()), e))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| QemuError::io(format!("lock {}", path.display()), e.into()))
+}
+
 /// How the guest's CPU runs.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Accel {

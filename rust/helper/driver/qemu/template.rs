@@ -141,12 +141,7 @@ impl Template {
     pub async fn build(&self, shape: &Shape, run_dir: &Path, cgroup: Option<&VmCgroup>) -> Result<(), QemuError> {
         std::fs::create_dir_all(&self.dir).map_err(|e| QemuError::io(format!("create {}", self.dir.display()), e))?;
         let lock = self.lock_file();
-        let _held = std::fs::File::create(&lock)
-            .map_err(|e| QemuError::io(format!("create {}", lock.display()), e))
-            .and_then(|f| {
-                Flock::lock(f, FlockArg::LockExclusive)
-                    .map_err(|(_, e)| QemuError::io(format!("lock {}", lock.display()), e.into()))
-            })?;
+        let _held = super::lock_exclusive(&lock)?;
         let mut vm = Instance::start(shape, run_dir, Start::Template, cgroup).await?;
         let tmp = self.dir.join(format!("vm.state.{}", std::process::id()));
         let saved = async {
