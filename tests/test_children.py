@@ -292,7 +292,9 @@ def test_a_child_lease_cannot_be_extended_past_its_ttl(server_factory):
 
 def _vm_init_above(tag: str) -> int | None:
     """Host pid of the `sandbox-vm-init` process above the sandbox process
-    whose argv is `sleep <tag>`."""
+    whose argv is `sleep <tag>`. Callers poll: the exec that put `sleep` in
+    the background answers once its shell is done, maybe before the forked
+    child has exec'd sleep (a loaded machine missed it so)."""
     want = f"sleep\0{tag}\0".encode()
     for d in os.listdir("/proc"):
         try:
@@ -315,7 +317,7 @@ def test_a_parent_whose_vm_dies_takes_its_children(server_factory):
     assert not err, text
     text, err = spawn(srv, name="kid")
     assert not err, text
-    init = _vm_init_above("4243")
+    init = wait_for(lambda: _vm_init_above("4243"), timeout=20)
     assert init, "the parent's VM init process was not found"
     os.kill(init, 9)
     gone = wait_for(lambda: "default..kid" not in names(srv) and "default" not in names(srv), timeout=20)
@@ -337,7 +339,7 @@ def test_a_lost_child_is_acknowledged_by_destroy_child(server_factory):
     assert not err, text
     text, err = srv.tool("exec", command="sleep 4244 >/dev/null 2>&1 &", sandbox="default..kid")
     assert not err, text
-    init = _vm_init_above("4244")
+    init = wait_for(lambda: _vm_init_above("4244"), timeout=20)
     assert init, "the child's VM init process was not found"
     os.kill(init, 9)
 

@@ -9,6 +9,7 @@ own unpacking and everything after it, not Debian's package downloads.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import pwd
@@ -35,6 +36,46 @@ exit 2
 """
 
 
+def run_mapped(argv: list[str], id_map: dict, stdout: int) -> int:
+    """Runs argv as root of a new user namespace with `id_map` (the image.json form), stdout to `stdout`; its
+    exit status. Root writes the maps itself: util-linux's `unshare --map-users` goes through newuidmap, which
+    refuses root's range unless /etc/subuid lists it, and a fresh machine's does not."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: only system calls until exec
+        try:
+            os.close(ready_r)
+            os.close(go_w)
+            if libc.unshare(0x10000000) != 0:  # CLONE_NEWUSER
+                os._exit(90)
+            os.write(ready_w, b"u")
+            if os.read(go_r, 1) != b"g":
+                os._exit(91)
+            os.setgroups([])
+            os.setgid(0)
+            os.setuid(0)
+            os.dup2(stdout, 1)
+            os.execvp(argv[0], argv)
+        finally:
+            os._exit(92)
+    os.close(ready_w)
+    os.close(go_r)
+    try:
+        assert os.read(ready_r, 1) == b"u", "the child could not make its user namespace"
+        for name, key in (("uid_map", "uids"), ("gid_map", "gids")):
+            lines = "".join(f"{e['inside']} {e['outside']} {e['count']}\n" for e in id_map[key])
+            with open(f"/proc/{pid}/{name}", "w") as f:
+                f.write(lines)
+        os.write(go_w, b"g")
+    finally:
+        os.close(ready_r)
+        os.close(go_w)
+        _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
 @pytest.fixture(scope="module")
 def rootfs_tar() -> Iterator[Path]:
     """The shared test image as mmdebstrap would write it (owners are the ids inside the chroot), and a dir with
@@ -43,17 +84,14 @@ def rootfs_tar() -> Iterator[Path]:
         pytest.skip("needs root to create users")
     image = Path(shared_image_store()) / required_env("SANDBOX_MCP_TEST_IMAGE")
     id_map = json.loads((image / "image.json").read_text())["id_map"]
-    maps = [f"--map-users={e['outside']},{e['inside']},{e['count']}" for e in id_map["uids"]]
-    maps += [f"--map-groups={e['outside']},{e['inside']},{e['count']}" for e in id_map["gids"]]
     d = Path(tempfile.mkdtemp(prefix="smcp-2u-"))
     d.chmod(0o755)
     tar = d / "rootfs.tar"
     # As root of a namespace with root's image map, tar records the ids inside (as mmdebstrap's tarball does).
     with open(tar, "wb") as out:
-        subprocess.run(
-            ["unshare", *maps, "--setuid", "0", "--setgid", "0", "tar", "-C", str(image / "rootfs"),
-             "--numeric-owner", "--xattrs", "--xattrs-include=*", "--exclude=./dev/*", "-cf", "-", "."],
-            stdout=out, check=True)
+        status = run_mapped(["tar", "-C", str(image / "rootfs"), "--numeric-owner", "--xattrs", "--xattrs-include=*",
+                             "--exclude=./dev/*", "-cf", "-", "."], id_map, out.fileno())
+    assert status == 0, f"tar in root's image map exited {status}"
     tar.chmod(0o644)
     (d / "mmdebstrap").write_text(STAND_IN)
     (d / "mmdebstrap").chmod(0o755)
