@@ -21,7 +21,8 @@ Measures, on an isolated server (fresh XDG dirs, helper stopped at the end):
   (h) the vm driver (qemu microVMs; skipped, saying why, without qemu or the vm assets):
       `sandbox-vm-helper vm-bench` on the bench image, from qemu's start to the agent's first
       Pong: cold boot, restore from the memory snapshot (target p50 <= 300 ms under TCG), a
-      vm handed out by the warm pool (target p50 <= 150 ms), the RSS of qemu + virtiofsd
+      vm handed out by the warm pool (target p50 <= 150 ms), both again for an EGRESS vm (a
+      network card, its stack started at hand-out), the RSS of qemu + virtiofsd
       per idle vm, and warm exec on a booted vm (`sh -c 'echo hi'` through its agent, printed
       beside the namespace driver's warm exec);
   (e) sync latency: with sync_start running, a new file written on the host until it exists
@@ -412,6 +413,8 @@ def bench_vm() -> list[str]:
         row("vm create, cold boot", f["cold_ms"]),
         row("vm create, from the state file", f["snapshot_ms"]) + "  (target p50 <= 300, TCG)",
         row("vm create, from the warm pool", f["pool_ms"]) + "  (target p50 <= 150, TCG)",
+        row("vm create, EGRESS, state file", f["egress_snapshot_ms"]) + "  (with its network stack)",
+        row("vm create, EGRESS, warm pool", f["egress_pool_ms"]) + "  (with its network stack)",
         row(VM_EXEC_LABEL, f["warm_exec_ms"]) + "  (through the agent, TCG)",
         f"{'vm host RSS per idle vm':<34} {len(f['idle_rss_mib']):>5} {statistics.median(f['idle_rss_mib']):>9.1f}"
         "             (MiB: qemu + virtiofsd)",

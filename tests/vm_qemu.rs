@@ -91,7 +91,7 @@ fn boot_spec<'a>(
         memory_mib: 512,
         mapper,
         cgroup: None,
-        network: None,
+        network: false,
     }
 }
 
@@ -595,6 +595,7 @@ async fn seam_shape(driver: &QemuDriver, assets: &Assets, layers: &[PathBuf], ma
         layers: layers.iter().map(|l| disks::layer_disk(l, &vm_dir().join("disks"), mapper).unwrap()).collect(),
         cpus: 1,
         memory_mib: 512,
+        network: false,
     }
 }
 
@@ -788,6 +789,7 @@ async fn keep_warm_removes_templates_of_another_helper_build() {
         layers: Vec::new(),
         cpus: 1,
         memory_mib: 512,
+        network: false,
     };
     std::fs::write(stale.join("shape.json"), serde_json::to_vec(&shape).unwrap()).unwrap();
     std::fs::write(stale.join("vm.state"), b"state").unwrap();
@@ -967,16 +969,8 @@ fn refusals(events: &Events) -> String {
 async fn a_vm_reaches_the_network_only_as_its_policy_allows_and_survives_hostile_frames() {
     let Some(assets) = assets() else { return };
     let Some(layers) = test_image_layers() else { return };
-    // As an ordinary user there is no test host (ip netns needs root):
-    // names then resolve to a documentation address nothing serves.
-    let host = TestHost::up();
-    let addr: std::net::Ipv4Addr = host.as_ref().map_or("198.51.100.7".into(), |h| h.addr()).parse().unwrap();
-    let (dns, responder) = dns_responder(addr).await;
-    // SAFETY: std's own environment lock orders this against every other
-    // env read in this process (they are all Rust's); the stack reads the
-    // variable when it starts, below.
-    unsafe { std::env::set_var("SANDBOX_VM_HELPER_DNS_UPSTREAM", dns.to_string()) };
-    let policy = NetworkPolicy::parse(&[format!("{addr}:8080"), "allowed.test".into()], &[]).unwrap();
+    let (_upstream, host, addr, responder) = upstream().await;
+    let policy = egress_policy(addr, &[]);
     let events = Arc::new(Events::default());
     let dir = TempDir::new("net");
     let driver = QemuDriver::with_assets(Ok(assets)).with_warm(&dir.0, 0);
@@ -1012,6 +1006,111 @@ async fn a_vm_reaches_the_network_only_as_its_policy_allows_and_survives_hostile
     vm.kill();
     responder.abort();
     vm.cleanup();
+}
+
+/// The DNS upstream the stacks of this process ask (one responder at a
+/// time: the variable is process-wide), so EGRESS tests take it in turn.
+static UPSTREAM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Takes [`UPSTREAM`] and points it at a fresh responder answering every
+/// name with the test host's address (as an ordinary user there is no
+/// test host, ip netns needing root: names then resolve to a
+/// documentation address nothing serves). Returns the turn, the host, its
+/// address and the responder.
+async fn upstream()
+-> (tokio::sync::MutexGuard<'static, ()>, Option<TestHost>, std::net::Ipv4Addr, tokio::task::JoinHandle<()>) {
+    let turn = UPSTREAM.lock().await;
+    let host = TestHost::up();
+    let addr: std::net::Ipv4Addr = host.as_ref().map_or("198.51.100.7".into(), |h| h.addr()).parse().unwrap();
+    let (dns, responder) = dns_responder(addr).await;
+    // SAFETY: std's own environment lock orders this against every other
+    // env read in this process (they are all Rust's); a stack reads the
+    // variable when it starts.
+    unsafe { std::env::set_var("SANDBOX_VM_HELPER_DNS_UPSTREAM", dns.to_string()) };
+    (turn, host, addr, responder)
+}
+
+/// The policy [`egress_checks`] expects: the test host's port 8080 and
+/// `allowed.test`, plus `names`.
+fn egress_policy(addr: std::net::Ipv4Addr, names: &[&str]) -> NetworkPolicy {
+    let mut allow = vec![format!("{addr}:8080"), "allowed.test".into()];
+    allow.extend(names.iter().map(|n| n.to_string()));
+    NetworkPolicy::parse(&allow, &[]).unwrap()
+}
+
+/// Boots sandbox `name` under `dir` with EGRESS under `policy` through
+/// `driver`; the vm and its stack's events.
+async fn egress_vm(
+    driver: &QemuDriver,
+    dir: &Path,
+    name: &str,
+    layers: &[PathBuf],
+    policy: NetworkPolicy,
+) -> (Arc<VmInstance>, Arc<Events>) {
+    let mapper = IdMapper::detect().expect("an id map (host-setup)");
+    let (mut spec, _) = sandbox(dir, name, layers, &mapper);
+    let events = Arc::new(Events::default());
+    spec.egress = Some((policy, events.clone()));
+    let vm = driver.boot_vm(&spec).await.unwrap_or_else(|e| panic!("boot {name} with EGRESS: {e}"));
+    let (_, conf) = exec(&vm.connection(), &["cat", "/etc/resolv.conf"]).await;
+    assert_eq!(conf, "nameserver 10.0.2.3\n", "{name}'s resolver is the stack");
+    (vm, events)
+}
+
+/// EGRESS vms come from their shape's memory snapshot, as others do: the
+/// network card is part of the shape, so its template and pool have one,
+/// and each restored vm's card reaches its own stack with its own policy.
+/// The first boots cold (no snapshot yet), the next comes from the pool,
+/// a third (while the second runs) from the refilled pool or the state
+/// file; each resolves only what its policy allows and has refusals
+/// recorded, and neither sees the other's traffic: a name only the third
+/// allows resolves there and not in the second, and each one's refusals
+/// land in its own events only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn egress_vms_come_from_the_pool_and_the_state_file_each_with_its_own_network() {
+    let Some(assets) = assets() else { return };
+    let Some(layers) = test_image_layers() else { return };
+    let mapper = IdMapper::detect().expect("an id map (host-setup)");
+    let (_upstream, host, addr, responder) = upstream().await;
+    let dir = TempDir::new("netpool");
+    let driver = warm_driver(&assets, &dir.0, 1);
+
+    let (cold, events) = egress_vm(&driver, &dir.0, "cold", &layers, egress_policy(addr, &[])).await;
+    assert!(
+        matches!(cold.origin(), Origin::Cold { reason } if reason.contains("no memory snapshot")),
+        "{:?}",
+        cold.origin()
+    );
+    egress_checks(&cold.connection(), &events, addr, host.as_ref()).await;
+    cold.kill();
+    cold.cleanup();
+    driver.warm().idle().await;
+    let shape = Shape { network: true, ..seam_shape(&driver, &assets, &layers, &mapper).await };
+    assert_eq!(driver.warm().ready(&shape), 1, "the EGRESS shape's pool filled behind the cold boot");
+
+    let (pooled, pooled_events) = egress_vm(&driver, &dir.0, "pooled", &layers, egress_policy(addr, &[])).await;
+    assert_eq!(pooled.origin(), &Origin::Pool);
+    egress_checks(&pooled.connection(), &pooled_events, addr, host.as_ref()).await;
+
+    let policy = egress_policy(addr, &["third.test"]);
+    let (third, third_events) = egress_vm(&driver, &dir.0, "third", &layers, policy).await;
+    assert!(matches!(third.origin(), Origin::Pool | Origin::Snapshot), "{:?}", third.origin());
+    let pooled_refused = refusals(&pooled_events);
+    egress_checks(&third.connection(), &third_events, addr, host.as_ref()).await;
+    assert_eq!(refusals(&pooled_events), pooled_refused, "the third's refusals are not the second's");
+    assert_eq!(net_client(&third.connection(), &["resolve", "third.test"]).await, format!("['{addr}']"));
+    assert_eq!(net_client(&pooled.connection(), &["resolve", "third.test"]).await, "gaierror", "the second's policy");
+    assert!(refusals(&pooled_events).contains("dns third.test "), "{}", refusals(&pooled_events));
+    assert!(!refusals(&third_events).contains("third.test"), "{}", refusals(&third_events));
+    // The second's network still answers it, not the third.
+    assert_eq!(net_client(&pooled.connection(), &["resolve", "allowed.test"]).await, format!("['{addr}']"));
+    for vm in [pooled, third] {
+        vm.kill();
+        vm.cleanup();
+    }
+    driver.warm().idle().await;
+    driver.release().await;
+    responder.abort();
 }
 
 /// One length-prefixed frame, as qemu's `-netdev stream` writes it.

@@ -1,7 +1,10 @@
 //! The guest's network: when the host gave the VM a network card (a
 //! sandbox with EGRESS, whose card's other end is the helper's stack), eth0
 //! gets the address, route and resolver a namespace sandbox has; without
-//! one the VM keeps only loopback.
+//! one the VM keeps only loopback. This runs after the "go", never before a
+//! memory snapshot: a template with a card has eth0, down, so each vm
+//! restored from it configures its own card, whose host end is its own
+//! stack.
 use std::path::Path;
 
 use super::GuestError;

@@ -2,11 +2,14 @@
 //! `make bench`, measured on the driver's own steps (as its `create` takes
 //! them), from qemu's start to the agent's first Pong: a cold boot, a
 //! restore from the shape's memory snapshot, and a vm taken from the pool
-//! (restored ahead and its agent pinged, untimed; then only attach, "go" and the Pong). Also the
+//! (restored ahead and its agent pinged, untimed; then only attach, "go" and the Pong), the
+//! two restores also for a shape with a network card (EGRESS; its stack started at hand-out, as
+//! the driver does). Also the
 //! host memory of an idle vm (the RSS of its qemu and virtiofsd) and warm
 //! exec on a booted vm: `sh -c 'echo hi'` through its agent, from the
 //! stream's open to the exit status.
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -20,6 +23,8 @@ use crate::agent::mux::Mux;
 use crate::agent::protocol::{ExitStatus, Frame, StartSpec};
 use crate::guest::handshake::GuestLimits;
 use crate::helper::driver::userns::IdMapper;
+use crate::helper::netstack::events::Events;
+use crate::netpolicy::NetworkPolicy;
 
 /// The samples, in milliseconds and MiB.
 #[derive(Debug, Default, Serialize)]
@@ -30,6 +35,11 @@ pub struct Figures {
     pub snapshot_ms: Vec<f64>,
     /// Pooled vms handed out.
     pub pool_ms: Vec<f64>,
+    /// Restores from the state file of a shape with a network card
+    /// (EGRESS), its stack started.
+    pub egress_snapshot_ms: Vec<f64>,
+    /// Pooled vms with a network card handed out, their stacks started.
+    pub egress_pool_ms: Vec<f64>,
     /// RSS of qemu and virtiofsd per idle vm.
     pub idle_rss_mib: Vec<f64>,
     /// Warm `sh -c 'echo hi'` through the agent of a booted vm.
@@ -78,20 +88,33 @@ pub async fn run(layers: &[PathBuf], runs: usize, work: &Path) -> Result<Figures
     let accel = probe::detect(&assets, &work.join("probe")).await;
     let cache = vm_dir().join("disks");
     let layers = layers.iter().map(|l| disks::layer_disk(l, &cache, &mapper)).collect::<Result<Vec<_>, _>>()?;
-    let shape = Shape {
+    let plain = Shape {
         kernel: assets.kernel.clone(),
         initramfs: assets.initramfs.clone(),
         accel,
         layers,
         cpus: 1,
         memory_mib: 512,
+        network: false,
     };
-    let template = Template::of(&work.join("templates"), &shape);
-    template.build(&shape, &work.join("template"), None).await?;
-    let state = template.current().ok_or_else(|| failed("the template", "no state was saved"))?;
-    let mut figures = Figures::default();
+    let egress = Shape { network: true, ..plain.clone() };
     let cold_runs = runs.div_ceil(4).max(1);
-    for i in 0..cold_runs + 2 * runs {
+    // Cold boots only without a card (a card adds nothing to a boot that
+    // takes seconds); each restore figure with and without one.
+    let mut plan = vec![(Sample::Cold, &plain); cold_runs];
+    for shape in [&plain, &egress] {
+        plan.extend(std::iter::repeat_n((Sample::Snapshot, shape), runs));
+        plan.extend(std::iter::repeat_n((Sample::Pool, shape), runs));
+    }
+    let mut states = Vec::new();
+    for (name, shape) in [("plain", &plain), ("egress", &egress)] {
+        let template = Template::of(&work.join("templates"), shape);
+        template.build(shape, &work.join(format!("template-{name}")), None).await?;
+        states.push(template.current().ok_or_else(|| failed("the template", "no state was saved"))?);
+    }
+    let mut figures = Figures::default();
+    for (i, (sample, shape)) in plan.into_iter().enumerate() {
+        let state = &states[usize::from(shape.network)];
         let dir = work.join(format!("vm{i}"));
         std::fs::create_dir_all(dir.join("ws")).map_err(|e| QemuError::io("create the bench's workspace", e))?;
         let (uid, gid) = mapper.id_map().host_root();
@@ -108,41 +131,48 @@ pub async fn run(layers: &[PathBuf], runs: usize, work: &Path) -> Result<Figures
             limits: GuestLimits::default(),
         };
         let run_dir = dir.join("run");
-        let (mut vm, ms, agent) = if i < cold_runs {
-            let t = Instant::now();
-            let mut vm = Instance::start(&shape, &run_dir, Start::Cold { network: None }, None).await?;
-            pong(vm.go(attach, true).await?).await?;
-            (vm, t.elapsed(), None)
-        } else if i < cold_runs + runs {
-            let t = Instant::now();
-            let mut vm = Instance::start(&shape, &run_dir, Start::Restore(&state), None).await?;
-            pong(vm.go(attach, false).await?).await?;
-            (vm, t.elapsed(), None)
-        } else {
-            let mut vm = Instance::start(&shape, &run_dir, Start::Restore(&state), None).await?;
-            // As the pool does before a vm waits there.
-            vm.warm_agent().await?;
-            let t = Instant::now();
-            let mux = pong(vm.go(attach, false).await?).await?;
-            (vm, t.elapsed(), Some(mux))
+        let (mut vm, t) = match sample {
+            Sample::Cold | Sample::Snapshot => {
+                let how = if sample == Sample::Cold { Start::Cold } else { Start::Restore(state) };
+                let t = Instant::now();
+                (Instance::start(shape, &run_dir, how, None).await?, t)
+            }
+            Sample::Pool => {
+                let mut vm = Instance::start(shape, &run_dir, Start::Restore(state), None).await?;
+                // As the pool does before a vm waits there.
+                vm.warm_agent().await?;
+                (vm, Instant::now())
+            }
         };
-        let ms = ms.as_secs_f64() * 1000.0;
-        match i {
-            i if i < cold_runs => figures.cold_ms.push(ms),
-            i if i < cold_runs + runs => figures.snapshot_ms.push(ms),
-            _ => figures.pool_ms.push(ms),
-        }
-        if i == cold_runs || i == cold_runs + runs {
+        let mux = vm.go(attach, sample == Sample::Cold).await?;
+        // As the driver does at hand-out: the card's stack, with a policy.
+        let _net = match vm.take_network() {
+            Some(card) => Some(
+                card.serve(NetworkPolicy::default(), Arc::new(Events::default()))
+                    .map_err(|e| failed("the vm's network stack", e))?,
+            ),
+            None => None,
+        };
+        let agent = pong(mux).await?;
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        let first = match (sample, shape.network) {
+            (Sample::Cold, _) => push(&mut figures.cold_ms, ms),
+            (Sample::Snapshot, false) => push(&mut figures.snapshot_ms, ms),
+            (Sample::Pool, false) => push(&mut figures.pool_ms, ms),
+            (Sample::Snapshot, true) => push(&mut figures.egress_snapshot_ms, ms),
+            (Sample::Pool, true) => push(&mut figures.egress_pool_ms, ms),
+        };
+        if first && sample != Sample::Cold && !shape.network {
             // An idle restored vm, settled.
             tokio::time::sleep(Duration::from_secs(1)).await;
             let qemu = vm.pid().map_or(0, |p| rss_kib(&PathBuf::from(format!("/proc/{p}"))));
             let virtiofsd = rss_kib_matching(&format!("source={}", ws.display()));
             figures.idle_rss_mib.push((qemu + virtiofsd) as f64 / 1024.0);
         }
-        if let (Some(agent), true) = (&agent, figures.warm_exec_ms.is_empty()) {
+        if first && sample == Sample::Pool && !shape.network {
             for n in 0..EXEC_WARMUP + EXEC_RUNS {
                 let t = Instant::now();
-                echo_hi(agent).await?;
+                echo_hi(&agent).await?;
                 if n >= EXEC_WARMUP {
                     figures.warm_exec_ms.push(t.elapsed().as_secs_f64() * 1000.0);
                 }
@@ -152,6 +182,23 @@ pub async fn run(layers: &[PathBuf], runs: usize, work: &Path) -> Result<Figures
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(figures)
+}
+
+/// One create figure: how its vm starts and what the clock covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sample {
+    /// The kernel boots: qemu's start to the Pong.
+    Cold,
+    /// Restored from the state file: qemu's start to the Pong.
+    Snapshot,
+    /// Restored and warmed untimed (as the pool does): hand-out to the Pong.
+    Pool,
+}
+
+/// Adds `ms` to `samples`; whether it is the first.
+fn push(samples: &mut Vec<f64>, ms: f64) -> bool {
+    samples.push(ms);
+    samples.len() == 1
 }
 
 async fn pong(mux: Mux) -> Result<Mux, QemuError> {

@@ -8,8 +8,10 @@
 //! and pool are made ready in the background ([`super::pool`]).
 //!
 //! EGRESS goes through the helper's network stack, with the sandbox's
-//! policy, as on the namespace driver ([`super::network`]); such a vm boots
-//! cold. What it does not do yet, refused with the reason: shares other
+//! policy, as on the namespace driver ([`super::network`]): the network
+//! card is part of the shape, so an EGRESS vm comes from its own shape's
+//! pool or template too, and the stack takes the card's connection once
+//! the vm is the sandbox's. What it does not do yet, refused with the reason: shares other
 //! than `/workspace`. CPUs and memory are the VM's own size
 //! (`-smp`, `-m`); qemu also runs in the sandbox's cgroup (the namespace
 //! driver's layout), which bounds what the host gives the whole VM. The
@@ -23,7 +25,6 @@ use std::time::Duration;
 
 use super::assets::Assets;
 use super::instance::{Attach, Instance as QemuInstance, Shape, Start};
-use super::network::NetLink;
 use super::pool::Warm;
 use super::share::Share;
 use super::virtiofsd::VIRTIOFSD;
@@ -137,20 +138,8 @@ impl QemuDriver {
     }
 
     /// A vm of `shape` with the sandbox's `attach`: from the pool, else
-    /// restored from the template, else booted cold. One with a `network`
-    /// socket (EGRESS) always boots cold: qemu 7.2's `-netdev stream` cannot
-    /// be added to a restored vm.
-    async fn create(
-        &self,
-        shape: &Shape,
-        run_dir: &Path,
-        attach: Attach<'_>,
-        network: Option<&Path>,
-    ) -> Result<Created, QemuError> {
-        if network.is_some() {
-            let reason = "a vm with network egress boots cold (its network card cannot join a restored vm)";
-            return self.boot_cold(shape, run_dir, attach, network, reason.into()).await;
-        }
+    /// restored from the template, else booted cold.
+    async fn create(&self, shape: &Shape, run_dir: &Path, attach: Attach<'_>) -> Result<Created, QemuError> {
         if let Some(mut pooled) = self.warm.take(shape) {
             // `go` moves qemu into the sandbox's group: the pool's own one
             // is empty then.
@@ -185,7 +174,7 @@ impl QemuDriver {
                 }
             },
         };
-        self.boot_cold(shape, run_dir, attach, None, reason).await
+        self.boot_cold(shape, run_dir, attach, reason).await
     }
 
     async fn boot_cold(
@@ -193,11 +182,10 @@ impl QemuDriver {
         shape: &Shape,
         run_dir: &Path,
         attach: Attach<'_>,
-        network: Option<&Path>,
         reason: String,
     ) -> Result<Created, QemuError> {
         tracing::info!(%reason, "vm boots cold");
-        let mut vm = QemuInstance::start(shape, run_dir, Start::Cold { network }, None).await?;
+        let mut vm = QemuInstance::start(shape, run_dir, Start::Cold, None).await?;
         match vm.go(attach, true).await {
             Ok(stream) => Ok((vm, run_dir.to_path_buf(), stream, Origin::Cold { reason })),
             Err(e) => {
@@ -257,6 +245,7 @@ impl QemuDriver {
             layers,
             cpus: spec.limits.cpus.max(1),
             memory_mib: (spec.limits.memory_bytes >> 20).max(256),
+            network: spec.egress.is_some(),
         };
         let attach = Attach {
             hostname: &spec.hostname,
@@ -273,15 +262,12 @@ impl QemuDriver {
             }
             DriverError::InitFailed(e)
         };
-        let net_link = match &spec.egress {
-            Some(_) => Some(NetLink::listen(&run_dir).map_err(|e| failed(e.to_string()))?),
-            None => None,
-        };
-        let network = net_link.as_ref().map(NetLink::path);
-        let created = self.create(&shape, &run_dir, attach, network).await;
+        let created = self.create(&shape, &run_dir, attach).await;
         let (mut vm, run_dir, transport, origin) = created.map_err(|e| failed(e.to_string()))?;
-        let net = match (net_link, &spec.egress) {
-            (Some(link), Some((policy, events))) => match link.attach(policy.clone(), events.clone()).await {
+        // The policy is the sandbox's, known only now: a pooled vm's card
+        // waited connected and unread until here.
+        let net = match (vm.take_network(), &spec.egress) {
+            (Some(card), Some((policy, events))) => match card.serve(policy.clone(), events.clone()) {
                 Ok(net) => Some(net),
                 Err(e) => {
                     vm.kill().await;
@@ -290,9 +276,7 @@ impl QemuDriver {
             },
             _ => None,
         };
-        if net.is_none() {
-            self.warm.warm_up(shape);
-        }
+        self.warm.warm_up(shape);
         let mux = transport;
         let mut ping = mux.open(Frame::Ping)?;
         match tokio::time::timeout(BOOT_WAIT, ping.next()).await {

@@ -12,6 +12,8 @@
 //! or restored from a template's memory state. Only then does it get what
 //! is the sandbox's own ([`Attach`]): the writable disk and `/workspace`
 //! are attached over QMP on PCIe root ports, then the guest gets its "go".
+//! A shape with a network card has it from the start on every way, its
+//! host end connected to the vm's own socket ([`super::network`]).
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -24,6 +26,7 @@ use tokio::net::{UnixListener, UnixStream};
 
 use super::argv::{Machine, UPPER_PORT, WORKSPACE_PORT, cmdline};
 use super::assets::Assets;
+use super::network::{Connected, NetLink};
 use super::qmp::Qmp;
 use super::virtiofsd::Virtiofsd;
 use super::{Accel, QEMU, QemuError};
@@ -58,6 +61,9 @@ pub struct Shape {
     pub cpus: u32,
     /// `-m`, MiB.
     pub memory_mib: u64,
+    /// A virtio-net card (EGRESS). Part of the shape, as a restored vm has
+    /// exactly its template's devices; its host end is each vm's own.
+    pub network: bool,
 }
 
 /// What is the sandbox's own, attached once the vm runs its shape.
@@ -82,14 +88,8 @@ pub struct Attach<'a> {
 /// How a vm starts.
 #[derive(Debug, Clone, Copy)]
 pub enum Start<'a> {
-    /// The kernel boots; CPUs stopped until [`Instance::go`]. With the
-    /// network stack's socket for EGRESS ([`super::network::NetLink`]):
-    /// only a cold boot has a network card, as qemu 7.2's `-netdev stream`
-    /// cannot be added to a restored vm.
-    Cold {
-        /// The network stack's socket.
-        network: Option<&'a Path>,
-    },
+    /// The kernel boots; CPUs stopped until [`Instance::go`].
+    Cold,
     /// The kernel boots to guest init's handshake, to be saved.
     Template,
     /// The memory state in this file is loaded; CPUs stopped until
@@ -122,8 +122,8 @@ pub struct BootSpec<'a> {
     pub mapper: &'a IdMapper,
     /// The sandbox's cgroup: qemu and virtiofsd are moved into it.
     pub cgroup: Option<&'a VmCgroup>,
-    /// The network stack's socket ([`super::network::NetLink`]), for EGRESS.
-    pub network: Option<PathBuf>,
+    /// A network card (EGRESS), its host end [`Instance::take_network`].
+    pub network: bool,
 }
 
 impl BootSpec<'_> {
@@ -136,6 +136,7 @@ impl BootSpec<'_> {
             layers: self.layers.clone(),
             cpus: self.cpus,
             memory_mib: self.memory_mib,
+            network: self.network,
         }
     }
 }
@@ -159,6 +160,8 @@ pub struct Instance {
     /// The QMP connection a restore made, kept for [`go`](Self::go)'s
     /// commands (qemu serves one client at a time: dropped there).
     qmp_conn: Option<Qmp>,
+    /// The network card's host end, until the sandbox's stack takes it.
+    net: Option<Connected>,
 }
 
 /// How a vm ended, for the report a killed qemu or a guest panic gets.
@@ -199,8 +202,7 @@ impl Instance {
     /// Starts qemu for `shape` and returns the vm with its agent connection
     /// (cold: booted and given its "go" at once).
     pub async fn boot(spec: BootSpec<'_>) -> Result<(Instance, Mux), QemuError> {
-        let how = Start::Cold { network: spec.network.as_deref() };
-        let mut vm = Instance::start(&spec.shape(), &spec.run_dir, how, spec.cgroup).await?;
+        let mut vm = Instance::start(&spec.shape(), &spec.run_dir, Start::Cold, spec.cgroup).await?;
         let attach = Attach {
             hostname: spec.hostname,
             upper: &spec.upper,
@@ -239,6 +241,7 @@ impl Instance {
         };
         let (listener, agent_socket) = bind("agent.sock")?;
         let (control_listener, control_socket) = bind("control.sock")?;
+        let net_link = if shape.network { Some(NetLink::listen(dir)?) } else { None };
         let machine = Machine {
             accel: shape.accel.name(),
             cpus: shape.cpus,
@@ -249,10 +252,7 @@ impl Instance {
             layers: shape.layers.clone(),
             agent_socket,
             control_socket: Some(control_socket),
-            network: match how {
-                Start::Cold { network } => network.map(Path::to_path_buf),
-                _ => None,
-            },
+            network: net_link.as_ref().map(|l| l.path().to_path_buf()),
             qmp_socket: dir.join("qmp.sock"),
             console_log: dir.join("console.log"),
             incoming: matches!(how, Start::Restore(_)),
@@ -274,6 +274,7 @@ impl Instance {
             qemu_log,
             virtiofsd: None,
             qmp_conn: None,
+            net: None,
         };
         let started = async {
             vm.agent = Some(vm.accept(CONNECT_WAIT).await?);
@@ -282,6 +283,9 @@ impl Instance {
                 .map_err(|_| QemuError::Timeout { what: "qemu to connect to the control socket", secs: 30 })?
                 .map_err(|e| QemuError::io("accept qemu's control connection", e))?;
             vm.control = control.0;
+            if let Some(link) = net_link {
+                vm.net = Some(link.accept().await?);
+            }
             if let Start::Restore(state) = how {
                 let file =
                     std::fs::File::open(state).map_err(|e| QemuError::io(format!("open {}", state.display()), e))?;
@@ -461,6 +465,12 @@ impl Instance {
                 Err(QemuError::Exited(format!("{status}; {}", self.output())))
             }
         }
+    }
+
+    /// The network card's host end (a shape with one), for the sandbox's
+    /// stack; once.
+    pub fn take_network(&mut self) -> Option<Connected> {
+        self.net.take()
     }
 
     /// The agent socket's listener, for reconnections while another task

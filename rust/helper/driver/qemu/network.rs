@@ -6,14 +6,21 @@
 //!
 //! The helper listens before qemu starts and accepts exactly one
 //! connection: qemu connects while it sets up its devices, before the
-//! guest runs. A guest that escaped into qemu reaches only this socket,
-//! which speaks frames to a stack that re-checks every flow.
+//! guest runs. The card is part of the vm's shape, so template and pool
+//! vms have it too: the netdev backend is host-side, not migrated state,
+//! so a restored vm's qemu connects to its own new socket. The accepted
+//! connection ([`Connected`]) waits unread until the sandbox's policy is
+//! known, at hand-out; guest init brings eth0 up only after its "go", so
+//! before that the guest sends nothing (qemu's own announce after a
+//! restore, a RARP frame, waits in the socket and the stack drops it).
+//! A guest that escaped into qemu reaches only this socket, which speaks
+//! frames to a stack that re-checks every flow.
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::UnixListener;
+use tokio::net::{UnixListener, UnixStream};
 
 use super::QemuError;
 use crate::helper::netstack::NetStack;
@@ -30,6 +37,10 @@ pub struct NetLink {
     listener: UnixListener,
     path: PathBuf,
 }
+
+/// qemu's connected network card, not yet served.
+#[derive(Debug)]
+pub struct Connected(UnixStream);
 
 impl NetLink {
     /// Listens on `run_dir/net.sock` (owner only).
@@ -49,9 +60,9 @@ impl NetLink {
         &self.path
     }
 
-    /// Accepts qemu's connection and serves it under `policy`; the socket
-    /// file goes (a second connection is never accepted).
-    pub async fn attach(self, policy: NetworkPolicy, events: Arc<Events>) -> Result<NetStack, QemuError> {
+    /// Accepts qemu's connection; the socket file goes (a second
+    /// connection is never accepted).
+    pub async fn accept(self) -> Result<Connected, QemuError> {
         let accepted = tokio::time::timeout(CONNECT_WAIT, self.listener.accept()).await;
         let _ = std::fs::remove_file(&self.path);
         let (stream, _) = accepted
@@ -60,7 +71,19 @@ impl NetLink {
                 secs: CONNECT_WAIT.as_secs(),
             })?
             .map_err(|e| QemuError::io("accept qemu's network connection", e))?;
-        let fd: OwnedFd = stream.into_std().map_err(|e| QemuError::io("take qemu's network connection", e))?.into();
+        Ok(Connected(stream))
+    }
+
+    /// Accepts qemu's connection and serves it under `policy`.
+    pub async fn attach(self, policy: NetworkPolicy, events: Arc<Events>) -> Result<NetStack, QemuError> {
+        self.accept().await?.serve(policy, events)
+    }
+}
+
+impl Connected {
+    /// Serves the card's frames under `policy`, recording in `events`.
+    pub fn serve(self, policy: NetworkPolicy, events: Arc<Events>) -> Result<NetStack, QemuError> {
+        let fd: OwnedFd = self.0.into_std().map_err(|e| QemuError::io("take qemu's network connection", e))?.into();
         NetStack::start(fd, LinkKind::EthernetStream, policy, events)
             .map_err(|e| QemuError::io("start the vm's network stack", e))
     }

@@ -1,6 +1,8 @@
 //! The warm pool: per [`Shape`], up to `size` vms restored from the shape's
 //! template and left paused at guest init's handshake, each waiting for a
-//! sandbox's disk, `/workspace` and "go". [`Warm::take`] hands one out and
+//! sandbox's disk, `/workspace` and "go" (and, a shape with a network card,
+//! for the sandbox's stack to take the card's connection: the policy is
+//! known only then). [`Warm::take`] hands one out and
 //! the pool refills in the background; templates are built in the
 //! background too, the first time a shape boots cold. Idle vms are killed
 //! by [`Warm::drain`] (the helper's exit).

@@ -5,8 +5,13 @@
 //! A template is a vm started with [`Start::Template`] (no writable disk,
 //! no `/workspace`: qemu 7.2 refuses to save or load a vm with a
 //! vhost-user-fs device), saved with QMP `migrate` to a file once guest
-//! init says it is ready, then ended. Its directory under the templates
-//! root is named by the image's layers and size; a `key` file names all of
+//! init says it is ready, then ended. A shape with a network card
+//! (EGRESS) is saved with it: its host end is the build's own socket,
+//! accepted and left unread until the build's vm ends (guest init brings
+//! eth0 up only after its "go", so the card is idle until then), and each
+//! restore connects its own.
+//! Its directory under the templates root is named by the image's layers,
+//! size and network card; a `key` file names all of
 //! the shape (the kernel's and initramfs's files, so a new kernel or helper
 //! build makes it stale) and the state is used only when the key matches.
 use std::path::{Path, PathBuf};
@@ -41,7 +46,7 @@ impl Template {
             slot.update(l.as_os_str().as_encoded_bytes());
             slot.update([0]);
         }
-        slot.update(format!("{} {}", shape.cpus, shape.memory_mib));
+        slot.update(format!("{} {} {}", shape.cpus, shape.memory_mib, shape.network));
         let dir = root.join(&hex(&slot.finalize())[..24]);
         let mut key = Sha256::new();
         key.update(FORMAT);
@@ -50,7 +55,7 @@ impl Template {
             let mtime = meta.as_ref().and_then(|m| m.modified().ok()).map(|t| format!("{t:?}")).unwrap_or_default();
             key.update(format!("{}|{}|{mtime}\n", f.display(), meta.map_or(0, |m| m.len())));
         }
-        key.update(format!("{} {} {}", shape.accel.name(), shape.cpus, shape.memory_mib));
+        key.update(format!("{} {} {} {}", shape.accel.name(), shape.cpus, shape.memory_mib, shape.network));
         Template { dir, key: hex(&key.finalize()) }
     }
 
@@ -262,6 +267,7 @@ mod tests {
             layers: vec![layer.to_path_buf()],
             cpus,
             memory_mib: 256,
+            network: false,
         };
         let current = save(&root, &shape("initramfs-new.cpio.gz", &kept_layer, 1));
         // The directory is the image's and size's: each case has a size of its own.
@@ -292,5 +298,23 @@ mod tests {
         }
         // The one a starting helper's pool fills from.
         assert_eq!(swept.current, vec![shape("initramfs-new.cpio.gz", &kept_layer, 1)]);
+    }
+
+    #[test]
+    fn a_network_card_makes_a_template_of_its_own() {
+        let root = Path::new("/templates");
+        let plain = Shape {
+            kernel: "/vmlinux".into(),
+            initramfs: "/initramfs.cpio.gz".into(),
+            accel: Accel::Tcg { kvm_unusable: "test".into() },
+            layers: vec!["/l0.ext4".into()],
+            cpus: 1,
+            memory_mib: 512,
+            network: false,
+        };
+        let egress = Shape { network: true, ..plain.clone() };
+        let (a, b) = (Template::of(root, &plain), Template::of(root, &egress));
+        assert_ne!(a.state(), b.state(), "a restored vm has exactly its template's devices");
+        assert_ne!(a.key(), b.key());
     }
 }
