@@ -75,6 +75,8 @@ def type_path(node: tree_sitter.Node | None) -> str:
         return ".".join(text(c) for c in node.children if c.type == "type_identifier")
     if node.type in ("optional_type", "implicitly_unwrapped_type"):
         return type_path(node.child_by_field_name("wrapped") or node.named_children[0])
+    if node.type in ("existential_type", "opaque_type") and node.named_children:
+        return type_path(node.named_children[-1])
     return "".join(text(node).split())
 
 
@@ -280,7 +282,9 @@ def _decl(c: tree_sitter.Node, owner: str, owner_public: bool, in_protocol: bool
             out.append(Decl("case", owner, text(n).strip("`"), payload, owner, [], owner_public, True, line, col))
     elif t == "associatedtype_declaration":
         name = text(c.child_by_field_name("name"))
-        out.append(Decl("type", owner, name, None, "associatedtype", [], owner_public, False, line, col))
+        bounds = [type_path(s.child_by_field_name("inherits_from") or s) for s in c.named_children
+                  if s.type in ("inheritance_specifier", "user_type") and s is not c.child_by_field_name("name")]
+        out.append(Decl("type", owner, name, None, "associatedtype", bounds, owner_public, False, line, col))
     elif t in ("statements", "class_body", "enum_class_body", "protocol_body"):
         _walk(c, owner, owner_public, in_protocol, out)
 
