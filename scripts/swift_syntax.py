@@ -8,6 +8,7 @@ they read syntax only, so what they prove is stated in each script's header.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -24,8 +25,14 @@ def parser() -> tree_sitter.Parser:
     return tree_sitter.Parser(LANGUAGE)
 
 
+# Swift takes `$` inside an identifier (`__swift_bridge__$LayerInfo`, C names swift-bridge's
+# glue uses); tree-sitter-swift does not. Such a `$` becomes `_` before parsing: one byte for
+# one, so every line and column stays where it was. A leading `$` (`$0`) is left alone.
+_INNER_DOLLAR = re.compile(rb"(?<=[A-Za-z0-9_])\$")
+
+
 def parse(source: bytes) -> tree_sitter.Tree:
-    return parser().parse(source)
+    return parser().parse(_INNER_DOLLAR.sub(b"_", source))
 
 
 def text(node: tree_sitter.Node | None) -> str:
