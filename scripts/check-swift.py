@@ -18,6 +18,10 @@
      must fit one of its overloads (defaults may be left out, trailing closures take the
      function parameters);
    - each imported Containerization* module must be one the list covers.
+3. The bridge: every function swift-bridge's generated glue (a Generated/ directory) calls, one
+   per `extern "Swift"` function of rust/helper/driver/swift/bridge.rs, must be declared in the
+   package outside Generated/ with the argument labels the glue uses, `async` where the glue
+   awaits it and `throws(E)` where the glue checks for typed throws.
    What it cannot see it does not check: a value of unknown type (an implicit member `.foo`,
    an untyped closure parameter). Write such uses with explicit types where it matters. It is
    a check of names, not a type checker: `swift build` on a Mac is the proof.
@@ -564,6 +568,78 @@ class FileCheck:
         return hit
 
 
+def check_bridge(parsed, root: Path) -> list[str]:
+    """Every Swift function the generated glue calls (an `extern "Swift"` function of the bridge)
+    must be declared outside Generated/ with the labels it is called with, `async` when the glue
+    awaits it, and `throws(E)` when the glue checks for typed throws of E."""
+    generated = [(p, rel, t) for p, rel, t in parsed if "Generated" in p.relative_to(root).parts]
+    if not generated:
+        return []
+    declared_in_glue: set[str] = set()
+    for _, _, tree in generated:
+        for d in ss.declarations(tree):
+            if d.kind == "func" and not d.owner:
+                declared_in_glue.add(d.name)
+    wanted: dict[str, tuple[list[str], bool, str | None, str]] = {}
+    for path, rel, tree in generated:
+        for fn in (n for n in tree.root_node.named_children if n.type == "function_declaration"):
+            fname = ss.text(fn.child_by_field_name("name"))
+            if not fname.startswith("__swift_bridge__"):
+                continue
+            typed = None
+            if fname.endswith("__TypedThrowsCheck"):
+                m = re.search(r"throws\((\w+)\)", ss.text(fn))
+                typed = m.group(1) if m else None
+            stack = [fn.child_by_field_name("body")]
+            while stack:
+                n = stack.pop()
+                if n is None:
+                    continue
+                stack.extend(n.named_children)
+                if n.type != "call_expression" or not n.named_children:
+                    continue
+                callee = n.named_children[0]
+                name = ss.text(callee)
+                if callee.type != "simple_identifier" or name in declared_in_glue or not re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)+", name):
+                    continue
+                labels = []
+                for suffix in (c for c in n.named_children if c.type == "call_suffix"):
+                    for args in (c for c in suffix.named_children if c.type == "value_arguments"):
+                        for arg in (a for a in args.named_children if a.type == "value_argument"):
+                            lab = arg.child_by_field_name("name")
+                            labels.append(ss.text(lab).strip() if lab is not None else "_")
+                awaited = n.parent is not None and n.parent.type == "await_expression"
+                old = wanted.get(name)
+                where = f"{rel}:{n.start_point[0] + 1}:{n.start_point[1] + 1}"
+                wanted[name] = (labels, awaited or (old[1] if old else False), typed or (old[2] if old else None), old[3] if old else where)
+    declared: dict[str, list[tuple[list[str], str]]] = {}
+    for path, rel, tree in parsed:
+        if "Generated" in path.relative_to(root).parts:
+            continue
+        for fn in (n for n in tree.root_node.named_children if n.type == "function_declaration"):
+            d = [x for x in ss.declarations_of(fn) if x.kind == "func"]
+            if d:
+                declared.setdefault(d[0].name, []).append(([p.label for p in d[0].params or []], ss.text(fn).split("{", 1)[0]))
+    errors = []
+    for name, (labels, awaited, typed, where) in sorted(wanted.items()):
+        have = declared.get(name)
+        want = name + "(" + "".join(f"{l}:" for l in labels) + ")"
+        if not have:
+            errors.append(f"{where}: the bridge's glue calls {want}, which no Swift file of the package declares")
+            continue
+        fits = [sig for labs, sig in have if labs == labels]
+        if not fits:
+            errors.append(f"{where}: the bridge's glue calls {want}; declared with other labels: "
+                          + ", ".join(f"({''.join(l + ':' for l in labs)})" for labs, _ in have))
+            continue
+        sig = fits[0]
+        if awaited and " async" not in sig:
+            errors.append(f"{where}: the bridge's glue awaits {want}; its declaration is not async")
+        if typed and f"throws({typed})" not in sig.replace(" ", ""):
+            errors.append(f"{where}: the bridge's glue needs {want} to throw {typed} (typed throws); it is declared `{sig.strip()}`")
+    return errors
+
+
 def pinned_version(root: Path) -> str | None:
     pkg = root / "Package.swift"
     if not pkg.exists():
@@ -610,6 +686,7 @@ def run(root: Path, api_path: Path | None, allow_path: Path | None, out=sys.stdo
         fc.collect()
         fc.check()
         errors.extend(fc.errors)
+    errors.extend(check_bridge(parsed, root))
     return report(errors, len(files), checked, out, api.version)
 
 

@@ -207,6 +207,13 @@ def declarations(tree: tree_sitter.Tree) -> list[Decl]:
     return out
 
 
+def declarations_of(node: tree_sitter.Node) -> list[Decl]:
+    """The declarations one node makes (itself and what it holds)."""
+    out: list[Decl] = []
+    _decl(node, "", True, False, out)
+    return out
+
+
 def _walk(node: tree_sitter.Node, owner: str, owner_public: bool, in_protocol: bool, out: list[Decl]) -> None:
     for c in node.named_children:
         _decl(c, owner, owner_public, in_protocol, out)

@@ -184,3 +184,51 @@ def test_the_list_script_reads_public_declarations(tmp_path: Path) -> None:
     assert "conformance\tContainerization\tBox\t-\textension\tEquatable" in body
     assert not any("hidden" in l or "Internal" in l for l in body)
     assert r.stdout.startswith("# apple/containerization 9.9.9 (commit abc)")
+
+
+GLUE = """import SandboxHelperFFI
+@_cdecl("__swift_bridge__$layer_kill")
+func __swift_bridge__layer_kill (_ id: UnsafeMutableRawPointer) {
+    layer_kill(id: RustString(ptr: id))
+}
+@_cdecl("__swift_bridge__$layer_dial_agent")
+func __swift_bridge__layer_dial_agent (_ cb: UnsafeMutableRawPointer, _ id: UnsafeMutableRawPointer) {
+    Task {
+        let result = try await layer_dial_agent(id: RustString(ptr: id))
+        _ = result
+    }
+}
+func __swift_bridge__layer_dial_agent__TypedThrowsCheck(_ id: UnsafeMutableRawPointer, _: LayerError.Type) async throws(LayerError) {
+    _ = try await layer_dial_agent(id: RustString(ptr: id))
+}
+"""
+
+
+def test_the_bridge_functions_the_glue_calls_must_be_declared_as_called(tmp_path: Path) -> None:
+    good = (
+        "func layer_kill(id: RustString) {}\n"
+        "func layer_dial_agent(id: RustString) async throws(LayerError) -> Int32 { 3 }\n"
+    )
+    root = package(tmp_path, {"Sources/H/Generated/glue.swift": GLUE, "Sources/H/BridgeExports.swift": good})
+    r = run(str(CHECK), "--root", str(root))
+    assert r.returncode == 0, r.stdout
+
+    bad = "func layer_kill(vm: RustString) {}\nfunc layer_dial_agent(id: RustString) throws -> Int32 { 3 }\n"
+    (root / "Sources/H/BridgeExports.swift").write_text(bad)
+    r = run(str(CHECK), "--root", str(root))
+    assert r.returncode == 1
+    assert "Generated/glue.swift:4:5: the bridge's glue calls layer_kill(id:); declared with other labels: (vm:)" in r.stdout
+    assert "awaits layer_dial_agent(id:); its declaration is not async" in r.stdout
+    assert "needs layer_dial_agent(id:) to throw LayerError (typed throws)" in r.stdout
+
+    (root / "Sources/H/BridgeExports.swift").write_text("func layer_kill(id: RustString) {}\n")
+    r = run(str(CHECK), "--root", str(root))
+    assert "the bridge's glue calls layer_dial_agent(id:), which no Swift file of the package declares" in r.stdout
+
+
+def test_dollar_identifiers_of_the_glue_parse() -> None:
+    sys.path.insert(0, str(REPO / "scripts"))
+    import swift_syntax
+
+    tree = swift_syntax.parse(b"func f() -> __swift_bridge__$LayerInfo { __swift_bridge__$x($0) }\n")
+    assert list(swift_syntax.syntax_errors(tree)) == []
