@@ -6,6 +6,18 @@
 // status the service returns.
 import Foundation
 
+// Rust's own `main` would ignore SIGPIPE; here Swift's is the process's main, so a write to a
+// peer that hung up (a client, an agent stream) must not kill the helper.
+signal(SIGPIPE, SIG_IGN)
+
+// Every VM holds descriptors (its disks, frame socket, vsock streams, one per client stream):
+// raise the soft limit (macOS refuses one above OPEN_MAX).
+var limit = rlimit()
+if getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max {
+    limit.rlim_cur = min(limit.rlim_max, rlim_t(OPEN_MAX))
+    _ = setrlimit(RLIMIT_NOFILE, &limit)
+}
+
 let service = Thread {
     let arguments = RustVec<RustString>()
     for argument in CommandLine.arguments {
