@@ -18,14 +18,19 @@ if getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max {
     _ = setrlimit(RLIMIT_NOFILE, &limit)
 }
 
-let service = Thread {
-    let arguments = RustVec<RustString>()
-    for argument in CommandLine.arguments {
-        arguments.push(value: argument.intoRustString())
+/// The service's thread: it owns the arguments it is given, and ends the process.
+func serviceThread(_ args: [String]) -> Thread {
+    let thread = Thread {
+        let arguments = RustVec<RustString>()
+        for argument in args {
+            arguments.push(value: argument.intoRustString())
+        }
+        exit(helper_main(arguments))
     }
-    exit(helper_main(arguments))
+    thread.name = "sandbox-vm-helper service"
+    thread.stackSize = 8 << 20
+    return thread
 }
-service.name = "sandbox-vm-helper service"
-service.stackSize = 8 << 20
-service.start()
+
+serviceThread(CommandLine.arguments).start()
 dispatchMain()
