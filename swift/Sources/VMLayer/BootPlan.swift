@@ -156,6 +156,8 @@ public enum BootPlanner {
     public static let writableName = "writable.ext4"
     /// A VM's own root filesystem image.
     public static let rootfsName = "rootfs.ext4"
+    /// A writable disk's size when the request names none (no disk quota): a sparse file.
+    public static let defaultDiskBytes: UInt64 = 8 << 30
     /// The root filesystem's size: room for the image; the writable disk takes the writes.
     public static let rootfsBytes: UInt64 = 8 << 30
 
@@ -211,7 +213,7 @@ public enum BootPlanner {
         } else if let diskLayer {
             writable = WritableDisk.seed(from: diskLayer, to: writablePath)
         } else {
-            writable = WritableDisk.fresh(path: writablePath, bytes: input.diskBytes)
+            writable = WritableDisk.fresh(path: writablePath, bytes: input.diskBytes == 0 ? defaultDiskBytes : input.diskBytes)
         }
 
         // Files seeded into DIR/upper (other than a disk copy) go on top of this VM's root

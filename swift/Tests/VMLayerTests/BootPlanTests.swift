@@ -70,6 +70,13 @@ import VMLayer
         #expect(plan.seedDirectory == nil)
     }
 
+    @Test func noDiskQuotaGetsTheDefaultDisk() throws {
+        var input = request()
+        input.diskBytes = 0
+        let plan = try BootPlanner.plan(input, assets: FakeFiles.assets, files: FakeFiles.standard())
+        #expect(plan.writable == WritableDisk.fresh(path: "/vms/vm1/writable.ext4", bytes: BootPlanner.defaultDiskBytes))
+    }
+
     @Test func theNetworkGetsTheLinuxGuestsAddresses() throws {
         let plan = try BootPlanner.plan(request(network: 7), assets: FakeFiles.assets, files: FakeFiles.standard())
         let network = try #require(plan.network)
