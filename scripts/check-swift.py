@@ -42,6 +42,9 @@ import swift_syntax as ss  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 
 # Words tree-sitter-swift reads as type names in some positions (`@Sendable () async -> T`).
+# Nodes that open a scope for the names declared in them.
+SCOPES = {"function_declaration", "init_declaration", "lambda_literal", "computed_property", "deinit_declaration",
+          "subscript_declaration"}
 NOT_TYPES = {"async", "throws", "rethrows", "unchecked", "escaping", "sending", "isolated", "autoclosure"}
 
 
@@ -191,11 +194,15 @@ class FileCheck:
         self.path, self.rel, self.tree = path, rel, tree
         self.api, self.allow, self.ours = api, allow, ours
         self.errors: list[str] = []
-        self.vars: dict[str, str | None] = {}  # name -> qualified cz type, None when ambiguous
-        self.prev: dict[str, str | None] = {}  # the previous round's table, while collecting
+        # (scope, name) -> qualified cz type, None when ambiguous; scope is the id of the
+        # enclosing function, initializer, closure or computed property, None at type level.
+        self.vars: dict[tuple[int | None, str], str | None] = {}
+        self.prev: dict[tuple[int | None, str], str | None] = {}  # the previous round's, while collecting
         self.generics: set[str] = set()
         self.done: set[int] = set()
         self.imports: set[str] = set()
+        self.uses = 0  # containerization types and members checked
+        self.seen: list[str] = []  # each of them, for --verbose
         for n in tree.root_node.named_children:
             if n.type == "import_declaration":
                 self.imports.add(ss.text(n).split()[-1])
@@ -220,16 +227,39 @@ class FileCheck:
             return "platform"
         return "unknown"
 
-    def note_var(self, name: str, qualified: str | None) -> None:
+    @staticmethod
+    def scopes(node) -> list[int | None]:
+        """The scopes a name used at `node` may come from, innermost first."""
+        out: list[int | None] = []
+        n = node.parent if node is not None else None
+        while n is not None:
+            if n.type in SCOPES:
+                out.append(n.id)
+            n = n.parent
+        return out + [None]
+
+    def note_var(self, name: str, qualified: str | None, node) -> None:
         if not name:
             return
-        if name in self.vars and self.vars[name] != qualified:
-            self.vars[name] = None  # declared twice with different types: not checked
+        key = (self.scopes(node)[0], name)
+        if key in self.vars and self.vars[key] != qualified:
+            self.vars[key] = None  # declared twice in one scope with different types: not checked
         else:
-            self.vars[name] = qualified
+            self.vars[key] = qualified
 
-    def var(self, name: str) -> str | None:
-        return self.vars[name] if name in self.vars else self.prev.get(name)
+    def lookup_var(self, name: str, node) -> tuple[bool, str | None]:
+        """(declared, qualified cz type) of a name used at `node`; `node` None: type level only."""
+        for scope in (self.scopes(node) if node is not None else [None]):
+            for table in (self.vars, self.prev):
+                if (scope, name) in table:
+                    return True, table[(scope, name)]
+        return False, None
+
+    def var(self, name: str, node) -> str | None:
+        return self.lookup_var(name, node)[1]
+
+    def is_var(self, name: str, node) -> bool:
+        return self.lookup_var(name, node)[0]
 
     def cz_type(self, spelled: str) -> str | None:
         s = ss.simple_type(spelled)
@@ -265,7 +295,7 @@ class FileCheck:
         if t in ("parameter", "lambda_parameter"):
             names = ss.children_by_field(n, "name")
             if len(names) >= 2:
-                self.note_var(ss.text(names[0]), self.cz_type(ss.type_path(names[-1])))
+                self.note_var(ss.text(names[0]), self.cz_type(ss.type_path(names[-1])), n)
         elif t == "property_declaration":
             annotated = None
             for a in n.children:
@@ -277,9 +307,9 @@ class FileCheck:
                 if bound is None:
                     continue
                 if annotated:
-                    self.note_var(ss.text(bound), self.cz_type(annotated))
+                    self.note_var(ss.text(bound), self.cz_type(annotated), n)
                 elif value is not None:
-                    self.note_var(ss.text(bound), self.expr_type(value))
+                    self.note_var(ss.text(bound), self.expr_type(value), n)
         elif t == "catch_block":
             err = n.child_by_field_name("error")
             if err is not None:
@@ -288,14 +318,14 @@ class FileCheck:
                 if inner and tnode is not None:
                     bound = inner[0].child_by_field_name("bound_identifier")
                     if bound is not None:
-                        self.note_var(ss.text(bound), self.cz_type(ss.type_path(tnode)))
+                        self.note_var(ss.text(bound), self.cz_type(ss.type_path(tnode)), n.named_children[-1] if n.named_children else n)
         elif t in ("if_statement", "guard_statement"):
             children = n.children
             for i, c in enumerate(children):
                 if n.field_name_for_child(i) == "bound_identifier":
                     for j in range(i + 1, len(children)):
-                        if n.field_name_for_child(j) == "condition":
-                            self.note_var(ss.text(c), self.expr_type(children[j]))
+                        if n.field_name_for_child(j) == "condition" and children[j].is_named:
+                            self.note_var(ss.text(c), self.expr_type(children[j]), n)
                             break
 
     # -- expression types ----------------------------------------------------------------------
@@ -324,9 +354,9 @@ class FileCheck:
             return [ss.text(c) for c in n.named_children if c.type == "type_identifier"]
         return None
 
-    def static_split(self, parts: list[str]) -> tuple[str, list[str]] | None:
+    def static_split(self, parts: list[str], node) -> tuple[str, list[str]] | None:
         """(qualified cz type, members after it) when a chain starts with a containerization type."""
-        if not parts or self.kind_of(parts[0]) not in ("cz", "unknown") or parts[0] in self.vars:
+        if not parts or self.kind_of(parts[0]) not in ("cz", "unknown") or self.is_var(parts[0], node):
             return None
         if not parts[0][:1].isupper():
             return None
@@ -351,7 +381,10 @@ class FileCheck:
         if n is None:
             return None
         if n.type == "simple_identifier":
-            return self.var(ss.text(n))
+            return self.var(ss.text(n), n)
+        if n.type == "as_expression":
+            target = n.child_by_field_name("name")
+            return self.cz_type(ss.type_path(target)) if target is not None else None
         if n.type == "navigation_expression":
             target = self.unwrap(n.child_by_field_name("target"))
             suffix = n.child_by_field_name("suffix")
@@ -359,10 +392,10 @@ class FileCheck:
             if target is None or name is None:
                 return None
             if target.type == "self_expression":
-                return self.var(ss.text(name))
+                return self.var(ss.text(name), None)
             parts = self.nav_parts(n)
             if parts:
-                split = self.static_split(parts)
+                split = self.static_split(parts, n)
                 if split and not split[1]:
                     return None  # a type, not a value
                 if split:
@@ -380,7 +413,7 @@ class FileCheck:
                 return self.expr_type(callee)
             parts = self.nav_parts(callee)
             if parts:
-                split = self.static_split(parts)
+                split = self.static_split(parts, n)
                 if split:
                     return split[0] if not split[1] else self.member_chain_type(split[0], split[1])
             if callee.type == "navigation_expression":
@@ -445,7 +478,11 @@ class FileCheck:
             return
         if self.ambiguous(n, spelled):
             return
-        if self.kind_of(spelled) == "unknown":
+        kind = self.kind_of(spelled)
+        if kind == "cz":
+            self.uses += 1
+            self.seen.append(f"{self.rel}:{n.start_point[0] + 1}: type {spelled}")
+        if kind == "unknown":
             self.fail(n, f"unknown type {spelled}: not declared in swift/, not in the platform allowlist, "
                          f"not public in containerization {self.api.version}")
 
@@ -478,7 +515,7 @@ class FileCheck:
             return
         parts = self.nav_parts(callee)
         if parts:
-            split = self.static_split(parts)
+            split = self.static_split(parts, callee)
             if split:
                 q, rest = split
                 self.mark_done(callee)
@@ -520,7 +557,7 @@ class FileCheck:
     def check_navigation(self, n) -> None:
         parts = self.nav_parts(n)
         if parts:
-            split = self.static_split(parts)
+            split = self.static_split(parts, n)
             if split:
                 self.mark_done(n)
                 if self.ambiguous(n, ".".join(parts)):
@@ -534,7 +571,7 @@ class FileCheck:
                     if cur is None:
                         return
                 return
-            if parts[0][:1].isupper() and parts[0] not in self.vars and self.kind_of(parts[0]) == "unknown":
+            if parts[0][:1].isupper() and not self.is_var(parts[0], n) and self.kind_of(parts[0]) == "unknown":
                 self.mark_done(n)
                 self.fail(n, f"unknown name {parts[0]}: not declared in swift/, not in the platform allowlist, "
                              f"not public in containerization {self.api.version}")
@@ -549,6 +586,8 @@ class FileCheck:
             self.check_member(n, base, ss.text(name), [], 0, called=False)
 
     def check_member(self, node, q: str, member: str, labels, trailing, called: bool):
+        self.uses += 1
+        self.seen.append(f"{self.rel}:{node.start_point[0] + 1}: {q}.{member}")
         hit = self.api.lookup(q, member)
         if hit is None:
             if member in self.allow.members and self.api.foreign_parents(q):
@@ -648,7 +687,7 @@ def pinned_version(root: Path) -> str | None:
     return m.group(1) if m else None
 
 
-def run(root: Path, api_path: Path | None, allow_path: Path | None, out=sys.stdout) -> int:
+def run(root: Path, api_path: Path | None, allow_path: Path | None, out=sys.stdout, verbose: bool = False) -> int:
     files = ss.source_files(root)
     errors: list[str] = []
     parsed = []
@@ -676,7 +715,7 @@ def run(root: Path, api_path: Path | None, allow_path: Path | None, out=sys.stdo
         for d in ss.declarations(tree):
             if d.kind in ("type", "typealias") and not d.owner:
                 ours.add(d.name)
-    checked = 0
+    checked = uses = 0
     for path, rel, tree in parsed:
         src = path.read_bytes()
         if not re.search(rb"^\s*import\s+Containerization", src, re.M):
@@ -685,17 +724,22 @@ def run(root: Path, api_path: Path | None, allow_path: Path | None, out=sys.stdo
         fc = FileCheck(path, rel, tree, api, allow, ours)
         fc.collect()
         fc.check()
+        uses += fc.uses
+        if verbose:
+            for line in fc.seen:
+                print(f"checked {line}", file=out)
         errors.extend(fc.errors)
     errors.extend(check_bridge(parsed, root))
-    return report(errors, len(files), checked, out, api.version)
+    return report(errors, len(files), checked, out, api.version, uses)
 
 
-def report(errors: list[str], files: int, checked: int, out, version: str = "?") -> int:
+def report(errors: list[str], files: int, checked: int, out, version: str = "?", uses: int = 0) -> int:
     for e in errors:
         print(e, file=out)
     status = "FAILED" if errors else "ok"
     print(f"check-swift: {files} Swift files parsed, {checked} checked against containerization "
-          f"{version}'s public API: {len(errors)} problem(s), {status}", file=out)
+          f"{version}'s public API ({uses} uses of its types and members): {len(errors)} problem(s), {status}",
+          file=out)
     return 1 if errors else 0
 
 
@@ -704,8 +748,9 @@ def main() -> int:
     ap.add_argument("--root", type=Path, default=REPO / "swift")
     ap.add_argument("--api", type=Path, default=None)
     ap.add_argument("--allow", type=Path, default=None)
+    ap.add_argument("--verbose", action="store_true", help="list every containerization use checked")
     args = ap.parse_args()
-    return run(args.root.resolve(), args.api, args.allow)
+    return run(args.root.resolve(), args.api, args.allow, verbose=args.verbose)
 
 
 if __name__ == "__main__":

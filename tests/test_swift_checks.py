@@ -232,3 +232,21 @@ def test_dollar_identifiers_of_the_glue_parse() -> None:
 
     tree = swift_syntax.parse(b"func f() -> __swift_bridge__$LayerInfo { __swift_bridge__$x($0) }\n")
     assert list(swift_syntax.syntax_errors(tree)) == []
+
+
+def test_names_are_typed_per_function_and_through_casts(tmp_path: Path) -> None:
+    text = (
+        "import Containerization\n"
+        "func a(x: LinuxContainer) async throws { _ = try await x.dialVsok(port: 1) }\n"
+        "func b(x: ImageStore) async throws { _ = try await x.get(reference: \"r\") }\n"
+        "func c(agent: any VirtualMachineAgent) async throws {\n"
+        "    guard let v = agent as? Vminitd else { return }\n"
+        "    try await v.filesystemOp(operation: FilesystemOperation.freeze, path: \"/\")\n"
+        "}\n"
+    )
+    root = package(tmp_path, {"Sources/A/Uses.swift": text})
+    r = run(str(CHECK), "--root", str(root))
+    assert r.returncode == 1
+    assert "Uses.swift:2:" in r.stdout and "LinuxContainer has no public member dialVsok" in r.stdout
+    assert "Uses.swift:3:" not in r.stdout
+    assert "Uses.swift:6:" in r.stdout and "Vminitd has no public member filesystemOp" in r.stdout
