@@ -165,9 +165,9 @@ public actor LayerService {
         try await registry.get(id).snapshot(to: destination)
     }
 
-    public func hostFacts(_ id: String) async -> (memoryLimitBytes: UInt64, pidsLimit: UInt64, oomKilled: Bool) {
+    public func hostFacts(_ id: String) async -> VMHostFacts {
         guard let machine = try? await registry.get(id) else {
-            return (0, 0, false)
+            return VMHostFacts(memoryLimitBytes: 0, pidsLimit: 0, oomKilled: false)
         }
         return await machine.hostFacts()
     }

@@ -207,8 +207,8 @@ public actor VirtualMachine {
 
     /// The VM's limits as the host sees them: its memory is the VM's size and the container's
     /// memory limit; containerization's spec sets no task limit.
-    public func hostFacts() -> (memoryLimitBytes: UInt64, pidsLimit: UInt64, oomKilled: Bool) {
-        (plan.memoryBytes, 0, false)
+    public func hostFacts() -> VMHostFacts {
+        VMHostFacts(memoryLimitBytes: plan.memoryBytes, pidsLimit: 0, oomKilled: false)
     }
 
     /// Why some limits are not enforced; empty when all are.
@@ -219,5 +219,19 @@ public actor VirtualMachine {
     /// Removes the VM's run files that are not kept across stops (the console log stays).
     public func cleanup() {
         container = nil
+    }
+}
+
+/// A VM's limits and OOM kills as the host sees them (the bridge's LayerHostFacts).
+public struct VMHostFacts: Sendable, Equatable {
+    public var memoryLimitBytes: UInt64
+    /// 0: no task limit is enforced.
+    public var pidsLimit: UInt64
+    public var oomKilled: Bool
+
+    public init(memoryLimitBytes: UInt64, pidsLimit: UInt64, oomKilled: Bool) {
+        self.memoryLimitBytes = memoryLimitBytes
+        self.pidsLimit = pidsLimit
+        self.oomKilled = oomKilled
     }
 }
