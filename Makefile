@@ -56,6 +56,25 @@ vm-assets:
 build:
 	$(CARGO) build --release
 
+# Binaries go in through a temp name and a rename, so a running helper
+# (ETXTBSY on overwrite) does not block an upgrade. sandbox-ctl sits next to
+# sandbox-mcp, which copies it into sandboxes whose spawn policy has inject_ctl.
+# An ordinary user installs into ~/.local; sudo runs only apt-get (deps) and
+# `sandbox-mcp host-setup` (when it would change something), each printed.
+ifneq ($(shell uname -s),Darwin)
+install: deps build
+	@install -d "$(PREFIX)/bin"
+	@for b in sandbox-mcp sandbox-vm-helper sandbox-ctl; do \
+	    install -m 755 "$(RELEASE_BIN)/$$b" "$(PREFIX)/bin/.$$b.new" && \
+	    mv -f "$(PREFIX)/bin/.$$b.new" "$(PREFIX)/bin/$$b" && \
+	    echo "install: $(PREFIX)/bin/$$b"; \
+	done
+	@scripts/host-setup.sh "$(PREFIX)/bin/sandbox-mcp"
+	@if [ "$(VM)" = 1 ]; then $(MAKE) --no-print-directory vm-assets VM_HELPER="$(PREFIX)/bin/sandbox-vm-helper"; fi
+	"$(PREFIX)/bin/sandbox-mcp" image build
+	@scripts/print-registration.sh "$(abspath $(PREFIX))/bin/sandbox-mcp"
+endif
+
 # ---- The macOS helper (issue 13, swift/README.md) -------------------------------------------
 # `make helper`: the Swift helper alone (the Rust static library for aarch64-apple-darwin, then
 # `swift build -c release` in swift/, signed with the virtualization entitlement). `make install`
@@ -116,27 +135,10 @@ install-macos: helper mac-guest-kernel mac-guest-agent
 	@mv -f "$(PREFIX)/bin/.sandbox-vm-helper.new" "$(PREFIX)/bin/sandbox-vm-helper" && echo "install: $(PREFIX)/bin/sandbox-vm-helper"
 	@scripts/print-registration.sh "$(abspath $(PREFIX))/bin/sandbox-mcp"
 
-ifeq ($(UNAME_S),Darwin)
+ifeq ($(shell uname -s),Darwin)
 install: install-macos
-else
-# ---- end of the macOS helper's block; the Linux install follows unchanged --------------------
-# Binaries go in through a temp name and a rename, so a running helper
-# (ETXTBSY on overwrite) does not block an upgrade. sandbox-ctl sits next to
-# sandbox-mcp, which copies it into sandboxes whose spawn policy has inject_ctl.
-# An ordinary user installs into ~/.local; sudo runs only apt-get (deps) and
-# `sandbox-mcp host-setup` (when it would change something), each printed.
-install: deps build
-	@install -d "$(PREFIX)/bin"
-	@for b in sandbox-mcp sandbox-vm-helper sandbox-ctl; do \
-	    install -m 755 "$(RELEASE_BIN)/$$b" "$(PREFIX)/bin/.$$b.new" && \
-	    mv -f "$(PREFIX)/bin/.$$b.new" "$(PREFIX)/bin/$$b" && \
-	    echo "install: $(PREFIX)/bin/$$b"; \
-	done
-	@scripts/host-setup.sh "$(PREFIX)/bin/sandbox-mcp"
-	@if [ "$(VM)" = 1 ]; then $(MAKE) --no-print-directory vm-assets VM_HELPER="$(PREFIX)/bin/sandbox-vm-helper"; fi
-	"$(PREFIX)/bin/sandbox-mcp" image build
-	@scripts/print-registration.sh "$(abspath $(PREFIX))/bin/sandbox-mcp"
 endif
+# ---- end of the macOS helper's block ----------------------------------------------------------
 
 venv:
 	@scripts/venv.sh $(VENV) $(REQUIREMENTS)
