@@ -1,6 +1,7 @@
 // The helper's entry point: the whole process is the shared Rust helper service (gRPC on a
 // Unix socket, reflection, health, the agent protocol), given this process's arguments
-// (`serve --socket PATH`, or `agent ...` and the others the Linux binary has). It runs on a
+// (`sandbox-vm-helper serve [--socket PATH]`; the guest's agent is the Linux build of the
+// Rust binary, not this one). It runs on a
 // thread of its own while the main thread serves Dispatch's main queue, which
 // Virtualization.framework and Foundation may call back on; the process exits with the
 // status the service returns.

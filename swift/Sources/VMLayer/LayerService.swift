@@ -6,12 +6,16 @@ import Containerization
 import Foundation
 
 /// What the layer can do on this host (the bridge's LayerCapabilities, in Swift's types).
+/// Reported as the whole helper can do it, not this layer alone.
 public struct LayerCapabilitySet: Sendable, Equatable {
     public var tty = true
-    public var networkEgress = true
-    /// cpus and memory hold (the VM's size, the container's cgroup); tasks do not.
-    public var limits = true
-    public var cgroups = "cgroups.v2"
+    /// This layer attaches the frame socket it is given, but the Rust helper's end of it is
+    /// not built on macOS yet (it refuses EGRESS there): off until it is.
+    public var networkEgress = false
+    /// cpus and memory hold (the VM's size, the container's cgroup), the task limit does not:
+    /// the three are one capability, so off (limitsNotEnforced says which).
+    public var limits = false
+    public var cgroups = ""
     public var seccomp = false
     public var ownKernel = true
     public var dial = true
