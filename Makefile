@@ -61,6 +61,7 @@ build:
 # sandbox-mcp, which copies it into sandboxes whose spawn policy has inject_ctl.
 # An ordinary user installs into ~/.local; sudo runs only apt-get (deps) and
 # `sandbox-mcp host-setup` (when it would change something), each printed.
+ifneq ($(shell uname -s),Darwin)
 install: deps build
 	@install -d "$(PREFIX)/bin"
 	@for b in sandbox-mcp sandbox-vm-helper sandbox-ctl; do \
@@ -72,6 +73,72 @@ install: deps build
 	@if [ "$(VM)" = 1 ]; then $(MAKE) --no-print-directory vm-assets VM_HELPER="$(PREFIX)/bin/sandbox-vm-helper"; fi
 	"$(PREFIX)/bin/sandbox-mcp" image build
 	@scripts/print-registration.sh "$(abspath $(PREFIX))/bin/sandbox-mcp"
+endif
+
+# ---- The macOS helper (issue 13, swift/README.md) -------------------------------------------
+# `make helper`: the Swift helper alone (the Rust static library for aarch64-apple-darwin, then
+# `swift build -c release` in swift/, signed with the virtualization entitlement). `make install`
+# on macOS (uname -s = Darwin): that helper, the guest kernel, our agent cross-compiled for
+# aarch64-unknown-linux-musl, sandbox-mcp and sandbox-ctl, then the registration as on Linux.
+# `make check-swift`: the Linux checks of swift/ (tree-sitter syntax, containerization's API).
+UNAME_S := $(shell uname -s)
+SWIFT_DIR := $(CURDIR)/swift
+MAC_RUST_TARGET := aarch64-apple-darwin
+GUEST_RUST_TARGET := aarch64-unknown-linux-musl
+SWIFT_HELPER := $(SWIFT_DIR)/.build/release/sandbox-vm-helper
+MAC_VM_DIR ?= $(or $(SANDBOX_MCP_VM_DIR),$(or $(XDG_DATA_HOME),$(HOME)/.local/share)/sandbox-mcp/vm)
+# The guest kernel containerization's own Makefile fetches (Kata's arm64 vmlinux.container).
+KATA_ARM64 ?= https://github.com/kata-containers/kata-containers/releases/download/3.17.0/kata-static-3.17.0-arm64.tar.xz
+.PHONY: helper check-swift install-macos mac-guest-kernel mac-guest-agent
+
+check-swift: venv
+	@$(VENV)/bin/python scripts/check-swift.py
+
+helper:
+ifeq ($(UNAME_S),Darwin)
+	rustup target add $(MAC_RUST_TARGET) >/dev/null
+	$(CARGO) rustc --release --lib --crate-type staticlib --target $(MAC_RUST_TARGET)
+	cd $(SWIFT_DIR) && SANDBOX_MCP_RUST_LIB_DIR=$(CURDIR)/target/$(MAC_RUST_TARGET)/release swift build -c release
+	codesign --force --sign - --entitlements $(SWIFT_DIR)/entitlements.plist $(SWIFT_HELPER)
+	@echo "helper: $(SWIFT_HELPER) (signed with com.apple.security.virtualization)"
+else
+	@echo "make helper: the Swift helper (Virtualization.framework, Apple's containerization) builds on macOS on Apple silicon only; on $(UNAME_S) the helper is target/release/sandbox-vm-helper from \`make build\`, and \`make check-swift\` checks swift/ here" >&2; exit 1
+endif
+
+mac-guest-kernel:
+	@mkdir -p "$(MAC_VM_DIR)"
+	@if [ ! -s "$(MAC_VM_DIR)/vmlinux" ]; then \
+	    tmp=$$(mktemp -d) && curl -fsSL -o "$$tmp/kata.tar.xz" "$(KATA_ARM64)" && \
+	    tar -xf "$$tmp/kata.tar.xz" -C "$$tmp" && \
+	    cp -L "$$(find "$$tmp" -name vmlinux.container | head -n 1)" "$(MAC_VM_DIR)/vmlinux" && rm -rf "$$tmp" && \
+	    echo "install: guest kernel $(MAC_VM_DIR)/vmlinux"; \
+	fi
+
+# The agent runs in the guest (Linux, arm64): cargo-zigbuild cross-compiles it and its C parts.
+mac-guest-agent:
+	@command -v cargo-zigbuild >/dev/null || { echo "install: the guest agent needs cargo-zigbuild (brew install zig && cargo install cargo-zigbuild)" >&2; exit 1; }
+	rustup target add $(GUEST_RUST_TARGET) >/dev/null
+	$(CARGO) zigbuild --release --target $(GUEST_RUST_TARGET) --bin sandbox-vm-helper
+	@install -d "$(MAC_VM_DIR)/aarch64-linux-musl"
+	@install -m 755 target/$(GUEST_RUST_TARGET)/release/sandbox-vm-helper "$(MAC_VM_DIR)/aarch64-linux-musl/sandbox-vm-helper"
+	@echo "install: guest agent $(MAC_VM_DIR)/aarch64-linux-musl/sandbox-vm-helper"
+
+install-macos: helper mac-guest-kernel mac-guest-agent
+	$(CARGO) build --release --bin sandbox-mcp --bin sandbox-ctl
+	@install -d "$(PREFIX)/bin"
+	@for b in sandbox-mcp sandbox-ctl; do \
+	    install -m 755 "$(RELEASE_BIN)/$$b" "$(PREFIX)/bin/.$$b.new" && mv -f "$(PREFIX)/bin/.$$b.new" "$(PREFIX)/bin/$$b" && \
+	    echo "install: $(PREFIX)/bin/$$b"; \
+	done
+	@install -m 755 "$(SWIFT_HELPER)" "$(PREFIX)/bin/.sandbox-vm-helper.new"
+	@codesign --force --sign - --entitlements $(SWIFT_DIR)/entitlements.plist "$(PREFIX)/bin/.sandbox-vm-helper.new"
+	@mv -f "$(PREFIX)/bin/.sandbox-vm-helper.new" "$(PREFIX)/bin/sandbox-vm-helper" && echo "install: $(PREFIX)/bin/sandbox-vm-helper"
+	@scripts/print-registration.sh "$(abspath $(PREFIX))/bin/sandbox-mcp"
+
+ifeq ($(shell uname -s),Darwin)
+install: install-macos
+endif
+# ---- end of the macOS helper's block ----------------------------------------------------------
 
 venv:
 	@scripts/venv.sh $(VENV) $(REQUIREMENTS)
