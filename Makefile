@@ -175,6 +175,7 @@ test: deps venv
 	@$(MAKE) --no-print-directory test-image
 	@$(MAKE) --no-print-directory vm-assets VM_ASSETS_DIR=$(VM_DIR) VM_HELPER=$(DEBUG_BIN)/sandbox-vm-helper
 	@status=0; scripts/run-tests.sh $(VENV) || status=1; \
+	    $(MAKE) --no-print-directory check-swift || status=1; \
 	    $(MAKE) --no-print-directory test-user || status=1; \
 	    FUZZ_OPTIONAL=1 FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) scripts/fuzz.sh || status=1; exit $$status
 
