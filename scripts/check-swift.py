@@ -539,10 +539,8 @@ class FileCheck:
                                   f"platform allowlist, not public in containerization {self.api.version}")
                 return
         if callee.type == "navigation_expression":
-            target = self.unwrap(callee.child_by_field_name("target"))
-            suffix = callee.child_by_field_name("suffix")
-            name = suffix.child_by_field_name("suffix") if suffix is not None else None
-            if target is None or name is None or name.type != "simple_identifier":
+            target, name = self.target_and_member(callee)
+            if target is None or name is None:
                 return
             base = self.expr_type(target)
             if base is not None:
@@ -576,14 +574,22 @@ class FileCheck:
                 self.fail(n, f"unknown name {parts[0]}: not declared in swift/, not in the platform allowlist, "
                              f"not public in containerization {self.api.version}")
                 return
-        target = self.unwrap(n.child_by_field_name("target"))
-        suffix = n.child_by_field_name("suffix")
-        name = suffix.child_by_field_name("suffix") if suffix is not None else None
-        if target is None or name is None or name.type != "simple_identifier":
+        target, name = self.target_and_member(n)
+        if target is None or name is None:
             return
         base = self.expr_type(target)
         if base is not None:
             self.check_member(n, base, ss.text(name), [], 0, called=False)
+
+    def target_and_member(self, nav):
+        """A navigation expression's target and its member's plain name node (either None when it has no such
+        shape, e.g. a member named by a keyword or a tuple index)."""
+        target = self.unwrap(nav.child_by_field_name("target"))
+        suffix = nav.child_by_field_name("suffix")
+        name = suffix.child_by_field_name("suffix") if suffix is not None else None
+        if name is not None and name.type != "simple_identifier":
+            name = None
+        return target, name
 
     def check_member(self, node, q: str, member: str, labels, trailing, called: bool):
         self.uses += 1
