@@ -1,5 +1,6 @@
 //! `sandbox-vm-helper`: the Linux VM helper. `serve` runs the gRPC service in
-//! the foreground (the orchestrator daemonizes it); `agent` is the in-guest
+//! the foreground (the orchestrator daemonizes it; `--through-bridge` runs
+//! it as the macOS Swift helper does, through swift-bridge's C ABI); `agent` is the in-guest
 //! agent's standalone entry (a VM's init starts it); `__vm-init` and
 //! `__copy-layer` are internal (and `guest-init`, `__archive-layer` run in a
 //! `vm` guest): the helper re-executes itself with them to
