@@ -12,6 +12,9 @@
 // The generated FFI-side items carry no docs; the comments here are what
 // the Swift developer reads.
 #![allow(missing_docs)]
+// The generated `extern "C"` entry points take swift-bridge's raw pointers
+// by design (the C ABI); they are safe to call only from the glue.
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 #[swift_bridge::bridge]
 pub mod ffi {
