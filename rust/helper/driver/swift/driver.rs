@@ -219,3 +219,43 @@ impl Instance for SwiftInstance {
         ffi::layer_cleanup(self.id.clone());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::IntoRawFd as _;
+
+    use super::*;
+
+    fn message(r: Result<tokio::net::UnixStream, DriverError>) -> String {
+        match r {
+            Ok(_) => panic!("accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_agent_fd_that_is_not_a_stream_socket_is_refused_naming_it() {
+        let (r, _w) = nix::unistd::pipe().unwrap();
+        let fd = r.into_raw_fd();
+        assert!(message(stream_from_fd(fd)).contains(&format!("fd {fd} is not a socket")));
+        let (a, _b) = std::os::unix::net::UnixDatagram::pair().unwrap();
+        assert!(message(stream_from_fd(a.into_raw_fd())).contains("Datagram socket, not a stream"));
+        assert!(message(stream_from_fd(-1)).contains("as fd -1"));
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert!(stream_from_fd(a.into_raw_fd()).is_ok());
+    }
+
+    #[tokio::test]
+    async fn the_exit_is_handed_out_once_and_resolves_through_the_layer() {
+        let (a, _b) = tokio::net::UnixStream::pair().unwrap();
+        let instance = SwiftInstance {
+            id: "no-such-vm".into(),
+            connection: Mux::open_side(a),
+            exit_taken: std::sync::atomic::AtomicBool::new(false),
+        };
+        let exit = instance.take_exit().expect("the first take");
+        assert!(instance.take_exit().is_none(), "the second take");
+        // The layer (the double here) knows no such VM, and says so.
+        assert_eq!(exit.await, "no vm \"no-such-vm\" in the layer");
+    }
+}
