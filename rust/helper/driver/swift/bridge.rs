@@ -93,12 +93,12 @@ pub mod ffi {
     // on, the message what the user reads.
     pub enum LayerError {
         // The layer cannot do that on this host (no entitlement, no
-        // kernel, a refused spec); the helper maps it to
-        // `FAILED_PRECONDITION`.
+        // kernel, a refused spec); gRPC `UNAVAILABLE` with the message.
         Unavailable(String),
-        // No VM with that id.
+        // No VM with that id (the helper's own registry answers unknown
+        // ids first; this is the layer disagreeing).
         NotFound(String),
-        // The call was made but failed.
+        // The call was made but failed; gRPC `INTERNAL`.
         Failed(String),
     }
 
