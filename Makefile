@@ -37,7 +37,7 @@ TEST_FUZZ_SECONDS ?= 10
 VM ?= 0
 VM_DIR := $(CURDIR)/target/vm
 
-.PHONY: deps build install test test-user test-faults test-vm test-vm-user test-install test-image test-image-docker test-docker venv bench clean-test fuzz vm vm-assets
+.PHONY: swift-glue conformance deps build install test test-user test-faults test-vm test-vm-user test-install test-image test-image-docker test-docker venv bench clean-test fuzz vm vm-assets
 
 deps:
 	@SANDBOX_MCP_VM=$(VM) scripts/install-deps.sh
@@ -55,6 +55,18 @@ vm-assets:
 
 build:
 	$(CARGO) build --release
+
+# Refreshes the swift-bridge glue committed in the Swift package (swift/Sources)
+# from the bridge module; tests/swift_glue.rs fails while it is stale.
+swift-glue:
+	SANDBOX_MCP_WRITE_SWIFT_GLUE=1 $(CARGO) test --test swift_glue
+
+# The helper conformance suite against a running helper, any platform's:
+# `make conformance HELPER_SOCKET=/path/to/helper.sock` (a Mac user proves
+# the Swift helper this way). Tests that start helpers of their own skip.
+conformance:
+	@test -n "$(HELPER_SOCKET)" || { echo "make conformance: set HELPER_SOCKET=/path/to/helper.sock" >&2; exit 2; }
+	SANDBOX_MCP_CONFORMANCE_SOCKET=$(HELPER_SOCKET) $(CARGO) test --test helper_conformance -- --test-threads=2
 
 # Binaries go in through a temp name and a rename, so a running helper
 # (ETXTBSY on overwrite) does not block an upgrade. sandbox-ctl sits next to

@@ -13,6 +13,15 @@ if ! cargo test --quiet; then
     status=1
 fi
 
+# The helper conformance suite again with every VM call across the
+# swift-bridge ABI (serve --through-bridge: the Rust double of the Swift VM
+# layer on the namespace driver); about a minute on 2 cores.
+echo "== helper conformance through the swift bridge"
+if ! SANDBOX_MCP_CONFORMANCE_BRIDGE=1 cargo test --quiet --test helper_conformance; then
+    echo "== helper conformance through the swift bridge FAILED"
+    status=1
+fi
+
 echo "== pytest"
 if ! "$venv/bin/python" -m pytest -q -ra -p no:cacheprovider tests/; then
     echo "== pytest FAILED"

@@ -82,6 +82,15 @@ if ! "${as_user[@]}" target/bin/helper-conformance -q; then
     echo "== helper conformance as $user FAILED"
     status=1
 fi
+# Through the swift bridge's ABI once, in `make test`'s pass (the vm matrix
+# names other drivers; the bridge's layer is the namespace driver's double).
+if [ -z "${SANDBOX_MCP_TEST_ISOLATION:-}" ] && [ -z "${SANDBOX_MCP_CONFORMANCE_DRIVER:-}" ]; then
+    echo "== helper conformance through the swift bridge as $user"
+    if ! "${as_user[@]}" SANDBOX_MCP_CONFORMANCE_BRIDGE=1 target/bin/helper-conformance -q; then
+        echo "== helper conformance through the swift bridge as $user FAILED"
+        status=1
+    fi
+fi
 # The vm driver's own tests run once, in `make test`'s pass (`make test-vm` sets the matrix's switches).
 if [ -z "${SANDBOX_MCP_TEST_ISOLATION:-}" ]; then
     echo "== vm driver as $user"

@@ -1,5 +1,6 @@
 //! `sandbox-vm-helper`: the Linux VM helper. `serve` runs the gRPC service in
-//! the foreground (the orchestrator daemonizes it); `agent` is the in-guest
+//! the foreground (the orchestrator daemonizes it; `--through-bridge` runs
+//! it as the macOS Swift helper does, through swift-bridge's C ABI); `agent` is the in-guest
 //! agent's standalone entry (a VM's init starts it); `__vm-init` and
 //! `__copy-layer` are internal (and `guest-init`, `__archive-layer` run in a
 //! `vm` guest): the helper re-executes itself with them to
@@ -8,6 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use sandbox_mcp::helper::server::Drivers;
 
 #[derive(Parser)]
 #[command(name = "sandbox-vm-helper", version, about = "Runs sandbox-mcp VMs as Linux namespace sandboxes")]
@@ -23,6 +25,11 @@ enum Command {
         /// Socket path (default: the runtime dir's helper.sock).
         #[arg(long)]
         socket: Option<PathBuf>,
+        /// Run VMs on the VM layer across swift-bridge, entering through
+        /// the bridge's `helper_main` C symbol as the Swift executable does
+        /// (on Linux the layer is the namespace driver behind the Rust double).
+        #[arg(long)]
+        through_bridge: bool,
     },
     /// Run the in-guest agent: serve the helper's multiplexed connection on
     /// `unix:PATH`, `fd:N`, `serial:PATH` (a virtio-serial port) or
@@ -128,31 +135,59 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Serve { socket } => {
-            tracing_subscriber::fmt()
-                .with_writer(std::io::stderr)
-                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env()
-                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-                )
-                .init();
-            let socket = socket.unwrap_or_else(sandbox_mcp::paths::helper_socket);
-            sandbox_mcp::paths::make_private_dirs();
-            let runtime = match tokio::runtime::Runtime::new() {
-                Ok(rt) => rt,
-                Err(e) => {
-                    eprintln!("sandbox-vm-helper: cannot start the runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
+        Command::Serve { socket, through_bridge: false } => {
+            ExitCode::from(u8::try_from(sandbox_mcp::helper::server::run(socket, Drivers::Local)).unwrap_or(1))
+        }
+        Command::Serve { socket, through_bridge: true } => {
+            ExitCode::from(u8::try_from(bridge::helper_main(socket)).unwrap_or(1))
+        }
+    }
+}
+
+/// The bridge's entry as Swift's `main` calls it: the arguments built with
+/// swift-bridge's own `Vec<RustString>` exports, handed to the
+/// `__swift_bridge__$helper_main` symbol by its C ABI.
+mod bridge {
+    use std::ffi::c_void;
+    use std::path::PathBuf;
+
+    /// swift-bridge's `RustStr`: a borrowed UTF-8 slice.
+    #[repr(C)]
+    struct RustStr {
+        start: *const u8,
+        len: usize,
+    }
+
+    unsafe extern "C" {
+        #[link_name = "__swift_bridge__$Vec_RustString$new"]
+        fn vec_new() -> *mut c_void;
+        #[link_name = "__swift_bridge__$Vec_RustString$push"]
+        fn vec_push(vec: *mut c_void, item: *mut c_void);
+        #[link_name = "__swift_bridge__$RustString$new_with_str"]
+        fn string_new(s: RustStr) -> *mut c_void;
+        #[link_name = "__swift_bridge__$helper_main"]
+        fn helper_main_c(args: *mut c_void) -> i32;
+    }
+
+    /// Runs `helper_main(["sandbox-vm-helper", "serve", "--socket", …])`.
+    pub fn helper_main(socket: Option<PathBuf>) -> i32 {
+        let mut args = vec!["sandbox-vm-helper".to_owned(), "serve".to_owned()];
+        if let Some(socket) = socket {
+            let Some(socket) = socket.to_str() else {
+                eprintln!("sandbox-vm-helper: the socket path must be UTF-8 to cross the bridge: {socket:?}");
+                return 2;
             };
-            match runtime.block_on(sandbox_mcp::helper::serve(&socket)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    tracing::error!(error = %e, "helper failed");
-                    ExitCode::FAILURE
-                }
+            args.extend(["--socket".to_owned(), socket.to_owned()]);
+        }
+        // SAFETY: the calls and types are swift-bridge 0.1.59's (pinned):
+        // `new` returns an owned vec, `push` takes ownership of a string
+        // `new_with_str` copied, and `helper_main` takes the vec.
+        unsafe {
+            let vec = vec_new();
+            for a in &args {
+                vec_push(vec, string_new(RustStr { start: a.as_ptr(), len: a.len() }));
             }
+            helper_main_c(vec)
         }
     }
 }

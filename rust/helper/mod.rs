@@ -14,9 +14,10 @@
 //! - [`stats`]: a running VM's resource usage (the agent's reading plus
 //!   the host's limits).
 //! - [`netstack`]: egress through a user-mode network stack, under the VM's policy.
-//! - [`driver`]: the driver seam ([`driver::Driver`], [`driver::Instance`])
-//!   and the namespace driver (namespaces, cgroups, seccomp, rootfs, the
-//!   VM's network link).
+//! - [`driver`]: the driver seam ([`driver::Driver`], [`driver::Instance`]),
+//!   the namespace driver (namespaces, cgroups, seccomp, rootfs, the VM's
+//!   network link), the qemu one, and the swift one (a VM layer across
+//!   swift-bridge).
 //! - [`error`]: [`HelperError`], mapped to gRPC codes in `service::status`.
 pub mod agent_link;
 pub mod driver;

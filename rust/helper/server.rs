@@ -1,5 +1,6 @@
 //! The helper process: the gRPC socket, health, reflection, pid file and
-//! signal handling around [`HelperService`].
+//! signal handling around [`HelperService`], with its VMs on this host's
+//! drivers or on the VM layer across swift-bridge ([`Drivers`]).
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,8 +10,10 @@ use tokio::net::UnixListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_stream::wrappers::UnixListenerStream;
 
+use super::driver::Driver;
 use super::driver::namespace::NamespaceDriver;
 use super::driver::qemu::driver::QemuDriver;
+use super::driver::swift::SwiftDriver;
 use super::error::HelperError;
 use super::service::HelperService;
 use super::vm::VmManager;
@@ -27,9 +30,52 @@ const CONNECTION_WINDOW: u32 = 32 << 20;
 /// How long clients get to hang up once every VM is stopped.
 const CLIENT_DRAIN: Duration = Duration::from_millis(500);
 
+/// Which drivers run the helper's VMs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Drivers {
+    /// This host's: the namespace driver (the default) and the vm driver.
+    Local,
+    /// Only the VM layer across swift-bridge
+    /// ([`super::driver::swift::SwiftDriver`]), under the name it reports.
+    Bridged,
+}
+
+/// The helper's whole life in the foreground: logs to stderr, the private
+/// dirs, a runtime, [`serve`] on `socket` (default: the runtime dir's);
+/// returns the exit status. `sandbox-vm-helper serve` and the bridge's
+/// `helper_main` both come here.
+pub fn run(socket: Option<PathBuf>, drivers: Drivers) -> i32 {
+    // A second call in one process (the bridge's tests) keeps the first
+    // subscriber.
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .try_init();
+    let socket = socket.unwrap_or_else(crate::paths::helper_socket);
+    crate::paths::make_private_dirs();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the runtime");
+            return 1;
+        }
+    };
+    match runtime.block_on(serve(&socket, drivers)) {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!(error = %e, "helper failed");
+            1
+        }
+    }
+}
+
 /// Serves the helper on `socket` until SIGTERM or SIGINT, then stops every
 /// VM and removes the socket and pid file.
-pub async fn serve(socket: &Path) -> Result<(), HelperError> {
+pub async fn serve(socket: &Path, drivers: Drivers) -> Result<(), HelperError> {
     let io = |what: String| move |e| HelperError::io(what, e);
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir).map_err(io(format!("create {}", dir.display())))?;
@@ -51,9 +97,17 @@ pub async fn serve(socket: &Path) -> Result<(), HelperError> {
 
     raise_nofile_limit();
     super::storage::kill_leftovers();
-    let namespaces = NamespaceDriver::detect()?;
-    let vm = QemuDriver::detect().with_cgroups(namespaces.cgroup_layout());
-    let vms = VmManager::new(namespaces, vec![Arc::new(vm)], helper_store());
+    // The namespace driver also holds the id map images are unpacked for,
+    // whichever drivers run the VMs.
+    let namespaces = Arc::new(NamespaceDriver::detect()?);
+    let drivers: Vec<Arc<dyn Driver>> = match drivers {
+        Drivers::Local => {
+            let vm = QemuDriver::detect().with_cgroups(namespaces.cgroup_layout());
+            vec![namespaces.clone(), Arc::new(vm)]
+        }
+        Drivers::Bridged => vec![Arc::new(SwiftDriver::new())],
+    };
+    let vms = VmManager::new(namespaces, drivers, helper_store());
     // Copies and references a helper killed mid-snapshot left behind; the
     // other helpers sharing the store keep theirs.
     vms.collect_layers().await;

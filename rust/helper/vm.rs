@@ -155,7 +155,7 @@ impl Slot {
 pub struct VmManager {
     /// The namespace driver: also the id map this helper's images use.
     namespaces: Arc<NamespaceDriver>,
-    /// Every driver, the default (the namespace driver) first.
+    /// Every driver, the default first.
     drivers: Vec<Arc<dyn Driver>>,
     images: ImageStore,
     vms: Mutex<Vec<Arc<Slot>>>,
@@ -163,12 +163,11 @@ pub struct VmManager {
 }
 
 impl VmManager {
-    /// A manager with no VMs, booting with the namespace driver unless a
-    /// VM names one of `others`.
-    pub fn new(namespaces: NamespaceDriver, others: Vec<Arc<dyn Driver>>, images: ImageStore) -> Arc<Self> {
-        let namespaces = Arc::new(namespaces);
-        let mut drivers: Vec<Arc<dyn Driver>> = vec![namespaces.clone()];
-        drivers.extend(others);
+    /// A manager with no VMs, booting with the first of `drivers` unless a
+    /// VM names another; `namespaces` gives the id map (it is among
+    /// `drivers` when VMs run on it).
+    pub fn new(namespaces: Arc<NamespaceDriver>, drivers: Vec<Arc<dyn Driver>>, images: ImageStore) -> Arc<Self> {
+        assert!(!drivers.is_empty(), "a helper runs its vms on at least one driver");
         Arc::new_cyclic(|me| VmManager { namespaces, drivers, images, vms: Mutex::new(Vec::new()), me: me.clone() })
     }
 

@@ -50,6 +50,10 @@ async fn dns_harness(name: &str) -> Option<(TestHost, Ipv4Addr, Harness, tokio::
     let addr: Ipv4Addr = host.addr().parse().unwrap();
     let (dns, responder) = dns_responder(addr).await;
     let h = Harness::with_env(name, &[("SANDBOX_VM_HELPER_DNS_UPSTREAM", dns.to_string())]).await;
+    if h.helper.is_none() {
+        eprintln!("skipped: the DNS upstream is the environment of a helper this test starts");
+        return None;
+    }
     Some((host, addr, h, responder))
 }
 

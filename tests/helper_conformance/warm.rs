@@ -149,6 +149,13 @@ async fn back_to_back_starts_all_find_a_launcher_prepared_ahead() {
     for name in ["a", "b", "c"] {
         h.running(name, |_| {}).await;
     }
+    if through_bridge() {
+        // GetInfo counts the helper's own namespace driver's starts; through
+        // the bridge the launchers are the layer's, and the seam carries no
+        // counts (a Mac's layer has no launchers at all).
+        eprintln!("skipped the (warm, cold) start counts: the layer across the bridge keeps its own");
+        return;
+    }
     let info = h.client.get_info(pb::GetInfoRequest {}).await.unwrap().into_inner();
     assert_eq!((info.warm_starts, info.cold_starts), (3, 0), "(warm, cold) starts");
 }

@@ -8,6 +8,8 @@
 //!
 //! - [`namespace`]: Linux namespaces, cgroups and seccomp around one kernel.
 //! - [`qemu`]: qemu microVMs with their own kernel (the `vm` driver's groundwork).
+//! - [`swift`]: VMs whose layer lives across swift-bridge (Swift on a Mac;
+//!   a double on the namespace driver elsewhere).
 //!
 //! Drivers report what they can do as typed [`Capabilities`], which GetInfo
 //! carries to the orchestrator.
@@ -23,6 +25,7 @@ use crate::netpolicy::NetworkPolicy;
 
 pub mod namespace;
 pub mod qemu;
+pub mod swift;
 
 // Host facts the namespace driver owns and others share: the id maps images
 // are unpacked for (image store), cgroup delegation (host setup, doctor),
@@ -70,6 +73,12 @@ pub enum DriverError {
     /// A step did not finish in time.
     #[error("timed out waiting for {0}")]
     Timeout(&'static str),
+    /// The VM layer across the bridge knows no VM by that id.
+    #[error("vm layer: no vm {0:?}")]
+    LayerNotFound(String),
+    /// The VM layer across the bridge failed; its message.
+    #[error("vm layer: {0}")]
+    LayerFailed(String),
     /// This driver cannot do that here; the message says why.
     #[error("{0}")]
     Unavailable(String),

@@ -66,9 +66,29 @@ impl HelperService {
     }
 }
 
+/// The longest error message a status carries. Messages echo what the
+/// request held (an id, a path): the message travels in a trailer, and one
+/// past the client's header list limit (16 KiB in hyper) makes the client
+/// end the whole connection (GOAWAY, ENHANCE_YOUR_CALM) rather than fail
+/// the one call.
+const MAX_MESSAGE: usize = 4 << 10;
+
+/// `msg`, cut at a char boundary to at most [`MAX_MESSAGE`] bytes.
+fn bounded(mut msg: String) -> String {
+    if msg.len() > MAX_MESSAGE {
+        let mut end = MAX_MESSAGE - 3;
+        while !msg.is_char_boundary(end) {
+            end -= 1;
+        }
+        msg.truncate(end);
+        msg.push_str("...");
+    }
+    msg
+}
+
 /// The one mapping from helper errors to gRPC status codes.
 pub fn status(e: HelperError) -> Status {
-    let msg = e.to_string();
+    let msg = bounded(e.to_string());
     match e {
         HelperError::InvalidArgument { .. } | HelperError::ExecRejected(_) => Status::invalid_argument(msg),
         HelperError::VmNotFound(_) | HelperError::ImageNotFound(_) => Status::not_found(msg),
@@ -302,5 +322,20 @@ impl VmHelper for HelperService {
     ) -> Result<Response<pb::NetworkEventsResponse>, Status> {
         let snapshot = self.vms.network_events(&req.into_inner().vm_id).map_err(status)?;
         Ok(Response::new(snapshot.into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_echoing_a_huge_id_is_cut_to_fit_a_trailer() {
+        let id = "é".repeat(40 << 10);
+        let s = status(HelperError::VmNotFound(id));
+        assert_eq!(s.code(), tonic::Code::NotFound);
+        assert!(s.message().len() <= MAX_MESSAGE && s.message().ends_with("..."), "{}", s.message().len());
+        let short = status(HelperError::VmNotFound("vm-1".into()));
+        assert!(!short.message().ends_with("..."), "{}", short.message());
     }
 }
