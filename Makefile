@@ -109,7 +109,7 @@ check-swift: venv
 helper:
 ifeq ($(UNAME_S),Darwin)
 	rustup target add $(MAC_RUST_TARGET) >/dev/null
-	$(CARGO) rustc --release --lib --crate-type staticlib --target $(MAC_RUST_TARGET)
+	$(CARGO) build --release -p sandbox-helper-ffi --target $(MAC_RUST_TARGET)
 	cd $(SWIFT_DIR) && SANDBOX_MCP_RUST_LIB_DIR=$(CURDIR)/target/$(MAC_RUST_TARGET)/release swift build -c release
 	codesign --force --sign - --entitlements $(SWIFT_DIR)/entitlements.plist $(SWIFT_HELPER)
 	@echo "helper: $(SWIFT_HELPER) (signed with com.apple.security.virtualization)"

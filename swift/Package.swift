@@ -11,14 +11,14 @@
 // - SandboxVMHelper: the executable: main.swift, the generated Swift glue, BridgeExports.swift.
 import PackageDescription
 
-/// Where `make helper` leaves the Rust static library (`cargo build --release --target
-/// aarch64-apple-darwin`); SANDBOX_MCP_RUST_LIB_DIR overrides it.
+/// Where `make helper` leaves the Rust static library (`cargo build --release -p
+/// sandbox-helper-ffi --target aarch64-apple-darwin`); SANDBOX_MCP_RUST_LIB_DIR overrides it.
 let rustLibDir =
     Context.environment["SANDBOX_MCP_RUST_LIB_DIR"]
     ?? "\(Context.packageDirectory)/../target/aarch64-apple-darwin/release"
 
 /// The Rust crate's static library, lib<name>.a.
-let rustLibName = Context.environment["SANDBOX_MCP_RUST_LIB_NAME"] ?? "sandbox_mcp"
+let rustLibName = Context.environment["SANDBOX_MCP_RUST_LIB_NAME"] ?? "sandbox_helper_ffi"
 
 let package = Package(
     name: "sandbox-vm-helper",
@@ -42,7 +42,7 @@ let package = Package(
                 .unsafeFlags(["-L", rustLibDir]),
                 .linkedLibrary(rustLibName),
                 // What a Rust static library of this crate needs from the system on macOS
-                // (`cargo rustc --release --target aarch64-apple-darwin -- --print
+                // (`cargo rustc --release -p sandbox-helper-ffi --target aarch64-apple-darwin -- --print
                 // native-static-libs` prints the exact list).
                 .linkedFramework("CoreFoundation"),
                 .linkedFramework("Security"),
