@@ -166,22 +166,25 @@ class Allow:
 
 def labels_fit(params: list[ss.Param], labels: list[str], trailing: int) -> bool:
     i = 0
+
+    def take(fits) -> bool:
+        """Moves past the next parameter that `fits`, skipping only defaulted ones."""
+        nonlocal i
+        while i < len(params) and not fits(params[i]):
+            if not params[i].defaulted:
+                return False
+            i += 1
+        if i == len(params):
+            return False
+        i += 1
+        return True
+
     for lab in labels:
-        while i < len(params) and params[i].label != lab:
-            if not params[i].defaulted:
-                return False
-            i += 1
-        if i == len(params):
+        if not take(lambda p, lab=lab: p.label == lab):
             return False
-        i += 1
     for _ in range(trailing):
-        while i < len(params) and not params[i].closure:
-            if not params[i].defaulted:
-                return False
-            i += 1
-        if i == len(params):
+        if not take(lambda p: p.closure):
             return False
-        i += 1
     return all(p.defaulted for p in params[i:])
 
 
