@@ -56,7 +56,7 @@ impl HelperService {
     {
         match tokio::spawn(op(self.vms.clone())).await {
             Ok(result) => result.map_err(status),
-            Err(e) => Err(Status::internal(format!("VM operation failed: {e}"))),
+            Err(e) => Err(Status::internal(bounded(format!("VM operation failed: {e}")))),
         }
     }
 
@@ -71,10 +71,10 @@ impl HelperService {
 /// past the client's header list limit (16 KiB in hyper) makes the client
 /// end the whole connection (GOAWAY, ENHANCE_YOUR_CALM) rather than fail
 /// the one call.
-const MAX_MESSAGE: usize = 4 << 10;
+pub(super) const MAX_MESSAGE: usize = 4 << 10;
 
 /// `msg`, cut at a char boundary to at most [`MAX_MESSAGE`] bytes.
-fn bounded(mut msg: String) -> String {
+pub(super) fn bounded(mut msg: String) -> String {
     if msg.len() > MAX_MESSAGE {
         let mut end = MAX_MESSAGE - 3;
         while !msg.is_char_boundary(end) {
@@ -195,7 +195,7 @@ impl VmHelper for HelperService {
         let (vms, req) = (self.vms.clone(), req.into_inner());
         match tokio::spawn(async move { images::commit(&vms, req).await }).await {
             Ok(result) => result.map(Response::new),
-            Err(e) => Err(Status::internal(format!("commit failed: {e}"))),
+            Err(e) => Err(Status::internal(bounded(format!("commit failed: {e}")))),
         }
     }
 

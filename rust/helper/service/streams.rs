@@ -201,15 +201,22 @@ async fn guest_to_client(mut guest: StreamReceiver, tx: mpsc::Sender<Result<pb::
         let msg = match read {
             Ok(Some(Frame::Data(buf))) => Ok(pb::DialResponse { msg: Some(pb::dial_response::Msg::Data(buf)) }),
             Ok(Some(Frame::End)) | Ok(None) => return,
-            Ok(Some(Frame::Fail { message, .. })) => Err(Status::unavailable(format!("guest connection: {message}"))),
+            Ok(Some(Frame::Fail { message, .. })) => Err(guest_failed(message)),
             Ok(Some(_)) => continue,
-            Err(e) => Err(Status::unavailable(format!("guest connection: {e}"))),
+            Err(e) => Err(guest_failed(e)),
         };
         let last = msg.is_err();
         if tx.send(msg).await.is_err() || last {
             return;
         }
     }
+}
+
+/// A dialled guest connection's failure. Its message is the guest's own
+/// (a vm guest's root can answer in its agent's place), so it is bounded
+/// like every other status message.
+fn guest_failed(what: impl std::fmt::Display) -> Status {
+    Status::unavailable(super::bounded(format!("guest connection: {what}")))
 }
 
 /// CopyIn: relay the tar stream to the agent, which extracts it.
@@ -288,4 +295,17 @@ pub async fn copy_out(
         }
     });
     Ok(stream_of(rx))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_guest_answering_a_dial_with_a_huge_failure_is_cut_to_fit_a_trailer() {
+        // Past hyper's 16 KiB header list the client would end the whole
+        // connection, every sandbox's calls on it with this one.
+        let s = super::guest_failed("x".repeat(16 << 20));
+        assert_eq!(s.code(), tonic::Code::Unavailable);
+        assert!(s.message().len() <= super::super::MAX_MESSAGE, "{}", s.message().len());
+        assert!(s.message().starts_with("guest connection: x"), "{}", &s.message()[..40]);
+    }
 }

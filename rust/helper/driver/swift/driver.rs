@@ -54,12 +54,13 @@ impl Driver for SwiftDriver {
     async fn boot(&self, spec: &BootSpec) -> Result<Arc<dyn Instance>, DriverError> {
         let request =
             ffi::BootRequest::try_from(spec).map_err(|e| DriverError::Unavailable(format!("boot request: {e}")))?;
+        // Taken back however this ends, a dropped future included: a policy
+        // left over would be the next boot of this id's.
+        let _handed = EgressHandedOver(&spec.id);
         if let Some(egress) = &spec.egress {
             hand_over_egress(&spec.id, egress.clone())?;
         }
-        let booted = ffi::layer_boot(request).await;
-        take_back_egress(&spec.id);
-        booted?;
+        ffi::layer_boot(request).await?;
         match connect(&spec.id).await {
             Ok(connection) => Ok(Arc::new(SwiftInstance {
                 id: spec.id.clone(),
@@ -117,10 +118,23 @@ fn hand_over_egress(
 #[cfg(target_os = "macos")]
 fn take_back_egress(_id: &str) {}
 
+/// Takes back, when dropped, what a boot handed over for VM `.0`.
+struct EgressHandedOver<'a>(&'a str);
+
+impl Drop for EgressHandedOver<'_> {
+    fn drop(&mut self) {
+        take_back_egress(self.0);
+    }
+}
+
 /// A new connection to the agent of VM `id`, through the layer's dial.
 async fn dial(id: &str) -> Result<Mux, DriverError> {
-    let fd = ffi::layer_dial_agent(id.to_owned()).await?;
-    let stream = stream_from_fd(fd)?;
+    // In a task of its own: a caller that goes away mid-dial (a client
+    // hanging up) would drop the layer's answer and leave its fd open.
+    let id = id.to_owned();
+    let stream = tokio::spawn(async move { stream_from_fd(ffi::layer_dial_agent(id).await?) })
+        .await
+        .map_err(|e| DriverError::LayerFailed(format!("agent dial: {e}")))??;
     Ok(Mux::open_side(stream))
 }
 
@@ -146,11 +160,18 @@ fn stream_from_fd(fd: i32) -> Result<tokio::net::UnixStream, DriverError> {
     tokio::net::UnixStream::from_std(std).map_err(|e| DriverError::io("agent stream", e))
 }
 
+/// How long an agent the layer reports listening has to answer its first
+/// ping (the layer's boot already waited for the guest).
+const FIRST_PING: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Dials and makes one round trip, so a boot returns only when Exec works.
 async fn connect(id: &str) -> Result<Mux, DriverError> {
     let mux = dial(id).await?;
     let mut stream = mux.open(Frame::Ping)?;
-    match stream.next().await? {
+    let answer = tokio::time::timeout(FIRST_PING, stream.next())
+        .await
+        .map_err(|_| DriverError::Timeout("the agent's first answer"))?;
+    match answer? {
         Some(Frame::Pong) => Ok(mux),
         other => Err(DriverError::InitFailed(format!("agent answered {other:?} to a ping"))),
     }
