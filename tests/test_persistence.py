@@ -5,11 +5,13 @@ silently re-created)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
 import socket
 import sqlite3
+import subprocess
 import threading
 import time
 import urllib.request
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import pids_of, sandbox_key, stop_daemon, volume_dir
 from mcp_client import McpError
+from test_grpc import SERVICE, grpcurl_path
 from waiting import wait_for
 
 
@@ -281,3 +284,35 @@ def test_a_sandbox_whose_creation_was_cut_short_is_not_handed_out(server_factory
     assert not (half / ".creating").exists()
     text, err = second.tool("exec", command="true", sandbox="whole")
     assert not err, text
+
+
+def test_a_creation_the_helper_finishes_after_its_server_died_is_removed(server_factory, env):
+    # The fault suite's find (kill -9 of the daemon during create, as the test user): the helper finishes a
+    # creation whose caller died, after the next daemon's start looked at its VMs. Nothing held that VM and
+    # its writable layer stayed for good. Here the helper makes such a VM while the server runs: the marker
+    # names a dead server, no sandbox holds the name.
+    srv = server_factory()
+    text, err = srv.tool("exec", command="true")
+    assert not err, text
+    key = sandbox_key("late")
+    volume = volume_dir(env, "late")
+    volume.mkdir(parents=True, exist_ok=True)
+    (volume / ".creating").write_text("4194305:1")
+    sock = str(Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / "helper.sock")
+
+    def grpc(method: str, data: dict) -> str:
+        r = subprocess.run([grpcurl_path(), "-plaintext", "-unix", "-authority", "localhost", "-d", json.dumps(data),
+                            sock, f"{SERVICE}/{method}"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, f"{method}: {r.stderr}"
+        return r.stdout
+
+    grpc("CreateVm", {"spec": {"id": key, "image": os.environ["SANDBOX_MCP_TEST_IMAGE"],
+                               "labels": {"sandbox-mcp.name": key}}})
+    grpc("StartVm", {"id": key})
+    gone = wait_for(lambda: key not in grpc("ListVms", {}) and not (volume / ".creating").exists(), timeout=30)
+    assert gone, grpc("ListVms", {})
+    # The server's own sandbox is untouched, and the name can be created anew.
+    text, err = srv.tool("exec", command="true")
+    assert not err, text
+    text, err = srv.tool("exec", command="echo again", sandbox="late")
+    assert not err and "again" in text, text

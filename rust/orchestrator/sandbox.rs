@@ -419,12 +419,7 @@ impl SandboxManager {
                 // Another live server is creating it right now: its sandbox.
                 Some(creator) if super::owner::alive(&creator) => continue,
                 Some(_) => {
-                    // Its server died before it was ready (a clone without its
-                    // whole workspace, a child without its sandbox-ctl): never
-                    // hand out something half made. The workspace stays.
-                    tracing::info!(sandbox = %name, "removing a sandbox whose creation was cut short by a crash");
-                    manager.helper.delete_vm(&vm.id).await.ok();
-                    Creating::clear(&manager.config.volumes_dir.join(&name));
+                    manager.remove_cut_short(&vm.id, &name).await;
                     continue;
                 }
                 None => {}
@@ -451,6 +446,37 @@ impl SandboxManager {
             manager.lock_map().remove(&orphan.name);
         }
         Ok(manager)
+    }
+
+    /// Removes the VM of a sandbox whose server died before it was ready (a
+    /// clone without its whole workspace, a child without its sandbox-ctl):
+    /// never hand out something half made. The workspace stays.
+    async fn remove_cut_short(&self, vm_id: &str, name: &str) {
+        tracing::info!(sandbox = %name, "removing a sandbox whose creation was cut short by a crash");
+        self.helper.delete_vm(vm_id).await.ok();
+        Creating::clear(&self.config.volumes_dir.join(name));
+    }
+
+    /// The VMs among `vms` whose creation a server that died asked for and
+    /// the helper finished only after this server's [`Self::start`] looked
+    /// (the helper finishes a creation its caller left): no sandbox holds
+    /// them, and they are removed as `start` removes the ones it sees.
+    pub(super) async fn remove_cut_short_late(&self, vms: &[super::helper_client::VmInfo]) {
+        for vm in vms {
+            let Some(name) = vm.labels.get(NAME_LABEL) else { continue };
+            if self.lock_map().contains_key(name) {
+                continue;
+            }
+            // A creation in this server holds the name's lock (and its
+            // marker names this live server).
+            let lock = self.lifecycle_lock(name);
+            let Ok(_guard) = lock.try_lock() else { continue };
+            let dead_creator = Creating::owner(&self.config.volumes_dir.join(name))
+                .is_some_and(|creator| !super::owner::alive(&creator));
+            if dead_creator && !self.lock_map().contains_key(name) {
+                self.remove_cut_short(&vm.id, name).await;
+            }
+        }
     }
 
     /// Register for destroy/replace events.

@@ -63,6 +63,7 @@ impl SandboxManager {
             self.destroy_subtree(&sandbox.name).await;
             self.mark_lost(&sandbox.name, &why);
         }
+        self.remove_cut_short_late(&vms).await;
         self.free_unfreed().await;
         Ok(())
     }
