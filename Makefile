@@ -93,6 +93,8 @@ endif
 # on macOS (uname -s = Darwin): that helper, the guest kernel, our agent cross-compiled for
 # aarch64-unknown-linux-musl, sandbox-mcp and sandbox-ctl, then the registration as on Linux.
 # `make check-swift`: the Linux checks of swift/ (tree-sitter syntax, containerization's API).
+# `make check-portable`: the crate built as a Mac builds it, without its Linux-only parts (build.rs,
+# `cfg(linux_host)`): no machine here has an Apple target's standard library, so Linux stands in.
 UNAME_S := $(shell uname -s)
 SWIFT_DIR := $(CURDIR)/swift
 MAC_RUST_TARGET := aarch64-apple-darwin
@@ -101,10 +103,15 @@ SWIFT_HELPER := $(SWIFT_DIR)/.build/release/sandbox-vm-helper
 MAC_VM_DIR ?= $(or $(SANDBOX_MCP_VM_DIR),$(or $(XDG_DATA_HOME),$(HOME)/.local/share)/sandbox-mcp/vm)
 # The guest kernel containerization's own Makefile fetches (Kata's arm64 vmlinux.container).
 KATA_ARM64 ?= https://github.com/kata-containers/kata-containers/releases/download/3.17.0/kata-static-3.17.0-arm64.tar.xz
-.PHONY: helper check-swift install-macos mac-guest-kernel mac-guest-agent
+.PHONY: helper check-swift check-portable install-macos mac-guest-kernel mac-guest-agent
 
 check-swift: venv
 	@$(VENV)/bin/python scripts/check-swift.py
+
+check-portable:
+	@SANDBOX_MCP_PORTABLE_CHECK=1 CARGO_TARGET_DIR=$(CURDIR)/target/portable RUSTFLAGS="-D warnings" \
+	    $(CARGO) check --quiet -p sandbox-mcp -p sandbox-helper-ffi --lib --bins && \
+	    echo "check-portable: the crate and the Swift helper's static library build without the Linux-only parts"
 
 helper:
 ifeq ($(UNAME_S),Darwin)
@@ -126,21 +133,22 @@ mac-guest-kernel:
 	    echo "install: guest kernel $(MAC_VM_DIR)/vmlinux"; \
 	fi
 
-# The agent runs in the guest (Linux, arm64): cargo-zigbuild cross-compiles it and its C parts.
+# The agent runs in the guest (Linux, arm64): cargo-zigbuild cross-compiles it and its C parts, and
+# sandbox-ctl, which the orchestrator copies into sandboxes from beside sandbox-mcp.
 mac-guest-agent:
 	@command -v cargo-zigbuild >/dev/null || { echo "install: the guest agent needs cargo-zigbuild (brew install zig && cargo install cargo-zigbuild)" >&2; exit 1; }
 	rustup target add $(GUEST_RUST_TARGET) >/dev/null
-	$(CARGO) zigbuild --release --target $(GUEST_RUST_TARGET) --bin sandbox-vm-helper
+	$(CARGO) zigbuild --release --target $(GUEST_RUST_TARGET) --bin sandbox-vm-helper --bin sandbox-ctl
 	@install -d "$(MAC_VM_DIR)/aarch64-linux-musl"
 	@install -m 755 target/$(GUEST_RUST_TARGET)/release/sandbox-vm-helper "$(MAC_VM_DIR)/aarch64-linux-musl/sandbox-vm-helper"
 	@echo "install: guest agent $(MAC_VM_DIR)/aarch64-linux-musl/sandbox-vm-helper"
 
 install-macos: helper mac-guest-kernel mac-guest-agent
-	$(CARGO) build --release --bin sandbox-mcp --bin sandbox-ctl
+	$(CARGO) build --release --bin sandbox-mcp
 	@install -d "$(PREFIX)/bin"
-	@for b in sandbox-mcp sandbox-ctl; do \
-	    install -m 755 "$(RELEASE_BIN)/$$b" "$(PREFIX)/bin/.$$b.new" && mv -f "$(PREFIX)/bin/.$$b.new" "$(PREFIX)/bin/$$b" && \
-	    echo "install: $(PREFIX)/bin/$$b"; \
+	@for b in $(RELEASE_BIN)/sandbox-mcp target/$(GUEST_RUST_TARGET)/release/sandbox-ctl; do \
+	    n=$$(basename $$b); install -m 755 "$$b" "$(PREFIX)/bin/.$$n.new" && mv -f "$(PREFIX)/bin/.$$n.new" "$(PREFIX)/bin/$$n" && \
+	    echo "install: $(PREFIX)/bin/$$n"; \
 	done
 	@install -m 755 "$(SWIFT_HELPER)" "$(PREFIX)/bin/.sandbox-vm-helper.new"
 	@codesign --force --sign - --entitlements $(SWIFT_DIR)/entitlements.plist "$(PREFIX)/bin/.sandbox-vm-helper.new"
@@ -188,6 +196,7 @@ test: deps venv
 	@$(MAKE) --no-print-directory vm-assets VM_ASSETS_DIR=$(VM_DIR) VM_HELPER=$(DEBUG_BIN)/sandbox-vm-helper
 	@status=0; scripts/run-tests.sh $(VENV) || status=1; \
 	    $(MAKE) --no-print-directory check-swift || status=1; \
+	    $(MAKE) --no-print-directory check-portable || status=1; \
 	    $(MAKE) --no-print-directory test-user || status=1; \
 	    FUZZ_OPTIONAL=1 FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) scripts/fuzz.sh || status=1; exit $$status
 

@@ -21,9 +21,11 @@
 pub mod agent;
 pub mod ctl;
 pub mod daemon;
+#[cfg(linux_host)]
 pub mod doctor;
 pub mod guest;
 pub mod helper;
+#[cfg(linux_host)]
 pub mod hostsetup;
 pub mod image;
 pub mod mcp;

@@ -78,7 +78,7 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         // Through the helper's own removal: as an ordinary user, VM
         // directories hold files only the sandbox's id map reaches.
-        let _ = sandbox_mcp::helper::driver::userns::remove_tree(&self.0);
+        let _ = sandbox_mcp::helper::userns::remove_tree(&self.0);
     }
 }
 

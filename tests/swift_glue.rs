@@ -58,3 +58,28 @@ fn committed_swift_glue_is_the_generated_glue() {
     }
     assert!(stale.is_empty(), "{}\nrun `make swift-glue` and commit the result", stale.join("\n"));
 }
+
+/// The C side of the glue compiles as C, as clang compiles it into the
+/// Swift package's module: swift-bridge writes a struct's typedef where the
+/// bridge declares it, so a shared struct used by another before its own
+/// declaration leaves the other with a field of incomplete type, which
+/// only a C compiler sees. Linux has one (`cc`, as every build of a
+/// `-sys` crate needs).
+#[test]
+fn the_glues_c_headers_compile() {
+    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("swift/Sources/SandboxHelperFFI/include");
+    let dir = std::env::temp_dir().join(format!("smcp-glue-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let source = dir.join("glue.c");
+    // The headers use these types without including their headers (Swift's
+    // clang module imports them); a C file includes them first.
+    std::fs::write(&source, "#include <stdint.h>\n#include <stdbool.h>\n#include \"SandboxHelperFFI.h\"\n").unwrap();
+    let out = std::process::Command::new("cc")
+        .args(["-fsyntax-only", "-Werror", "-I"])
+        .arg(&include)
+        .arg(&source)
+        .output()
+        .expect("run cc");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "the glue's headers do not compile:\n{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -17,8 +17,8 @@ use sandbox_mcp::helper::driver::qemu::assets::{Assets, build_id, vm_dir};
 use sandbox_mcp::helper::driver::qemu::driver::{Origin, QemuDriver, VmInstance};
 use sandbox_mcp::helper::driver::qemu::instance::{BootSpec, Instance, Shape};
 use sandbox_mcp::helper::driver::qemu::{Accel, disks, probe, snapshot};
-use sandbox_mcp::helper::driver::userns::IdMapper;
-use sandbox_mcp::helper::driver::{BindMount, BootSpec as SeamBootSpec, Driver as _, Instance as _, Limits};
+use sandbox_mcp::helper::driver::{BindMount, BootSpec as SeamBootSpec, Driver as _, Egress, Instance as _, Limits};
+use sandbox_mcp::helper::userns::IdMapper;
 
 /// A directory removed on drop; short, for socket paths.
 struct TempDir(PathBuf);
@@ -977,7 +977,7 @@ async fn a_vm_reaches_the_network_only_as_its_policy_allows_and_survives_hostile
     assert!(driver.capabilities().network_egress, "the vm driver offers EGRESS");
     let mut spec = seam_spec(&dir.0, layers, Vec::new());
     spec.id = "vm-net".into();
-    spec.egress = Some((policy, events.clone()));
+    spec.egress = Some(Egress::Stack(policy, events.clone()));
     let vm = driver.boot(&spec).await.expect("boot with EGRESS");
     let agent = vm.connection();
     let (_, conf) = exec(&agent, &["cat", "/etc/resolv.conf"]).await;
@@ -1050,7 +1050,7 @@ async fn egress_vm(
     let mapper = IdMapper::detect().expect("an id map (host-setup)");
     let (mut spec, _) = sandbox(dir, name, layers, &mapper);
     let events = Arc::new(Events::default());
-    spec.egress = Some((policy, events.clone()));
+    spec.egress = Some(Egress::Stack(policy, events.clone()));
     let vm = driver.boot_vm(&spec).await.unwrap_or_else(|e| panic!("boot {name} with EGRESS: {e}"));
     let (_, conf) = exec(&vm.connection(), &["cat", "/etc/resolv.conf"]).await;
     assert_eq!(conf, "nameserver 10.0.2.3\n", "{name}'s resolver is the stack");

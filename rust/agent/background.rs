@@ -119,7 +119,7 @@ impl Registry {
 
     /// Starts `spec` as `name`, replacing an exited record of that name.
     pub fn start(&self, name: String, spec: &StartSpec) -> Result<BackgroundRecord, AgentError> {
-        check_name(&name)?;
+        super::protocol::check_name(&name)?;
         let mut records = self.records();
         if records.iter().any(|r| r.name == name && r.running()) {
             return Err(AgentError::AlreadyExists(format!("background process {name:?} is already running")));
@@ -247,18 +247,6 @@ async fn collect_output(output: OwnedFd, record: std::sync::Weak<Record>) {
     }
 }
 
-/// Names are ids: `^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`.
-pub fn check_name(name: &str) -> Result<(), AgentError> {
-    let ok = name.len() <= 63
-        && name.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(AgentError::Rejected(format!("name: {name:?} must match ^[A-Za-z0-9][A-Za-z0-9._-]{{0,62}}$")))
-    }
-}
-
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -291,15 +279,5 @@ mod tests {
         assert_eq!(r.tail(9), b"one\ntwo\nthree\n");
         r.push(b"partial");
         assert_eq!(r.tail(1), b"partial");
-    }
-
-    #[test]
-    fn names_are_checked() {
-        for ok in ["a", "web-1", "x.y_z", &"a".repeat(63)] {
-            assert!(check_name(ok).is_ok(), "{ok}");
-        }
-        for bad in ["", "-a", ".a", "a b", "a/b", &"a".repeat(64)] {
-            assert!(check_name(bad).is_err(), "{bad}");
-        }
     }
 }

@@ -12,21 +12,36 @@
 //! connection, one spawn and a handful of frames. Background processes
 //! belong to the agent's [`background::Registry`], so they outlive the
 //! stream (and the connection) that started them.
+#[cfg(linux_host)]
 use std::os::unix::net::UnixListener as StdUnixListener;
+#[cfg(linux_host)]
 use std::sync::Arc;
 
+// The wire ([`mux`], [`protocol`]: both sides of it) builds everywhere; the
+// agent itself runs only in a Linux guest or namespace sandbox.
+#[cfg(linux_host)]
 pub mod background;
+#[cfg(linux_host)]
 pub mod copy;
+#[cfg(linux_host)]
 pub mod dial;
+#[cfg(linux_host)]
 pub mod group;
+#[cfg(linux_host)]
 pub mod listen;
 pub mod mux;
+#[cfg(linux_host)]
 pub mod oom;
+#[cfg(linux_host)]
 pub mod process;
 pub mod protocol;
+#[cfg(linux_host)]
 pub mod session;
+#[cfg(linux_host)]
 pub mod stats;
+#[cfg(linux_host)]
 pub mod tree;
+#[cfg(linux_host)]
 pub mod user;
 
 /// Why the agent could not run a process or keep serving.
@@ -70,6 +85,7 @@ impl AgentError {
 }
 
 /// Serves the listener until it fails; returns the error that stopped it.
+#[cfg(linux_host)]
 pub fn run(listener: StdUnixListener) -> AgentError {
     block_on(async move {
         match listen::accept_unix(listener, Arc::new(background::Registry::default())).await {
@@ -80,10 +96,12 @@ pub fn run(listener: StdUnixListener) -> AgentError {
 }
 
 /// Serves `address` (`sandbox-vm-helper agent --listen`) until it fails.
+#[cfg(linux_host)]
 pub fn serve(address: listen::Address) -> AgentError {
     block_on(listen::serve(address))
 }
 
+#[cfg(linux_host)]
 fn block_on(work: impl std::future::Future<Output = AgentError>) -> AgentError {
     match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt.block_on(work),

@@ -116,9 +116,6 @@ fn command(spec: &StartSpec) -> Result<Command, AgentError> {
     Ok(cmd)
 }
 
-/// Largest secret: it must fit a pipe's buffer, so writing it never blocks.
-pub const MAX_SECRET: usize = 4096;
-
 /// Hands `spec.secret` to the process on descriptor `spec.secret_fd` (3 if
 /// 0): a pipe made for this process only, written in full and its write end
 /// closed before the process starts, so the bytes are read once and never
@@ -134,8 +131,8 @@ fn attach_secret(cmd: &mut Command, spec: &StartSpec) -> Result<Option<OwnedFd>,
     if !(3..=255).contains(&target) {
         return Err(AgentError::Rejected(format!("secret_fd: {target} is not between 3 and 255")));
     }
-    if spec.secret.len() > MAX_SECRET {
-        return Err(AgentError::Rejected(format!("secret: longer than {MAX_SECRET} bytes")));
+    if spec.secret.len() > super::protocol::MAX_SECRET {
+        return Err(AgentError::Rejected(format!("secret: longer than {} bytes", super::protocol::MAX_SECRET)));
     }
     let io = |source: std::io::Error| AgentError::Io { what: "secret pipe".into(), source };
     let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| io(e.into()))?;

@@ -566,9 +566,36 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 }
 
+/// Largest secret: it must fit a pipe's buffer, so the agent's write of it
+/// never blocks.
+pub const MAX_SECRET: usize = 4096;
+
+/// Background process names are ids: `^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`
+/// (the helper checks them before a request reaches the agent).
+pub fn check_name(name: &str) -> Result<(), super::AgentError> {
+    let ok = name.len() <= 63
+        && name.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(super::AgentError::Rejected(format!("name: {name:?} must match ^[A-Za-z0-9][A-Za-z0-9._-]{{0,62}}$")))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        for ok in ["a", "web-1", "x.y_z", &"a".repeat(63)] {
+            assert!(check_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "-a", ".a", "a b", "a/b", &"a".repeat(64)] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+    }
 
     #[tokio::test]
     async fn every_frame_round_trips() {

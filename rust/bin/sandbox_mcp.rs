@@ -5,8 +5,7 @@ use std::{io::IsTerminal, net::SocketAddr, path::PathBuf, process::ExitCode};
 use clap::{Parser, Subcommand, ValueEnum};
 use sandbox_mcp::{
     daemon::{frontend, hello::Mode, server},
-    doctor, hostsetup,
-    image::{self, BuildRequest, ImageStore},
+    image::ImageStore,
     mcp::{
         http::{self, HttpOptions},
         http_token,
@@ -14,6 +13,11 @@ use sandbox_mcp::{
     },
     orchestrator::{Config, config::ConfigSource},
     paths,
+};
+#[cfg(linux_host)]
+use sandbox_mcp::{
+    doctor, hostsetup,
+    image::{self, BuildRequest},
 };
 
 #[derive(Parser)]
@@ -41,9 +45,11 @@ enum Cmd {
         token: Option<String>,
     },
     /// Check this host and print one line per check with its fix.
+    #[cfg(linux_host)]
     Doctor,
     /// As root: prepare this host for an ordinary user's sandboxes (subordinate ids, /dev/net/tun, cgroup
     /// delegation, AppArmor profile), printing one line per step. Safe to rerun.
+    #[cfg(linux_host)]
     HostSetup {
         /// The user to set up (default: $SUDO_USER).
         #[arg(long, value_name = "NAME")]
@@ -89,6 +95,7 @@ enum ClientArg {
 #[derive(Subcommand)]
 enum ImageCmd {
     /// Build an image from Debian packages with mmdebstrap.
+    #[cfg(linux_host)]
     Build {
         /// Image name.
         #[arg(long, default_value = image::DEFAULT_IMAGE)]
@@ -200,10 +207,11 @@ fn stored_token() -> Option<String> {
 fn image_cmd(cmd: ImageCmd) -> Result<(), String> {
     let store_at = |s: Option<PathBuf>| ImageStore::new(s.unwrap_or_else(paths::image_store));
     match cmd {
+        #[cfg(linux_host)]
         ImageCmd::Build { name, packages, suite, store, force } => {
             let store = store_at(store);
             let req = BuildRequest { name, suite, packages: packages.unwrap_or_else(image::default_packages), force };
-            let mapper = sandbox_mcp::helper::driver::userns::IdMapper::detect()?;
+            let mapper = sandbox_mcp::helper::userns::IdMapper::detect()?;
             let info = store.build(&req, &mapper, &mut |line| eprintln!("{line}")).map_err(|e| e.to_string())?;
             println!("image {} ready in {} ({} MB)", info.name, store.root().display(), info.size_bytes >> 20);
         }
@@ -276,6 +284,7 @@ fn main() -> ExitCode {
             ran
         }),
         Cmd::Config { client, http, token } => config_cmd(client, http, token),
+        #[cfg(linux_host)]
         Cmd::Doctor => {
             let report = tokio::runtime::Runtime::new()
                 .map_err(|e| e.to_string())
@@ -289,6 +298,7 @@ fn main() -> ExitCode {
                 }
             };
         }
+        #[cfg(linux_host)]
         Cmd::HostSetup { user, helper, dry_run } => {
             let helper = helper.unwrap_or_else(helper_bin);
             let helper = helper.canonicalize().unwrap_or(helper);

@@ -5,12 +5,16 @@
 //! `__copy-layer` are internal (and `guest-init`, `__archive-layer` run in a
 //! `vm` guest): the helper re-executes itself with them to
 //! launch each VM and, when not root, to copy a VM's layer as the VM's root.
+#[cfg(linux_host)]
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+#[cfg(linux_host)]
 use clap::{Parser, Subcommand};
+#[cfg(linux_host)]
 use sandbox_mcp::helper::server::Drivers;
 
+#[cfg(linux_host)]
 #[derive(Parser)]
 #[command(name = "sandbox-vm-helper", version, about = "Runs sandbox-mcp VMs as Linux namespace sandboxes")]
 struct Cli {
@@ -18,6 +22,7 @@ struct Cli {
     command: Command,
 }
 
+#[cfg(linux_host)]
 #[derive(Subcommand)]
 enum Command {
     /// Serve the VmHelper gRPC service on a Unix socket.
@@ -81,6 +86,16 @@ enum Command {
     },
 }
 
+/// Everything this binary does runs on Linux (a host's helper, a guest's
+/// init and agent); a Mac's helper is the Swift executable (swift/), and
+/// the agent it runs in its guests is this binary built for Linux.
+#[cfg(not(linux_host))]
+fn main() -> ExitCode {
+    eprintln!("sandbox-vm-helper runs on Linux; on a Mac the helper is swift/'s (`make helper`)");
+    ExitCode::from(2)
+}
+
+#[cfg(linux_host)]
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -147,6 +162,7 @@ fn main() -> ExitCode {
 /// The bridge's entry as Swift's `main` calls it: the arguments built with
 /// swift-bridge's own `Vec<RustString>` exports, handed to the
 /// `__swift_bridge__$helper_main` symbol by its C ABI.
+#[cfg(linux_host)]
 mod bridge {
     use std::ffi::c_void;
     use std::path::PathBuf;

@@ -15,8 +15,8 @@ use std::{
 };
 
 use crate::{
-    helper::driver::{
-        cgroup,
+    helper::{
+        driver::cgroup,
         userns::{IdMapper, find_in_path, run_mapped},
     },
     hostsetup::{self, User, subid},

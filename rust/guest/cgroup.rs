@@ -30,10 +30,7 @@ use nix::mount::{MsFlags, mount};
 use super::GuestError;
 use super::handshake::GuestLimits;
 
-/// Where the hierarchy is mounted.
-pub const ROOT: &str = "/sys/fs/cgroup";
-/// The sandbox's group under [`ROOT`].
-pub const SANDBOX_GROUP: &str = "sandbox";
+pub use super::{CGROUP_ROOT as ROOT, SANDBOX_GROUP};
 /// The guest's overcommit policy.
 const OVERCOMMIT: &str = "/proc/sys/vm/overcommit_memory";
 

@@ -22,13 +22,24 @@
 //! line as `smcp_*=` parameters, which the kernel hands to init as
 //! environment variables (see [`BootConfig`]); what is the sandbox's own
 //! comes in the [`handshake::Go`] line.
+//!
+//! The constants below are the contract the host side shares with the
+//! guest, so they build everywhere; the rest runs only in a Linux guest.
+#[cfg(linux_host)]
 pub mod agent;
+#[cfg(linux_host)]
 pub mod cgroup;
+#[cfg(linux_host)]
 pub mod containers;
+#[cfg(linux_host)]
 pub mod handshake;
+#[cfg(linux_host)]
 pub mod layer_archive;
+#[cfg(linux_host)]
 pub mod modules;
+#[cfg(linux_host)]
 pub mod network;
+#[cfg(linux_host)]
 pub mod rootfs;
 
 /// Where the initramfs keeps this binary, its loader, its libraries and the
@@ -51,8 +62,13 @@ pub const LAYER_SERIAL: &str = "layer";
 pub const UPPER_SERIAL: &str = "upper";
 /// The virtiofs tag of `/workspace`.
 pub const WORKSPACE_TAG: &str = "workspace";
+/// Where the guest mounts its cgroup2 hierarchy.
+pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// The sandbox's group under [`CGROUP_ROOT`] (see `cgroup`).
+pub const SANDBOX_GROUP: &str = "sandbox";
 
 /// Why the guest could not become a sandbox.
+#[cfg(linux_host)]
 #[derive(Debug, thiserror::Error)]
 pub enum GuestError {
     /// A system call failed.
@@ -74,6 +90,7 @@ pub enum GuestError {
     Missing(String),
 }
 
+#[cfg(linux_host)]
 impl GuestError {
     fn sys(what: impl Into<String>, source: nix::errno::Errno) -> Self {
         GuestError::Sys { what: what.into(), source }
@@ -84,6 +101,7 @@ impl GuestError {
 }
 
 /// What the host asks of this boot, from `smcp_*` kernel parameters.
+#[cfg(linux_host)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BootConfig {
     /// How many layer disks there are (`smcp_layers`), at least one.
@@ -93,6 +111,7 @@ pub struct BootConfig {
     pub probe: bool,
 }
 
+#[cfg(linux_host)]
 impl BootConfig {
     /// Reads the parameters from `vars` (the process environment at boot).
     pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self, GuestError> {
@@ -121,6 +140,7 @@ impl BootConfig {
 }
 
 /// PID 1's whole life; returns only on failure (the caller powers off).
+#[cfg(linux_host)]
 pub fn run() -> GuestError {
     let step = || -> Result<std::convert::Infallible, GuestError> {
         let config = BootConfig::from_vars(std::env::vars())?;
@@ -149,7 +169,7 @@ pub fn run() -> GuestError {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, linux_host))]
 mod tests {
     use super::*;
 

@@ -18,6 +18,7 @@
 //!   the namespace driver (namespaces, cgroups, seccomp, rootfs, the VM's
 //!   network link), the qemu one, and the swift one (a VM layer across
 //!   swift-bridge).
+//! - [`userns`]: the id map every VM and image gets on Linux (user namespaces).
 //! - [`error`]: [`HelperError`], mapped to gRPC codes in `service::status`.
 pub mod agent_link;
 pub mod driver;
@@ -32,6 +33,7 @@ pub mod service;
 pub mod spec;
 pub mod stats;
 pub mod storage;
+pub mod userns;
 pub mod vm;
 
 pub use error::HelperError;
@@ -40,6 +42,7 @@ pub use server::serve;
 /// Entry point of the hidden `__vm-init` subcommand (a VM's launcher; its
 /// config arrives on stdin); `eth0`: create eth0's tun. Must run before
 /// anything starts a thread; returns the exit code.
+#[cfg(linux_host)]
 pub fn vm_init(eth0: bool) -> i32 {
     driver::namespace::init::run(eth0)
 }

@@ -27,6 +27,7 @@
 use std::collections::HashSet;
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
+#[cfg(linux_host)]
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,8 +37,10 @@ use std::time::Duration;
 use nix::NixPath;
 use nix::dir::Dir;
 use nix::fcntl::{AT_FDCWD, AtFlags, OFlag, openat};
+#[cfg(linux_host)]
 use nix::sys::signal::{Signal, kill};
 use nix::sys::stat::{FileStat, Mode, fstat, fstatat};
+#[cfg(linux_host)]
 use nix::unistd::Pid;
 
 use super::agent_link::AgentLink;
@@ -52,6 +55,7 @@ const NEAR: u64 = 80;
 /// A measurement may take at most this share of the time (1/N).
 const DUTY: u32 = 10;
 /// Bound on the kill rounds (each finds only what forked before the last).
+#[cfg(linux_host)]
 const KILL_ROUNDS: usize = 16;
 
 /// One measured part of a VM's disk.
@@ -105,6 +109,7 @@ impl Watch {
 pub enum Writers {
     /// On the host (the namespace driver): its PID 1 and agent by host pid.
     /// Every part is a host directory, the writable layer included.
+    #[cfg(linux_host)]
     Host {
         /// Host pid of the VM's PID 1.
         pid1: i32,
@@ -127,7 +132,7 @@ pub enum Writers {
 
 /// Kills the guest's sandbox processes: its cgroup at once with
 /// `cgroup.kill` (every process in it, and the forks it races; see
-/// [`crate::guest::cgroup`]), then in one pass what runs outside it but
+/// the guest's `cgroup`), then in one pass what runs outside it but
 /// init (1), the agent (this shell's parent) and itself: dockerd and its
 /// containers (kernel threads ignore the signal). This shell first leaves
 /// the group the agent started it in. A process in the group after the kill
@@ -138,7 +143,7 @@ pub enum Writers {
 /// the host now, so the watcher's next measurement (its baseline) holds
 /// them, and only writes made after it count as growth.
 fn guest_kill() -> String {
-    use crate::guest::cgroup::{ROOT, SANDBOX_GROUP};
+    use crate::guest::{CGROUP_ROOT as ROOT, SANDBOX_GROUP};
     format!(
         r#"echo $$ > {ROOT}/cgroup.procs
 echo 1 > {ROOT}/{SANDBOX_GROUP}/cgroup.kill
@@ -194,6 +199,7 @@ pub fn watch(limit: u64, parts: Vec<Part>, writers: Writers) -> (Arc<Watch>, tok
                     // die of it must find the reason already there.
                     shared.stops.fetch_add(1, Ordering::SeqCst);
                     match &writers {
+                        #[cfg(linux_host)]
                         Writers::Host { pid1, agent } => stop_processes(*pid1, *agent),
                         Writers::Guest { agent, .. } => {
                             let argv = vec!["sh".into(), "-c".into(), guest_kill()];
@@ -210,6 +216,7 @@ pub fn watch(limit: u64, parts: Vec<Part>, writers: Writers) -> (Arc<Watch>, tok
                     // its stop reason.
                     shared.stops.fetch_add(1, Ordering::SeqCst);
                     match &writers {
+                        #[cfg(linux_host)]
                         Writers::Host { pid1, .. } => {
                             let _ = kill(Pid::from_raw(*pid1), Signal::SIGKILL);
                         }
@@ -233,6 +240,7 @@ pub fn watch(limit: u64, parts: Vec<Part>, writers: Writers) -> (Arc<Watch>, tok
 async fn measure_writers(parts: &[Part], writers: &Writers) -> Option<Vec<(String, u64)>> {
     let walk = parts.to_vec();
     match writers {
+        #[cfg(linux_host)]
         Writers::Host { pid1, .. } => {
             let pid1 = *pid1;
             tokio::task::spawn_blocking(move || measure(&walk, pid1)).await.ok()
@@ -292,6 +300,7 @@ fn decide(phase: Phase, used: u64, limit: u64, previous: Option<u64>) -> (Action
 
 /// Bytes allocated under each part, and to files the VM's processes hold
 /// open unlinked (listed only when there are any).
+#[cfg(linux_host)]
 fn measure(parts: &[Part], pid1: i32) -> Vec<(String, u64)> {
     let mut sizes: Vec<(String, u64)> = parts.iter().map(|p| (p.label.clone(), allocated(&p.path))).collect();
     let mut devs: HashSet<u64> =
@@ -384,6 +393,7 @@ fn blocks(st: &FileStat) -> u64 {
 /// process below it) hold open after unlinking them: the walk cannot see
 /// them, yet they take the host's disk until closed. Counted when on one of
 /// `devs` (the parts' filesystems and the overlay root's), each inode once.
+#[cfg(linux_host)]
 pub fn unlinked(pid1: i32, devs: &HashSet<u64>) -> u64 {
     let mut seen = HashSet::new();
     let mut total = 0;
@@ -437,6 +447,7 @@ fn size(bytes: u64) -> String {
 
 /// Kills every process of the VM but PID 1 and the agent. Killed processes
 /// cannot fork, so a few rounds catch what was being forked meanwhile.
+#[cfg(linux_host)]
 fn stop_processes(pid1: i32, agent: i32) {
     for _ in 0..KILL_ROUNDS {
         let victims: Vec<i32> = crate::agent::tree::descendants(pid1).into_keys().filter(|&p| p != agent).collect();

@@ -11,7 +11,9 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio_stream::wrappers::UnixListenerStream;
 
 use super::driver::Driver;
+#[cfg(linux_host)]
 use super::driver::namespace::NamespaceDriver;
+#[cfg(linux_host)]
 use super::driver::qemu::driver::QemuDriver;
 use super::driver::swift::SwiftDriver;
 use super::error::HelperError;
@@ -34,6 +36,7 @@ const CLIENT_DRAIN: Duration = Duration::from_millis(500);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Drivers {
     /// This host's: the namespace driver (the default) and the vm driver.
+    #[cfg(linux_host)]
     Local,
     /// Only the VM layer across swift-bridge
     /// ([`super::driver::swift::SwiftDriver`]), under the name it reports.
@@ -96,18 +99,19 @@ pub async fn serve(socket: &Path, drivers: Drivers) -> Result<(), HelperError> {
         .map_err(io(format!("write {}", pid_file.display())))?;
 
     raise_nofile_limit();
+    #[cfg(linux_host)]
     super::storage::kill_leftovers();
-    // The namespace driver also holds the id map images are unpacked for,
-    // whichever drivers run the VMs.
-    let namespaces = Arc::new(NamespaceDriver::detect()?);
     let drivers: Vec<Arc<dyn Driver>> = match drivers {
+        #[cfg(linux_host)]
         Drivers::Local => {
+            let namespaces = Arc::new(NamespaceDriver::detect()?);
             let vm = QemuDriver::detect().with_cgroups(namespaces.cgroup_layout());
-            vec![namespaces.clone(), Arc::new(vm)]
+            vec![namespaces, Arc::new(vm)]
         }
         Drivers::Bridged => vec![Arc::new(SwiftDriver::new())],
     };
-    let vms = VmManager::new(namespaces, drivers, helper_store());
+    // Whichever drivers run the VMs, images are unpacked for one id map.
+    let vms = VmManager::new(super::userns::IdMapper::detect(), drivers, helper_store());
     // Copies and references a helper killed mid-snapshot left behind; the
     // other helpers sharing the store keep theirs.
     vms.collect_layers().await;

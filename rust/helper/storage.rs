@@ -26,7 +26,7 @@ pub fn prepare_dir(dir: &Path, image: &ImageInfo) -> Result<(), HelperError> {
     use std::os::unix::fs::{DirBuilderExt as _, chown};
     if dir.exists() {
         // Left behind by an earlier helper: a new VM starts from the image.
-        crate::helper::driver::userns::remove_tree(dir)
+        crate::helper::userns::remove_tree(dir)
             .map_err(|e| HelperError::io(format!("remove stale {}", dir.display()), e))?;
     }
     // 0711: the VM's root (when the helper is root, an unmapped "other"
@@ -82,11 +82,13 @@ pub fn share_mounts(config: &VmConfig, image: &ImageInfo) {
 
 /// Names the launcher (pid and start time) of the VM whose directory is
 /// `dir`.
+#[cfg(linux_host)]
 const LAUNCHER_FILE: &str = "launcher";
 
 /// Records `pid` as the launcher of the VM whose directory is `dir`; see
 /// [`kill_leftovers`]. Not fatal: the record only matters if the helper dies
 /// and the VM does not die with it.
+#[cfg(linux_host)]
 pub fn record_launcher(dir: &Path, pid: u32) {
     let Some(start) = start_time(pid) else { return };
     let path = dir.join(LAUNCHER_FILE);
@@ -101,6 +103,7 @@ pub fn record_launcher(dir: &Path, pid: u32) {
 /// with the VM frozen by a snapshot; or the launcher itself stopped).
 /// Killing the launcher kills PID 1 (its parent-death signal), and with it
 /// the VM. Launchers of a live helper sharing the state dir are left alone.
+#[cfg(linux_host)]
 pub fn kill_leftovers() {
     let root = crate::paths::state_dir().join("vms");
     for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
@@ -130,6 +133,7 @@ pub fn kill_leftovers() {
 }
 
 /// Field 22 of /proc/<pid>/stat (start time in clock ticks since boot).
+#[cfg(linux_host)]
 fn start_time(pid: u32) -> Option<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat.rsplit_once(')')?.1.split_whitespace().nth(19).map(String::from)
@@ -138,6 +142,7 @@ fn start_time(pid: u32) -> Option<String> {
 /// The parent of `pid` runs the same binary as `pid` (a launcher is an
 /// exec of its helper's): it is the helper, not init or a subreaper that
 /// adopted an orphan. When that cannot be told, it counts as a helper.
+#[cfg(linux_host)]
 fn parent_is_helper(pid: u32) -> bool {
     let parent = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()

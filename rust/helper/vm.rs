@@ -19,14 +19,14 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::agent_link::AgentLink;
-use super::driver::namespace::NamespaceDriver;
-use super::driver::{BindMount, BootSpec, Driver, DriverError, Instance, Limits};
+use super::driver::{BindMount, BootSpec, Driver, DriverError, Egress, Instance, Limits};
 use super::error::HelperError;
 use super::netstack::events::{Events, Snapshot};
 use super::quota;
 use super::seed::{self, SeedFile};
 use super::spec::{Network, VmConfig};
 use super::storage::{prepare_dir, share_mounts, vm_dir};
+use super::userns::IdMapper;
 use crate::image::{ImageError, ImageInfo, ImageStore};
 
 mod images;
@@ -153,8 +153,10 @@ impl Slot {
 
 /// Every VM this helper knows, in creation order.
 pub struct VmManager {
-    /// The namespace driver: also the id map this helper's images use.
-    namespaces: Arc<NamespaceDriver>,
+    /// The id map this helper's images are unpacked for and its VMs get
+    /// (whichever driver runs them), or why there is none (not Linux, or no
+    /// subordinate ids for this user).
+    ids: Result<IdMapper, String>,
     /// Every driver, the default first.
     drivers: Vec<Arc<dyn Driver>>,
     images: ImageStore,
@@ -164,16 +166,15 @@ pub struct VmManager {
 
 impl VmManager {
     /// A manager with no VMs, booting with the first of `drivers` unless a
-    /// VM names another; `namespaces` gives the id map (it is among
-    /// `drivers` when VMs run on it).
-    pub fn new(namespaces: Arc<NamespaceDriver>, drivers: Vec<Arc<dyn Driver>>, images: ImageStore) -> Arc<Self> {
+    /// VM names another, with the id map `ids`.
+    pub fn new(ids: Result<IdMapper, String>, drivers: Vec<Arc<dyn Driver>>, images: ImageStore) -> Arc<Self> {
         assert!(!drivers.is_empty(), "a helper runs its vms on at least one driver");
-        Arc::new_cyclic(|me| VmManager { namespaces, drivers, images, vms: Mutex::new(Vec::new()), me: me.clone() })
+        Arc::new_cyclic(|me| VmManager { ids, drivers, images, vms: Mutex::new(Vec::new()), me: me.clone() })
     }
 
-    /// The namespace driver (id maps, launch counts).
-    pub fn namespaces(&self) -> &NamespaceDriver {
-        &self.namespaces
+    /// The id map images are unpacked for, or why there is none.
+    pub fn id_mapper(&self) -> Result<&IdMapper, &str> {
+        self.ids.as_ref().map_err(String::as_str)
     }
 
     /// Every driver this helper has, for GetInfo.
@@ -235,7 +236,7 @@ impl VmManager {
             ImageError::NotFound(name) => HelperError::ImageNotFound(name),
             other => HelperError::Image(other),
         })?;
-        if let Some(mapper) = self.namespaces.id_mapper() {
+        if let Ok(mapper) = self.id_mapper() {
             image.check_id_map(mapper.id_map())?;
         }
         let dir = vm_dir(&config.id);
@@ -249,13 +250,14 @@ impl VmManager {
             layers.reverse();
             let owner = nix::unistd::geteuid().is_root().then_some(image.id_map.host_root().0);
             let placed = seed::place(&dir.join("upper"), &layers, owner, &files).and_then(|hand_over| {
-                match (hand_over.is_empty(), self.namespaces.id_mapper()) {
-                    (false, Some(mapper)) => Ok(crate::helper::driver::userns::chown_mapped(mapper, &hand_over)?),
+                match (hand_over.is_empty(), self.id_mapper()) {
+                    #[cfg(linux_host)]
+                    (false, Ok(mapper)) => Ok(crate::helper::userns::chown_mapped(mapper, &hand_over)?),
                     _ => Ok(()),
                 }
             });
             if let Err(e) = placed {
-                let _ = crate::helper::driver::userns::remove_tree(&dir);
+                let _ = crate::helper::userns::remove_tree(&dir);
                 return Err(e);
             }
         }
@@ -324,7 +326,7 @@ impl VmManager {
                 .collect(),
             limits: Limits { cpus: config.cpus, memory_bytes: config.memory_bytes, pids: config.pids_limit },
             disk_bytes: config.disk_bytes,
-            egress: egress.then(|| (config.network_policy.clone(), events.clone())),
+            egress: egress.then(|| Egress::Stack(config.network_policy.clone(), events.clone())),
         };
         let instance = slot.driver.boot(&spec).await.map_err(|e| match e {
             DriverError::Unavailable(reason) => HelperError::Unavailable(reason),
@@ -333,8 +335,9 @@ impl VmManager {
         let exit = instance.take_exit();
         let agent = AgentLink::new(id, instance.connection(), instance.agent_dialer());
         let (writers, parts) = match instance.host_processes() {
+            #[cfg(linux_host)]
             Some(p) => (quota::Writers::Host { pid1: p.pid1, agent: p.agent }, disk_parts(Some(&slot.dir), &config)),
-            None => {
+            _ => {
                 (quota::Writers::Guest { agent: agent.clone(), instance: instance.clone() }, disk_parts(None, &config))
             }
         };
@@ -499,7 +502,7 @@ impl VmManager {
 /// worker threads.
 async fn remove_vm_dir(dir: PathBuf) -> Result<(), HelperError> {
     let walk = dir.clone();
-    let removed = tokio::task::spawn_blocking(move || crate::helper::driver::userns::remove_tree(&walk))
+    let removed = tokio::task::spawn_blocking(move || crate::helper::userns::remove_tree(&walk))
         .await
         .unwrap_or_else(|e| Err(std::io::Error::other(e)));
     match removed {

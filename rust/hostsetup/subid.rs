@@ -83,7 +83,7 @@ pub fn ensure(user: &User, dry_run: bool) -> Result<Vec<Outcome>, HostSetupError
     }
     // The ranges are of no use without the setuid tools that map them.
     for tool in ["newuidmap", "newgidmap"] {
-        if crate::helper::driver::userns::find_in_path(tool).is_none() {
+        if crate::helper::userns::find_in_path(tool).is_none() {
             out.push(Outcome::Missing(format!("{tool} not found: apt-get install uidmap")));
         }
     }

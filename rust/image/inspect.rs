@@ -7,16 +7,19 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 /// True if `rel` exists in the tree (as any kind of file, symlinks included).
+#[cfg(linux_host)]
 fn present(rootfs: &Path, rel: &[&str]) -> bool {
     rel.iter().any(|r| fs::symlink_metadata(rootfs.join(r)).is_ok())
 }
 
 /// `/bin/bash` if the image has bash, else `/bin/sh`.
+#[cfg(linux_host)]
 pub(super) fn shell(rootfs: &Path) -> String {
     if present(rootfs, &["usr/bin/bash", "bin/bash"]) { "/bin/bash" } else { "/bin/sh" }.to_string()
 }
 
 /// "apt", "apk", "dnf" or "" (the image cannot install packages).
+#[cfg(linux_host)]
 pub(super) fn package_manager(rootfs: &Path) -> String {
     let managers: [(&str, &[&str]); 3] = [
         ("apt", &["usr/bin/apt-get", "bin/apt-get"]),
@@ -59,6 +62,7 @@ mod tests {
     use std::os::unix::fs::symlink;
 
     #[test]
+    #[cfg(linux_host)]
     fn detects_shell_and_package_manager_through_merged_usr() {
         let t = TempDir::new("inspect");
         let r = t.path();

@@ -33,16 +33,22 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::helper::driver::userns::IdMap;
+pub use crate::helper::userns::IdMap;
 
+#[cfg(linux_host)]
+mod build;
+#[cfg(linux_host)]
 mod copy;
 mod inspect;
 mod layers;
+#[cfg(linux_host)]
 mod mmdebstrap;
 mod refs;
 mod store;
+#[cfg(linux_host)]
 mod unpack;
 
+#[cfg(linux_host)]
 pub use copy::copy_tree;
 pub use inspect::disk_usage;
 pub use layers::{MAX_LAYERS, StagedLayer};

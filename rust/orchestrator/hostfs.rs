@@ -26,13 +26,16 @@ use std::{
     path::{Component, Path, PathBuf},
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicU64, Ordering},
     },
 };
 
+#[cfg(linux_host)]
+use std::sync::atomic::AtomicBool;
+
 use nix::{
     errno::Errno,
-    fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, openat, openat2, readlinkat, renameat},
+    fcntl::{AtFlags, OFlag, openat, readlinkat, renameat},
     sys::stat::{FileStat, Mode, SFlag, fstat, fstatat, mkdirat},
     unistd::{UnlinkatFlags, unlinkat},
 };
@@ -260,13 +263,26 @@ impl OwnDirs {
 /// Set once openat2 turned out to be missing (ENOSYS): from then on the
 /// walk uses `openat(O_NOFOLLOW)` per component, which is as strict for
 /// single names.
+#[cfg(linux_host)]
 static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
 
+/// How a directory on the walk is held: Linux's `O_PATH` needs no read
+/// permission; elsewhere (macOS) there is none, and a directory the walk
+/// passes must be readable.
+#[cfg(linux_host)]
+const DIR_HANDLE: OFlag = OFlag::O_PATH;
+#[cfg(not(linux_host))]
+const DIR_HANDLE: OFlag = OFlag::O_RDONLY;
+
 /// Open one path component `name` under `dir`, never through a symlink and
-/// never outside `dir`.
+/// never outside `dir`. Without openat2 (older kernels, macOS) the component
+/// check and `O_NOFOLLOW` are the whole guard, which is as strict for one
+/// plain name.
 fn open_component(dir: impl AsFd, name: &OsStr, flags: OFlag, mode: Mode) -> nix::Result<OwnedFd> {
     let flags = flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    #[cfg(linux_host)]
     if !NO_OPENAT2.load(Ordering::Relaxed) && !forced_fallback() {
+        use nix::fcntl::{OpenHow, ResolveFlag, openat2};
         let resolve =
             ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS;
         match openat2(dir.as_fd(), name, OpenHow::new().flags(flags).mode(mode).resolve(resolve)) {
@@ -280,13 +296,13 @@ fn open_component(dir: impl AsFd, name: &OsStr, flags: OFlag, mode: Mode) -> nix
     openat(dir, name, flags, mode)
 }
 
-#[cfg(not(test))]
+#[cfg(all(linux_host, not(test)))]
 fn forced_fallback() -> bool {
     false
 }
 
 /// Unit tests run the walker both ways on one kernel.
-#[cfg(test)]
+#[cfg(all(linux_host, test))]
 fn forced_fallback() -> bool {
     tests::FALLBACK.with(std::cell::Cell::get)
 }
@@ -318,7 +334,7 @@ impl Dir {
     /// own directory on the way is seen even when `path` lies below it).
     pub fn open_absolute(path: &Path, own: Arc<OwnDirs>) -> Result<Dir, HostFsError> {
         let root = Path::new("/");
-        let fd = nix::fcntl::open(root, OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
+        let fd = nix::fcntl::open(root, DIR_HANDLE | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
             .map_err(|e| HostFsError::io(root, e))?;
         let dir = Dir { fd, path: root.to_path_buf(), own };
         dir.check_own(&dir.stat()?)?;
@@ -364,7 +380,7 @@ impl Dir {
     pub fn open_dir(&self, name: &OsStr) -> Result<Dir, HostFsError> {
         let name = component(name, &self.path)?;
         let path = self.path.join(name);
-        let fd = match open_component(&self.fd, name, OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty()) {
+        let fd = match open_component(&self.fd, name, DIR_HANDLE | OFlag::O_DIRECTORY, Mode::empty()) {
             Ok(fd) => fd,
             Err(Errno::ENOENT) => return Err(HostFsError::Missing(path.display().to_string())),
             Err(Errno::ELOOP) => return Err(HostFsError::Symlink(path.display().to_string())),
@@ -621,6 +637,7 @@ mod tests {
         // get past the component check.
         let d = tmp("beneath-raw");
         let root = open(&d);
+        use nix::fcntl::{OpenHow, ResolveFlag, openat2};
         let how = OpenHow::new().flags(OFlag::O_PATH).resolve(ResolveFlag::RESOLVE_BENEATH);
         assert_eq!(openat2(&root.fd, "../outside", how).unwrap_err(), Errno::EXDEV);
         assert_eq!(openat2(&root.fd, "/etc", how).unwrap_err(), Errno::EXDEV);

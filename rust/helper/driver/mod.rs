@@ -23,14 +23,16 @@ use crate::helper::agent_link::Dialer;
 use crate::helper::netstack::events::Events;
 use crate::netpolicy::NetworkPolicy;
 
+#[cfg(linux_host)]
 pub mod namespace;
+#[cfg(linux_host)]
 pub mod qemu;
 pub mod swift;
 
-// Host facts the namespace driver owns and others share: the id maps images
-// are unpacked for (image store), cgroup delegation (host setup, doctor),
-// the tun request (doctor).
-pub use namespace::{cgroup, network, userns};
+// Host facts the namespace driver owns and others share: cgroup delegation
+// (host setup, doctor), the tun request (doctor).
+#[cfg(linux_host)]
+pub use namespace::{cgroup, network};
 
 /// Why a driver could not start, stop or copy a VM.
 #[derive(Debug, thiserror::Error)]
@@ -132,9 +134,20 @@ pub struct BootSpec {
     /// The disk quota, bytes: the writable layer and the writable mounts
     /// together (a vm's writable disk has this size).
     pub disk_bytes: u64,
-    /// EGRESS: the policy the helper's network stack enforces and where it
-    /// records its decisions; `None` is no network.
-    pub egress: Option<(NetworkPolicy, Arc<Events>)>,
+    /// EGRESS: where the VM's network card leads; `None` is no network.
+    pub egress: Option<Egress>,
+}
+
+/// Where an EGRESS VM's network card leads.
+#[derive(Debug, Clone)]
+pub enum Egress {
+    /// The helper's network stack, enforcing this policy and recording its
+    /// decisions in these events.
+    Stack(NetworkPolicy, Arc<Events>),
+    /// A frame socket (one Ethernet frame per datagram) whose other end is
+    /// a stack elsewhere: how the Linux double of the Swift layer hands its
+    /// VM's card back across the bridge, as a Mac guest's card is.
+    Frames(Arc<std::os::fd::OwnedFd>),
 }
 
 /// A running VM's limits and OOM kills: what the host's cgroup knows
@@ -252,6 +265,11 @@ pub trait Driver: Send + Sync + std::fmt::Debug {
     async fn boot(&self, spec: &BootSpec) -> Result<Arc<dyn Instance>, DriverError>;
     /// Prepares ahead whatever makes the next boot faster.
     fn keep_warm(&self) {}
+    /// Boots from a launcher prepared ahead and cold ones, so far (GetInfo's
+    /// `warm_starts`, `cold_starts`).
+    fn launch_counts(&self) -> (u64, u64) {
+        (0, 0)
+    }
     /// Releases host-wide resources once no VM runs (helper exit).
     async fn release(&self) {}
 }

@@ -11,6 +11,12 @@
 //!   DNS address get this end's MAC, other ARP (spoofed replies included)
 //!   and other ether types are dropped, and packets to the VM go out in a
 //!   frame from [`super::GATEWAY_MAC`] to [`super::GUEST_MAC`].
+//! - [`LinkKind::EthernetDatagrams`]: a datagram socket carrying one
+//!   Ethernet frame per datagram (what a Mac's
+//!   `VZFileHandleNetworkDeviceAttachment` reads and writes), unwrapped the
+//!   same way. [`frame_socket`] makes the pair; [`relay_as_frames`] puts a
+//!   tun's packets on one the way a guest's card would (the Linux double
+//!   of the Swift layer).
 //!
 //! The stack reads packets here, inspects them, and feeds the ones smoltcp
 //! should see through [`Device`].
@@ -19,7 +25,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use smoltcp::phy::{Checksum, ChecksumCapabilities, Device, DeviceCapabilities, Medium};
 use smoltcp::time::Instant;
-use smoltcp::wire::{ArpOperation, ArpPacket, ArpRepr, EthernetFrame, EthernetProtocol, EthernetRepr};
+use smoltcp::wire::{ArpOperation, ArpPacket, ArpRepr, EthernetAddress, EthernetFrame, EthernetProtocol, EthernetRepr};
 use tokio::io::unix::AsyncFd;
 
 use super::{DNS, GATEWAY, GATEWAY_MAC, GUEST, GUEST_MAC};
@@ -46,6 +52,8 @@ pub enum LinkKind {
     Packets,
     /// Length-prefixed Ethernet frames on a byte stream.
     EthernetStream,
+    /// One Ethernet frame per datagram.
+    EthernetDatagrams,
 }
 
 /// The fd and what its framing needs.
@@ -58,6 +66,7 @@ struct Link {
 enum Framing {
     Packets,
     Ethernet(Box<Stream>),
+    EthernetDatagrams,
 }
 
 /// An Ethernet stream's buffers.
@@ -91,6 +100,7 @@ impl PacketDevice {
         let framing = match kind {
             LinkKind::Packets => Framing::Packets,
             LinkKind::EthernetStream => Framing::Ethernet(Box::default()),
+            LinkKind::EthernetDatagrams => Framing::EthernetDatagrams,
         };
         let link = Link { fd, framing, scratch: Vec::with_capacity(MTU) };
         Ok(PacketDevice { link, rx: VecDeque::new(), drained: false })
@@ -146,8 +156,18 @@ impl PacketDevice {
     }
 }
 
-/// One read(2): the byte count, None when the fd has nothing now.
+/// One read(2): the byte count, None when the fd has nothing now; the end
+/// of a stream (0) is an error.
 fn read_fd(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
+    match read_datagram(fd, buf)? {
+        Some(0) => Err(std::io::ErrorKind::UnexpectedEof.into()),
+        n => Ok(n),
+    }
+}
+
+/// One read(2) of a datagram socket, where 0 is an empty datagram (a
+/// datagram peer that closes is not an end to read).
+fn read_datagram(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
     // SAFETY: read into a buffer we borrow, of its length.
     let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
     if n < 0 {
@@ -156,9 +176,6 @@ fn read_fd(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> std::io::Result<Option<usiz
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Ok(None),
             _ => Err(e),
         };
-    }
-    if n == 0 {
-        return Err(std::io::ErrorKind::UnexpectedEof.into());
     }
     Ok(Some(n as usize))
 }
@@ -183,6 +200,20 @@ impl Link {
                 buf.truncate(n);
                 return Ok(Some(buf));
             }
+            Framing::EthernetDatagrams => loop {
+                // A longer datagram is cut to the buffer (the rest is
+                // discarded by the socket), and its packet then fails the
+                // stack's length checks.
+                let mut buf = vec![0u8; MAX_FRAME];
+                let Some(n) = read_datagram(&self.fd, &mut buf)? else { return Ok(None) };
+                match unwrap_frame(&buf[..n]) {
+                    Unwrapped::Ip(packet) => return Ok(Some(packet)),
+                    Unwrapped::ArpReply(reply) => {
+                        write_fd(&self.fd, &reply);
+                    }
+                    Unwrapped::Dropped => {}
+                }
+            },
             Framing::Ethernet(stream) => stream,
         };
         loop {
@@ -214,14 +245,15 @@ impl Link {
                 }
             }
             Framing::Ethernet(stream) => {
-                let mut frame = vec![0u8; ETHERNET_HEADER + packet.len()];
-                let repr =
-                    EthernetRepr { src_addr: GATEWAY_MAC, dst_addr: GUEST_MAC, ethertype: EthernetProtocol::Ipv4 };
-                let mut eth = EthernetFrame::new_unchecked(&mut frame[..]);
-                repr.emit(&mut eth);
-                eth.payload_mut().copy_from_slice(packet);
-                stream.queue_frame(&frame);
+                stream.queue_frame(&ip_frame(GATEWAY_MAC, GUEST_MAC, packet));
                 flush_stream(&self.fd, stream);
+            }
+            // A datagram the socket cannot take now is dropped, as on a
+            // full queue.
+            Framing::EthernetDatagrams => {
+                if write_fd(&self.fd, &ip_frame(GATEWAY_MAC, GUEST_MAC, packet)) == 0 {
+                    tracing::trace!("frame to the vm dropped");
+                }
             }
         }
     }
@@ -297,6 +329,73 @@ impl Stream {
         }
         self.tx.extend((frame.len() as u32).to_be_bytes());
         self.tx.extend(frame);
+    }
+}
+
+/// `packet` in an Ethernet frame from `src` to `dst`.
+fn ip_frame(src: EthernetAddress, dst: EthernetAddress, packet: &[u8]) -> Vec<u8> {
+    let mut frame = vec![0u8; ETHERNET_HEADER + packet.len()];
+    let mut eth = EthernetFrame::new_unchecked(&mut frame[..]);
+    EthernetRepr { src_addr: src, dst_addr: dst, ethertype: EthernetProtocol::Ipv4 }.emit(&mut eth);
+    eth.payload_mut().copy_from_slice(packet);
+    frame
+}
+
+/// Socket buffers of a frame socket, per Apple's advice for
+/// `VZFileHandleNetworkDeviceAttachment` (receive at least twice send): a
+/// burst of full frames waits here instead of being dropped.
+const FRAME_SNDBUF: usize = 1 << 20;
+const FRAME_RCVBUF: usize = 4 << 20;
+
+/// A connected pair of datagram sockets for one card's frames: the
+/// stack's end and the card's (handed to the VM layer).
+pub fn frame_socket() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, setsockopt, socketpair, sockopt};
+    let (a, b) = socketpair(AddressFamily::Unix, SockType::Datagram, None, SockFlag::empty())?;
+    for fd in [&a, &b] {
+        nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))?;
+        // Best effort: a host that caps them (net.core.*mem_max) still
+        // carries frames, only with less slack.
+        let _ = setsockopt(fd, sockopt::SndBuf, &FRAME_SNDBUF);
+        let _ = setsockopt(fd, sockopt::RcvBuf, &FRAME_RCVBUF);
+    }
+    Ok((a, b))
+}
+
+/// Relays a packet link (`tun`, one IPv4 packet per read) to a frame
+/// socket as a guest's card would: each packet leaves in a frame from
+/// [`GUEST_MAC`] to [`GATEWAY_MAC`], and each IPv4 frame to [`GUEST_MAC`]
+/// arriving comes in as its packet (anything else is dropped: a packet
+/// link has no ARP to answer). Runs until either end fails or closes.
+pub async fn relay_as_frames(tun: OwnedFd, frames: OwnedFd) -> std::io::Result<()> {
+    for fd in [&tun, &frames] {
+        nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK))?;
+    }
+    // SAFETY: we own both fds, and they stay open as long as their AsyncFd.
+    let (tun, frames) = unsafe { (AsyncFd::register(tun)?, AsyncFd::register(frames)?) };
+    let mut buf = vec![0u8; MAX_FRAME];
+    loop {
+        tokio::select! {
+            ready = tun.readable() => {
+                let mut guard = ready?;
+                while let Some(n) = read_fd(&tun, &mut buf)? {
+                    write_fd(&frames, &ip_frame(GUEST_MAC, GATEWAY_MAC, &buf[..n]));
+                }
+                guard.clear_ready();
+            }
+            ready = frames.readable() => {
+                let mut guard = ready?;
+                while let Some(n) = read_datagram(&frames, &mut buf)? {
+                    if let Ok(eth) = EthernetFrame::new_checked(&buf[..n])
+                        && eth.ethertype() == EthernetProtocol::Ipv4
+                        && eth.dst_addr() == GUEST_MAC
+                    {
+                        write_fd(&tun, eth.payload());
+                    }
+                }
+                guard.clear_ready();
+            }
+        }
     }
 }
 
@@ -396,7 +495,7 @@ impl Device for PacketDevice {
         caps.medium = Medium::Ip;
         caps.max_transmission_unit = match self.link.framing {
             Framing::Packets => MTU,
-            Framing::Ethernet(_) => ETHERNET_MTU,
+            Framing::Ethernet(_) | Framing::EthernetDatagrams => ETHERNET_MTU,
         };
         // The VM's kernel checksummed what it wrote into a memory link;
         // verifying again only costs throughput. What we send is summed.
@@ -500,5 +599,69 @@ mod tests {
         ] {
             assert!(matches!(unwrap_frame(&ignored), Unwrapped::Dropped));
         }
+    }
+
+    /// A datagram pair as the stack's link (`ours`) and the card (`card`).
+    fn datagram_link() -> (PacketDevice, std::os::unix::net::UnixDatagram) {
+        let (ours, card) = frame_socket().unwrap();
+        let card = std::os::unix::net::UnixDatagram::from(card);
+        card.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+        (PacketDevice::new(ours, LinkKind::EthernetDatagrams).unwrap(), card)
+    }
+
+    #[tokio::test]
+    async fn a_frame_socket_carries_one_frame_per_datagram_both_ways() {
+        let (mut dev, card) = datagram_link();
+        let packet = vec![0x45u8; 60];
+        // Empty datagrams and frames the stack does not take are skipped;
+        // they do not end the link.
+        card.send(&[]).unwrap();
+        card.send(&arp(ArpOperation::Reply, GATEWAY, GUEST)).unwrap();
+        card.send(&ip_frame(GUEST_MAC, GATEWAY_MAC, &packet)).unwrap();
+        dev.readable().await.unwrap();
+        assert_eq!(dev.read().unwrap(), Some(packet.clone()));
+        assert_eq!(dev.read().unwrap(), None);
+        // An ARP request for the gateway is answered on the socket.
+        card.send(&arp(ArpOperation::Request, GUEST, GATEWAY)).unwrap();
+        dev.readable().await.unwrap();
+        assert_eq!(dev.read().unwrap(), None);
+        let mut buf = vec![0u8; MAX_FRAME];
+        let n = card.recv(&mut buf).unwrap();
+        let reply = EthernetFrame::new_checked(&buf[..n]).unwrap();
+        assert_eq!((reply.ethertype(), reply.dst_addr()), (EthernetProtocol::Arp, GUEST_MAC));
+        // A packet to the VM leaves as one frame from the gateway.
+        dev.write(&packet);
+        let n = card.recv(&mut buf).unwrap();
+        let frame = EthernetFrame::new_checked(&buf[..n]).unwrap();
+        assert_eq!((frame.src_addr(), frame.dst_addr()), (GATEWAY_MAC, GUEST_MAC));
+        assert_eq!(frame.payload(), &packet[..]);
+        assert_eq!(dev.capabilities().max_transmission_unit, ETHERNET_MTU);
+    }
+
+    // The relay runs on a worker while this thread blocks in recv.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_relayed_packet_link_shows_on_the_frame_socket_as_the_guests_card() {
+        // A datagram pair stands in for the tun: one packet per read.
+        let (tun, guest) = std::os::unix::net::UnixDatagram::pair().unwrap();
+        let (frames, stack) = frame_socket().unwrap();
+        let relay = tokio::spawn(relay_as_frames(OwnedFd::from(tun), frames));
+        let stack = std::os::unix::net::UnixDatagram::from(stack);
+        for s in [&guest, &stack] {
+            s.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+        }
+        let mut buf = vec![0u8; MAX_FRAME];
+        let packet = vec![0x45u8; 100];
+        guest.send(&packet).unwrap();
+        let n = stack.recv(&mut buf).unwrap();
+        let frame = EthernetFrame::new_checked(&buf[..n]).unwrap();
+        assert_eq!((frame.src_addr(), frame.dst_addr()), (GUEST_MAC, GATEWAY_MAC));
+        assert_eq!(frame.payload(), &packet[..]);
+        // Only IPv4 frames to the guest's MAC reach its link.
+        stack.send(&arp(ArpOperation::Request, GATEWAY, GUEST)).unwrap();
+        stack.send(&ip_frame(GATEWAY_MAC, EthernetAddress([2, 0, 0, 0, 0, 9]), &[0x45; 30])).unwrap();
+        stack.send(&ip_frame(GATEWAY_MAC, GUEST_MAC, &packet)).unwrap();
+        let n = guest.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], &packet[..], "the first packet through is the one to the guest");
+        relay.abort();
     }
 }

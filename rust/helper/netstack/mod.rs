@@ -87,6 +87,20 @@ impl NetStack {
     }
 }
 
+impl NetStack {
+    /// A VM's packet link (its tun) relayed as Ethernet frames to
+    /// `frames`, whose other end is served by a stack elsewhere
+    /// ([`device::relay_as_frames`]).
+    pub fn relay(tun: OwnedFd, frames: OwnedFd) -> Self {
+        let task = tokio::spawn(async move {
+            if let Err(e) = device::relay_as_frames(tun, frames).await {
+                tracing::debug!(error = %e, "the vm's frame relay ended");
+            }
+        });
+        NetStack { task }
+    }
+}
+
 impl Drop for NetStack {
     fn drop(&mut self) {
         self.task.abort();

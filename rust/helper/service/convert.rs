@@ -24,10 +24,10 @@ pub(super) fn start_spec(
     for key in p.env.keys() {
         check_env_key(&format!("{field}.env"), key)?;
     }
-    if p.secret.len() > crate::agent::process::MAX_SECRET {
+    if p.secret.len() > crate::agent::protocol::MAX_SECRET {
         return Err(HelperError::invalid(
             format!("{field}.secret"),
-            format!("must be at most {} bytes", crate::agent::process::MAX_SECRET),
+            format!("must be at most {} bytes", crate::agent::protocol::MAX_SECRET),
         ));
     }
     if !(p.secret.is_empty() || p.secret_fd == 0 || (3..=255).contains(&p.secret_fd)) {

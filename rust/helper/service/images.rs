@@ -1,5 +1,6 @@
 //! The image RPCs: ListImages, CommitVm, DeleteImage and BuildImage, with
 //! their proto ⇄ domain conversions.
+#[cfg(linux_host)]
 use tokio::sync::mpsc;
 use tonic::{Response, Status};
 
@@ -7,11 +8,12 @@ use super::super::error::HelperError;
 use super::super::vm::{CommitRequest, VmManager};
 use super::status;
 use super::streams::RpcStream;
-use crate::image::{BuildRequest, ImageConfig, ImageError, ImageInfo};
+use crate::image::{BuildRequest, ImageConfig, ImageInfo};
 use crate::proto::v1 as pb;
 
 /// Build output lines buffered toward the client; a slow client slows the
 /// build's reader instead of growing memory.
+#[cfg(linux_host)]
 const BUILD_LOG_BUFFER: usize = 256;
 
 pub(super) fn image_to_proto(i: ImageInfo) -> pb::Image {
@@ -55,24 +57,20 @@ pub(super) async fn commit(vms: &VmManager, req: pb::CommitVmRequest) -> Result<
 
 /// Checks the request and an existing name up front (so those errors are the
 /// call's status), then builds in a blocking task, streaming its output.
+#[cfg(linux_host)]
 pub(super) async fn build(
     vms: &VmManager,
     req: pb::BuildImageRequest,
 ) -> Result<Response<RpcStream<pb::BuildImageResponse>>, Status> {
     let req = BuildRequest { name: req.name, suite: req.release, packages: req.packages, force: req.force };
     req.check().map_err(|e| status(e.into()))?;
-    use crate::helper::driver::Driver as _;
-    let namespaces = vms.namespaces();
-    let mapper = namespaces
-        .id_mapper()
-        .cloned()
-        .ok_or_else(|| status(HelperError::Unavailable(namespaces.unavailable_reason().unwrap_or_default())))?;
+    let mapper = vms.id_mapper().cloned().map_err(|why| status(HelperError::Unavailable(why.to_string())))?;
     if !req.force {
         match vms.images().get(&req.name) {
             // One built for another map is of no use here: the build replaces it.
             Ok(info) if info.check_id_map(mapper.id_map()).is_err() => {}
-            Ok(_) => return Err(status(ImageError::AlreadyExists(req.name).into())),
-            Err(ImageError::NotFound(_)) => {}
+            Ok(_) => return Err(status(crate::image::ImageError::AlreadyExists(req.name).into())),
+            Err(crate::image::ImageError::NotFound(_)) => {}
             Err(e) => return Err(status(e.into())),
         }
     }
@@ -95,4 +93,18 @@ pub(super) async fn build(
         let _ = tx.blocking_send(last);
     });
     Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+}
+
+/// Images are built with mmdebstrap under a Linux id map: a helper
+/// elsewhere (a Mac's) has images only by import (`sandbox-mcp image
+/// import`, copies shared with a Linux store) and by commit.
+#[cfg(not(linux_host))]
+pub(super) async fn build(
+    vms: &VmManager,
+    req: pb::BuildImageRequest,
+) -> Result<Response<RpcStream<pb::BuildImageResponse>>, Status> {
+    let req = BuildRequest { name: req.name, suite: req.release, packages: req.packages, force: req.force };
+    req.check().map_err(|e| status(e.into()))?;
+    let why = vms.id_mapper().err().unwrap_or("not on this host");
+    Err(status(HelperError::Unavailable(format!("BuildImage needs Linux (mmdebstrap and user namespaces): {why}"))))
 }

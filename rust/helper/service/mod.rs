@@ -123,11 +123,11 @@ pub fn status(e: HelperError) -> Status {
 #[tonic::async_trait]
 impl VmHelper for HelperService {
     async fn get_info(&self, _: Request<pb::GetInfoRequest>) -> Result<Response<pb::GetInfoResponse>, Status> {
-        let namespaces = self.vms.namespaces();
-        let (warm_starts, cold_starts) = namespaces.launch_counts();
         let drivers = self.vms.drivers();
+        let (warm_starts, cold_starts) =
+            drivers.iter().map(|d| d.launch_counts()).fold((0, 0), |(w, c), (dw, dc)| (w + dw, c + dc));
         let mut capabilities = drivers.first().map(|d| d.capabilities().names()).unwrap_or_default();
-        if namespaces.id_mapper().is_some() {
+        if self.vms.id_mapper().is_ok() {
             capabilities.push("userns".into());
         }
         capabilities.extend(IMAGE_CAPABILITIES.iter().map(|c| c.to_string()));
@@ -262,7 +262,7 @@ impl VmHelper for HelperService {
         req: Request<pb::StartBackgroundRequest>,
     ) -> Result<Response<pb::StartBackgroundResponse>, Status> {
         let req = req.into_inner();
-        crate::agent::background::check_name(&req.name)
+        crate::agent::protocol::check_name(&req.name)
             .map_err(|e| status(HelperError::invalid("name", e.to_string())))?;
         let process = req.process.ok_or_else(|| status(HelperError::invalid("process", "required")))?;
         if process.tty {

@@ -107,7 +107,7 @@ impl VmManager {
             self.register(config, driver, image, dir.clone())
         });
         if registered.is_err() {
-            let _ = crate::helper::driver::userns::remove_tree(&dir);
+            let _ = crate::helper::userns::remove_tree(&dir);
         }
         registered
     }

@@ -129,7 +129,20 @@ func bootInput(_ request: BootRequest) -> BootInput {
         memoryBytes: request.memory_bytes,
         pids: request.pids,
         diskBytes: request.disk_bytes,
-        networkFD: request.network_fd == -1 ? nil : request.network_fd
+        network: networkPlan(request.network)
+    )
+}
+
+/// The card the helper asks for, or nil (`fd` -1: no card).
+func networkPlan(_ card: LayerNetwork) -> NetworkPlan? {
+    guard card.fd != -1 else { return nil }
+    return NetworkPlan(
+        fd: card.fd,
+        mac: card.mac.toString(),
+        address: card.address.toString(),
+        gateway: card.gateway.toString(),
+        nameserver: card.nameserver.toString(),
+        mtu: card.mtu
     )
 }
 

@@ -42,16 +42,16 @@ public struct BootInput: Sendable, Equatable {
     public var pids: UInt32
     /// The writable disk's size, bytes.
     public var diskBytes: UInt64
-    /// The datagram socket carrying the guest's Ethernet frames to the helper's network stack;
-    /// nil: no network card.
-    public var networkFD: Int32?
+    /// The guest's network card on the helper's network stack (its frame socket, MAC and
+    /// addresses, all the helper's); nil: no network card.
+    public var network: NetworkPlan?
     /// An OCI reference to pull through containerization's ImageStore instead of `layers`
     /// (the bridge does not carry one yet; see swift/README.md).
     public var imageReference: String?
 
     public init(
         id: String, hostname: String, layers: [String], dir: String, mounts: [SharedDirectory],
-        cpus: UInt32, memoryBytes: UInt64, pids: UInt32, diskBytes: UInt64, networkFD: Int32?,
+        cpus: UInt32, memoryBytes: UInt64, pids: UInt32, diskBytes: UInt64, network: NetworkPlan?,
         imageReference: String? = nil
     ) {
         self.id = id
@@ -63,7 +63,7 @@ public struct BootInput: Sendable, Equatable {
         self.memoryBytes = memoryBytes
         self.pids = pids
         self.diskBytes = diskBytes
-        self.networkFD = networkFD
+        self.network = network
         self.imageReference = imageReference
     }
 }

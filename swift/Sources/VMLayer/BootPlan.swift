@@ -66,19 +66,34 @@ public enum WritableDisk: Sendable, Equatable {
     }
 }
 
-/// The guest's network card on the helper's userspace stack (the addresses the Linux drivers
-/// give their guests, so the stack's policy, DNS and ARP answers are the same).
+/// The guest's network card on the helper's userspace stack. Every value is the helper's (the
+/// bridge's LayerNetwork): the stack sends the guest's frames to `mac` and answers at
+/// `gateway` and `nameserver`, as for the Linux drivers' guests.
 public struct NetworkPlan: Sendable, Equatable {
     /// The datagram socket carrying Ethernet frames, one per datagram.
     public var fd: Int32
-    public var address: String = "10.0.2.15/24"
-    public var gateway: String = "10.0.2.2"
-    public var nameserver: String = "10.0.2.3"
-    /// virtio-net's MTU with no offloads, as on the Linux vm driver.
-    public var mtu: UInt32 = 1500
+    /// The card's MAC, `xx:xx:xx:xx:xx:xx`.
+    public var mac: String
+    /// The guest's address with its prefix (`10.0.2.15/24`).
+    public var address: String
+    public var gateway: String
+    public var nameserver: String
+    /// The card's MTU (no offloads).
+    public var mtu: UInt32
 
-    public init(fd: Int32) {
+    public init(fd: Int32, mac: String, address: String, gateway: String, nameserver: String, mtu: UInt32) {
         self.fd = fd
+        self.mac = mac
+        self.address = address
+        self.gateway = gateway
+        self.nameserver = nameserver
+        self.mtu = mtu
+    }
+
+    /// Six two-digit hex groups separated by colons (what VZMACAddress(string:) reads).
+    public static func isMAC(_ s: String) -> Bool {
+        let groups = s.split(separator: ":", omittingEmptySubsequences: false)
+        return groups.count == 6 && groups.allSatisfy { $0.count == 2 && $0.allSatisfy(\.isHexDigit) }
     }
 }
 
@@ -119,6 +134,7 @@ public enum PlanError: Error, Equatable, Sendable, CustomStringConvertible {
     case noLayers
     case unknownLayer(String)
     case badNetworkFD(Int32)
+    case badNetworkMAC(String)
 
     public var description: String {
         switch self {
@@ -138,6 +154,8 @@ public enum PlanError: Error, Equatable, Sendable, CustomStringConvertible {
             return "layer \(p) is neither a layer archive (.tar, .tar.gz, .tar.zst), a directory, nor a disk layer"
         case .badNetworkFD(let fd):
             return "network descriptor \(fd) is not a descriptor"
+        case .badNetworkMAC(let mac):
+            return "network card MAC \(mac.debugDescription) is not six hex pairs separated by colons"
         }
     }
 }
@@ -165,7 +183,10 @@ public enum BootPlanner {
         try checkID(input.id)
         guard input.cpus >= 1 else { throw PlanError.tooFewCPUs }
         guard input.memoryBytes >= minimumMemoryBytes else { throw PlanError.tooLittleMemory(input.memoryBytes) }
-        if let fd = input.networkFD, fd < 0 { throw PlanError.badNetworkFD(fd) }
+        if let network = input.network {
+            guard network.fd >= 0 else { throw PlanError.badNetworkFD(network.fd) }
+            guard NetworkPlan.isMAC(network.mac) else { throw PlanError.badNetworkMAC(network.mac) }
+        }
         for mount in input.mounts {
             guard mount.guest.hasPrefix("/") else { throw PlanError.relativeGuestPath(mount.guest) }
             guard files.kind(mount.host) == FileKind.directory else { throw PlanError.missingHostDirectory(mount.host) }
@@ -239,7 +260,7 @@ public enum BootPlanner {
             shares: shares,
             cpus: Int(input.cpus),
             memoryBytes: input.memoryBytes,
-            network: input.networkFD.map { NetworkPlan(fd: $0) },
+            network: input.network,
             agentArguments: [agentInGuest, "agent", "--listen", "vsock:\(agentPort)"],
             agentPort: agentPort,
             bootLog: dir.appendingPathComponent("console.log").path

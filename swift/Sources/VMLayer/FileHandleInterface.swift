@@ -14,7 +14,7 @@ import Virtualization
 public final class FileHandleInterface: Interface, VZInterface, @unchecked Sendable {
     public let ipv4Address: CIDRv4
     public let ipv4Gateway: IPv4Address?
-    public let macAddress: MACAddress? = nil
+    public let macAddress: MACAddress?
     public let mtu: UInt32
     /// The frame socket; VZ reads and writes it for the VM's life.
     let socket: FileHandle
@@ -25,15 +25,22 @@ public final class FileHandleInterface: Interface, VZInterface, @unchecked Senda
         self.ipv4Address = address
         self.ipv4Gateway = gateway
         self.mtu = plan.mtu
+        self.mac = plan.mac
+        self.macAddress = try MACAddress(plan.mac)
         self.socket = FileHandle(fileDescriptor: plan.fd, closeOnDealloc: true)
     }
+
+    /// The card's MAC as the helper's stack addresses it (never a random one: the stack sends
+    /// the guest's frames to this address, and the guest drops frames for any other).
+    let mac: String
 
     public func device() throws -> VZVirtioNetworkDeviceConfiguration {
         let attachment = VZFileHandleNetworkDeviceAttachment(fileHandle: socket)
         attachment.maximumTransmissionUnit = Int(mtu)
         let device = VZVirtioNetworkDeviceConfiguration()
         device.attachment = attachment
-        device.macAddress = VZMACAddress.randomLocallyAdministered()
+        guard let address = VZMACAddress(string: mac) else { throw PlanError.badNetworkMAC(mac) }
+        device.macAddress = address
         return device
     }
 }

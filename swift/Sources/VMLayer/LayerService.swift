@@ -9,9 +9,9 @@ import Foundation
 /// Reported as the whole helper can do it, not this layer alone.
 public struct LayerCapabilitySet: Sendable, Equatable {
     public var tty = true
-    /// This layer attaches the frame socket it is given, but the Rust helper's end of it is
-    /// not built on macOS yet (it refuses EGRESS there): off until it is.
-    public var networkEgress = false
+    /// The guest's card is attached to the frame socket the Rust helper serves with its
+    /// network stack (FileHandleInterface), under the sandbox's policy.
+    public var networkEgress = true
     /// cpus and memory hold (the VM's size, the container's cgroup), the task limit does not:
     /// the three are one capability, so off (limitsNotEnforced says which).
     public var limits = false

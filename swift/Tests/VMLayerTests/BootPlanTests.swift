@@ -77,14 +77,17 @@ import VMLayer
         #expect(plan.writable == WritableDisk.fresh(path: "/vms/vm1/writable.ext4", bytes: BootPlanner.defaultDiskBytes))
     }
 
-    @Test func theNetworkGetsTheLinuxGuestsAddresses() throws {
+    @Test func theNetworkIsTheCardTheHelperAsksFor() throws {
         let plan = try BootPlanner.plan(request(network: 7), assets: FakeFiles.assets, files: FakeFiles.standard())
         let network = try #require(plan.network)
-        #expect(network.fd == 7)
-        #expect(network.address == "10.0.2.15/24")
-        #expect(network.gateway == "10.0.2.2")
-        #expect(network.nameserver == "10.0.2.3")
-        #expect(network.mtu == 1500)
+        #expect(network == card(7))
+    }
+
+    @Test func macs() {
+        #expect(NetworkPlan.isMAC("52:54:00:0a:00:0f"))
+        for bad in ["", "52:54:00:0a:00", "52-54-00-0a-00-0f", "52:54:00:0a:00:0g", "525:4:00:0a:00:0f", "52:54:00:0a:00:0f:"] {
+            #expect(!NetworkPlan.isMAC(bad), "\(bad)")
+        }
     }
 
     @Test func refusals() {
@@ -108,6 +111,9 @@ import VMLayer
             try BootPlanner.plan(request(layers: ["/store/missing.tar"]), assets: assets, files: files)
         }
         #expect(throws: PlanError.badNetworkFD(-3)) { try BootPlanner.plan(request(network: -3), assets: assets, files: files) }
+        input = request(network: 5)
+        input.network?.mac = "random"
+        #expect(throws: PlanError.badNetworkMAC("random")) { try BootPlanner.plan(input, assets: assets, files: files) }
     }
 
     @Test func anImageReferenceIsPulledInsteadOfLayers() throws {

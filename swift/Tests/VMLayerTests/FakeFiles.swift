@@ -27,5 +27,10 @@ func request(id: String = "vm1", layers: [String] = ["/store/l0.tar.gz", "/store
     BootInput(
         id: id, hostname: "box", layers: layers, dir: "/vms/\(id)",
         mounts: [SharedDirectory(host: "/ws", guest: "/workspace", readOnly: false)],
-        cpus: 2, memoryBytes: 1 << 30, pids: 1024, diskBytes: 4 << 30, networkFD: network)
+        cpus: 2, memoryBytes: 1 << 30, pids: 1024, diskBytes: 4 << 30, network: network.map(card))
+}
+
+/// The card the Rust helper asks for (rust/helper/driver/swift/convert.rs, `network_card`).
+func card(_ fd: Int32) -> NetworkPlan {
+    NetworkPlan(fd: fd, mac: "52:54:00:0a:00:0f", address: "10.0.2.15/24", gateway: "10.0.2.2", nameserver: "10.0.2.3", mtu: 1500)
 }

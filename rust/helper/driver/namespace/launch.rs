@@ -17,13 +17,12 @@ use super::DriverError;
 use super::cgroup::{CgroupLayout, Limits, UsageFiles, VmCgroup};
 use super::init::{CONTROL_FD, InitConfig};
 use super::network::{pidfd_kill, pidfd_open};
-use super::userns::IdMapper;
 use crate::agent::mux::Mux;
 use crate::agent::protocol::Frame;
+use crate::helper::driver::Egress;
 use crate::helper::netstack::NetStack;
 use crate::helper::netstack::device::LinkKind;
-use crate::helper::netstack::events::Events;
-use crate::netpolicy::NetworkPolicy;
+use crate::helper::userns::IdMapper;
 
 /// Generous bound on a start; a healthy one takes milliseconds, this only
 /// turns a wedged launcher into an error instead of a hung RPC.
@@ -38,8 +37,8 @@ pub struct LaunchSpec {
     pub init: InitConfig,
     /// cgroup limits.
     pub limits: Limits,
-    /// EGRESS: the policy its stack enforces and where it records refusals.
-    pub egress: Option<(NetworkPolicy, Arc<Events>)>,
+    /// EGRESS: where eth0 leads.
+    pub egress: Option<Egress>,
     /// Where the agent's listening socket is created (outside the VM).
     pub agent_socket: PathBuf,
 }
@@ -338,10 +337,15 @@ async fn handshake(
         cg.limit(spec.limits)?;
     }
     let unused_tun = match (&spec.egress, tun) {
-        (Some((policy, events)), Some(tun)) => {
+        (Some(Egress::Stack(policy, events)), Some(tun)) => {
             let net = NetStack::start(tun, LinkKind::Packets, policy.clone(), events.clone())
                 .map_err(|e| DriverError::io("start the vm's network stack", e))?;
             state.net = Some(net);
+            None
+        }
+        (Some(Egress::Frames(frames)), Some(tun)) => {
+            let frames = frames.try_clone().map_err(|e| DriverError::io("take the vm's frame socket", e))?;
+            state.net = Some(NetStack::relay(tun, frames));
             None
         }
         (Some(_), None) => {

@@ -3,7 +3,7 @@
 //!
 //! A VM is a launcher process (re-exec of this binary) in fresh user, mount,
 //! pid, ipc, uts, net and cgroup namespaces whose PID 1 runs the agent. The
-//! pieces live in one file each: [`userns`] id maps, [`cgroup`] limits,
+//! pieces live in one file each: [`cgroup`] limits,
 //! [`rootfs`] the filesystem, [`seccomp`] the syscall filter, [`network`]
 //! loopback and the EGRESS tun, [`init`] the in-sandbox side, [`launch`] the helper
 //! side, [`warm`] the launcher kept ready for the next start, [`freeze`]
@@ -15,6 +15,7 @@ use super::{BootSpec, Capabilities, Driver, DriverError, Exit, HostFacts, HostPr
 use crate::agent::mux::Mux;
 use crate::helper::HelperError;
 use crate::helper::agent_link::Dialer;
+use crate::helper::userns;
 
 pub mod cgroup;
 pub mod freeze;
@@ -24,7 +25,6 @@ pub mod network;
 pub mod oom;
 pub mod rootfs;
 pub mod seccomp;
-pub mod userns;
 pub mod warm;
 
 /// What this host offers for running VMs, probed once at helper start.
@@ -97,15 +97,6 @@ impl NamespaceDriver {
             }
             r => r,
         }
-    }
-
-    /// How many starts found a launcher prepared ahead (warm) and how many
-    /// prepared their own (cold), for GetInfo.
-    pub fn launch_counts(&self) -> (u64, u64) {
-        self.launchers.as_ref().map_or((0, 0), |l| {
-            let c = l.counts();
-            (c.warm.load(std::sync::atomic::Ordering::Relaxed), c.cold.load(std::sync::atomic::Ordering::Relaxed))
-        })
     }
 
     /// Where VM cgroups go on this host, or why VMs run without limits:
@@ -198,6 +189,15 @@ impl Driver for NamespaceDriver {
         if let Some(launchers) = &self.launchers {
             launchers.refill();
         }
+    }
+
+    /// Starts that found a launcher prepared ahead (warm), and those that
+    /// prepared their own (cold).
+    fn launch_counts(&self) -> (u64, u64) {
+        self.launchers.as_ref().map_or((0, 0), |l| {
+            let c = l.counts();
+            (c.warm.load(std::sync::atomic::Ordering::Relaxed), c.cold.load(std::sync::atomic::Ordering::Relaxed))
+        })
     }
 
     async fn release(&self) {

@@ -22,8 +22,8 @@ use super::{disks, probe};
 use crate::agent::mux::Mux;
 use crate::agent::protocol::{ExitStatus, Frame, StartSpec};
 use crate::guest::handshake::GuestLimits;
-use crate::helper::driver::userns::IdMapper;
 use crate::helper::netstack::events::Events;
+use crate::helper::userns::IdMapper;
 use crate::netpolicy::NetworkPolicy;
 
 /// The samples, in milliseconds and MiB.

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::QemuError;
-use crate::helper::driver::userns::{IdMapper, run_mapped};
+use crate::helper::userns::{IdMapper, run_mapped};
 
 /// The cache file for `layer`: named by its path, inode and change time,
 /// so a layer rebuilt in place (an image built again) gets a new disk.

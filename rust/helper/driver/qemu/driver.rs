@@ -34,11 +34,11 @@ use crate::agent::protocol::Frame;
 use crate::guest::handshake::GuestLimits;
 use crate::helper::agent_link::Dialer;
 use crate::helper::driver::cgroup::{CgroupLayout, VmCgroup};
-use crate::helper::driver::userns::IdMapper;
 use crate::helper::driver::{
-    BootSpec, Capabilities, Driver, DriverError, Exit, HostFacts, HostProcesses, Instance, Limits,
+    BootSpec, Capabilities, Driver, DriverError, Egress, Exit, HostFacts, HostProcesses, Instance, Limits,
 };
 use crate::helper::netstack::NetStack;
+use crate::helper::userns::IdMapper;
 
 /// How long a TCG boot may take to the agent's first Pong.
 const BOOT_WAIT: Duration = Duration::from_secs(300);
@@ -200,6 +200,9 @@ impl QemuDriver {
     pub async fn boot_vm(&self, spec: &BootSpec) -> Result<Arc<VmInstance>, DriverError> {
         let assets = self.assets.as_ref().map_err(unavailable)?;
         let mapper = self.mapper.as_ref().map_err(unavailable)?;
+        if let Some(Egress::Frames(_)) = &spec.egress {
+            return Err(unavailable("the vm driver's card is served by the helper's own stack, not a frame socket"));
+        }
         let mut workspace = None;
         for m in &spec.mounts {
             if m.guest != Path::new("/workspace") || m.read_only {
@@ -267,7 +270,7 @@ impl QemuDriver {
         // The policy is the sandbox's, known only now: a pooled vm's card
         // waited connected and unread until here.
         let net = match (vm.take_network(), &spec.egress) {
-            (Some(card), Some((policy, events))) => match card.serve(policy.clone(), events.clone()) {
+            (Some(card), Some(Egress::Stack(policy, events))) => match card.serve(policy.clone(), events.clone()) {
                 Ok(net) => Some(net),
                 Err(e) => {
                     vm.kill().await;

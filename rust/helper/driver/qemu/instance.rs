@@ -35,7 +35,7 @@ use crate::agent::protocol::Frame;
 use crate::guest::handshake::{Go, GuestLimits, READY, ROOTED, SEED_BYTES};
 use crate::guest::{UPPER_SERIAL, WORKSPACE_TAG};
 use crate::helper::driver::cgroup::VmCgroup;
-use crate::helper::driver::userns::IdMapper;
+use crate::helper::userns::IdMapper;
 
 /// How long qemu has to connect to the agent socket after it starts (it
 /// does so before the guest runs).

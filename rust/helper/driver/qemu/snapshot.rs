@@ -12,7 +12,7 @@ use std::process::Command;
 
 use super::QemuError;
 use super::disks::run_mapped_with;
-use crate::helper::driver::userns::IdMapper;
+use crate::helper::userns::IdMapper;
 
 /// Extracts `archive` (from [`crate::guest::layer_archive`]) into the new directory
 /// `dest`, which must not exist.

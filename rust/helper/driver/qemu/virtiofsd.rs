@@ -15,7 +15,7 @@ use std::process::Command;
 
 use super::QemuError;
 use crate::helper::driver::cgroup::VmCgroup;
-use crate::helper::driver::userns::{IdMapper, run_mapped};
+use crate::helper::userns::{IdMapper, run_mapped};
 
 /// Debian 12 ships virtiofsd with qemu (package qemu-system-common).
 pub const VIRTIOFSD: &str = "/usr/lib/qemu/virtiofsd";

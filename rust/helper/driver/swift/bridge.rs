@@ -43,6 +43,27 @@ pub mod ffi {
         pub capabilities: LayerCapabilities,
     }
 
+    // The guest's network card on the helper's network stack: the frame
+    // socket, and the card the stack expects at its other end (the same
+    // addresses as the Linux drivers' guests).
+    #[swift_bridge(swift_repr = "struct")]
+    pub struct LayerNetwork {
+        // The datagram socket carrying the card's Ethernet frames, one per
+        // datagram (a VZFileHandleNetworkDeviceAttachment on a Mac); -1: no
+        // card. The layer owns it from here on.
+        pub fd: i32,
+        // The card's MAC (`52:54:00:0a:00:0f`): the stack sends the guest's
+        // frames to it.
+        pub mac: String,
+        // The guest's address with its prefix (`10.0.2.15/24`), its
+        // gateway and its resolver (both the stack).
+        pub address: String,
+        pub gateway: String,
+        pub nameserver: String,
+        // The card's MTU (no offloads).
+        pub mtu: u32,
+    }
+
     // Everything the layer needs to boot one VM
     // ([`crate::helper::driver::BootSpec`]).
     #[swift_bridge(swift_repr = "struct")]
@@ -65,10 +86,8 @@ pub mod ffi {
         pub pids: u32,
         // The writable disk's size.
         pub disk_bytes: u64,
-        // The datagram socket carrying the guest's Ethernet frames to the
-        // helper's network stack (a VZFileHandleNetworkDeviceAttachment on
-        // a Mac); -1: no network. The layer owns it from here on.
-        pub network_fd: i32,
+        // The guest's network card (`network.fd` -1: none).
+        pub network: LayerNetwork,
     }
 
     // A running VM's limits and OOM kills ([`crate::helper::driver::HostFacts`]).

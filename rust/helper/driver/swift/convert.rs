@@ -35,6 +35,22 @@ pub enum ConvertError {
     },
 }
 
+/// The card the helper's stack serves on frame socket `fd` (-1: no card):
+/// its MAC and addresses are the stack's ([`crate::helper::netstack`]), so
+/// the layer's guest is addressed as every Linux driver's is.
+pub fn network_card(fd: i32) -> ffi::LayerNetwork {
+    use crate::helper::netstack::{DNS, GATEWAY, GUEST, GUEST_MAC, PREFIX, device::ETHERNET_MTU};
+    let mac = GUEST_MAC.0.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
+    ffi::LayerNetwork {
+        fd,
+        mac,
+        address: format!("{GUEST}/{PREFIX}"),
+        gateway: GATEWAY.to_string(),
+        nameserver: DNS.to_string(),
+        mtu: ETHERNET_MTU as u32,
+    }
+}
+
 fn utf8(what: &'static str, path: &Path) -> Result<String, ConvertError> {
     path.to_str().map(str::to_owned).ok_or_else(|| ConvertError::NotUtf8 { what, path: path.display().to_string() })
 }
@@ -42,8 +58,8 @@ fn utf8(what: &'static str, path: &Path) -> Result<String, ConvertError> {
 impl TryFrom<&BootSpec> for ffi::BootRequest {
     type Error = ConvertError;
 
-    /// The request without a network link (`network_fd` -1): the driver
-    /// sets it when the VM has EGRESS.
+    /// The request without a network card (`network.fd` -1): the driver
+    /// sets the frame socket when the VM has EGRESS.
     fn try_from(spec: &BootSpec) -> Result<Self, ConvertError> {
         let layers = spec.layers.iter().map(|l| utf8("an image layer", l)).collect::<Result<_, _>>()?;
         let mut mount_hosts = Vec::with_capacity(spec.mounts.len());
@@ -64,7 +80,7 @@ impl TryFrom<&BootSpec> for ffi::BootRequest {
             memory_bytes: spec.limits.memory_bytes,
             pids: spec.limits.pids,
             disk_bytes: spec.disk_bytes,
-            network_fd: -1,
+            network: network_card(-1),
         })
     }
 }
@@ -237,7 +253,7 @@ mod tests {
     #[test]
     fn a_spec_crosses_and_comes_back_the_same() {
         let request = request();
-        assert_eq!(request.network_fd, -1);
+        assert_eq!(request.network.fd, -1);
         assert_eq!(request.mount_guests, ["/workspace", "/data"]);
         assert_eq!(request.mount_read_only, [false, true]);
         let back = BootSpec::try_from(request).unwrap();
@@ -247,6 +263,18 @@ mod tests {
             (want.id, want.hostname, want.layers, want.dir, want.mounts, want.limits, want.disk_bytes)
         );
         assert!(back.egress.is_none());
+    }
+
+    #[test]
+    fn the_card_has_the_stacks_mac_and_addresses() {
+        let card = network_card(7);
+        assert_eq!(card.fd, 7);
+        assert_eq!(card.mac, "52:54:00:0a:00:0f");
+        assert_eq!(
+            (card.address.as_str(), card.gateway.as_str(), card.nameserver.as_str()),
+            ("10.0.2.15/24", "10.0.2.2", "10.0.2.3")
+        );
+        assert_eq!(card.mtu, 1500);
     }
 
     #[test]

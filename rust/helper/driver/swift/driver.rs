@@ -1,7 +1,7 @@
 //! [`SwiftDriver`]: the driver seam served by the VM layer across the
 //! bridge. It only calls [`ffi`] functions; the agent connection is the
 //! layer's stream fd under the same [`Mux`] as every other driver's.
-use std::os::fd::{FromRawFd as _, OwnedFd};
+use std::os::fd::{FromRawFd as _, IntoRawFd as _, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -10,7 +10,10 @@ use crate::agent::mux::Mux;
 use crate::agent::protocol::Frame;
 use crate::helper::HelperError;
 use crate::helper::agent_link::Dialer;
-use crate::helper::driver::{BootSpec, Capabilities, Driver, DriverError, Exit, HostFacts, HostProcesses, Instance};
+use crate::helper::driver::{
+    BootSpec, Capabilities, Driver, DriverError, Egress, Exit, HostFacts, HostProcesses, Instance,
+};
+use crate::helper::netstack::{NetStack, device};
 
 /// The layer across the bridge, under the name it reports.
 #[derive(Debug)]
@@ -52,20 +55,28 @@ impl Driver for SwiftDriver {
     }
 
     async fn boot(&self, spec: &BootSpec) -> Result<Arc<dyn Instance>, DriverError> {
-        let request =
+        let mut request =
             ffi::BootRequest::try_from(spec).map_err(|e| DriverError::Unavailable(format!("boot request: {e}")))?;
-        // Taken back however this ends, a dropped future included: a policy
-        // left over would be the next boot of this id's.
-        let _handed = EgressHandedOver(&spec.id);
-        if let Some(egress) = &spec.egress {
-            hand_over_egress(&spec.id, egress.clone())?;
-        }
+        let net = match &spec.egress {
+            None => None,
+            Some(Egress::Stack(policy, events)) => {
+                let (stack, card) = frame_socket(policy, events)?;
+                // The layer owns the card's end from the call on, whatever
+                // becomes of it.
+                request.network.fd = card.into_raw_fd();
+                Some(stack)
+            }
+            Some(Egress::Frames(_)) => {
+                return Err(DriverError::Unavailable("the swift driver serves its VMs' cards itself".into()));
+            }
+        };
         ffi::layer_boot(request).await?;
         match connect(&spec.id).await {
             Ok(connection) => Ok(Arc::new(SwiftInstance {
                 id: spec.id.clone(),
                 connection,
                 exit_taken: std::sync::atomic::AtomicBool::new(false),
+                net: std::sync::Mutex::new(net),
             })),
             // A VM whose agent does not answer is no use: end it here, as
             // no one else holds it.
@@ -87,44 +98,18 @@ impl Driver for SwiftDriver {
     }
 }
 
-/// EGRESS on the Linux double: its namespace driver enforces the policy on
-/// its own tun, so the policy and the events sink go to it in process
-/// (by VM id) for the length of the boot call.
-#[cfg(not(target_os = "macos"))]
-fn hand_over_egress(
-    id: &str,
-    egress: (crate::netpolicy::NetworkPolicy, Arc<crate::helper::netstack::events::Events>),
-) -> Result<(), DriverError> {
-    super::double::egress::hand_over(id, egress);
-    Ok(())
-}
-
-#[cfg(not(target_os = "macos"))]
-fn take_back_egress(id: &str) {
-    super::double::egress::take(id);
-}
-
-/// On a Mac the frames of a VZFileHandleNetworkDeviceAttachment would reach
-/// the helper's stack on `network_fd`; that link is not built yet, so a VM
-/// with EGRESS is refused rather than booted without its policy.
-#[cfg(target_os = "macos")]
-fn hand_over_egress(
-    _id: &str,
-    _egress: (crate::netpolicy::NetworkPolicy, Arc<crate::helper::netstack::events::Events>),
-) -> Result<(), DriverError> {
-    Err(DriverError::Unavailable("network EGRESS through the Swift layer is not built yet (issue 13)".into()))
-}
-
-#[cfg(target_os = "macos")]
-fn take_back_egress(_id: &str) {}
-
-/// Takes back, when dropped, what a boot handed over for VM `.0`.
-struct EgressHandedOver<'a>(&'a str);
-
-impl Drop for EgressHandedOver<'_> {
-    fn drop(&mut self) {
-        take_back_egress(self.0);
-    }
+/// The VM's card on this helper's stack: a frame socket (one Ethernet frame
+/// per datagram, what a Mac's `VZFileHandleNetworkDeviceAttachment` takes)
+/// whose one end the stack serves under the sandbox's policy; the other
+/// end is the card's, for the layer. The policy never crosses the bridge.
+fn frame_socket(
+    policy: &crate::netpolicy::NetworkPolicy,
+    events: &Arc<crate::helper::netstack::events::Events>,
+) -> Result<(NetStack, OwnedFd), DriverError> {
+    let (stack, card) = device::frame_socket().map_err(|e| DriverError::io("make the vm's frame socket", e))?;
+    let stack = NetStack::start(stack, device::LinkKind::EthernetDatagrams, policy.clone(), events.clone())
+        .map_err(|e| DriverError::io("start the vm's network stack", e))?;
+    Ok((stack, card))
 }
 
 /// A new connection to the agent of VM `id`, through the layer's dial.
@@ -185,6 +170,8 @@ struct SwiftInstance {
     connection: Mux,
     /// `take_exit` hands out the layer's wait once.
     exit_taken: std::sync::atomic::AtomicBool,
+    /// The stack serving its card (EGRESS), until cleanup.
+    net: std::sync::Mutex<Option<NetStack>>,
 }
 
 impl Instance for SwiftInstance {
@@ -238,6 +225,7 @@ impl Instance for SwiftInstance {
 
     fn cleanup(&self) {
         ffi::layer_cleanup(self.id.clone());
+        drop(self.net.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take());
     }
 }
 
@@ -273,6 +261,7 @@ mod tests {
             id: "no-such-vm".into(),
             connection: Mux::open_side(a),
             exit_taken: std::sync::atomic::AtomicBool::new(false),
+            net: std::sync::Mutex::new(None),
         };
         let exit = instance.take_exit().expect("the first take");
         assert!(instance.take_exit().is_none(), "the second take");

@@ -11,7 +11,7 @@
 //! - [`double`]: the Linux layer behind the same symbols.
 pub mod bridge;
 pub mod convert;
-#[cfg(not(target_os = "macos"))]
+#[cfg(linux_host)]
 pub mod double;
 pub mod driver;
 pub mod main;

@@ -5,7 +5,9 @@ typedef struct __swift_bridge__$LayerCapabilities { bool tty; bool network_egres
 typedef struct __swift_bridge__$Option$LayerCapabilities { bool is_some; __swift_bridge__$LayerCapabilities val; } __swift_bridge__$Option$LayerCapabilities;
 typedef struct __swift_bridge__$LayerInfo { void* name; void* unavailable_reason; struct __swift_bridge__$LayerCapabilities capabilities; } __swift_bridge__$LayerInfo;
 typedef struct __swift_bridge__$Option$LayerInfo { bool is_some; __swift_bridge__$LayerInfo val; } __swift_bridge__$Option$LayerInfo;
-typedef struct __swift_bridge__$BootRequest { void* id; void* hostname; void* layers; void* dir; void* mount_hosts; void* mount_guests; void* mount_read_only; uint32_t cpus; uint64_t memory_bytes; uint32_t pids; uint64_t disk_bytes; int32_t network_fd; } __swift_bridge__$BootRequest;
+typedef struct __swift_bridge__$LayerNetwork { int32_t fd; void* mac; void* address; void* gateway; void* nameserver; uint32_t mtu; } __swift_bridge__$LayerNetwork;
+typedef struct __swift_bridge__$Option$LayerNetwork { bool is_some; __swift_bridge__$LayerNetwork val; } __swift_bridge__$Option$LayerNetwork;
+typedef struct __swift_bridge__$BootRequest { void* id; void* hostname; void* layers; void* dir; void* mount_hosts; void* mount_guests; void* mount_read_only; uint32_t cpus; uint64_t memory_bytes; uint32_t pids; uint64_t disk_bytes; struct __swift_bridge__$LayerNetwork network; } __swift_bridge__$BootRequest;
 typedef struct __swift_bridge__$Option$BootRequest { bool is_some; __swift_bridge__$BootRequest val; } __swift_bridge__$Option$BootRequest;
 typedef struct __swift_bridge__$LayerHostFacts { uint64_t memory_limit_bytes; uint64_t pids_limit; bool oom_killed; } __swift_bridge__$LayerHostFacts;
 typedef struct __swift_bridge__$Option$LayerHostFacts { bool is_some; __swift_bridge__$LayerHostFacts val; } __swift_bridge__$Option$LayerHostFacts;

@@ -203,6 +203,53 @@ extension __swift_bridge__$Option$LayerInfo {
         }
     }
 }
+public struct LayerNetwork {
+    public var fd: Int32
+    public var mac: RustString
+    public var address: RustString
+    public var gateway: RustString
+    public var nameserver: RustString
+    public var mtu: UInt32
+
+    public init(fd: Int32,mac: RustString,address: RustString,gateway: RustString,nameserver: RustString,mtu: UInt32) {
+        self.fd = fd
+        self.mac = mac
+        self.address = address
+        self.gateway = gateway
+        self.nameserver = nameserver
+        self.mtu = mtu
+    }
+
+    @inline(__always)
+    func intoFfiRepr() -> __swift_bridge__$LayerNetwork {
+        { let val = self; return __swift_bridge__$LayerNetwork(fd: val.fd, mac: { let rustString = val.mac.intoRustString(); rustString.isOwned = false; return rustString.ptr }(), address: { let rustString = val.address.intoRustString(); rustString.isOwned = false; return rustString.ptr }(), gateway: { let rustString = val.gateway.intoRustString(); rustString.isOwned = false; return rustString.ptr }(), nameserver: { let rustString = val.nameserver.intoRustString(); rustString.isOwned = false; return rustString.ptr }(), mtu: val.mtu); }()
+    }
+}
+extension __swift_bridge__$LayerNetwork {
+    @inline(__always)
+    func intoSwiftRepr() -> LayerNetwork {
+        { let val = self; return LayerNetwork(fd: val.fd, mac: RustString(ptr: val.mac), address: RustString(ptr: val.address), gateway: RustString(ptr: val.gateway), nameserver: RustString(ptr: val.nameserver), mtu: val.mtu); }()
+    }
+}
+extension __swift_bridge__$Option$LayerNetwork {
+    @inline(__always)
+    func intoSwiftRepr() -> Optional<LayerNetwork> {
+        if self.is_some {
+            return self.val.intoSwiftRepr()
+        } else {
+            return nil
+        }
+    }
+
+    @inline(__always)
+    static func fromSwiftRepr(_ val: Optional<LayerNetwork>) -> __swift_bridge__$Option$LayerNetwork {
+        if let v = val {
+            return __swift_bridge__$Option$LayerNetwork(is_some: true, val: v.intoFfiRepr())
+        } else {
+            return __swift_bridge__$Option$LayerNetwork(is_some: false, val: __swift_bridge__$LayerNetwork())
+        }
+    }
+}
 public struct BootRequest {
     public var id: RustString
     public var hostname: RustString
@@ -215,9 +262,9 @@ public struct BootRequest {
     public var memory_bytes: UInt64
     public var pids: UInt32
     public var disk_bytes: UInt64
-    public var network_fd: Int32
+    public var network: LayerNetwork
 
-    public init(id: RustString,hostname: RustString,layers: RustVec<RustString>,dir: RustString,mount_hosts: RustVec<RustString>,mount_guests: RustVec<RustString>,mount_read_only: RustVec<Bool>,cpus: UInt32,memory_bytes: UInt64,pids: UInt32,disk_bytes: UInt64,network_fd: Int32) {
+    public init(id: RustString,hostname: RustString,layers: RustVec<RustString>,dir: RustString,mount_hosts: RustVec<RustString>,mount_guests: RustVec<RustString>,mount_read_only: RustVec<Bool>,cpus: UInt32,memory_bytes: UInt64,pids: UInt32,disk_bytes: UInt64,network: LayerNetwork) {
         self.id = id
         self.hostname = hostname
         self.layers = layers
@@ -229,18 +276,18 @@ public struct BootRequest {
         self.memory_bytes = memory_bytes
         self.pids = pids
         self.disk_bytes = disk_bytes
-        self.network_fd = network_fd
+        self.network = network
     }
 
     @inline(__always)
     func intoFfiRepr() -> __swift_bridge__$BootRequest {
-        { let val = self; return __swift_bridge__$BootRequest(id: { let rustString = val.id.intoRustString(); rustString.isOwned = false; return rustString.ptr }(), hostname: { let rustString = val.hostname.intoRustString(); rustString.isOwned = false; return rustString.ptr }(), layers: { let val = val.layers; val.isOwned = false; return val.ptr }(), dir: { let rustString = val.dir.intoRustString(); rustString.isOwned = false; return rustString.ptr }(), mount_hosts: { let val = val.mount_hosts; val.isOwned = false; return val.ptr }(), mount_guests: { let val = val.mount_guests; val.isOwned = false; return val.ptr }(), mount_read_only: { let val = val.mount_read_only; val.isOwned = false; return val.ptr }(), cpus: val.cpus, memory_bytes: val.memory_bytes, pids: val.pids, disk_bytes: val.disk_bytes, network_fd: val.network_fd); }()
+        { let val = self; return __swift_bridge__$BootRequest(id: { let rustString = val.id.intoRustString(); rustString.isOwned = false; return rustString.ptr }(), hostname: { let rustString = val.hostname.intoRustString(); rustString.isOwned = false; return rustString.ptr }(), layers: { let val = val.layers; val.isOwned = false; return val.ptr }(), dir: { let rustString = val.dir.intoRustString(); rustString.isOwned = false; return rustString.ptr }(), mount_hosts: { let val = val.mount_hosts; val.isOwned = false; return val.ptr }(), mount_guests: { let val = val.mount_guests; val.isOwned = false; return val.ptr }(), mount_read_only: { let val = val.mount_read_only; val.isOwned = false; return val.ptr }(), cpus: val.cpus, memory_bytes: val.memory_bytes, pids: val.pids, disk_bytes: val.disk_bytes, network: val.network.intoFfiRepr()); }()
     }
 }
 extension __swift_bridge__$BootRequest {
     @inline(__always)
     func intoSwiftRepr() -> BootRequest {
-        { let val = self; return BootRequest(id: RustString(ptr: val.id), hostname: RustString(ptr: val.hostname), layers: RustVec(ptr: val.layers), dir: RustString(ptr: val.dir), mount_hosts: RustVec(ptr: val.mount_hosts), mount_guests: RustVec(ptr: val.mount_guests), mount_read_only: RustVec(ptr: val.mount_read_only), cpus: val.cpus, memory_bytes: val.memory_bytes, pids: val.pids, disk_bytes: val.disk_bytes, network_fd: val.network_fd); }()
+        { let val = self; return BootRequest(id: RustString(ptr: val.id), hostname: RustString(ptr: val.hostname), layers: RustVec(ptr: val.layers), dir: RustString(ptr: val.dir), mount_hosts: RustVec(ptr: val.mount_hosts), mount_guests: RustVec(ptr: val.mount_guests), mount_read_only: RustVec(ptr: val.mount_read_only), cpus: val.cpus, memory_bytes: val.memory_bytes, pids: val.pids, disk_bytes: val.disk_bytes, network: val.network.intoSwiftRepr()); }()
     }
 }
 extension __swift_bridge__$Option$BootRequest {

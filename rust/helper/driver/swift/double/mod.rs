@@ -18,9 +18,7 @@ use swift_bridge::string::RustString;
 
 use super::bridge::ffi;
 use crate::helper::driver::namespace::NamespaceDriver;
-use crate::helper::driver::{BootSpec, Driver, Exit, Instance};
-
-pub mod egress;
+use crate::helper::driver::{BootSpec, Driver, Egress, Exit, Instance};
 
 /// The layer: its driver (or why there is none) and its running VMs.
 struct Layer {
@@ -123,39 +121,60 @@ extern "C" fn layer_boot(
 }
 
 async fn boot(request: ffi::BootRequest) -> Result<(), ffi::LayerError> {
-    // The layer owns the frame socket from here on. The double only checks
-    // it is one: its namespace driver has a tun of its own (see `egress`).
-    if request.network_fd != -1 {
-        check_frame_socket(request.network_fd)?;
-    }
+    // The layer owns the frame socket from here on. The namespace VM's
+    // eth0 is relayed onto it as a Mac guest's card puts its frames there,
+    // so the helper's stack behind it serves both alike.
+    let frames = match request.network.fd {
+        -1 => None,
+        fd => Some(take_frame_socket(fd)?),
+    };
+    check_card(&request.network)?;
     let layer = layer();
     let driver = layer.driver()?.clone();
     let mut spec = BootSpec::try_from(request)?;
     if layer.vms().contains_key(&spec.id) {
         return Err(ffi::LayerError::Failed(format!("vm {:?} is already running", spec.id)));
     }
-    spec.egress = egress::take(&spec.id);
+    spec.egress = frames.map(|fd| Egress::Frames(Arc::new(fd)));
     let instance = driver.boot(&spec).await.map_err(ffi::LayerError::from)?;
     let exit = instance.take_exit();
     layer.vms().insert(spec.id, Vm { instance, exit });
     Ok(())
 }
 
+/// The double's card is the namespace driver's eth0, relayed: its MAC and
+/// addresses are the stack's own, and a request for another card is
+/// refused rather than booted unreachable.
+fn check_card(card: &ffi::LayerNetwork) -> Result<(), ffi::LayerError> {
+    let want = super::convert::network_card(card.fd);
+    let describe =
+        |c: &ffi::LayerNetwork| format!("{} {} via {} dns {} mtu {}", c.mac, c.address, c.gateway, c.nameserver, c.mtu);
+    if describe(card) == describe(&want) {
+        Ok(())
+    } else {
+        Err(ffi::LayerError::Unavailable(format!(
+            "the double's card is {}, not the requested {}",
+            describe(&want),
+            describe(card)
+        )))
+    }
+}
+
 /// Takes the frame socket `fd` and checks it is a datagram socket (what
 /// a VZFileHandleNetworkDeviceAttachment needs).
-fn check_frame_socket(fd: i32) -> Result<(), ffi::LayerError> {
+fn take_frame_socket(fd: i32) -> Result<OwnedFd, ffi::LayerError> {
     use nix::sys::socket::{SockType, getsockopt, sockopt};
     if fd < 0 {
-        return Err(ffi::LayerError::Unavailable(format!("network_fd {fd}: not a descriptor (-1 is no network)")));
+        return Err(ffi::LayerError::Unavailable(format!("network.fd {fd}: not a descriptor (-1 is no network)")));
     }
     // SAFETY: the request hands the layer this descriptor to own.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
     match getsockopt(&owned, sockopt::SockType) {
-        Ok(SockType::Datagram) => Ok(()),
+        Ok(SockType::Datagram) => Ok(owned),
         Ok(other) => Err(ffi::LayerError::Unavailable(format!(
-            "network_fd {fd} is a {other:?} socket; the frames need a datagram socket"
+            "network.fd {fd} is a {other:?} socket; the frames need a datagram socket"
         ))),
-        Err(e) => Err(ffi::LayerError::Unavailable(format!("network_fd {fd} is not a socket: {e}"))),
+        Err(e) => Err(ffi::LayerError::Unavailable(format!("network.fd {fd} is not a socket: {e}"))),
     }
 }
 
@@ -323,7 +342,7 @@ mod tests {
             memory_bytes: 1 << 28,
             pids: 64,
             disk_bytes: 1 << 28,
-            network_fd: -1,
+            network: crate::helper::driver::swift::convert::network_card(-1),
         }
     }
 
@@ -353,18 +372,32 @@ mod tests {
     async fn a_network_fd_that_is_not_a_socket_is_refused() {
         let (r, w) = nix::unistd::pipe().unwrap();
         let mut req = request("fd-not-socket");
-        req.network_fd = r.into_raw_fd();
+        req.network.fd = r.into_raw_fd();
         let e = ffi::layer_boot(req).await.unwrap_err();
         assert!(matches!(&e, ffi::LayerError::Unavailable(m) if m.contains("is not a socket")), "{:?}", msg(&e));
         drop(w);
         let mut req = request("fd-stream");
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
-        req.network_fd = OwnedFd::from(a).into_raw_fd();
+        req.network.fd = OwnedFd::from(a).into_raw_fd();
         let e = ffi::layer_boot(req).await.unwrap_err();
         assert!(matches!(&e, ffi::LayerError::Unavailable(m) if m.contains("datagram")), "{:?}", msg(&e));
         let mut req = request("fd-negative");
-        req.network_fd = -7;
+        req.network.fd = -7;
         assert!(matches!(ffi::layer_boot(req).await, Err(ffi::LayerError::Unavailable(_))));
+    }
+
+    #[tokio::test]
+    async fn a_card_with_other_addresses_is_refused_naming_both() {
+        let (a, _b) = std::os::unix::net::UnixDatagram::pair().unwrap();
+        let mut req = request("card-other");
+        req.network.fd = OwnedFd::from(a).into_raw_fd();
+        req.network.mac = "02:00:00:00:00:01".into();
+        let e = ffi::layer_boot(req).await.unwrap_err();
+        assert!(
+            matches!(&e, ffi::LayerError::Unavailable(m) if m.contains("52:54:00:0a:00:0f") && m.contains("02:00:00:00:00:01")),
+            "{:?}",
+            msg(&e)
+        );
     }
 
     #[tokio::test]

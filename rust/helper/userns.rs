@@ -18,28 +18,40 @@
 //!
 //! Images are extracted through the same map ([`run_mapped`]), so the ids
 //! their files carry on the host are exactly the ones the sandbox maps.
+#[cfg(linux_host)]
 use std::io::{Read as _, Write as _};
+#[cfg(linux_host)]
 use std::os::fd::{AsRawFd as _, OwnedFd};
+#[cfg(linux_host)]
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
+#[cfg(linux_host)]
 use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
-use super::DriverError;
+#[cfg(linux_host)]
+use crate::helper::driver::DriverError;
+#[cfg(linux_host)]
 use crate::hostsetup::subid::{Entry, parse as parse_ranges};
 
 /// Where the subordinate ranges are listed.
+#[cfg(linux_host)]
 const SUBUID: &str = "/etc/subuid";
+#[cfg(linux_host)]
 const SUBGID: &str = "/etc/subgid";
 /// Ids a sandbox maps when the helper is root: a full 16-bit range, so
 /// `nobody` (65534) still maps.
+#[cfg(linux_host)]
 const ROOT_ID_COUNT: u32 = 65_536;
 /// The base root's sandboxes use unless a listed range is there.
+#[cfg(linux_host)]
 const ROOT_DEFAULT_BASE: u32 = 1_000_000_000;
 /// The most subordinate ids a rootless sandbox maps (inside 1..=65535).
+#[cfg(linux_host)]
 const MAX_SUB_IDS: u32 = 65_535;
 /// What an unprivileged user runs (as root) to get ranges and newuidmap.
+#[cfg(linux_host)]
 const FIX: &str = "run `sandbox-mcp host-setup --user";
 
 /// One contiguous run of ids: `inside..inside+count` in the namespace are
@@ -72,6 +84,7 @@ impl IdMap {
     }
 
     /// The map of a helper running as the current user.
+    #[cfg(linux_host)]
     pub fn for_current_user() -> Result<Self, String> {
         let uid = nix::unistd::geteuid();
         let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
@@ -81,6 +94,7 @@ impl IdMap {
 
     /// The map of `user`'s helper, given the contents of /etc/subuid and
     /// /etc/subgid.
+    #[cfg(linux_host)]
     fn for_user(user: &User, subuid: &str, subgid: &str) -> Result<Self, String> {
         if user.uid == 0 {
             return Ok(IdMap { uids: root_map(&parse_ranges(subuid)), gids: root_map(&parse_ranges(subgid)) });
@@ -115,6 +129,7 @@ impl IdMap {
 }
 
 /// Who a helper runs as.
+#[cfg(linux_host)]
 struct User {
     uid: u32,
     gid: u32,
@@ -122,6 +137,7 @@ struct User {
 }
 
 /// The current user's login name ("" if it has none).
+#[cfg(linux_host)]
 fn user_name() -> String {
     nix::unistd::User::from_uid(nix::unistd::geteuid()).ok().flatten().map(|u| u.name).unwrap_or_default()
 }
@@ -132,12 +148,14 @@ fn host_id(map: &[IdExtent], inside: u32) -> Option<u32> {
 
 /// The first entry for the user (by name or uid): the one newuidmap and
 /// mmdebstrap use too. An empty range counts as none.
+#[cfg(linux_host)]
 fn own_range(ranges: &[Entry], name: &str, uid: u32) -> Option<(u32, u32)> {
     let uid = uid.to_string();
     let entry = ranges.iter().find(|r| (r.owner == name || r.owner == uid) && r.count > 0)?;
     Some((u32::try_from(entry.start).ok()?, u32::try_from(entry.count).ok()?))
 }
 
+#[cfg(linux_host)]
 fn rootless_map(own: u32, (start, count): (u32, u32)) -> Vec<IdExtent> {
     vec![
         IdExtent { inside: 0, outside: own, count: 1 },
@@ -146,6 +164,7 @@ fn rootless_map(own: u32, (start, count): (u32, u32)) -> Vec<IdExtent> {
 }
 
 /// root's map: its own range, else [`ROOT_DEFAULT_BASE`] if free, else above every range.
+#[cfg(linux_host)]
 fn root_map(ranges: &[Entry]) -> Vec<IdExtent> {
     if let Some((start, count)) = own_range(ranges, "root", 0) {
         return vec![IdExtent { inside: 0, outside: start, count: count.min(ROOT_ID_COUNT) }];
@@ -171,12 +190,14 @@ pub struct IdMapper {
     map: IdMap,
     /// newuidmap and newgidmap; `None` when we are root and write the map
     /// files ourselves.
+    #[cfg(linux_host)]
     tools: Option<(PathBuf, PathBuf)>,
 }
 
 impl IdMapper {
     /// The map for the current user and the way to install it, or why
     /// sandboxes cannot get a user namespace as this user.
+    #[cfg(linux_host)]
     pub fn detect() -> Result<Self, String> {
         let map = IdMap::for_current_user()?;
         if nix::unistd::geteuid().is_root() {
@@ -185,7 +206,15 @@ impl IdMapper {
         IdMapper::with_tools(map, find_in_path("newuidmap"), find_in_path("newgidmap"), &user_name())
     }
 
+    /// User namespaces are Linux's: elsewhere (a Mac's VMs) images are
+    /// not unpacked through a map, and the VMs' ids are their own kernel's.
+    #[cfg(not(linux_host))]
+    pub fn detect() -> Result<Self, String> {
+        Err("id maps need Linux user namespaces: images are built on Linux".into())
+    }
+
     /// An ordinary user's mapper, given where newuidmap and newgidmap are.
+    #[cfg(linux_host)]
     fn with_tools(
         map: IdMap,
         newuidmap: Option<PathBuf>,
@@ -208,6 +237,7 @@ impl IdMapper {
 
     /// Installs the map into the user namespace of `pid`, which must have
     /// unshared it and not yet changed its ids.
+    #[cfg(linux_host)]
     pub fn map(&self, pid: i32) -> Result<(), DriverError> {
         let tables = [("uid_map", &self.map.uids), ("gid_map", &self.map.gids)];
         match &self.tools {
@@ -251,6 +281,7 @@ impl IdMapper {
 /// carrying `mapper`'s map, and waits for it. This is how files get exactly
 /// the host ids a sandbox maps without chowning by host id, and how an
 /// ordinary user reaches files its sandboxes' other ids own.
+#[cfg(linux_host)]
 pub fn run_mapped(mapper: &IdMapper, mut cmd: Command) -> Result<std::process::Output, DriverError> {
     let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|source| sys("pipe", source));
     let (pid_r, pid_w) = pipe()?;
@@ -319,6 +350,7 @@ pub fn run_mapped(mapper: &IdMapper, mut cmd: Command) -> Result<std::process::O
 /// the VM's root over the VM's files, which an ordinary user's helper lacks
 /// outside the namespace. Only a single-threaded process may join a user
 /// namespace: the forked child does, before exec.
+#[cfg(linux_host)]
 pub fn run_joined(userns: &OwnedFd, mut cmd: Command) -> Result<std::process::Output, DriverError> {
     let fd = userns.as_raw_fd();
     // SAFETY: between fork and exec only async-signal-safe system calls on
@@ -345,6 +377,7 @@ pub fn run_joined(userns: &OwnedFd, mut cmd: Command) -> Result<std::process::Ou
 /// Gives each directory of `dirs` its host owner, from inside a namespace
 /// with `mapper`'s map: how an ordinary user's helper, which is only the
 /// sandboxes' root, hands a directory to another of their ids.
+#[cfg(linux_host)]
 pub fn chown_mapped(mapper: &IdMapper, dirs: &[crate::helper::seed::HandOver]) -> Result<(), DriverError> {
     let map = mapper.id_map();
     for d in dirs {
@@ -374,6 +407,7 @@ pub fn chown_mapped(mapper: &IdMapper, dirs: &[crate::helper::seed::HandOver]) -
 }
 
 /// The id inside a namespace that host id `host` is, if the map reaches it.
+#[cfg(linux_host)]
 fn inside_id(map: &[IdExtent], host: u32) -> Option<u32> {
     map.iter().find(|e| host >= e.outside && host - e.outside < e.count).map(|e| e.inside + (host - e.outside))
 }
@@ -385,6 +419,7 @@ fn inside_id(map: &[IdExtent], host: u32) -> Option<u32> {
 pub fn remove_tree(path: &Path) -> std::io::Result<()> {
     match std::fs::remove_dir_all(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        #[cfg(linux_host)]
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied && !nix::unistd::geteuid().is_root() => {
             let Ok(mapper) = IdMapper::detect() else { return Err(e) };
             let mut rm = Command::new("rm");
@@ -399,6 +434,7 @@ pub fn remove_tree(path: &Path) -> std::io::Result<()> {
     }
 }
 
+#[cfg(linux_host)]
 fn sys(what: &str, source: nix::errno::Errno) -> DriverError {
     DriverError::Sys { what: what.into(), source }
 }
@@ -412,7 +448,7 @@ pub fn find_in_path(name: &str) -> Option<PathBuf> {
     })
 }
 
-#[cfg(test)]
+#[cfg(all(test, linux_host))]
 mod tests {
     use super::*;
 
