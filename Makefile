@@ -101,6 +101,9 @@ MAC_RUST_TARGET := aarch64-apple-darwin
 GUEST_RUST_TARGET := aarch64-unknown-linux-musl
 SWIFT_HELPER := $(SWIFT_DIR)/.build/release/sandbox-vm-helper
 MAC_VM_DIR ?= $(or $(SANDBOX_MCP_VM_DIR),$(or $(XDG_DATA_HOME),$(HOME)/.local/share)/sandbox-mcp/vm)
+# The Mac's default image (mcp-dev): pulled by the helper at the first boot; Python, git, curl,
+# a compiler and apt, as close to Linux's mcp-dev as a public image comes.
+MAC_DEFAULT_IMAGE ?= docker.io/library/python:3.12-bookworm
 # The guest kernel containerization's own Makefile fetches (Kata's arm64 vmlinux.container).
 KATA_ARM64 ?= https://github.com/kata-containers/kata-containers/releases/download/3.17.0/kata-static-3.17.0-arm64.tar.xz
 .PHONY: helper check-swift check-portable install-macos mac-guest-kernel mac-guest-agent
@@ -153,6 +156,8 @@ install-macos: helper mac-guest-kernel mac-guest-agent
 	@install -m 755 "$(SWIFT_HELPER)" "$(PREFIX)/bin/.sandbox-vm-helper.new"
 	@codesign --force --sign - --entitlements $(SWIFT_DIR)/entitlements.plist "$(PREFIX)/bin/.sandbox-vm-helper.new"
 	@mv -f "$(PREFIX)/bin/.sandbox-vm-helper.new" "$(PREFIX)/bin/sandbox-vm-helper" && echo "install: $(PREFIX)/bin/sandbox-vm-helper"
+	@"$(PREFIX)/bin/sandbox-mcp" image list | grep -q '^mcp-dev	' || \
+	    "$(PREFIX)/bin/sandbox-mcp" image pull $(MAC_DEFAULT_IMAGE) --name mcp-dev --shell /bin/bash --package-manager apt
 	@scripts/print-registration.sh "$(abspath $(PREFIX))/bin/sandbox-mcp"
 
 ifeq ($(shell uname -s),Darwin)

@@ -331,3 +331,30 @@ def test_forward_survives_restore(isrv):
             return None
 
     assert poll(fetch, lambda body: body == b"hi\n", timeout=15), "the forward did not follow the restored sandbox"
+
+
+def test_a_pulled_image_is_listed_and_refused_by_linux_drivers(isrv, image_store, roots):
+    """`sandbox-mcp image pull` records an OCI reference for the macOS helper, which pulls it at
+    the first boot; here it is listed, and a Linux driver refuses it naming what to do instead."""
+    import subprocess
+    mcp = os.environ["SANDBOX_MCP_BIN"]
+    ref = "docker.io/library/python:3.12-bookworm"
+    done = subprocess.run([mcp, "image", "pull", ref, "--name", "pulled", "--shell", "/bin/bash",
+                           "--package-manager", "apt", "--store", image_store], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == f"image pulled is {ref} (pulled at its first boot)\n", done
+    again = subprocess.run([mcp, "image", "pull", ref, "--name", "pulled", "--store", image_store],
+                           capture_output=True, text=True)
+    assert again.returncode == 1 and "image \"pulled\" already exists" in again.stderr, again
+    for bad in ("-rf", "a b", "x;rm"):
+        done = subprocess.run([mcp, "image", "pull", "--name", "bad", "--store", image_store, "--", bad],
+                              capture_output=True, text=True)
+        assert done.returncode == 1 and "invalid image reference" in done.stderr, (bad, done)
+    assert not (Path(image_store) / "bad").exists()
+
+    rows = isrv.tool("images")[0].split("\n")
+    row = next(r for r in rows if r.startswith("pulled "))
+    assert row.split()[-3:] == ["0", "pulled", ref], row
+    (roots / ".sandbox-mcp.toml").write_text('image = "pulled"\n')
+    text, err = isrv.tool("exec", command="true", sandbox="onpulled")
+    assert err and "image 'pulled' is the OCI image " + ref in text, text
+    assert "sandbox-mcp image build" in text, text

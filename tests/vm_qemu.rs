@@ -451,6 +451,7 @@ fn seam_spec(dir: &Path, layers: Vec<PathBuf>, mounts: Vec<BindMount>) -> SeamBo
         dir: dir.to_path_buf(),
         mounts,
         limits: Limits { cpus: 1, memory_bytes: 512 << 20, pids: 1024 },
+        image_reference: None,
         disk_bytes: 1 << 30,
         egress: None,
     }

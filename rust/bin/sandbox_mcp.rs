@@ -113,6 +113,27 @@ enum ImageCmd {
         #[arg(long)]
         force: bool,
     },
+    /// Record an image as an OCI reference, pulled by the VM layer at its first boot (the macOS
+    /// helper; Linux's drivers boot only images built here).
+    Pull {
+        /// The image, e.g. docker.io/library/python:3.12-bookworm.
+        reference: String,
+        /// Image name.
+        #[arg(long, default_value = sandbox_mcp::image::DEFAULT_IMAGE)]
+        name: String,
+        /// Shell for `sh -c` style commands in it.
+        #[arg(long, default_value = "/bin/sh")]
+        shell: String,
+        /// Its package manager ("apt", "apk", "dnf"), if it has one.
+        #[arg(long, default_value = "")]
+        package_manager: String,
+        /// Image store directory.
+        #[arg(long)]
+        store: Option<PathBuf>,
+        /// Replace a recorded reference of that name.
+        #[arg(long)]
+        force: bool,
+    },
     /// List images.
     List {
         /// Image store directory.
@@ -215,9 +236,16 @@ fn image_cmd(cmd: ImageCmd) -> Result<(), String> {
             let info = store.build(&req, &mapper, &mut |line| eprintln!("{line}")).map_err(|e| e.to_string())?;
             println!("image {} ready in {} ({} MB)", info.name, store.root().display(), info.size_bytes >> 20);
         }
+        ImageCmd::Pull { reference, name, shell, package_manager, store, force } => {
+            let store = store_at(store);
+            let info =
+                store.add_reference(&name, &reference, &shell, &package_manager, force).map_err(|e| e.to_string())?;
+            println!("image {} is {} (pulled at its first boot)", info.name, info.reference);
+        }
         ImageCmd::List { store } => {
             for i in store_at(store).list().map_err(|e| e.to_string())? {
-                println!("{}\t{} MB\t{}\t{}", i.name, i.size_bytes >> 20, i.package_manager, i.shell);
+                let from = if i.reference.is_empty() { String::new() } else { format!("\t{}", i.reference) };
+                println!("{}\t{} MB\t{}\t{}{from}", i.name, i.size_bytes >> 20, i.package_manager, i.shell);
             }
         }
     }

@@ -236,7 +236,18 @@ impl VmManager {
             ImageError::NotFound(name) => HelperError::ImageNotFound(name),
             other => HelperError::Image(other),
         })?;
-        if let Ok(mapper) = self.id_mapper() {
+        if !image.reference.is_empty() {
+            // Pulled by the VM layer, into the guest's own disk: no host
+            // files, so no id map to match.
+            if !driver.capabilities().pull_images {
+                return Err(ImageError::NeedsPull {
+                    name: image.name,
+                    reference: image.reference,
+                    driver: driver.name().into(),
+                }
+                .into());
+            }
+        } else if let Ok(mapper) = self.id_mapper() {
             image.check_id_map(mapper.id_map())?;
         }
         let dir = vm_dir(&config.id);
@@ -318,6 +329,7 @@ impl VmManager {
             id: id.into(),
             hostname: config.hostname.clone(),
             layers: self.images.layer_paths(&slot.image.layers()),
+            image_reference: Some(slot.image.reference.clone()).filter(|r| !r.is_empty()),
             dir: slot.dir.clone(),
             mounts: config
                 .mounts

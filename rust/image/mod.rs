@@ -106,12 +106,22 @@ pub struct ImageInfo {
     /// Free-form metadata given at commit.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// An OCI reference the VM layer pulls the image's files from (a Mac's
+    /// helper, through containerization's image store) instead of a
+    /// `rootfs` here ([`ImageStore::add_reference`]); `layers` then holds
+    /// only what was committed on top. Empty for images built here.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reference: String,
 }
 
 impl ImageInfo {
     /// The layers the image stacks, relative to the store root, bottom first.
     pub fn layers(&self) -> Vec<String> {
-        if self.layers.is_empty() { vec![format!("{}/rootfs", self.name)] } else { self.layers.clone() }
+        if self.layers.is_empty() && self.reference.is_empty() {
+            vec![format!("{}/rootfs", self.name)]
+        } else {
+            self.layers.clone()
+        }
     }
 
     /// Refuses an image whose files were unpacked for another id map than
@@ -173,12 +183,42 @@ impl BuildRequest {
     }
 }
 
+/// Checks an OCI reference (`[registry/]repository[:tag][@digest]`) as far
+/// as a record needs: the characters references use, no leading `-` or
+/// `/`, at most 255 bytes. The registry is the judge of the rest.
+pub fn validate_reference(reference: &str) -> Result<(), ImageError> {
+    let bytes = reference.as_bytes();
+    let ok = matches!(bytes.first(), Some(c) if c.is_ascii_alphanumeric())
+        && bytes.len() <= 255
+        && bytes.iter().all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-' | b'/' | b':' | b'@'));
+    if ok { Ok(()) } else { Err(ImageError::InvalidReference(reference.to_string())) }
+}
+
 /// Everything that can go wrong with images.
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
     /// The name breaks the naming rule.
     #[error("invalid image name {0:?}: must match ^[a-z0-9][a-z0-9._-]{{0,62}}$")]
     InvalidName(String),
+    /// The image is an OCI reference, and the driver asked for cannot pull.
+    #[error(
+        "image '{name}' is the OCI image {reference}, which only a driver that pulls images boots (the macOS \
+         helper's); the {driver} driver boots images built here (`sandbox-mcp image build`)"
+    )]
+    NeedsPull {
+        /// The image.
+        name: String,
+        /// What it would be pulled from.
+        reference: String,
+        /// The driver that cannot.
+        driver: String,
+    },
+    /// Not an OCI reference.
+    #[error(
+        "invalid image reference {0:?}: must be [registry/]repository[:tag][@digest] of [A-Za-z0-9._/:@-], up to 255 \
+         characters, starting with a letter or digit"
+    )]
+    InvalidReference(String),
     /// A package name apt would not accept (or that could smuggle in an option).
     #[error("invalid package name {0:?}: must match ^[a-z0-9][a-z0-9+.:=~-]*$")]
     InvalidPackage(String),

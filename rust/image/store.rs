@@ -78,6 +78,55 @@ impl ImageStore {
         parse_info(&path, &text)
     }
 
+    /// Records image `name` as the OCI `reference`, which the VM layer pulls
+    /// at the first boot (a Mac's helper; Linux's drivers refuse it), with
+    /// the shell and package manager the image is known to have (nothing
+    /// here can look inside it). With `force` it replaces such a record of
+    /// that name that nothing is committed on; an image built here is
+    /// deleted through the helper instead (its VMs may use its files).
+    pub fn add_reference(
+        &self,
+        name: &str,
+        reference: &str,
+        shell: &str,
+        package_manager: &str,
+        force: bool,
+    ) -> Result<ImageInfo, ImageError> {
+        validate_name(name)?;
+        if name == super::layers::LAYERS_DIR {
+            return Err(ImageError::InvalidName(name.to_string()));
+        }
+        super::validate_reference(reference)?;
+        fs::create_dir_all(&self.root).map_err(|e| ImageError::io(format!("creating {}", self.root.display()), e))?;
+        let _guard = self.lock();
+        match self.get(name) {
+            Ok(old) if !force || old.reference.is_empty() => return Err(ImageError::AlreadyExists(name.to_string())),
+            Ok(_) => {
+                let children: Vec<String> =
+                    self.list()?.into_iter().filter(|i| i.parent == name).map(|i| i.name).collect();
+                if !children.is_empty() {
+                    return Err(ImageError::HasChildren { name: name.to_string(), children });
+                }
+            }
+            Err(ImageError::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+        let info = ImageInfo {
+            name: name.to_string(),
+            created_at_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64),
+            shell: shell.to_string(),
+            package_manager: package_manager.to_string(),
+            reference: reference.to_string(),
+            ..ImageInfo::default()
+        };
+        let dir = self.root.join(name);
+        fs::create_dir_all(&dir).map_err(|e| ImageError::io(format!("creating {}", dir.display()), e))?;
+        write_info(&dir.join(INFO_FILE), &info)?;
+        Ok(info)
+    }
+
     /// Root filesystem directory of an image (whether or not it exists).
     pub fn rootfs(&self, name: &str) -> PathBuf {
         self.root.join(name).join(ROOTFS_DIR)
@@ -213,5 +262,43 @@ pub(super) mod tests {
         let file = t.path().join("file");
         fs::write(&file, b"").unwrap();
         assert!(matches!(ImageStore::new(file).list(), Err(ImageError::Io { .. })));
+    }
+
+    #[test]
+    fn a_reference_is_recorded_listed_and_replaced_only_as_asked() {
+        let t = TempDir::new("refs");
+        let store = ImageStore::new(t.path().join("images"));
+        let r = "docker.io/library/python:3.12-bookworm";
+        let rec = store.add_reference("py", r, "/bin/bash", "apt", false).unwrap();
+        assert_eq!((rec.reference.as_str(), rec.shell.as_str(), rec.package_manager.as_str()), (r, "/bin/bash", "apt"));
+        assert!(rec.layers().is_empty(), "no rootfs here: the VM layer pulls it");
+        assert_eq!(store.get("py").unwrap(), rec);
+        assert_eq!(store.list().unwrap(), [rec.clone()]);
+        assert!(matches!(store.add_reference("py", r, "/bin/sh", "", false), Err(ImageError::AlreadyExists(_))));
+        let again = store.add_reference("py", "ghcr.io/o/img@sha256:00ff", "/bin/sh", "", true).unwrap();
+        assert_eq!(store.get("py").unwrap().reference, again.reference);
+        // An image built here is not replaced by a record (its VMs use its files).
+        put(&store, &info("built"));
+        assert!(matches!(store.add_reference("built", r, "/bin/sh", "", true), Err(ImageError::AlreadyExists(_))));
+        // Nor a reference something was committed on.
+        put(&store, &ImageInfo { parent: "py".into(), reference: again.reference.clone(), ..info("child") });
+        assert!(matches!(store.add_reference("py", r, "/bin/sh", "", true), Err(ImageError::HasChildren { .. })));
+    }
+
+    #[test]
+    fn bad_references_and_names_are_refused_before_anything_is_written() {
+        let t = TempDir::new("badrefs");
+        let store = ImageStore::new(t.path().join("images"));
+        for bad in ["", "-rm", "/abs", "a b", "a\nb", "x;y", &"a".repeat(256)] {
+            let e = store.add_reference("ok", bad, "/bin/sh", "", false).unwrap_err();
+            assert!(matches!(e, ImageError::InvalidReference(_)), "{bad:?}: {e}");
+            assert!(e.to_string().contains("[registry/]repository"), "{e}");
+        }
+        assert!(matches!(store.add_reference("Bad", "alpine", "/bin/sh", "", false), Err(ImageError::InvalidName(_))));
+        assert!(matches!(
+            store.add_reference("layers", "alpine", "/bin/sh", "", false),
+            Err(ImageError::InvalidName(_))
+        ));
+        assert!(!store.root().exists(), "nothing written");
     }
 }

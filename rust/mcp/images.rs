@@ -88,6 +88,9 @@ fn age(ms: i64) -> String {
 }
 
 fn kind(i: &ImageSummary) -> String {
+    if i.parent.is_empty() && !i.reference.is_empty() && !i.labels.contains_key(KIND_LABEL) {
+        return format!("pulled {}", i.reference);
+    }
     let kind = i.labels.get(KIND_LABEL).map(String::as_str).unwrap_or(if i.parent.is_empty() { "base" } else { "" });
     match (kind, i.parent.as_str()) {
         (k, "") => k.to_string(),

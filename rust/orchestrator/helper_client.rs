@@ -216,6 +216,8 @@ pub struct ImageSummary {
     pub labels: HashMap<String, String>,
     /// Process defaults.
     pub config: ImageConfig,
+    /// The OCI reference its files are pulled from ("" if built here).
+    pub reference: String,
 }
 
 /// Process defaults an image carries (ENV, WORKDIR, USER).
@@ -747,6 +749,7 @@ fn image_summary(i: pb::Image) -> ImageSummary {
         layer_count: i.layer_count,
         labels: i.labels,
         config: ImageConfig { env: c.env, workdir: c.workdir, user: c.user },
+        reference: i.reference,
     }
 }
 

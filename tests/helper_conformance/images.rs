@@ -281,6 +281,40 @@ async fn image_built_for_another_id_map_is_refused_with_the_rebuild_command() {
     h.running("ok", |_| {}).await;
 }
 
+/// An image recorded as an OCI reference (`sandbox-mcp image pull`, for a
+/// Mac's helper) is listed with it; a driver that cannot pull refuses to
+/// create a VM from it, naming the image, the reference and the way to get
+/// one it can boot. A driver that pulls (the macOS helper's) boots it; that
+/// part runs on a Mac (`make conformance HELPER_SOCKET=…`).
+#[tokio::test]
+async fn an_image_recorded_as_a_reference_is_listed_and_refused_by_a_driver_that_cannot_pull() {
+    let mut h = Harness::with_own_store("imgref").await;
+    let Some(store) = h.own_store() else {
+        eprintln!("skipped: needs an image store of its own; an external helper's is not ours to change");
+        return;
+    };
+    let name = unique(&h, "pulled");
+    let reference = "docker.io/library/python:3.12-bookworm";
+    sandbox_mcp::image::ImageStore::new(store)
+        .add_reference(&name, reference, "/bin/bash", "apt", false)
+        .expect("record the reference");
+    let listed = images(&mut h).await.into_iter().find(|i| i.name == name).expect("the record is listed");
+    assert_eq!((listed.reference.as_str(), listed.layer_count), (reference, 0));
+    let info = h.client.get_info(pb::GetInfoRequest {}).await.unwrap().into_inner();
+    let default = info.drivers.iter().find(|d| d.is_default).expect("a default driver");
+    if default.capabilities.as_ref().is_some_and(|c| c.pull_images) {
+        eprintln!("skipped the refusal: the driver under test pulls images");
+        return;
+    }
+    let mut spec = h.spec("vm");
+    spec.image = name.clone();
+    let err = h.create(spec).await.expect_err("a driver that cannot pull refuses the reference");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    let msg = err.message();
+    assert!(msg.contains(&name) && msg.contains(reference), "names the image and its reference: {msg}");
+    assert!(msg.contains("sandbox-mcp image build"), "says how to get an image it boots: {msg}");
+}
+
 /// Issue 9: code in the VM swaps a directory of its layer for a symlink to a
 /// host directory in a tight loop while CommitVm and clone_from copy the
 /// layer. No copy may ever hold the host file: each either succeeds without

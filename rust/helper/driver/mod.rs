@@ -131,6 +131,10 @@ pub struct BootSpec {
     pub mounts: Vec<BindMount>,
     /// CPU, memory and task limits.
     pub limits: Limits,
+    /// The OCI reference the root filesystem is pulled from instead of
+    /// `layers` (which then hold only what was committed on it); drivers
+    /// with [`Capabilities::pull_images`] only.
+    pub image_reference: Option<String>,
     /// The disk quota, bytes: the writable layer and the writable mounts
     /// together (a vm's writable disk has this size).
     pub disk_bytes: u64,
@@ -223,6 +227,8 @@ pub struct Capabilities {
     pub snapshot: bool,
     /// Containers run inside (dockerd in images that have it).
     pub containers: bool,
+    /// Boots images recorded as an OCI reference, pulling them itself.
+    pub pull_images: bool,
 }
 
 impl Capabilities {

@@ -217,6 +217,7 @@ pub(super) fn driver_to_proto(d: &dyn crate::helper::driver::Driver, is_default:
             dial: c.dial,
             snapshot: c.snapshot,
             containers: c.containers,
+            pull_images: c.pull_images,
         }),
     }
 }

@@ -32,6 +32,7 @@ pub(super) fn image_to_proto(i: ImageInfo) -> pb::Image {
             user: i.config.user,
         }),
         labels: i.labels.into_iter().collect(),
+        reference: i.reference,
     }
 }
 

@@ -106,14 +106,16 @@ pub fn status(e: HelperError) -> Status {
             FailKind::Refused => Status::unavailable(msg),
         },
         HelperError::Image(e) => match e {
-            ImageError::InvalidName(_) | ImageError::InvalidPackage(_) | ImageError::InvalidSuite(_) => {
-                Status::invalid_argument(msg)
-            }
+            ImageError::InvalidName(_)
+            | ImageError::InvalidPackage(_)
+            | ImageError::InvalidSuite(_)
+            | ImageError::InvalidReference(_) => Status::invalid_argument(msg),
             ImageError::NotFound(_) => Status::not_found(msg),
             ImageError::AlreadyExists(_) => Status::already_exists(msg),
-            ImageError::HasChildren { .. } | ImageError::TooManyLayers { .. } | ImageError::OtherIdMap { .. } => {
-                Status::failed_precondition(msg)
-            }
+            ImageError::HasChildren { .. }
+            | ImageError::TooManyLayers { .. }
+            | ImageError::OtherIdMap { .. }
+            | ImageError::NeedsPull { .. } => Status::failed_precondition(msg),
             _ => Status::internal(msg),
         },
         HelperError::Driver(_) | HelperError::Io { .. } => Status::internal(msg),

@@ -64,6 +64,7 @@ impl VmManager {
             layers: base.layers(),
             config: req.config.unwrap_or_else(|| base.config.clone()),
             labels: req.labels,
+            reference: base.reference.clone(),
         };
         let images = self.images.clone();
         blocking(move || Ok(images.install_layer(staged, info)?)).await

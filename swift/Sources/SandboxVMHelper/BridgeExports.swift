@@ -24,7 +24,8 @@ func layer_info() -> LayerInfo {
             own_kernel: caps.ownKernel,
             dial: caps.dial,
             snapshot: caps.snapshot,
-            containers: caps.containers
+            containers: caps.containers,
+            pull_images: caps.pullImages
         )
     )
 }
@@ -129,7 +130,8 @@ func bootInput(_ request: BootRequest) -> BootInput {
         memoryBytes: request.memory_bytes,
         pids: request.pids,
         diskBytes: request.disk_bytes,
-        network: networkPlan(request.network)
+        network: networkPlan(request.network),
+        imageReference: request.image_reference.toString().isEmpty ? nil : request.image_reference.toString()
     )
 }
 

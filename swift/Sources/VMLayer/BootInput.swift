@@ -45,8 +45,8 @@ public struct BootInput: Sendable, Equatable {
     /// The guest's network card on the helper's network stack (its frame socket, MAC and
     /// addresses, all the helper's); nil: no network card.
     public var network: NetworkPlan?
-    /// An OCI reference to pull through containerization's ImageStore instead of `layers`
-    /// (the bridge does not carry one yet; see swift/README.md).
+    /// An OCI reference to pull through containerization's ImageStore for the root filesystem;
+    /// `layers` then hold only what was committed on it (`sandbox-mcp image pull` records one).
     public var imageReference: String?
 
     public init(

@@ -21,6 +21,8 @@ public struct LayerCapabilitySet: Sendable, Equatable {
     public var dial = true
     public var snapshot = true
     public var containers = false
+    /// Images recorded as an OCI reference are pulled through containerization's ImageStore.
+    public var pullImages = true
 
     public init() {}
 }

@@ -135,6 +135,7 @@ impl Driver for NamespaceDriver {
             snapshot: true,
             // Shared kernel: dockerd would need the host's privileges.
             containers: false,
+            pull_images: false,
         }
     }
 

@@ -31,6 +31,8 @@ pub mod ffi {
         pub dial: bool,
         pub snapshot: bool,
         pub containers: bool,
+        // Boots images by OCI reference (`BootRequest.image_reference`).
+        pub pull_images: bool,
     }
 
     // The layer as the helper lists it in GetInfo.
@@ -88,6 +90,10 @@ pub mod ffi {
         pub disk_bytes: u64,
         // The guest's network card (`network.fd` -1: none).
         pub network: LayerNetwork,
+        // An OCI reference to pull the root filesystem from instead of
+        // `layers` (which then hold only what was committed on it, disk
+        // layers); empty: the layers are the whole image.
+        pub image_reference: String,
     }
 
     // A running VM's limits and OOM kills ([`crate::helper::driver::HostFacts`]).

@@ -81,6 +81,7 @@ impl TryFrom<&BootSpec> for ffi::BootRequest {
             pids: spec.limits.pids,
             disk_bytes: spec.disk_bytes,
             network: network_card(-1),
+            image_reference: spec.image_reference.clone().unwrap_or_default(),
         })
     }
 }
@@ -105,6 +106,7 @@ impl TryFrom<ffi::BootRequest> for BootSpec {
         for s in r.layers.iter().chain(&r.mount_hosts).chain(&r.mount_guests) {
             no_nul("a path", s)?;
         }
+        no_nul("the image reference", &r.image_reference)?;
         let mounts = r
             .mount_hosts
             .into_iter()
@@ -119,6 +121,7 @@ impl TryFrom<ffi::BootRequest> for BootSpec {
             dir: r.dir.into(),
             mounts,
             limits: Limits { cpus: r.cpus, memory_bytes: r.memory_bytes, pids: r.pids },
+            image_reference: Some(r.image_reference).filter(|r| !r.is_empty()),
             disk_bytes: r.disk_bytes,
             egress: None,
         })
@@ -171,6 +174,7 @@ impl From<ffi::LayerCapabilities> for Capabilities {
             dial: c.dial,
             snapshot: c.snapshot,
             containers: c.containers,
+            pull_images: c.pull_images,
         }
     }
 }
@@ -187,6 +191,7 @@ impl From<&Capabilities> for ffi::LayerCapabilities {
             dial: c.dial,
             snapshot: c.snapshot,
             containers: c.containers,
+            pull_images: c.pull_images,
         }
     }
 }
@@ -240,6 +245,7 @@ mod tests {
                 BindMount { host: "/data".into(), guest: "/data".into(), read_only: true },
             ],
             limits: Limits { cpus: 2, memory_bytes: 1 << 30, pids: 512 },
+            image_reference: Some("docker.io/library/python:3.12-bookworm".into()),
             disk_bytes: 4 << 30,
             egress: None,
         }
@@ -262,6 +268,12 @@ mod tests {
             (back.id, back.hostname, back.layers, back.dir, back.mounts, back.limits, back.disk_bytes),
             (want.id, want.hostname, want.layers, want.dir, want.mounts, want.limits, want.disk_bytes)
         );
+        assert_eq!(back.image_reference, want.image_reference);
+        let mut none = spec();
+        none.image_reference = None;
+        let request = ffi::BootRequest::try_from(&none).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(request.image_reference, "", "no reference crosses as empty");
+        assert_eq!(BootSpec::try_from(request).unwrap().image_reference, None);
         assert!(back.egress.is_none());
     }
 
@@ -343,6 +355,7 @@ mod tests {
             dial: true,
             snapshot: true,
             containers: false,
+            pull_images: true,
         };
         assert_eq!(Capabilities::from(ffi::LayerCapabilities::from(&caps)), caps);
         let mut odd = ffi::LayerCapabilities::from(&caps);

@@ -119,8 +119,9 @@ public struct LayerCapabilities {
     public var dial: Bool
     public var snapshot: Bool
     public var containers: Bool
+    public var pull_images: Bool
 
-    public init(tty: Bool,network_egress: Bool,limits: Bool,cgroups: RustString,seccomp: Bool,own_kernel: Bool,dial: Bool,snapshot: Bool,containers: Bool) {
+    public init(tty: Bool,network_egress: Bool,limits: Bool,cgroups: RustString,seccomp: Bool,own_kernel: Bool,dial: Bool,snapshot: Bool,containers: Bool,pull_images: Bool) {
         self.tty = tty
         self.network_egress = network_egress
         self.limits = limits
@@ -130,17 +131,18 @@ public struct LayerCapabilities {
         self.dial = dial
         self.snapshot = snapshot
         self.containers = containers
+        self.pull_images = pull_images
     }
 
     @inline(__always)
     func intoFfiRepr() -> __swift_bridge__$LayerCapabilities {
-        { let val = self; return __swift_bridge__$LayerCapabilities(tty: val.tty, network_egress: val.network_egress, limits: val.limits, cgroups: { let rustString = val.cgroups.intoRustString(); rustString.isOwned = false; return rustString.ptr }(), seccomp: val.seccomp, own_kernel: val.own_kernel, dial: val.dial, snapshot: val.snapshot, containers: val.containers); }()
+        { let val = self; return __swift_bridge__$LayerCapabilities(tty: val.tty, network_egress: val.network_egress, limits: val.limits, cgroups: { let rustString = val.cgroups.intoRustString(); rustString.isOwned = false; return rustString.ptr }(), seccomp: val.seccomp, own_kernel: val.own_kernel, dial: val.dial, snapshot: val.snapshot, containers: val.containers, pull_images: val.pull_images); }()
     }
 }
 extension __swift_bridge__$LayerCapabilities {
     @inline(__always)
     func intoSwiftRepr() -> LayerCapabilities {
-        { let val = self; return LayerCapabilities(tty: val.tty, network_egress: val.network_egress, limits: val.limits, cgroups: RustString(ptr: val.cgroups), seccomp: val.seccomp, own_kernel: val.own_kernel, dial: val.dial, snapshot: val.snapshot, containers: val.containers); }()
+        { let val = self; return LayerCapabilities(tty: val.tty, network_egress: val.network_egress, limits: val.limits, cgroups: RustString(ptr: val.cgroups), seccomp: val.seccomp, own_kernel: val.own_kernel, dial: val.dial, snapshot: val.snapshot, containers: val.containers, pull_images: val.pull_images); }()
     }
 }
 extension __swift_bridge__$Option$LayerCapabilities {
@@ -263,8 +265,9 @@ public struct BootRequest {
     public var pids: UInt32
     public var disk_bytes: UInt64
     public var network: LayerNetwork
+    public var image_reference: RustString
 
-    public init(id: RustString,hostname: RustString,layers: RustVec<RustString>,dir: RustString,mount_hosts: RustVec<RustString>,mount_guests: RustVec<RustString>,mount_read_only: RustVec<Bool>,cpus: UInt32,memory_bytes: UInt64,pids: UInt32,disk_bytes: UInt64,network: LayerNetwork) {
+    public init(id: RustString,hostname: RustString,layers: RustVec<RustString>,dir: RustString,mount_hosts: RustVec<RustString>,mount_guests: RustVec<RustString>,mount_read_only: RustVec<Bool>,cpus: UInt32,memory_bytes: UInt64,pids: UInt32,disk_bytes: UInt64,network: LayerNetwork,image_reference: RustString) {
         self.id = id
         self.hostname = hostname
         self.layers = layers
@@ -277,17 +280,18 @@ public struct BootRequest {
         self.pids = pids
         self.disk_bytes = disk_bytes
         self.network = network
+        self.image_reference = image_reference
     }
 
     @inline(__always)
     func intoFfiRepr() -> __swift_bridge__$BootRequest {
-        { let val = self; return __swift_bridge__$BootRequest(id: { let rustString = val.id.intoRustString(); rustString.isOwned = false; return rustString.ptr }(), hostname: { let rustString = val.hostname.intoRustString(); rustString.isOwned = false; return rustString.ptr }(), layers: { let val = val.layers; val.isOwned = false; return val.ptr }(), dir: { let rustString = val.dir.intoRustString(); rustString.isOwned = false; return rustString.ptr }(), mount_hosts: { let val = val.mount_hosts; val.isOwned = false; return val.ptr }(), mount_guests: { let val = val.mount_guests; val.isOwned = false; return val.ptr }(), mount_read_only: { let val = val.mount_read_only; val.isOwned = false; return val.ptr }(), cpus: val.cpus, memory_bytes: val.memory_bytes, pids: val.pids, disk_bytes: val.disk_bytes, network: val.network.intoFfiRepr()); }()
+        { let val = self; return __swift_bridge__$BootRequest(id: { let rustString = val.id.intoRustString(); rustString.isOwned = false; return rustString.ptr }(), hostname: { let rustString = val.hostname.intoRustString(); rustString.isOwned = false; return rustString.ptr }(), layers: { let val = val.layers; val.isOwned = false; return val.ptr }(), dir: { let rustString = val.dir.intoRustString(); rustString.isOwned = false; return rustString.ptr }(), mount_hosts: { let val = val.mount_hosts; val.isOwned = false; return val.ptr }(), mount_guests: { let val = val.mount_guests; val.isOwned = false; return val.ptr }(), mount_read_only: { let val = val.mount_read_only; val.isOwned = false; return val.ptr }(), cpus: val.cpus, memory_bytes: val.memory_bytes, pids: val.pids, disk_bytes: val.disk_bytes, network: val.network.intoFfiRepr(), image_reference: { let rustString = val.image_reference.intoRustString(); rustString.isOwned = false; return rustString.ptr }()); }()
     }
 }
 extension __swift_bridge__$BootRequest {
     @inline(__always)
     func intoSwiftRepr() -> BootRequest {
-        { let val = self; return BootRequest(id: RustString(ptr: val.id), hostname: RustString(ptr: val.hostname), layers: RustVec(ptr: val.layers), dir: RustString(ptr: val.dir), mount_hosts: RustVec(ptr: val.mount_hosts), mount_guests: RustVec(ptr: val.mount_guests), mount_read_only: RustVec(ptr: val.mount_read_only), cpus: val.cpus, memory_bytes: val.memory_bytes, pids: val.pids, disk_bytes: val.disk_bytes, network: val.network.intoSwiftRepr()); }()
+        { let val = self; return BootRequest(id: RustString(ptr: val.id), hostname: RustString(ptr: val.hostname), layers: RustVec(ptr: val.layers), dir: RustString(ptr: val.dir), mount_hosts: RustVec(ptr: val.mount_hosts), mount_guests: RustVec(ptr: val.mount_guests), mount_read_only: RustVec(ptr: val.mount_read_only), cpus: val.cpus, memory_bytes: val.memory_bytes, pids: val.pids, disk_bytes: val.disk_bytes, network: val.network.intoSwiftRepr(), image_reference: RustString(ptr: val.image_reference)); }()
     }
 }
 extension __swift_bridge__$Option$BootRequest {

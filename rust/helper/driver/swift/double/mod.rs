@@ -343,6 +343,7 @@ mod tests {
             pids: 64,
             disk_bytes: 1 << 28,
             network: crate::helper::driver::swift::convert::network_card(-1),
+            image_reference: String::new(),
         }
     }
 
