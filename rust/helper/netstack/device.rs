@@ -66,7 +66,8 @@ struct Link {
 enum Framing {
     Packets,
     Ethernet(Box<Stream>),
-    EthernetDatagrams,
+    /// With the buffer each datagram is read into.
+    EthernetDatagrams(Vec<u8>),
 }
 
 /// An Ethernet stream's buffers.
@@ -100,7 +101,7 @@ impl PacketDevice {
         let framing = match kind {
             LinkKind::Packets => Framing::Packets,
             LinkKind::EthernetStream => Framing::Ethernet(Box::default()),
-            LinkKind::EthernetDatagrams => Framing::EthernetDatagrams,
+            LinkKind::EthernetDatagrams => Framing::EthernetDatagrams(vec![0u8; MAX_FRAME]),
         };
         let link = Link { fd, framing, scratch: Vec::with_capacity(MTU) };
         Ok(PacketDevice { link, rx: VecDeque::new(), drained: false })
@@ -200,12 +201,11 @@ impl Link {
                 buf.truncate(n);
                 return Ok(Some(buf));
             }
-            Framing::EthernetDatagrams => loop {
+            Framing::EthernetDatagrams(buf) => loop {
                 // A longer datagram is cut to the buffer (the rest is
                 // discarded by the socket), and its packet then fails the
                 // stack's length checks.
-                let mut buf = vec![0u8; MAX_FRAME];
-                let Some(n) = read_datagram(&self.fd, &mut buf)? else { return Ok(None) };
+                let Some(n) = read_datagram(&self.fd, buf)? else { return Ok(None) };
                 match unwrap_frame(&buf[..n]) {
                     Unwrapped::Ip(packet) => return Ok(Some(packet)),
                     Unwrapped::ArpReply(reply) => {
@@ -250,7 +250,7 @@ impl Link {
             }
             // A datagram the socket cannot take now is dropped, as on a
             // full queue.
-            Framing::EthernetDatagrams => {
+            Framing::EthernetDatagrams(_) => {
                 if write_fd(&self.fd, &ip_frame(GATEWAY_MAC, GUEST_MAC, packet)) == 0 {
                     tracing::trace!("frame to the vm dropped");
                 }
@@ -495,7 +495,7 @@ impl Device for PacketDevice {
         caps.medium = Medium::Ip;
         caps.max_transmission_unit = match self.link.framing {
             Framing::Packets => MTU,
-            Framing::Ethernet(_) | Framing::EthernetDatagrams => ETHERNET_MTU,
+            Framing::Ethernet(_) | Framing::EthernetDatagrams(_) => ETHERNET_MTU,
         };
         // The VM's kernel checksummed what it wrote into a memory link;
         // verifying again only costs throughput. What we send is summed.

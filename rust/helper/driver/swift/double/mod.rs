@@ -85,6 +85,19 @@ fn spawn(f: impl Future<Output = ()> + Send + 'static) {
     }
 }
 
+/// Runs `work` as a task of its own and hands its outcome to `done`
+/// exactly once, a panic in it included (as a message): the caller across
+/// the bridge waits for that completion, as for a Swift `Task` that throws.
+fn complete<R: Send + 'static>(
+    work: impl Future<Output = R> + Send + 'static,
+    done: impl FnOnce(Result<R, String>) + Send + 'static,
+) {
+    spawn(async move {
+        let outcome = tokio::spawn(work).await.map_err(|e| format!("the vm layer double failed: {e}"));
+        done(outcome);
+    });
+}
+
 #[unsafe(export_name = "__swift_bridge__$layer_info")]
 extern "C" fn layer_info() -> ffi::__swift_bridge__LayerInfo {
     let info = match &layer().driver {
@@ -111,11 +124,12 @@ extern "C" fn layer_boot(
 ) {
     let request = request.into_rust_repr();
     let wrapper = Completion(wrapper);
-    spawn(async move {
+    complete(boot(request), move |outcome| {
         let wrapper = wrapper;
-        match boot(request).await {
-            Ok(()) => on_success(wrapper.0),
-            Err(e) => on_error(wrapper.0, e.into_ffi_repr()),
+        match outcome {
+            Ok(Ok(())) => on_success(wrapper.0),
+            Ok(Err(e)) => on_error(wrapper.0, e.into_ffi_repr()),
+            Err(panicked) => on_error(wrapper.0, ffi::LayerError::Failed(panicked).into_ffi_repr()),
         }
     });
 }
@@ -188,11 +202,12 @@ extern "C" fn layer_dial_agent(
     // SAFETY: see `take_string`.
     let id = unsafe { take_string(id) };
     let wrapper = Completion(wrapper);
-    spawn(async move {
+    complete(async move { dial_agent(&id).await }, move |outcome| {
         let wrapper = wrapper;
-        match dial_agent(&id).await {
-            Ok(fd) => on_success(wrapper.0, fd),
-            Err(e) => on_error(wrapper.0, e.into_ffi_repr()),
+        match outcome {
+            Ok(Ok(fd)) => on_success(wrapper.0, fd),
+            Ok(Err(e)) => on_error(wrapper.0, e.into_ffi_repr()),
+            Err(panicked) => on_error(wrapper.0, ffi::LayerError::Failed(panicked).into_ffi_repr()),
         }
     });
 }
@@ -242,14 +257,16 @@ extern "C" fn layer_wait_exit(
     let id = unsafe { take_string(id) };
     let exit = layer().vms().get_mut(&id).map(|vm| vm.exit.take());
     let wrapper = Completion(wrapper);
-    spawn(async move {
-        let wrapper = wrapper;
-        let how = match exit {
+    let wait = async move {
+        match exit {
             Some(Some(exit)) => exit.await,
             Some(None) => "the layer's wait was taken already".to_owned(),
             None => format!("no vm {:?} in the layer", id),
-        };
-        callback(wrapper.0, RustString(how).box_into_raw());
+        }
+    };
+    complete(wait, move |how| {
+        let wrapper = wrapper;
+        callback(wrapper.0, RustString(how.unwrap_or_else(|panicked| panicked)).box_into_raw());
     });
 }
 
@@ -316,11 +333,13 @@ extern "C" fn layer_keep_warm() {
 #[unsafe(export_name = "__swift_bridge__$layer_release")]
 extern "C" fn layer_release(wrapper: *mut c_void, callback: extern "C" fn(*mut c_void)) {
     let wrapper = Completion(wrapper);
-    spawn(async move {
-        let wrapper = wrapper;
+    let release = async {
         if let Ok(d) = &layer().driver {
             d.release().await;
         }
+    };
+    complete(release, move |_| {
+        let wrapper = wrapper;
         callback(wrapper.0);
     });
 }
@@ -328,6 +347,17 @@ extern "C" fn layer_release(wrapper: *mut c_void, callback: extern "C" fn(*mut c
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_call_whose_work_panics_still_completes_with_the_failure() {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        complete(async { panic!("boom") }, move |outcome: Result<(), String>| {
+            let _ = tx.send(outcome);
+        });
+        let outcome = tokio::time::timeout(std::time::Duration::from_secs(10), rx).await.expect("completed").unwrap();
+        let failure = outcome.expect_err("the panic is the outcome");
+        assert!(failure.contains("the vm layer double failed") && failure.contains("panicked"), "{failure}");
+    }
 
     fn request(id: &str) -> ffi::BootRequest {
         ffi::BootRequest {
