@@ -64,9 +64,13 @@ swift-glue:
 # The helper conformance suite against a running helper, any platform's:
 # `make conformance HELPER_SOCKET=/path/to/helper.sock` (a Mac user proves
 # the Swift helper this way). Tests that start helpers of their own skip.
+# The image the cases boot: a Mac's helper has the default image (pulled), Linux's the test image.
+# CONFORMANCE_FILTER: only the cases whose names contain it (e.g. lifecycle_).
+CONFORMANCE_IMAGE ?= $(if $(filter Darwin,$(shell uname -s)),mcp-dev,mcp-test)
 conformance:
 	@test -n "$(HELPER_SOCKET)" || { echo "make conformance: set HELPER_SOCKET=/path/to/helper.sock" >&2; exit 2; }
-	SANDBOX_MCP_CONFORMANCE_SOCKET=$(HELPER_SOCKET) $(CARGO) test --test helper_conformance -- --test-threads=2
+	SANDBOX_MCP_CONFORMANCE_SOCKET=$(HELPER_SOCKET) SANDBOX_MCP_TEST_IMAGE=$(CONFORMANCE_IMAGE) \
+	    $(CARGO) test --test helper_conformance -- --test-threads=2 $(CONFORMANCE_FILTER)
 
 # Binaries go in through a temp name and a rename, so a running helper
 # (ETXTBSY on overwrite) does not block an upgrade. sandbox-ctl sits next to

@@ -345,7 +345,7 @@ pub fn allocated(root: &Path) -> u64 {
 
 /// The state of one [`allocated`] walk.
 struct Walk {
-    dev: u64,
+    dev: libc::dev_t,
     total: u64,
     /// Inodes with several links, counted once.
     linked: HashSet<u64>,

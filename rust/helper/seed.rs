@@ -199,7 +199,16 @@ fn lookup(layers: &[PathBuf], rel: &Path) -> Option<(usize, Metadata)> {
 }
 
 /// Marked opaque by overlayfs (`trusted.` as root, `user.` in a user
+/// namespace, as the store's layers are). Elsewhere (a Mac) layers are no
+/// overlay directories, and nothing is.
+#[cfg(not(linux_host))]
+fn is_opaque(_dir: &Path) -> bool {
+    false
+}
+
+/// Marked opaque by overlayfs (`trusted.` as root, `user.` in a user
 /// namespace, as the store's layers are).
+#[cfg(linux_host)]
 fn is_opaque(dir: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt as _;
     let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return false };

@@ -20,8 +20,10 @@ use super::isolation::Isolation;
 use super::network::{EgressPolicy, Network};
 use crate::proto::v1::{self as pb, vm_helper_client::VmHelperClient};
 
-/// Longest path a Unix socket binds (`sun_path` is 108 bytes with its NUL).
-const MAX_SOCKET_PATH: usize = 107;
+/// Longest path a Unix socket binds: `sun_path` with its NUL (108 bytes on
+/// Linux, 104 on macOS).
+const MAX_SOCKET_PATH: usize =
+    std::mem::size_of::<libc::sockaddr_un>() - std::mem::offset_of!(libc::sockaddr_un, sun_path) - 1;
 
 /// Failures talking to the helper, already phrased for a user.
 #[derive(Debug, thiserror::Error)]

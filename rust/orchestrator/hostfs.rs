@@ -138,7 +138,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn from_mode(mode: u32) -> Self {
+    fn from_mode(mode: libc::mode_t) -> Self {
         match SFlag::from_bits_truncate(mode & SFlag::S_IFMT.bits()) {
             SFlag::S_IFDIR => Self::Dir,
             SFlag::S_IFLNK => Self::Symlink,
@@ -215,10 +215,13 @@ impl From<FileStat> for Stat {
     fn from(st: FileStat) -> Self {
         Self {
             kind: Kind::from_mode(st.st_mode),
-            mode: st.st_mode & 0o7777,
+            // mode_t is u16 and dev_t i32 on macOS; the conversions are
+            // std's own (`MetadataExt::mode`, `dev`), so a dev read here
+            // equals one read through std.
+            mode: u32::from(st.st_mode & 0o7777),
             size: u64::try_from(st.st_size).unwrap_or(0),
             mtime: st.st_mtime,
-            dev: st.st_dev,
+            dev: st.st_dev as u64,
             ino: st.st_ino,
         }
     }
@@ -547,7 +550,7 @@ impl Dir {
             let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
             let temp = OsString::from(format!(".{stem}.{}-{n}.smcp-tmp", std::process::id()));
             let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL;
-            match open_component(&self.fd, &temp, flags, Mode::from_bits_truncate(mode & 0o777)) {
+            match open_component(&self.fd, &temp, flags, Mode::from_bits_truncate((mode & 0o777) as libc::mode_t)) {
                 Ok(fd) => return Ok((temp, fd)),
                 Err(Errno::EEXIST) => continue,
                 Err(e) => return Err(HostFsError::io(&self.path.join(name), e)),
