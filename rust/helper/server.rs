@@ -198,11 +198,19 @@ async fn shutdown_signal() -> &'static str {
 /// Raises the soft descriptor limit to the hard one: every VM holds
 /// sockets and pipes, and the usual soft 1024 would let a few busy VMs
 /// starve the rest (EMFILE on exec and on new VMs).
+/// macOS's per-process open files cap (`OPEN_MAX`).
+const OPEN_MAX: nix::sys::resource::rlim_t = 10240;
+
 fn raise_nofile_limit() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     match getrlimit(Resource::RLIMIT_NOFILE) {
-        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-            Ok(()) => tracing::info!(from = soft, to = hard, "raised the open files limit"),
+        // macOS refuses a soft limit above OPEN_MAX (an unlimited hard
+        // limit included): there the cap is what Go and Rust's std raise to.
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+            .map(|()| hard)
+            .or_else(|_| setrlimit(Resource::RLIMIT_NOFILE, hard.min(OPEN_MAX), hard).map(|()| hard.min(OPEN_MAX)))
+        {
+            Ok(to) => tracing::info!(from = soft, to, "raised the open files limit"),
             Err(e) => tracing::warn!(error = %e, soft, hard, "cannot raise the open files limit"),
         },
         Ok((soft, _)) => tracing::info!(limit = soft, "open files limit"),
