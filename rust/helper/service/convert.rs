@@ -178,6 +178,12 @@ pub(super) fn vm_to_proto(vm: VmInfo) -> pb::Vm {
     }
 }
 
+impl From<pb::BuildImageRequest> for crate::image::BuildRequest {
+    fn from(r: pb::BuildImageRequest) -> Self {
+        crate::image::BuildRequest { name: r.name, suite: r.release, packages: r.packages, force: r.force }
+    }
+}
+
 impl From<crate::helper::netstack::events::Snapshot> for pb::NetworkEventsResponse {
     fn from(s: crate::helper::netstack::events::Snapshot) -> Self {
         pb::NetworkEventsResponse {

@@ -63,7 +63,7 @@ pub(super) async fn build(
     vms: &VmManager,
     req: pb::BuildImageRequest,
 ) -> Result<Response<RpcStream<pb::BuildImageResponse>>, Status> {
-    let req = BuildRequest { name: req.name, suite: req.release, packages: req.packages, force: req.force };
+    let req = BuildRequest::from(req);
     req.check().map_err(|e| status(e.into()))?;
     let mapper = vms.id_mapper().cloned().map_err(|why| status(HelperError::Unavailable(why.to_string())))?;
     if !req.force {
@@ -97,14 +97,14 @@ pub(super) async fn build(
 }
 
 /// Images are built with mmdebstrap under a Linux id map: a helper
-/// elsewhere (a Mac's) has images only by import (`sandbox-mcp image
-/// import`, copies shared with a Linux store) and by commit.
+/// elsewhere (a Mac's) has images by reference (`sandbox-mcp image pull`,
+/// pulled by its VM layer) and by commit.
 #[cfg(not(linux_host))]
 pub(super) async fn build(
     vms: &VmManager,
     req: pb::BuildImageRequest,
 ) -> Result<Response<RpcStream<pb::BuildImageResponse>>, Status> {
-    let req = BuildRequest { name: req.name, suite: req.release, packages: req.packages, force: req.force };
+    let req = BuildRequest::from(req);
     req.check().map_err(|e| status(e.into()))?;
     let why = vms.id_mapper().err().unwrap_or("not on this host");
     Err(status(HelperError::Unavailable(format!("BuildImage needs Linux (mmdebstrap and user namespaces): {why}"))))
