@@ -313,6 +313,9 @@ async fn an_image_recorded_as_a_reference_is_listed_and_refused_by_a_driver_that
     let msg = err.message();
     assert!(msg.contains(&name) && msg.contains(reference), "names the image and its reference: {msg}");
     assert!(msg.contains("sandbox-mcp image build"), "says how to get an image it boots: {msg}");
+    // The record goes like any image.
+    delete_image(&mut h, &name).await.expect("delete the record");
+    assert!(!images(&mut h).await.iter().any(|i| i.name == name));
 }
 
 /// Issue 9: code in the VM swaps a directory of its layer for a symlink to a
