@@ -21,7 +21,6 @@
 pub mod agent;
 pub mod ctl;
 pub mod daemon;
-#[cfg(linux_host)]
 pub mod doctor;
 pub mod guest;
 pub mod helper;

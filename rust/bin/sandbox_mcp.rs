@@ -3,6 +3,7 @@
 use std::{io::IsTerminal, net::SocketAddr, path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand, ValueEnum};
+use sandbox_mcp::doctor;
 use sandbox_mcp::{
     daemon::{frontend, hello::Mode, server},
     image::ImageStore,
@@ -16,7 +17,7 @@ use sandbox_mcp::{
 };
 #[cfg(linux_host)]
 use sandbox_mcp::{
-    doctor, hostsetup,
+    hostsetup,
     image::{self, BuildRequest},
 };
 
@@ -45,7 +46,6 @@ enum Cmd {
         token: Option<String>,
     },
     /// Check this host and print one line per check with its fix.
-    #[cfg(linux_host)]
     Doctor,
     /// As root: prepare this host for an ordinary user's sandboxes (subordinate ids, /dev/net/tun, cgroup
     /// delegation, AppArmor profile), printing one line per step. Safe to rerun.
@@ -312,7 +312,6 @@ fn main() -> ExitCode {
             ran
         }),
         Cmd::Config { client, http, token } => config_cmd(client, http, token),
-        #[cfg(linux_host)]
         Cmd::Doctor => {
             let report = tokio::runtime::Runtime::new()
                 .map_err(|e| e.to_string())
