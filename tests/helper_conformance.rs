@@ -140,6 +140,39 @@ impl Drop for Harness {
     }
 }
 
+/// How long a test waits for something that happens eventually (a process's
+/// output, a state change, a server coming up). Generous on purpose: the suite
+/// runs two tests at a time on 2-core machines, as root and as an ordinary
+/// user, next to VMs filling their disks; a wait that succeeds ends at once,
+/// so only a real failure pays for it.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A bounded poll: `while poll.again().await { … }` runs its body at once,
+/// then every `every`, until [`PATIENCE`] has passed.
+struct Poll {
+    every: Duration,
+    deadline: tokio::time::Instant,
+    first: bool,
+}
+
+impl Poll {
+    fn every(every: Duration) -> Self {
+        Poll { every, deadline: tokio::time::Instant::now() + PATIENCE, first: true }
+    }
+
+    /// `false` once the patience is spent; sleeps between rounds.
+    async fn again(&mut self) -> bool {
+        if std::mem::take(&mut self.first) {
+            return true;
+        }
+        if tokio::time::Instant::now() >= self.deadline {
+            return false;
+        }
+        tokio::time::sleep(self.every).await;
+        true
+    }
+}
+
 async fn connect(socket: &Path) -> Option<VmHelperClient<Channel>> {
     let socket = socket.to_path_buf();
     // Windows as large as the helper's, so bulk streams (Dial, copies) are
@@ -243,14 +276,11 @@ impl Harness {
             .expect("spawn sandbox-vm-helper");
         let helper = HelperProcess(child);
         let mut client = None;
-        for _ in 0..200 {
+        let mut poll = Poll::every(Duration::from_millis(25));
+        while client.is_none() && poll.again().await {
             if socket.exists() {
                 client = connect(&socket).await;
-                if client.is_some() {
-                    break;
-                }
             }
-            tokio::time::sleep(Duration::from_millis(25)).await;
         }
         let client = client.expect("helper did not come up");
         Harness {
@@ -449,11 +479,11 @@ async fn collect(out: &mut Streaming<pb::ExecResponse>) -> Result<Output, tonic:
 
 /// Waits (bounded) until `pid` is gone inside the VM.
 async fn wait_gone(h: &mut Harness, id: &str, pid: &str) -> bool {
-    for _ in 0..100 {
+    let mut poll = Poll::every(Duration::from_millis(50));
+    while poll.again().await {
         if h.sh(id, &format!("kill -0 {pid} 2>/dev/null")).await.code() != Some(0) {
             return true;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     false
 }
@@ -600,12 +630,9 @@ async fn a_delete_completes_when_its_client_goes_away() {
     let delete = client.delete_vm(pb::DeleteVmRequest { id: id.clone() });
     let _ = tokio::time::timeout(Duration::from_millis(20), delete).await;
     let mut gone = false;
-    for _ in 0..200 {
-        if h.get(&id).await.is_err_and(|e| e.code() == Code::NotFound) {
-            gone = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut poll = Poll::every(Duration::from_millis(50));
+    while !gone && poll.again().await {
+        gone = h.get(&id).await.is_err_and(|e| e.code() == Code::NotFound);
     }
     assert!(gone, "the VM of an abandoned DeleteVm is still registered");
 }
@@ -996,11 +1023,8 @@ async fn a_vm_whose_agent_dies_is_reported_stopped_with_a_reason() {
     // every driver (PID 2 under namespaces, a child of guest-init in a VM).
     let _ = h.run(process(&id, &["sh", "-c", "kill -9 $PPID"]), b"").await;
     let mut vm = h.get(&id).await.unwrap();
-    for _ in 0..100 {
-        if vm.state == pb::VmState::Stopped as i32 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut poll = Poll::every(Duration::from_millis(20));
+    while vm.state != pb::VmState::Stopped as i32 && poll.again().await {
         vm = h.get(&id).await.unwrap();
     }
     assert_eq!(vm.state, pb::VmState::Stopped as i32);

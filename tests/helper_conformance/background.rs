@@ -26,13 +26,13 @@ async fn wait_log(
     done: impl Fn(&pb::ReadBackgroundLogResponse) -> bool,
 ) -> pb::ReadBackgroundLogResponse {
     let mut last = None;
-    for _ in 0..250 {
+    let mut poll = Poll::every(Duration::from_millis(20));
+    while poll.again().await {
         let r = log(&mut h.client, id, name, 0).await.unwrap();
         if done(&r) {
             return r;
         }
         last = Some(r);
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("log of {name} never got there: {last:?}");
 }

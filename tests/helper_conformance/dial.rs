@@ -64,12 +64,11 @@ async fn serve(h: &mut Harness, id: &str, mode: &str, port: u32) {
     assert_eq!(h.sh(id, &script).await.code(), Some(0));
     let start = format!("python3 /tmp/srv.py {mode} {port} >/tmp/srv-{port}.log 2>&1 &");
     assert_eq!(h.sh(id, &start).await.code(), Some(0));
-    for _ in 0..200 {
+    let mut poll = Poll::every(Duration::from_millis(25));
+    while poll.again().await {
         match dial(&mut h.client, id, port).await {
             Ok(_) => return,
-            Err(e) if e.code() == Code::Unavailable => {
-                tokio::time::sleep(Duration::from_millis(25)).await;
-            }
+            Err(e) if e.code() == Code::Unavailable => {}
             Err(e) => panic!("dial while waiting for the server: {e}"),
         }
     }

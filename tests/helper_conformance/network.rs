@@ -376,11 +376,8 @@ async fn connections_beyond_the_cap_are_refused_and_all_are_cleaned_up() {
     // The client exited: every flow closes and the helper's host sockets go.
     if let (Some(pid), Some(baseline)) = (helper, baseline) {
         let mut now = fd_count(pid);
-        for _ in 0..300 {
-            if now <= baseline + 8 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut poll = Poll::every(Duration::from_millis(100));
+        while now > baseline + 8 && poll.again().await {
             now = fd_count(pid);
         }
         assert!(now <= baseline + 8, "helper fds: {now}, baseline {baseline}");

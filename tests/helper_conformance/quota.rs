@@ -60,11 +60,8 @@ async fn a_writer_past_the_disk_quota_is_stopped_and_the_vm_says_why() {
     let o = h.sh(&id, "rm /workspace/big /tmp/layer && echo small > /workspace/small && cat /workspace/small").await;
     assert_eq!((o.out(), o.code()), ("small\n".to_string(), Some(0)), "{}", o.err());
     let mut below = stats(&mut h, &id).await;
-    for _ in 0..100 {
-        if below.disk_used_bytes < QUOTA / 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut poll = Poll::every(Duration::from_millis(50));
+    while below.disk_used_bytes >= QUOTA / 2 && poll.again().await {
         below = stats(&mut h, &id).await;
     }
     assert!(below.disk_used_bytes < QUOTA / 2, "{below:?}");

@@ -32,11 +32,8 @@ async fn stats_follow_memory_pids_cpu_and_time() {
         eprintln!("skipped the cgroup counters: the driver under test has no cgroups");
         return;
     }
-    for _ in 0..100 {
-        if now.memory_used_bytes >= 64 << 20 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut poll = Poll::every(Duration::from_millis(20));
+    while now.memory_used_bytes < 64 << 20 && poll.again().await {
         now = stats(&mut h, &id).await.unwrap();
     }
     assert!(now.memory_used_bytes >= 64 << 20, "{now:?}");

@@ -64,7 +64,8 @@ fn cgroup_dirs(pid: i32) -> Vec<PathBuf> {
 async fn warm_launcher(h: &mut Harness) -> Option<i32> {
     let helper = h.helper.as_ref()?.0.id();
     let cgroups = h.has_cgroups().await;
-    for _ in 0..400 {
+    let mut poll = Poll::every(Duration::from_millis(25));
+    while poll.again().await {
         let warm = launchers(helper).into_iter().find(|&pid| {
             !has_child(pid)
                 && (!cgroups
@@ -73,7 +74,6 @@ async fn warm_launcher(h: &mut Harness) -> Option<i32> {
         if warm.is_some() {
             return warm;
         }
-        tokio::time::sleep(Duration::from_millis(25)).await;
     }
     None
 }
