@@ -221,8 +221,9 @@ test-user:
 	$(CARGO) build --quiet
 	@scripts/test-user.sh $(TEST_USER) $(TEST_PACKAGES) $(USER_TESTS)
 
-# The fault suite at FAULT_ROUNDS kills, as root and then in the unprivileged pass. Heavier than its
-# share of `make test`: .ci/run runs it afterwards when the CI time budget allows.
+# The fault suite at FAULT_ROUNDS kills, as root and then in the unprivileged pass (its pytest file
+# alone: `make test`'s pass ran the rest as that user). Heavier than its share of `make test`:
+# .ci/run runs it afterwards when the CI time budget allows.
 test-faults: export SANDBOX_MCP_TEST_IMAGE_STORE := $(TEST_IMAGE_STORE)
 test-faults: export SANDBOX_MCP_TEST_IMAGE := $(TEST_IMAGE)
 test-faults: export SANDBOX_MCP_BIN := $(DEBUG_BIN)/sandbox-mcp
@@ -232,7 +233,8 @@ test-faults: deps venv
 	$(CARGO) build --quiet
 	@$(MAKE) --no-print-directory test-image
 	@status=0; $(VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/test_faults.py || status=1; \
-	    $(MAKE) --no-print-directory test-user USER_TESTS=tests/test_faults.py || status=1; exit $$status
+	    SMCP_USER_PYTEST_ONLY=1 $(MAKE) --no-print-directory test-user USER_TESTS=tests/test_faults.py || status=1; \
+	    exit $$status
 
 # The driver matrix's heavy half (issue 12), after `make test`: the helper conformance suite with
 # every VM on the vm driver, then the MCP tool and security files below on vm sandboxes

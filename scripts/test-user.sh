@@ -8,6 +8,8 @@
 # environment `make test` exports (SANDBOX_MCP_BIN, SANDBOX_VM_HELPER_BIN,
 # SANDBOX_MCP_TEST_IMAGE). The venv is made from the system python in a path
 # every user can read (root's pyenv is not).
+# With SMCP_USER_PYTEST_ONLY=1 only pytest runs (`make test-faults`: the helper
+# conformance suite and the vm driver's tests already ran in `make test`'s pass).
 set -uo pipefail
 
 user=$1
@@ -41,14 +43,17 @@ mkdir -p "$run/repo/target/bin"
 git ls-files -z | xargs -0 cp --parents -t "$run/repo"
 cp -a .git "$run/repo/"  # tests that ask git about the checkout
 for b in sandbox-mcp sandbox-vm-helper sandbox-ctl; do cp "$bin_dir/$b" "$run/repo/target/bin/"; done
-# The helper conformance tests too (the attack tests on the helper itself).
-conformance=$(cargo test --quiet --no-run --test helper_conformance --message-format=json 2>/dev/null |
-    sed -n 's/.*"executable":"\([^"]*\/helper_conformance-[^"]*\)".*/\1/p' | tail -n 1)
-cp "$conformance" "$run/repo/target/bin/helper-conformance"
-# The vm driver's qemu tests, on the user's own kernel and initramfs.
-vm_tests=$(cargo test --quiet --no-run --test vm_qemu --message-format=json 2>/dev/null |
-    sed -n 's/.*"executable":"\([^"]*\/vm_qemu-[^"]*\)".*/\1/p' | tail -n 1)
-cp "$vm_tests" "$run/repo/target/bin/vm-qemu"
+only_pytest=${SMCP_USER_PYTEST_ONLY:-0}
+# The helper conformance tests too (the attack tests on the helper itself),
+# and the vm driver's qemu tests, on the user's own kernel and initramfs.
+test_binary() {
+    cargo test --quiet --no-run --test "$1" --message-format=json 2>/dev/null |
+        sed -n "s/.*\"executable\":\"\([^\"]*\/$1-[^\"]*\)\".*/\1/p" | tail -n 1
+}
+if [ "$only_pytest" != 1 ]; then
+    cp "$(test_binary helper_conformance)" "$run/repo/target/bin/helper-conformance"
+    cp "$(test_binary vm_qemu)" "$run/repo/target/bin/vm-qemu"
+fi
 chown -R "$user:" "$run/repo"
 SANDBOX_MCP_BIN=$run/repo/target/bin/sandbox-mcp
 SANDBOX_VM_HELPER_BIN=$run/repo/target/bin/sandbox-vm-helper
@@ -77,14 +82,16 @@ if ! { "${as_user[@]}" scripts/vm-kernel.sh && "${as_user[@]}" scripts/vm-initra
     echo "== vm assets as $user FAILED"
     status=1
 fi
-echo "== helper conformance as $user${SANDBOX_MCP_CONFORMANCE_DRIVER:+ (driver ${SANDBOX_MCP_CONFORMANCE_DRIVER})}"
-if ! "${as_user[@]}" target/bin/helper-conformance -q; then
+if [ "$only_pytest" = 1 ]; then
+    echo "== helper conformance and vm driver as $user: skipped (SMCP_USER_PYTEST_ONLY=1)"
+elif ! { echo "== helper conformance as $user${SANDBOX_MCP_CONFORMANCE_DRIVER:+ (driver ${SANDBOX_MCP_CONFORMANCE_DRIVER})}"
+    "${as_user[@]}" target/bin/helper-conformance -q; }; then
     echo "== helper conformance as $user FAILED"
     status=1
 fi
 # Through the swift bridge's ABI once, in `make test`'s pass (the vm matrix
 # names other drivers; the bridge's layer is the namespace driver's double).
-if [ -z "${SANDBOX_MCP_TEST_ISOLATION:-}" ] && [ -z "${SANDBOX_MCP_CONFORMANCE_DRIVER:-}" ]; then
+if [ "$only_pytest" != 1 ] && [ -z "${SANDBOX_MCP_TEST_ISOLATION:-}" ] && [ -z "${SANDBOX_MCP_CONFORMANCE_DRIVER:-}" ]; then
     echo "== helper conformance through the swift bridge as $user"
     if ! "${as_user[@]}" SANDBOX_MCP_CONFORMANCE_BRIDGE=1 target/bin/helper-conformance -q; then
         echo "== helper conformance through the swift bridge as $user FAILED"
@@ -92,7 +99,7 @@ if [ -z "${SANDBOX_MCP_TEST_ISOLATION:-}" ] && [ -z "${SANDBOX_MCP_CONFORMANCE_D
     fi
 fi
 # The vm driver's own tests run once, in `make test`'s pass (`make test-vm` sets the matrix's switches).
-if [ -z "${SANDBOX_MCP_TEST_ISOLATION:-}" ]; then
+if [ "$only_pytest" != 1 ] && [ -z "${SANDBOX_MCP_TEST_ISOLATION:-}" ]; then
     echo "== vm driver as $user"
     if ! "${as_user[@]}" target/bin/vm-qemu -q --test-threads=1; then
         echo "== vm driver as $user FAILED"
