@@ -619,7 +619,9 @@ class FileCheck:
 def check_bridge(parsed, root: Path) -> list[str]:
     """Every Swift function the generated glue calls (an `extern "Swift"` function of the bridge)
     must be declared outside Generated/ with the labels it is called with, `async` when the glue
-    awaits it, and `throws(E)` when the glue checks for typed throws of E."""
+    awaits it, and `throws(E)` when the glue checks for typed throws of E; and E must conform to
+    Error somewhere in the package (the glue declares the enum bare, and `throws(E)` of a type
+    that is no Error does not compile)."""
     generated = [(p, rel, t) for p, rel, t in parsed if "Generated" in p.relative_to(root).parts]
     if not generated:
         return []
@@ -685,6 +687,13 @@ def check_bridge(parsed, root: Path) -> list[str]:
             errors.append(f"{where}: the bridge's glue awaits {want}; its declaration is not async")
         if typed and f"throws({typed})" not in sig.replace(" ", ""):
             errors.append(f"{where}: the bridge's glue needs {want} to throw {typed} (typed throws); it is declared `{sig.strip()}`")
+    texts = [ss.text(tree.root_node) for _, _, tree in parsed]
+    for typed in sorted({t for _, _, t, _ in wanted.values() if t}):
+        conforms = re.compile(rf"\b(?:extension|enum|struct|class)\s+{re.escape(typed)}\s*:[^{{]*\bError\b")
+        if not any(conforms.search(t) for t in texts):
+            where = next(w for _, _, t, w in wanted.values() if t == typed)
+            errors.append(f"{where}: the bridge's glue throws {typed}, which conforms to Error nowhere in the package "
+                          f"(add `extension {typed}: @unchecked Sendable {{}}` and `extension {typed}: Error {{}}`)")
     return errors
 
 

@@ -206,12 +206,20 @@ func __swift_bridge__layer_dial_agent__TypedThrowsCheck(_ id: UnsafeMutableRawPo
 
 def test_the_bridge_functions_the_glue_calls_must_be_declared_as_called(tmp_path: Path) -> None:
     good = (
+        "extension LayerError: @unchecked Sendable {}\n"
+        "extension LayerError: Error {}\n"
         "func layer_kill(id: RustString) {}\n"
         "func layer_dial_agent(id: RustString) async throws(LayerError) -> Int32 { 3 }\n"
     )
     root = package(tmp_path, {"Sources/H/Generated/glue.swift": GLUE, "Sources/H/BridgeExports.swift": good})
     r = run(str(CHECK), "--root", str(root))
     assert r.returncode == 0, r.stdout
+
+    # The glue declares the error enum bare: typed throws of it need an Error conformance.
+    (root / "Sources/H/BridgeExports.swift").write_text(good.split("\n", 2)[2])
+    r = run(str(CHECK), "--root", str(root))
+    assert r.returncode == 1
+    assert "the bridge's glue throws LayerError, which conforms to Error nowhere in the package" in r.stdout
 
     bad = "func layer_kill(vm: RustString) {}\nfunc layer_dial_agent(id: RustString) throws -> Int32 { 3 }\n"
     (root / "Sources/H/BridgeExports.swift").write_text(bad)

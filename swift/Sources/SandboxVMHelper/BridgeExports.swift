@@ -9,6 +9,12 @@
 import Foundation
 import VMLayer
 
+// The glue declares LayerError bare; its `throws(LayerError)` needs an Error, and Error implies
+// Sendable (its payload is a RustString, itself @unchecked Sendable in SwiftBridgeCore), as
+// swift-bridge's own test app declares for its error enums.
+extension LayerError: @unchecked Sendable {}
+extension LayerError: Error {}
+
 func layer_info() -> LayerInfo {
     let layer = LayerService.shared
     let caps = layer.capabilities()

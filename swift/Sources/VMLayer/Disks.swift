@@ -10,6 +10,7 @@
 import Containerization
 import ContainerizationArchive
 import ContainerizationEXT4
+import ContainerizationError
 import ContainerizationOCI
 import Foundation
 import SystemPackage
@@ -89,10 +90,16 @@ public struct Disks: Sendable {
         }
     }
 
-    /// The layer archives of an image for this host's guests (linux/arm64), pulled if missing.
+    /// The layer archives of an image for this host's guests (linux/arm64), pulled if missing:
+    /// for that platform alone (`get(reference:pull:)` would pull every platform the image has).
     func pulledLayers(_ reference: String) async throws -> [LayerSource] {
-        let image: Containerization.Image = try await imageStore.get(reference: reference, pull: true)
         let platform = Platform(arch: "arm64", os: "linux")
+        let image: Containerization.Image
+        do {
+            image = try await imageStore.get(reference: reference)
+        } catch let error as ContainerizationError where error.isCode(ContainerizationError.Code.notFound) {
+            image = try await imageStore.pull(reference: reference, platform: platform)
+        }
         let manifest: Manifest = try await image.manifest(for: platform)
         var layers: [LayerSource] = []
         for layer in manifest.layers {

@@ -19,15 +19,16 @@ public final class FileHandleInterface: Interface, VZInterface, @unchecked Senda
     /// The frame socket; VZ reads and writes it for the VM's life.
     let socket: FileHandle
 
-    /// Takes ownership of `fd`, a connected datagram socket.
+    /// Takes ownership of `fd`, a connected datagram socket: first, so that a plan refused
+    /// below still closes it (the FileHandle goes with the half-made card).
     public init(plan: NetworkPlan) throws {
+        self.socket = FileHandle(fileDescriptor: plan.fd, closeOnDealloc: true)
         let (address, gateway) = try plan.addresses()
         self.ipv4Address = address
         self.ipv4Gateway = gateway
         self.mtu = plan.mtu
         self.mac = plan.mac
         self.macAddress = try MACAddress(plan.mac)
-        self.socket = FileHandle(fileDescriptor: plan.fd, closeOnDealloc: true)
     }
 
     /// The card's MAC as the helper's stack addresses it (never a random one: the stack sends

@@ -96,19 +96,34 @@ public actor LayerService {
     }
 
     /// Plans, registers and boots a VM; returns once its agent accepts connections.
+    /// The frame socket's descriptor (`input.network`) is the layer's from the call on: it is
+    /// closed here on every refusal before the VM takes it, and with the VM's card after.
     public func boot(_ input: BootInput) async throws(LayerFailure) {
-        if let reason = unavailableReason() {
-            throw LayerFailure.unavailable(reason)
-        }
-        let plan: BootPlan
-        do {
-            plan = try BootPlanner.plan(input, assets: assets, files: files)
+        let machine: VirtualMachine
+        let vmm: VZVirtualMachineManager
+        let disks: Disks
+        do throws(LayerFailure) {
+            if let reason = unavailableReason() {
+                throw LayerFailure.unavailable(reason)
+            }
+            let plan: BootPlan
+            do {
+                plan = try BootPlanner.plan(input, assets: assets, files: files)
+            } catch {
+                throw ErrorMapping.layerFailure(error, doing: "boot vm \(input.id)")
+            }
+            let made = try await manager()
+            vmm = made.0
+            disks = made.1
+            machine = VirtualMachine(plan: plan)
+            try await registry.add(machine)
         } catch {
-            throw ErrorMapping.layerFailure(error, doing: "boot vm \(input.id)")
+            if let fd = input.network?.fd, fd >= 0 {
+                close(fd)
+            }
+            throw error
         }
-        let (vmm, disks) = try await manager()
-        let machine = VirtualMachine(plan: plan)
-        try await registry.add(machine)
+        let plan = machine.plan
         do {
             try await machine.boot(vmm: vmm, disks: disks)
         } catch {
@@ -128,8 +143,23 @@ public actor LayerService {
             if FileManager.default.fileExists(atPath: assets.initfs) {
                 initfs = Mount.block(format: "ext4", source: assets.initfs, destination: "/", options: ["ro"])
             } else {
+                // Unpacked beside its place and renamed once whole: the unpacker writes at the
+                // path it is given and leaves a half-written file when the pull fails, which
+                // the check above would take for a good one at every later boot.
                 let initImage: InitImage = try await store.getInitImage(reference: assets.initfsReference)
-                initfs = try await initImage.initBlock(at: URL(fileURLWithPath: assets.initfs), for: SystemPlatform.linuxArm)
+                let partial = URL(fileURLWithPath: "\(assets.initfs).partial-\(ProcessInfo.processInfo.processIdentifier)")
+                try? FileManager.default.removeItem(at: partial)
+                do {
+                    _ = try await initImage.initBlock(at: partial, for: SystemPlatform.linuxArm)
+                    guard rename(partial.path, assets.initfs) == 0 else {
+                        throw LayerFailure.failed(
+                            "rename \(partial.path) to \(assets.initfs): \(String(cString: strerror(errno)))")
+                    }
+                } catch {
+                    try? FileManager.default.removeItem(at: partial)
+                    throw error
+                }
+                initfs = Mount.block(format: "ext4", source: assets.initfs, destination: "/", options: ["ro"])
             }
             let kernel = Kernel(path: URL(fileURLWithPath: assets.kernel), platform: SystemPlatform.linuxArm)
             let made = VZVirtualMachineManager(kernel: kernel, initialFilesystem: initfs)

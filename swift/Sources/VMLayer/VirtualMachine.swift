@@ -27,23 +27,24 @@ public actor VirtualMachine {
     /// a connection. On failure nothing of the VM runs and the state says why.
     public func boot(vmm: VZVirtualMachineManager, disks: Disks) async throws(LayerFailure) {
         do {
-            let rootfs: Mount = try await disks.prepareRootfs(plan)
-            let writable: Mount = try disks.prepareWritable(plan)
+            // The card first: it takes the frame socket's descriptor, which the layer owns from
+            // the call on, so a boot that fails later still closes it (with the card).
             var interface: FileHandleInterface? = nil
             if let network = plan.network {
                 interface = try FileHandleInterface(plan: network)
             }
+            let rootfs: Mount = try await disks.prepareRootfs(plan)
+            try checkStillBooting()
+            let writable: Mount = try disks.prepareWritable(plan)
             let config: LinuxContainer.Configuration = plan.containerConfiguration(network: interface)
             let container = try LinuxContainer(
                 plan.id, rootfs: rootfs, writableLayer: writable, vmm: vmm, configuration: config, logger: nil)
             self.container = container
             try await container.create()
+            try checkStillBooting()
             try await container.start()
             try await waitForAgent(container)
-            guard state == VMState.booting else {
-                // A stop or kill came while it booted.
-                throw LayerFailure.failed("vm \(plan.id) was stopped while it booted")
-            }
+            try checkStillBooting()
             state = VMState.running
             Task { await self.watch(container) }
         } catch {
@@ -53,6 +54,14 @@ public actor VirtualMachine {
             }
             finish(VMState.failed(failure.message))
             throw failure
+        }
+    }
+
+    /// Fails when a stop or kill came while the boot awaited (the actor is re-entered at every
+    /// await): a pull or a disk build can take minutes, and what was killed must not start.
+    private func checkStillBooting() throws(LayerFailure) {
+        guard state == VMState.booting else {
+            throw LayerFailure.failed("vm \(plan.id) was stopped while it booted")
         }
     }
 
@@ -110,7 +119,12 @@ public actor VirtualMachine {
         if state != VMState.booting {
             state = VMState.stopping
         }
-        guard let container else { return }
+        guard let container else {
+            // Killed before the container exists (its disks are still being made): it ends
+            // here, and the boot stops at its next check instead of starting it.
+            finish(VMState.exited("killed"))
+            return
+        }
         do {
             try await container.stop()
         } catch {
