@@ -5,6 +5,7 @@
 //! # Layout
 //! - [`proto`]: the generated helper contract (`proto/sandbox_mcp/helper/v1/helper.proto`).
 //! - [`paths`]: where every file lives (XDG dirs, sockets), shared by all binaries.
+//! - [`clock`]: wall-clock stamps (Unix milliseconds and seconds).
 //! - [`image`]: the local image store and the mmdebstrap image builder.
 //! - [`helper`]: the Linux VM helper: the gRPC service and its namespace driver.
 //! - [`agent`]: the in-sandbox agent that runs one process per Exec.
@@ -19,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod clock;
 pub mod ctl;
 pub mod daemon;
 pub mod doctor;

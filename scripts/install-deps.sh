@@ -4,6 +4,7 @@
 #   mmdebstrap         builds images
 #   uidmap             newuidmap/newgidmap: image builds without root
 #   protobuf-compiler  protoc, needed by build.rs
+#   procps             ps: a Mac tells a live server by it (no /proc); a test runs it here
 #   python3-venv       the test venv (only if this python3 cannot make one)
 # With SANDBOX_MCP_VM=1 (`make vm`, `make install VM=1`, the test setup), also
 # what the optional vm driver needs (scripts/vm-kernel.sh, vm-initramfs.sh):
@@ -13,7 +14,7 @@
 #   cpio lz4           the initramfs archive; the kernel's compressed payload
 set -euo pipefail
 
-packages=(mmdebstrap uidmap protobuf-compiler)
+packages=(mmdebstrap uidmap protobuf-compiler procps)
 if [ "${SANDBOX_MCP_VM:-0}" = 1 ]; then
     packages+=(qemu-system-x86 e2fsprogs binutils cpio lz4)
 fi

@@ -138,7 +138,7 @@ impl Registry {
             name,
             pid,
             argv: spec.argv.clone(),
-            started_at_ms: now_ms(),
+            started_at_ms: crate::clock::unix_ms(),
             output: Mutex::new(Ring::default()),
             exit,
             drained,
@@ -245,13 +245,6 @@ async fn collect_output(output: OwnedFd, record: std::sync::Weak<Record>) {
             _ => return,
         }
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

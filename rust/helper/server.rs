@@ -195,12 +195,12 @@ async fn shutdown_signal() -> &'static str {
     }
 }
 
-/// Raises the soft descriptor limit to the hard one: every VM holds
-/// sockets and pipes, and the usual soft 1024 would let a few busy VMs
-/// starve the rest (EMFILE on exec and on new VMs).
 /// macOS's per-process open files cap (`OPEN_MAX`).
 const OPEN_MAX: nix::sys::resource::rlim_t = 10240;
 
+/// Raises the soft descriptor limit to the hard one: every VM holds
+/// sockets and pipes, and the usual soft 1024 would let a few busy VMs
+/// starve the rest (EMFILE on exec and on new VMs).
 fn raise_nofile_limit() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     match getrlimit(Resource::RLIMIT_NOFILE) {

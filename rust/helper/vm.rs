@@ -289,7 +289,7 @@ impl VmManager {
             shell: image.shell.clone(),
             config,
             state: VmState::Created,
-            created_at_ms: now_ms(),
+            created_at_ms: crate::clock::unix_ms(),
             started_at_ms: 0,
             stop_reason: String::new(),
             image_created_at_ms: image.created_at_ms,
@@ -362,7 +362,7 @@ impl VmManager {
             d.events = events;
             d.generation += 1;
             d.info.state = VmState::Running;
-            d.info.started_at_ms = now_ms();
+            d.info.started_at_ms = crate::clock::unix_ms();
             d.info.stop_reason.clear();
             d.info.limits_not_enforced = limits_not_enforced;
             d.generation
@@ -550,11 +550,4 @@ async fn stop_run(run: Run, grace: Duration) {
     }
     let _ = exited.wait_for(Option::is_some).await;
     instance.cleanup();
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }

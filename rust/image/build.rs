@@ -6,7 +6,6 @@
 //! crashed build leaves nothing that `list` would report.
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::mmdebstrap::{self, Mode};
 use super::store::{INFO_FILE, ROOTFS_DIR, remove_tree, write_info};
@@ -65,7 +64,7 @@ impl ImageStore {
         let info = ImageInfo {
             name: req.name.clone(),
             size_bytes: inspect::disk_usage(&rootfs),
-            created_at_ms: now_ms(),
+            created_at_ms: crate::clock::unix_ms(),
             shell: inspect::shell(&rootfs),
             package_manager: inspect::package_manager(&rootfs),
             id_map: mapper.id_map().clone(),
@@ -146,10 +145,6 @@ impl Drop for BuildDir {
     fn drop(&mut self) {
         remove_tree(&self.0);
     }
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 #[cfg(test)]

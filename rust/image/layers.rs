@@ -114,11 +114,7 @@ impl ImageStore {
         {
             let _guard = self.lock();
             self.get(name)?;
-            let children: Vec<String> =
-                self.list()?.into_iter().filter(|i| i.parent == name && i.name != name).map(|i| i.name).collect();
-            if !children.is_empty() {
-                return Err(ImageError::HasChildren { name: name.to_string(), children });
-            }
+            self.refuse_with_children(name)?;
             let dir = self.root().join(name);
             let is_link = dir.symlink_metadata().is_ok_and(|m| m.file_type().is_symlink());
             let victim = if is_link { dir.clone() } else { dir.join(INFO_FILE) };
@@ -130,6 +126,19 @@ impl ImageStore {
         }
         self.gc()?;
         Ok(())
+    }
+
+    /// `HasChildren` while another image names `name` as its parent: their
+    /// layers stand on its own, so it can be neither deleted nor replaced.
+    /// Callers hold the store's lock.
+    pub(super) fn refuse_with_children(&self, name: &str) -> Result<(), ImageError> {
+        let children: Vec<String> =
+            self.list()?.into_iter().filter(|i| i.parent == name && i.name != name).map(|i| i.name).collect();
+        if children.is_empty() {
+            Ok(())
+        } else {
+            Err(ImageError::HasChildren { name: name.to_string(), children })
+        }
     }
 
     /// Removes every layer that no image and no VM of a live helper sharing

@@ -101,21 +101,13 @@ impl ImageStore {
         let _guard = self.lock();
         match self.get(name) {
             Ok(old) if !force || old.reference.is_empty() => return Err(ImageError::AlreadyExists(name.to_string())),
-            Ok(_) => {
-                let children: Vec<String> =
-                    self.list()?.into_iter().filter(|i| i.parent == name).map(|i| i.name).collect();
-                if !children.is_empty() {
-                    return Err(ImageError::HasChildren { name: name.to_string(), children });
-                }
-            }
+            Ok(_) => self.refuse_with_children(name)?,
             Err(ImageError::NotFound(_)) => {}
             Err(e) => return Err(e),
         }
         let info = ImageInfo {
             name: name.to_string(),
-            created_at_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as i64),
+            created_at_ms: crate::clock::unix_ms(),
             shell: shell.to_string(),
             package_manager: package_manager.to_string(),
             reference: reference.to_string(),
@@ -273,7 +265,7 @@ pub(super) mod tests {
         assert_eq!((rec.reference.as_str(), rec.shell.as_str(), rec.package_manager.as_str()), (r, "/bin/bash", "apt"));
         assert!(rec.layers().is_empty(), "no rootfs here: the VM layer pulls it");
         assert_eq!(store.get("py").unwrap(), rec);
-        assert_eq!(store.list().unwrap(), [rec.clone()]);
+        assert_eq!(store.list().unwrap(), std::slice::from_ref(&rec));
         assert!(matches!(store.add_reference("py", r, "/bin/sh", "", false), Err(ImageError::AlreadyExists(_))));
         let again = store.add_reference("py", "ghcr.io/o/img@sha256:00ff", "/bin/sh", "", true).unwrap();
         assert_eq!(store.get("py").unwrap().reference, again.reference);

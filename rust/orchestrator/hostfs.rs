@@ -212,6 +212,8 @@ pub struct Stat {
 }
 
 impl From<FileStat> for Stat {
+    // The casts are no-ops on Linux and widen on macOS (below).
+    #[allow(clippy::useless_conversion, clippy::unnecessary_cast)]
     fn from(st: FileStat) -> Self {
         Self {
             kind: Kind::from_mode(st.st_mode),

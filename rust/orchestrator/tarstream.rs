@@ -52,7 +52,7 @@ impl Write for ChunkWriter {
 /// relative to `/`), root-owned, all with `mode`: for writes that fit one
 /// CopyIn chunk (file tools, COPY steps, installing sandbox-ctl).
 pub fn files_archive<'a>(files: impl IntoIterator<Item = (&'a str, &'a [u8])>, mode: u32) -> io::Result<Vec<u8>> {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let now = crate::clock::unix_secs();
     let mut b = tar::Builder::new(Vec::new());
     for (path, data) in files {
         let mut h = tar::Header::new_gnu();

@@ -4,7 +4,7 @@
 use std::{
     path::PathBuf,
     sync::Arc,
-    time::{Duration, SystemTime},
+    time::Duration,
 };
 
 use super::{
@@ -26,7 +26,7 @@ pub struct Respawn {
 
 /// The time of day in UTC, for messages that say when something happened.
 pub(super) fn clock() -> String {
-    let secs = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let secs = crate::clock::unix_secs();
     format!("{:02}:{:02}:{:02} UTC", secs / 3600 % 24, secs / 60 % 60, secs % 60)
 }
 

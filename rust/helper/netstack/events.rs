@@ -1,7 +1,6 @@
 //! What a VM's policy decided: the most recent refusals (a bounded ring,
 //! served by the NetworkEvents RPC) and counters since the VM started.
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// How many refusals are kept per VM.
 pub const RING: usize = 256;
@@ -42,7 +41,7 @@ impl Events {
     /// Records a refusal (and logs it).
     pub fn refused(&self, protocol: &'static str, destination: String, name: Option<&str>, reason: String) {
         tracing::info!(protocol, %destination, name, %reason, "egress refused");
-        let at_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+        let at_ms = crate::clock::unix_ms();
         let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         // A Vec ring: removing the oldest of 256 rare entries is cheap, and
         // the snapshot stays a plain clone.

@@ -56,15 +56,21 @@ pub(super) async fn commit(vms: &VmManager, req: pb::CommitVmRequest) -> Result<
     Ok(pb::CommitVmResponse { image: Some(image_to_proto(image)) })
 }
 
-/// Checks the request and an existing name up front (so those errors are the
-/// call's status), then builds in a blocking task, streaming its output.
-#[cfg(linux_host)]
+/// Checks the request up front (so its errors are the call's status, on any
+/// host), then builds where this host can.
 pub(super) async fn build(
     vms: &VmManager,
     req: pb::BuildImageRequest,
 ) -> Result<Response<RpcStream<pb::BuildImageResponse>>, Status> {
     let req = BuildRequest::from(req);
     req.check().map_err(|e| status(e.into()))?;
+    build_checked(vms, req)
+}
+
+/// Checks an existing name up front (its error is the call's status too),
+/// then builds in a blocking task, streaming its output.
+#[cfg(linux_host)]
+fn build_checked(vms: &VmManager, req: BuildRequest) -> Result<Response<RpcStream<pb::BuildImageResponse>>, Status> {
     let mapper = vms.id_mapper().cloned().map_err(|why| status(HelperError::Unavailable(why.to_string())))?;
     if !req.force {
         match vms.images().get(&req.name) {
@@ -100,12 +106,7 @@ pub(super) async fn build(
 /// elsewhere (a Mac's) has images by reference (`sandbox-mcp image pull`,
 /// pulled by its VM layer) and by commit.
 #[cfg(not(linux_host))]
-pub(super) async fn build(
-    vms: &VmManager,
-    req: pb::BuildImageRequest,
-) -> Result<Response<RpcStream<pb::BuildImageResponse>>, Status> {
-    let req = BuildRequest::from(req);
-    req.check().map_err(|e| status(e.into()))?;
+fn build_checked(vms: &VmManager, _req: BuildRequest) -> Result<Response<RpcStream<pb::BuildImageResponse>>, Status> {
     let why = vms.id_mapper().err().unwrap_or("not on this host");
     Err(status(HelperError::Unavailable(format!("BuildImage needs Linux (mmdebstrap and user namespaces): {why}"))))
 }

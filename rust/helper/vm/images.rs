@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use super::{
-    HelperError, RunHandles, Slot, VmConfig, VmInfo, VmManager, VmState, now_ms, prepare_dir, share_mounts, vm_dir,
+    HelperError, RunHandles, Slot, VmConfig, VmInfo, VmManager, VmState, prepare_dir, share_mounts, vm_dir,
 };
 use crate::image::{ImageConfig, ImageError, ImageInfo, MAX_LAYERS, disk_usage, validate_name};
 
@@ -56,7 +56,7 @@ impl VmManager {
         let info = ImageInfo {
             name: req.image,
             size_bytes: base.size_bytes + size,
-            created_at_ms: now_ms(),
+            created_at_ms: crate::clock::unix_ms(),
             shell: base.shell.clone(),
             package_manager: base.package_manager.clone(),
             id_map: base.id_map.clone(),

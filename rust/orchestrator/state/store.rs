@@ -8,7 +8,7 @@
 //! after it is.
 use std::{
     path::{Path, PathBuf},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
 use rusqlite::{Connection, ErrorCode, OpenFlags};
@@ -222,7 +222,7 @@ fn migrate(conn: &mut Connection) -> Result<(), Open> {
 /// `<name>.damaged-<unix seconds>-<pid>-<n>`, the first such name free: an
 /// earlier copy is never overwritten (a hard link fails if the name exists).
 fn set_aside(path: &Path) -> Result<PathBuf, StateError> {
-    let stamp = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let stamp = crate::clock::unix_secs();
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let io = |what, p: &Path| {
         let path = p.display().to_string();
