@@ -7,11 +7,17 @@
 //! rarely have and that only root may set, or a loop-mounted filesystem per
 //! VM, which costs a preallocated image and a mount per VM and cannot hold
 //! the /workspace volume (a host directory that outlives the VM). So a
-//! watcher per running VM sums the allocated blocks (`st_blocks`, hard
-//! links once) under each part, about once a second: more often near the
-//! quota, where a fast writer overshoots the most, and never more than a
-//! tenth of the time, so a slow walk (a huge tree) costs a bounded share of
-//! a CPU. When a measurement is past the quota and above the previous one
+//! watcher per running VM sums what its files cost under each part: the
+//! allocated blocks (`st_blocks`, hard links once), and at least
+//! [`INODE_COST`] per file, directory, link or node, so a flood of empty
+//! files costs quota as it costs the host's inode table. It walks about
+//! once a second: more often near the quota, and never more than a tenth of
+//! the time, so a slow walk (a huge tree) costs a bounded share of a CPU.
+//! Between walks a [`Tripwire`] reads the free blocks and inodes of the
+//! parts' filesystems every [`TRIP_POLL`] (one `statfs`, no walk): a drop
+//! of half the VM's headroom walks at once, so a writer at any speed passes
+//! the quota by at most what it writes in one poll and one walk, not in a
+//! second. When a measurement is past the quota and above the previous one
 //! (something is writing), every process of the VM but its PID 1 and agent
 //! is killed and the reason recorded: Stats reports it, and an Exec whose
 //! process died of it gets it on stderr. Deleting files is never stopped
@@ -54,6 +60,16 @@ const NEAR_INTERVAL: Duration = Duration::from_millis(100);
 const NEAR: u64 = 80;
 /// A measurement may take at most this share of the time (1/N).
 const DUTY: u32 = 10;
+/// How often the [`Tripwire`] reads the parts' filesystems between walks.
+const TRIP_POLL: Duration = Duration::from_millis(25);
+/// The least drop of free space that trips it: below this an early walk
+/// is not worth its cost, even with no headroom left.
+const TRIP_MIN: u64 = 4 << 20;
+/// What every inode under a part costs at least, in bytes: one block, as
+/// ext4 and xfs allocate for a file with data. An empty file, a symlink or
+/// a whiteout allocates no block yet takes an inode of the host's
+/// filesystem, which a quota in bytes alone would let a sandbox use up.
+pub const INODE_COST: u64 = 4096;
 /// Bound on the kill rounds (each finds only what forked before the last).
 #[cfg(linux_host)]
 const KILL_ROUNDS: usize = 16;
@@ -163,6 +179,7 @@ pub fn watch(limit: u64, parts: Vec<Part>, writers: Writers) -> (Arc<Watch>, tok
     let w = Arc::new(Watch { limit, reading: Mutex::default(), stops: AtomicU64::new(0) });
     let shared = w.clone();
     let task = tokio::spawn(async move {
+        let mut wire = Tripwire::new(&parts);
         let mut previous: Option<u64> = None;
         let mut phase = Phase::Normal;
         loop {
@@ -228,10 +245,66 @@ pub fn watch(limit: u64, parts: Vec<Part>, writers: Writers) -> (Arc<Watch>, tok
             previous = Some(used);
             let near = used.saturating_mul(100) >= limit.saturating_mul(NEAR);
             let pause = if near { NEAR_INTERVAL } else { INTERVAL };
-            tokio::time::sleep(pause.max(took * DUTY)).await;
+            // An early walk still waits as long as the last walk took: the
+            // watcher spends at most half its time walking, however busy
+            // the host's filesystem is.
+            wire.wait(pause.max(took * DUTY), took, limit.saturating_sub(used)).await;
         }
     });
     (w, tokio_util::task::AbortOnDropHandle::new(task))
+}
+
+/// The free space of the filesystems a VM's parts live on, read with one
+/// `statfs` each: O(1), so it is read every [`TRIP_POLL`], where a walk of
+/// the tree may take a second. Those filesystems are the host's, so other
+/// writers move it too; that costs at most an early walk.
+struct Tripwire {
+    /// One path per filesystem among the parts.
+    filesystems: Vec<PathBuf>,
+}
+
+impl Tripwire {
+    fn new(parts: &[Part]) -> Self {
+        let mut devices = HashSet::new();
+        let filesystems = parts
+            .iter()
+            .filter(|p| std::fs::metadata(&p.path).is_ok_and(|m| devices.insert(std::os::unix::fs::MetadataExt::dev(&m))))
+            .map(|p| p.path.clone())
+            .collect();
+        Tripwire { filesystems }
+    }
+
+    /// Free bytes, with each free inode worth [`INODE_COST`], as a walk
+    /// charges them.
+    fn free(&self) -> u64 {
+        self.filesystems
+            .iter()
+            .filter_map(|p| nix::sys::statvfs::statvfs(p).ok())
+            .map(|fs| {
+                let bytes = u64::from(fs.blocks_free()).saturating_mul(fs.fragment_size() as u64);
+                bytes.saturating_add(u64::from(fs.files_free()).saturating_mul(INODE_COST))
+            })
+            .fold(0, u64::saturating_add)
+    }
+
+    /// Sleeps for `pause`, or less once at least `least` has passed and the
+    /// filesystems lost half of `headroom` (the quota left at the last
+    /// walk) since the call began: then a walk is due now.
+    async fn wait(&mut self, pause: Duration, least: Duration, headroom: u64) {
+        let started = tokio::time::Instant::now();
+        if self.filesystems.is_empty() {
+            tokio::time::sleep(pause).await;
+            return;
+        }
+        let before = self.free();
+        let trip = (headroom / 2).max(TRIP_MIN);
+        while started.elapsed() < pause {
+            tokio::time::sleep(TRIP_POLL.min(pause - started.elapsed())).await;
+            if started.elapsed() >= least && before.saturating_sub(self.free()) >= trip {
+                return;
+            }
+        }
+    }
 }
 
 /// One measurement of the parts and what the writers hold beside them;
@@ -314,9 +387,10 @@ fn measure(parts: &[Part], pid1: i32) -> Vec<(String, u64)> {
     sizes
 }
 
-/// Allocated bytes under `root`: st_blocks of every entry, hard-linked files
-/// once, without following symlinks below root or leaving its filesystem.
-/// Unreadable directories count as empty.
+/// What the tree under `root` costs: st_blocks of every entry and at least
+/// [`INODE_COST`] each, hard-linked files once, without following symlinks
+/// below root or leaving its filesystem. Unreadable directories count as
+/// empty.
 ///
 /// Walked by directory fds (`openat` on the parent's fd with `O_NOFOLLOW`),
 /// not by paths: a tree nested deeper than PATH_MAX is counted all the same,
@@ -328,7 +402,7 @@ pub fn allocated(root: &Path) -> u64 {
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
     let Ok(fd) = openat(AT_FDCWD, root, flags, Mode::empty()) else { return 0 };
     let Ok(top) = fstat(&fd) else { return 0 };
-    let mut walk = Walk { dev: top.st_dev, total: blocks(&top), linked: HashSet::new() };
+    let mut walk = Walk { dev: top.st_dev, total: charge(&top), linked: HashSet::new() };
     let subdirs = walk.level(&fd);
     let mut stack = vec![(fd, subdirs)];
     while let Some((parent, pending)) = stack.last_mut() {
@@ -371,7 +445,7 @@ impl Walk {
             if st.st_nlink > 1 && !is_dir && !self.linked.insert(st.st_ino) {
                 continue;
             }
-            self.total += blocks(&st);
+            self.total += charge(&st);
             if is_dir {
                 subdirs.push(name.to_owned());
             }
@@ -385,8 +459,9 @@ fn open_dir<Fd: AsFd, P: ?Sized + NixPath>(at: Fd, path: &P) -> nix::Result<Owne
     openat(at, path, flags, Mode::empty())
 }
 
-fn blocks(st: &FileStat) -> u64 {
-    u64::try_from(st.st_blocks).unwrap_or(0) * 512
+/// An entry's cost against the quota: its blocks, at least [`INODE_COST`].
+fn charge(st: &FileStat) -> u64 {
+    (u64::try_from(st.st_blocks).unwrap_or(0) * 512).max(INODE_COST)
 }
 
 /// Bytes allocated to regular files that the VM's processes (PID 1 and every
@@ -495,6 +570,38 @@ mod tests {
         std::fs::File::create(dir.path().join("sparse")).unwrap().set_len(1 << 30).unwrap();
         let grown = allocated(dir.path()) - empty;
         assert!((1 << 20..(1 << 20) + (64 << 10)).contains(&grown), "{grown}");
+    }
+
+    #[test]
+    fn every_inode_costs_at_least_a_block() {
+        let dir = Scratch(std::env::temp_dir().join(format!("quota-inodes-{}", std::process::id())));
+        std::fs::create_dir_all(dir.path()).unwrap();
+        let empty = allocated(dir.path());
+        for i in 0..100 {
+            std::fs::File::create(dir.path().join(format!("e{i}"))).unwrap();
+        }
+        std::os::unix::fs::symlink("e0", dir.path().join("link")).unwrap();
+        let grown = allocated(dir.path()) - empty;
+        // 101 inodes, and what the directory itself grew by.
+        assert!((101 * INODE_COST..101 * INODE_COST + (64 << 10)).contains(&grown), "{grown}");
+    }
+
+    #[tokio::test]
+    async fn the_tripwire_cuts_a_pause_short_when_the_filesystem_fills() {
+        let dir = Scratch(std::env::temp_dir().join(format!("quota-trip-{}", std::process::id())));
+        std::fs::create_dir_all(dir.path()).unwrap();
+        let mut wire = Tripwire::new(&[Part { label: "scratch".into(), path: dir.path().to_path_buf() }]);
+        assert_eq!(wire.filesystems.len(), 1);
+        let path = dir.path().join("fill");
+        // Written while the tripwire waits: 32 MiB, past half of a 16 MiB
+        // headroom. Nothing else ends an hour's pause.
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            std::fs::write(&path, vec![1u8; 32 << 20]).unwrap();
+        });
+        let waited = tokio::time::timeout(Duration::from_secs(60), wire.wait(Duration::from_secs(3600), Duration::ZERO, 16 << 20));
+        assert!(waited.await.is_ok(), "the tripwire did not see 32 MiB written");
+        writer.join().unwrap();
     }
 
     #[test]

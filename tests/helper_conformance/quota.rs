@@ -128,6 +128,48 @@ async fn a_writer_deeper_than_path_max_is_stopped_at_the_disk_quota() {
     assert_writer_is_stopped(&mut h, &writer, "writable layer ").await;
 }
 
+/// How far past the quota the fastest writers may get: the bound,
+/// 10% of the quota or 64 MiB, whichever is larger.
+const FAST_OVERSHOOT: u64 = 64 << 20;
+
+#[tokio::test]
+async fn a_writer_at_full_speed_is_stopped_within_64_mib_of_the_disk_quota() {
+    let mut h = Harness::new("quotafast").await;
+    let (id, ws) = quota_vm(&mut h).await;
+    // 1.6 GiB in 16 MiB writes as fast as the host takes them: no pause
+    // for a once-a-second walk to fall between.
+    let o = h.sh(&id, "dd if=/dev/zero of=/workspace/big bs=16M count=100 2>&1; echo done").await;
+    let on_host = std::fs::metadata(ws.join("big")).map(|m| m.blocks() * 512).unwrap_or(0);
+    assert!(on_host <= QUOTA + FAST_OVERSHOOT, "{on_host} bytes reached the host: {o:?}");
+    let now = stats(&mut h, &id).await;
+    assert!(now.disk_quota_exceeded.starts_with("disk quota exceeded: "), "{now:?}");
+    assert_eq!(h.sh(&id, "rm /workspace/big && echo gone").await.out(), "gone\n");
+}
+
+#[tokio::test]
+async fn empty_files_cost_quota_and_a_flood_of_them_is_stopped() {
+    let mut h = Harness::new("quotainodes").await;
+    let id = h.running("vm", |s| s.disk_bytes = QUOTA).await;
+    // Empty files allocate no block, yet each takes an inode of the host:
+    // each costs 4 KiB of quota, so 64 MiB holds 16384 of them, and a
+    // writer making 200000 as fast as it can is stopped near there.
+    let flood = "import os\nos.mkdir('/tmp/f')\nfor i in range(200000):\n    os.close(os.open(f'/tmp/f/{i}', os.O_CREAT | os.O_WRONLY))\nprint('made them all')";
+    let o = h.run(process(&id, &["python3", "-c", flood]), b"").await.unwrap();
+    // A vm's writable disk is sized to the quota: its own inodes run out.
+    let stopped = o.status == Some(pb::exited::Status::Signal(libc::SIGKILL));
+    assert!(stopped || o.err().contains("No space left on device"), "{o:?}");
+    assert!(!o.out().contains("made them all"), "{o:?}");
+    let count = h.sh(&id, "ls -f /tmp/f | wc -l").await;
+    let made: u64 = count.out().trim().parse().unwrap();
+    assert!(made * 4096 <= QUOTA + FAST_OVERSHOOT, "{made} empty files were made under a 64 MiB quota");
+    if stopped {
+        assert!(o.err().contains("disk quota exceeded: "), "{o:?}");
+        let now = stats(&mut h, &id).await;
+        assert!(now.disk_used_bytes >= made * 4096, "{now:?}");
+    }
+    assert_eq!(h.sh(&id, "rm -rf /tmp/f && echo gone").await.out(), "gone\n");
+}
+
 #[tokio::test]
 async fn writes_that_outlive_the_kill_round_stop_the_vm_with_the_reason() {
     let mut h = Harness::new("quotavm").await;
