@@ -125,13 +125,31 @@ def test_foreign_origin_and_host_are_forbidden(http_server):
     assert post(server.url, {"Origin": "http://evil.example", **auth})[0] == 403
     assert post(server.url, {"Origin": "null", **auth})[0] == 403
     assert post(server.url, {"Host": "evil.example", **auth})[0] == 403
-    assert post(server.url, {"Origin": "http://localhost:5173", **auth})[0] == 200
     assert post(server.url, {"Host": f"localhost:{server.port}", **auth})[0] == 200
 
 
+def test_origin_must_name_the_port_served(http_server):
+    """Another port on localhost is another origin (any local web app): only
+    the served port's pages may call."""
+    server = http_server()
+    auth = server.auth
+    for host in ("localhost", "127.0.0.1", "[::1]"):
+        assert post(server.url, {"Origin": f"http://{host}:{server.port}", **auth})[0] == 200, host
+    other = 9999 if server.port != 9999 else 9998
+    for origin in (f"http://localhost:{other}", "http://localhost:5173", "http://localhost", "https://127.0.0.1"):
+        status, _ = post(server.url, {"Origin": origin, **auth})
+        assert status == 403, origin
+
+
 def test_allowed_host_widens_host_and_origin(http_server):
-    server = http_server(args=("--allowed-host", "sandbox.test"))
-    assert post(server.url, {"Host": "sandbox.test", "Origin": "https://sandbox.test", **server.auth})[0] == 200
+    # Without a port the name is accepted on the served port; with one (a
+    # proxy in front), on that port.
+    server = http_server(args=("--allowed-host", "sandbox.test", "--allowed-host", "proxy.test:443"))
+    ok = {"Host": "sandbox.test", "Origin": f"http://sandbox.test:{server.port}", **server.auth}
+    assert post(server.url, ok)[0] == 200
+    assert post(server.url, {"Origin": "https://sandbox.test", **server.auth})[0] == 403
+    assert post(server.url, {"Origin": "https://proxy.test", **server.auth})[0] == 200
+    assert post(server.url, {"Origin": f"http://proxy.test:{server.port}", **server.auth})[0] == 403
     assert post(server.url, {"Origin": "https://other.test", **server.auth})[0] == 403
 
 

@@ -135,6 +135,10 @@ struct Guard {
     token: Option<String>,
     /// Accepted hosts (`name` or `name:port`), shared with rmcp's `Host` check.
     allowed_hosts: Vec<String>,
+    /// The port served: an `Origin` must name it unless its allowed entry
+    /// names another (a proxy's), since another port on an allowed host is
+    /// another origin (any local web app on `localhost:9999`).
+    port: u16,
 }
 
 /// Hosts accepted in `Host` and `Origin`: loopback, the bind address when it
@@ -178,7 +182,7 @@ fn router(orchestrator: Arc<Orchestrator>, session: Arc<Config>, guard: Guard, s
 /// Origin first: a browser page on a foreign site must learn nothing, not even
 /// whether a token is required.
 async fn check(State(guard): State<Arc<Guard>>, request: Request<Body>, next: Next) -> Response {
-    if let Err(reason) = origin_allowed(request.headers(), &guard.allowed_hosts) {
+    if let Err(reason) = origin_allowed(request.headers(), &guard.allowed_hosts, guard.port) {
         tracing::warn!(%reason, "rejected request: Origin not allowed");
         return (StatusCode::FORBIDDEN, format!("Forbidden: {reason}\n")).into_response();
     }
@@ -195,24 +199,33 @@ async fn check(State(guard): State<Arc<Guard>>, request: Request<Body>, next: Ne
     next.run(request).await
 }
 
-/// An `Origin` header, when present, must name an allowed host.
-fn origin_allowed(headers: &HeaderMap, allowed: &[String]) -> Result<(), String> {
+/// An `Origin` header, when present, must name an allowed host and the
+/// port served (`served`), or the port its allowed entry names.
+fn origin_allowed(headers: &HeaderMap, allowed: &[String], served: u16) -> Result<(), String> {
     let Some(value) = headers.get(header::ORIGIN) else {
         return Ok(());
     };
     let origin = value.to_str().map_err(|_| "Origin is not ASCII".to_string())?;
     let uri: axum::http::Uri = origin.parse().map_err(|_| format!("malformed Origin '{origin}'"))?;
     let authority = uri.authority().ok_or_else(|| format!("Origin '{origin}' has no host"))?;
-    if host_allowed(authority.host(), authority.port_u16(), allowed) {
+    // An origin without a port has its scheme's.
+    let port = authority.port_u16().or(match uri.scheme_str() {
+        Some("http") => Some(80),
+        Some("https") => Some(443),
+        _ => None,
+    });
+    if origin_host_allowed(authority.host(), port, allowed, served) {
         Ok(())
     } else {
-        Err(format!("Origin '{origin}' is not an allowed host (see --allowed-host)"))
+        Err(format!(
+            "Origin '{origin}' is not an allowed host and port (port {served} served; see --allowed-host NAME[:PORT])"
+        ))
     }
 }
 
-/// Same rule as rmcp's `Host` check: the names match, and the port too when
-/// the allowed entry names one.
-fn host_allowed(host: &str, port: Option<u16>, allowed: &[String]) -> bool {
+/// The names match, as in rmcp's `Host` check, and so do the ports: the
+/// allowed entry's when it names one (a reverse proxy's), else the one served.
+fn origin_host_allowed(host: &str, port: Option<u16>, allowed: &[String], served: u16) -> bool {
     let host = host.trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
     allowed.iter().any(|entry| {
         let (name, entry_port) = match entry.parse::<axum::http::uri::Authority>() {
@@ -220,7 +233,7 @@ fn host_allowed(host: &str, port: Option<u16>, allowed: &[String]) -> bool {
             Err(_) => (entry.clone(), None),
         };
         let name = name.trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
-        name == host && entry_port.is_none_or(|p| Some(p) == port)
+        name == host && port == Some(entry_port.unwrap_or(served))
     })
 }
 
@@ -257,7 +270,9 @@ pub async fn serve_on(
     listen: HttpListen,
     shutdown: CancellationToken,
 ) -> Result<(), HttpError> {
-    let guard = Guard { token: listen.token, allowed_hosts: allowed_hosts(&listen.addr, &listen.allowed_hosts) };
+    // The port bound, which for port 0 only the listener knows.
+    let port = listener.local_addr().map_err(HttpError::Serve)?.port();
+    let guard = Guard { token: listen.token, allowed_hosts: allowed_hosts(&listen.addr, &listen.allowed_hosts), port };
     let app = router(orchestrator, session, guard, shutdown.child_token());
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
@@ -289,19 +304,36 @@ mod tests {
     }
 
     #[test]
-    fn origin_must_name_an_allowed_host() {
-        let allowed = hosts(&["localhost", "127.0.0.1", "::1", "box.lan:8443"]);
+    fn origin_must_name_an_allowed_host_and_the_port_served() {
+        let allowed = hosts(&["localhost", "127.0.0.1", "::1", "box.lan:8443", "plain.lan"]);
         let with = |o: &str| {
             let mut h = HeaderMap::new();
             h.insert(header::ORIGIN, o.parse().unwrap());
-            origin_allowed(&h, &allowed)
+            origin_allowed(&h, &allowed, 8765)
         };
-        assert!(origin_allowed(&HeaderMap::new(), &allowed).is_ok());
-        assert!(with("http://localhost:3000").is_ok());
-        assert!(with("http://[::1]:9").is_ok());
+        assert!(origin_allowed(&HeaderMap::new(), &allowed, 8765).is_ok());
+        assert!(with("http://localhost:8765").is_ok());
+        assert!(with("http://127.0.0.1:8765").is_ok());
+        assert!(with("http://[::1]:8765").is_ok());
+        // Another port on an allowed host is another origin.
+        let err = with("http://localhost:9999").unwrap_err();
+        assert!(err.contains("port 8765 served"), "{err}");
+        assert!(with("http://[::1]:9").is_err());
+        assert!(with("http://localhost").is_err(), "port 80");
+        // An entry naming a port (a proxy in front) takes that one instead.
         assert!(with("https://box.lan:8443").is_ok());
+        assert!(with("https://box.lan:8765").is_err());
         assert!(with("https://box.lan:9999").is_err());
-        assert!(with("http://evil.example").is_err());
+        assert!(with("http://plain.lan:8765").is_ok());
+        assert!(with("https://plain.lan").is_err(), "port 443");
+        let default_port = |o: &str, served| {
+            let mut h = HeaderMap::new();
+            h.insert(header::ORIGIN, o.parse().unwrap());
+            origin_allowed(&h, &allowed, served)
+        };
+        assert!(default_port("https://plain.lan", 443).is_ok());
+        assert!(default_port("http://localhost", 80).is_ok());
+        assert!(with("http://evil.example:8765").is_err());
         assert!(with("null").is_err());
     }
 

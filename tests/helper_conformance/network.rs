@@ -390,7 +390,8 @@ async fn connections_beyond_the_cap_are_refused_and_all_are_cleaned_up() {
 /// bytes (a list is sent in parts half a second apart), half-closes, then
 /// prints the first line of the answer, EMPTY, or the error's name. Most
 /// cases hide the name `bad.sni.test` from a check that reads only the
-/// first TLS record or the first HTTP request, or name nothing checkable;
+/// first TLS record or the first HTTP request, or name nothing checkable
+/// (`appdata`: encrypted-looking bytes before an allowed ClientHello);
 /// `plain`, `tlsgood`, `ssh` and `websocket` are ordinary traffic.
 /// ClientHellos are real ones (Python's ssl), re-split into several
 /// handshake records.
@@ -431,6 +432,7 @@ cases = {
     "bighead": lambda: [req(good, b"X: " + b"a" * 17000 + b"\r\n")],
     "halfhead": lambda: [b"GET / HTTP/1.1\r\nHost: bad.sni"],
     "tlsgood": lambda: [records(hello("good.sni.test"), [5, 100])],
+    "appdata": lambda: [b"\x17\x03\x03\x00\x05hello" + records(hello("good.sni.test"), [])],
     "ssh": lambda: [b"SSH-2.0-OpenSSH_9.2\r\n"],
     "websocket": lambda: [req(good, b"Upgrade: websocket\r\nConnection: Upgrade\r\n"), b"\x81\x82abcd\x09\x0b"],
 }
@@ -487,6 +489,7 @@ async fn names_hidden_past_the_first_record_or_request_are_still_refused() {
         ("nosni", "", "a TLS ClientHello without exactly one server name (SNI)"),
         ("bighead", "", "an HTTP request head longer than 16 KiB"),
         ("halfhead", "", "closed in the middle of a TLS ClientHello or HTTP request head"),
+        ("appdata", "", "TLS: an application data record came before the ClientHello"),
     ] {
         let before = events(&mut h, &id).await.refused_total;
         let got = evade(&mut h, case).await;

@@ -46,8 +46,12 @@ impl Inspector {
     pub fn next(&mut self, data: &[u8]) -> Step {
         match self {
             Inspector::Start => match data {
-                [] | [0x16] => Step::NeedMore,
+                [] => Step::NeedMore,
+                [first] if tls::is_record_type(*first) => Step::NeedMore,
                 _ => {
+                    if let Some(kind) = tls::non_handshake_record(data) {
+                        return Step::Unnamed(format!("TLS: {kind} came before the ClientHello"));
+                    }
                     *self =
                         if tls::looks_like_tls(data) { Inspector::Tls } else { Inspector::Http(Requests::default()) };
                     self.next(data)
@@ -97,5 +101,29 @@ mod tests {
         );
         assert_eq!(Inspector::default().next(b"\x16\x01nope"), Step::Rest, "not TLS, not HTTP");
         assert_eq!(Inspector::default().next(b"SSH-2.0-x\r\n"), Step::Rest);
+    }
+
+    #[test]
+    fn a_tls_record_other_than_a_handshake_first_is_refused_not_passed() {
+        // Application data, an alert, a change_cipher_spec or a heartbeat
+        // before any ClientHello: a request no name was checked for.
+        for (first, kind) in
+            [(0x17, "application data"), (0x15, "alert"), (0x14, "change_cipher_spec"), (0x18, "heartbeat")]
+        {
+            let mut i = Inspector::default();
+            assert_eq!(i.next(&[first]), Step::NeedMore, "one byte of {kind} decides nothing yet");
+            let record = [first, 0x03, 0x03, 0x00, 0x05, b'h', b'e', b'l', b'l', b'o'];
+            let step = i.next(&record);
+            assert!(
+                matches!(&step, Step::Unnamed(why) if why.contains(kind) && why.contains("before the ClientHello")),
+                "{step:?}"
+            );
+            // Followed by a real ClientHello, it is refused all the same.
+            let mut both = record.to_vec();
+            both.extend_from_slice(&client_hello_record("good.example"));
+            assert!(matches!(Inspector::default().next(&both), Step::Unnamed(_)));
+        }
+        // The same first bytes with another second byte are not TLS.
+        assert_eq!(Inspector::default().next(b"\x17\x01binary"), Step::Rest);
     }
 }

@@ -28,7 +28,35 @@ pub fn looks_like_tls(data: &[u8]) -> bool {
     data.len() >= 2 && data[0] == HANDSHAKE && data[1] == 3
 }
 
+/// Whether `byte` is a TLS record's content type (change_cipher_spec,
+/// alert, handshake, application_data, heartbeat): a flow starting with one
+/// may be TLS, and is read as TLS once its second byte says so.
+pub fn is_record_type(byte: u8) -> bool {
+    (CHANGE_CIPHER_SPEC..=HEARTBEAT).contains(&byte)
+}
+
+/// What a TLS record other than a handshake record at the start of a flow
+/// (at least 2 bytes) is, if it is one: nothing a client sends before its
+/// ClientHello, so it is refused rather than passed unread (application
+/// data sent first would carry a request no name was checked for).
+pub fn non_handshake_record(data: &[u8]) -> Option<&'static str> {
+    if data.len() < 2 || data[1] != 3 {
+        return None;
+    }
+    match data[0] {
+        CHANGE_CIPHER_SPEC => Some("a change_cipher_spec record"),
+        ALERT => Some("an alert record"),
+        APPLICATION_DATA => Some("an application data record"),
+        HEARTBEAT => Some("a heartbeat record"),
+        _ => None,
+    }
+}
+
+const CHANGE_CIPHER_SPEC: u8 = 0x14;
+const ALERT: u8 = 0x15;
 const HANDSHAKE: u8 = 0x16;
+const APPLICATION_DATA: u8 = 0x17;
+const HEARTBEAT: u8 = 0x18;
 const CLIENT_HELLO: u8 = 1;
 
 /// Reassembles the ClientHello from the handshake records at the start of
