@@ -1,14 +1,19 @@
 """Secrets stay secret (issue 9; weaknesses #10 and #9): a git_clone token
 reaches git on a descriptor, never in any process's environment or argv
 where other code in the sandbox reads it, and history and the state file
-redact secrets typed on command lines."""
+redact secrets typed on command lines; env values are sealed at rest."""
 import base64
 import hashlib
 import json
 import os
+import secrets
+import sqlite3
+import stat
 import time
+from pathlib import Path
 
-from conftest import saved_state
+from conftest import saved_state, stop_daemon
+from test_persistence import kill9_server
 from waiting import wait_for
 
 PORT = 18641
@@ -169,3 +174,76 @@ def test_history_and_state_file_redact_secrets(server_factory, env):
     text = saved_state(env)
     assert "python: password" in text, text
     assert "S3cret" not in text and "FOO_TOKEN=***" in text, text
+
+
+def files_holding(env: dict[str, str], needle: bytes) -> list[str]:
+    """The state database's files (the WAL too) and every log on the host
+    side that hold `needle` as bytes."""
+    state = Path(env["XDG_STATE_HOME"]) / "sandbox-mcp"
+    paths = [state / n for n in ("state.db", "state.db-wal")]
+    paths += [*state.rglob("*.log"), *Path(env["SANDBOX_MCP_TEST_TMP"]).rglob("*.log")]
+    return [str(p) for p in paths if p.is_file() and needle in p.read_bytes()]
+
+
+def test_env_values_are_sealed_at_rest_yet_survive_a_restart_and_a_clone(server_factory, env):
+    token = f"tok-{secrets.token_hex(12)}"
+    srv = server_factory()
+    text, err = srv.tool("env", action="set", key="API_TOKEN", value=token)
+    assert not err, text
+    text, err = srv.tool("env", action="set", key="PLAIN_NAME", value=f"also-{token}")
+    assert not err, text
+    out, _, code = sh(srv, "printenv API_TOKEN; printenv PLAIN_NAME")
+    assert code == 0 and out.split() == [token, f"also-{token}"], out
+    # Committed before the tool answered, sealed: not in the file, its WAL
+    # or any log; the key beside it is the user's alone.
+    assert files_holding(env, token.encode()) == []
+    assert token not in saved_state(env)
+    values = [v for (v,) in _env_rows(env)]
+    assert len(values) == 2 and all(v.startswith("sealed:v1:") for v in values), values
+    key = Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "state.key"
+    assert stat.S_IMODE(key.lstat().st_mode) == 0o600 and key.lstat().st_size == 32
+    history, _ = srv.tool("history")
+    assert token not in history, history
+
+    # A clone has the env, and its record holds it sealed too.
+    text, err = srv.tool("clone", source="default", target="copy")
+    assert not err, text
+    out, _, code = sh(srv, "printenv API_TOKEN", sandbox="copy")
+    assert code == 0 and out.strip() == token, out
+    assert files_holding(env, token.encode()) == []
+    assert len(_env_rows(env)) == 4
+
+    # kill -9 of the server: the next one opens what the database holds.
+    kill9_server(env)
+    srv = server_factory()
+    for sandbox in ("default", "copy"):
+        out, _, code = sh(srv, "printenv API_TOKEN", sandbox=sandbox)
+        assert code == 0 and out.strip() == token, (sandbox, out)
+    assert files_holding(env, token.encode()) == []
+    text, _ = srv.tool("history", limit=50)
+    assert token not in text, text
+
+    # A value stored in plaintext (by a version before sealing) is used,
+    # and sealed in place when the next server opens the database.
+    stop_daemon(env)
+    old = f"old-{secrets.token_hex(12)}"
+    with sqlite3.connect(_db(env), timeout=10) as db:
+        db.execute("UPDATE env SET value = ? WHERE key = 'API_TOKEN' AND sandbox LIKE '%-default'", (old,))
+    db.close()
+    srv = server_factory()
+    out, _, code = sh(srv, "printenv API_TOKEN")
+    assert code == 0 and out.strip() == old, out
+    assert all(v.startswith("sealed:v1:") for (v,) in _env_rows(env))
+    assert files_holding(env, old.encode()) == []
+
+
+def _db(env: dict[str, str]) -> Path:
+    return Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "state.db"
+
+
+def _env_rows(env: dict[str, str]) -> list[tuple[str]]:
+    db = sqlite3.connect(f"file:{_db(env)}?mode=ro", uri=True, timeout=10)
+    try:
+        return db.execute("SELECT value FROM env").fetchall()
+    finally:
+        db.close()

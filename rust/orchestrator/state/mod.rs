@@ -16,7 +16,9 @@
 //! - [`store`]: opening, schema migrations, a damaged file set aside, the
 //!   database thread.
 //! - [`import`]: the JSON state file of earlier versions, imported once.
+//! - [`seal`]: env values sealed at rest, and the key they are sealed with.
 pub mod import;
+pub mod seal;
 pub mod store;
 
 use std::{
@@ -32,6 +34,7 @@ use rusqlite::{Connection, OptionalExtension as _, Transaction, TransactionBehav
 use serde::Deserialize;
 
 use super::{Orchestrator, audit::AuditEntry, sandbox::Sandbox, sandbox::SandboxManager, spawn::SpawnState};
+use seal::SealKey;
 pub use store::Store;
 
 /// Where the database lives.
@@ -93,6 +96,9 @@ pub enum StateError {
         /// Where it is now.
         moved_to: String,
     },
+    /// The key env values are sealed with is missing, exposed or unreadable.
+    #[error(transparent)]
+    Key(#[from] seal::SealError),
     /// A statement failed.
     #[error("state database: {0}")]
     Db(#[from] rusqlite::Error),
@@ -279,31 +285,44 @@ pub(crate) mod ops {
         for table in ["DELETE FROM sandboxes WHERE name = ?1", "DELETE FROM history WHERE sandbox = ?1"] {
             c.execute(table, [name])?;
         }
-        put_env(c, name, None)
+        forget_env(c, name)
     }
 
-    /// Replace a sandbox's env (`None`: no record of it at all).
-    pub fn put_env(c: &Connection, name: &str, env: Option<&BTreeMap<String, String>>) -> rusqlite::Result<()> {
+    /// Leave no record of a sandbox's env.
+    pub fn forget_env(c: &Connection, name: &str) -> rusqlite::Result<()> {
         c.execute("DELETE FROM env WHERE sandbox = ?1", [name])?;
         c.execute("DELETE FROM env_known WHERE sandbox = ?1", [name])?;
-        if let Some(env) = env {
-            c.execute("INSERT INTO env_known (sandbox) VALUES (?1)", [name])?;
-            for (k, v) in env {
-                c.execute("INSERT INTO env (sandbox, key, value) VALUES (?1, ?2, ?3)", (name, k, v))?;
-            }
+        Ok(())
+    }
+
+    /// Replace a sandbox's env, every value sealed with `key`.
+    pub fn put_env(c: &Connection, key: &SealKey, name: &str, env: &BTreeMap<String, String>) -> rusqlite::Result<()> {
+        forget_env(c, name)?;
+        c.execute("INSERT INTO env_known (sandbox) VALUES (?1)", [name])?;
+        for (k, v) in env {
+            let sealed = key.seal(name, k, v).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+            c.execute("INSERT INTO env (sandbox, key, value) VALUES (?1, ?2, ?3)", (name, k, sealed))?;
         }
         Ok(())
     }
 
-    /// A sandbox's env, if it was ever recorded.
-    pub fn env(c: &Connection, name: &str) -> rusqlite::Result<Option<BTreeMap<String, String>>> {
+    /// A sandbox's env, if it was ever recorded, its values opened with
+    /// `key`. A value that does not open is a `FromSqlConversionFailure`
+    /// holding the [`seal::SealError`].
+    pub fn env(c: &Connection, key: &SealKey, name: &str) -> rusqlite::Result<Option<BTreeMap<String, String>>> {
         let known: bool =
             c.query_row("SELECT EXISTS (SELECT 1 FROM env_known WHERE sandbox = ?1)", [name], |r| r.get(0))?;
         if !known {
             return Ok(None);
         }
         let mut stmt = c.prepare_cached("SELECT key, value FROM env WHERE sandbox = ?1")?;
-        let rows = stmt.query_map([name], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let rows = stmt.query_map([name], |r| {
+            let (k, stored): (String, String) = (r.get(0)?, r.get(1)?);
+            let value = key
+                .open(name, &k, &stored)
+                .map_err(|e| rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Text, Box::new(e)))?;
+            Ok((k, value))
+        })?;
         rows.collect::<rusqlite::Result<_>>().map(Some)
     }
 
@@ -341,7 +360,7 @@ struct Snapshot {
     spawn: SpawnState,
 }
 
-fn load(c: &mut Connection) -> rusqlite::Result<Snapshot> {
+fn load(c: &mut Connection, key: &SealKey) -> rusqlite::Result<Snapshot> {
     let tx = c.transaction()?;
     let mut s = Snapshot::default();
     {
@@ -379,7 +398,15 @@ fn load(c: &mut Connection) -> rusqlite::Result<Snapshot> {
         let mut q = tx.prepare("SELECT sandbox FROM env_known")?;
         let known: Vec<String> = q.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
         for name in known {
-            s.env.insert(name.clone(), ops::env(&tx, &name)?.unwrap_or_default());
+            match ops::env(&tx, key, &name) {
+                Ok(env) => drop(s.env.insert(name.clone(), env.unwrap_or_default())),
+                // Left out, the sandbox's own copy of its env is used and
+                // saved again (`apply`).
+                Err(rusqlite::Error::FromSqlConversionFailure(_, _, e)) => {
+                    tracing::warn!(sandbox = %name, "the saved env is not used: {e}; the sandbox's own copy is")
+                }
+                Err(e) => return Err(e),
+            }
         }
         let mut q = tx.prepare("SELECT host_port, sandbox, port FROM forwards")?;
         s.forwards = q
@@ -474,6 +501,16 @@ impl StateHandle {
         self.notice.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// [`Self::submit`] for a change that seals env values.
+    fn submit_sealed(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&Transaction<'_>, &SealKey) -> rusqlite::Result<()> + Send + 'static,
+    ) -> Pending {
+        let Some(key) = self.store.get().map(|s| s.key().clone()) else { return Pending(None) };
+        self.submit(what, move |c| f(c, &key))
+    }
+
     fn set_notice(&self, text: String) {
         tracing::warn!("{text}");
         *self.notice.lock().unwrap_or_else(|p| p.into_inner()) = Some(text);
@@ -515,12 +552,12 @@ impl SandboxManager {
     /// history, its env as it starts, no loss.
     pub(super) fn record_created(&self, s: &Sandbox) -> Pending {
         let (r, env) = (SandboxRecord::of(s), s.env());
-        self.state.submit("a new sandbox", move |c| {
+        self.state.submit_sealed("a new sandbox", move |c, key| {
             ops::forget_sandbox(c, &r.name)?;
             c.execute("DELETE FROM lost WHERE name = ?1", [&r.name])?;
             c.execute("DELETE FROM gone_children WHERE name = ?1", [&r.name])?;
             ops::put_sandbox(c, &r)?;
-            ops::put_env(c, &r.name, Some(&env))
+            ops::put_env(c, key, &r.name, &env)
         })
     }
 
@@ -618,14 +655,14 @@ impl SandboxManager {
             apply(&mut env);
             return Ok(env);
         };
-        let name = name.to_string();
+        let (name, key) = (name.to_string(), store.key().clone());
         store
             .call(move |c| {
                 let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                let mut env = ops::env(&tx, &name)?.unwrap_or(current);
+                let mut env = ops::env(&tx, &key, &name)?.unwrap_or(current);
                 apply(&mut env);
                 if commit {
-                    ops::put_env(&tx, &name, Some(&env))?;
+                    ops::put_env(&tx, &key, &name, &env)?;
                     tx.commit()?;
                 }
                 Ok(env)
@@ -670,7 +707,8 @@ pub async fn restore(o: &Orchestrator, db: PathBuf) {
         Ok(Err(e)) => state.set_notice(e.to_string()),
         Err(e) => state.set_notice(e.to_string()),
     }
-    let snapshot = match store.call(load).await {
+    let key = store.key().clone();
+    let snapshot = match store.call(move |c| load(c, &key)).await {
         Ok(s) => s,
         Err(e) => {
             state.set_notice(format!("State is not being saved: reading the state database failed: {e}"));
@@ -720,7 +758,9 @@ async fn apply(o: &Orchestrator, mut saved: Snapshot) {
             None => {
                 let env = s.env();
                 let name = name.clone();
-                m.state.submit("a sandbox's env", move |c| ops::put_env(c, &name, Some(&env))).in_background();
+                m.state
+                    .submit_sealed("a sandbox's env", move |c, key| ops::put_env(c, key, &name, &env))
+                    .in_background();
             }
         }
         if !recorded.contains(name) {
@@ -758,6 +798,38 @@ mod tests {
         Connection::open(path).unwrap()
     }
 
+    fn key(db: &std::path::Path) -> SealKey {
+        SealKey::load_or_create(&seal::key_path(db)).unwrap()
+    }
+
+    #[test]
+    fn env_values_are_stored_sealed_and_read_back_opened() {
+        let dir = scratch_dir("state-env-sealed");
+        let db = dir.join("state.db");
+        let mut c = open(&db);
+        let key = key(&db);
+        let env = BTreeMap::from([("API_TOKEN".to_string(), "tok-sealed-42".to_string())]);
+        ops::put_env(&c, &key, "default", &env).unwrap();
+        ops::put_env(&c, &key, "other", &env).unwrap();
+        let stored: Vec<String> = c
+            .prepare("SELECT value FROM env")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(stored.len(), 2);
+        assert!(stored.iter().all(|v| seal::is_sealed(v) && !v.contains("tok-sealed")), "{stored:?}");
+        assert_eq!(load(&mut c, &key).unwrap().env["default"], env);
+        // One sandbox's value moved into another's row does not open there:
+        // that sandbox's saved env is left out, the rest is read.
+        c.execute("UPDATE env SET value = ?1 WHERE sandbox = 'other'", [&stored[0]]).unwrap();
+        let s = load(&mut c, &key).unwrap();
+        assert_eq!(s.env["default"], env);
+        assert!(!s.env.contains_key("other"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
     #[test]
     fn history_keeps_the_newest_entries() {
         let dir = scratch_dir("state-history");
@@ -768,7 +840,7 @@ mod tests {
             ops::add_history(&c, "default", &a).unwrap();
         }
         let mut c = c;
-        let s = load(&mut c).unwrap();
+        let s = load(&mut c, &key(&dir.join("state.db"))).unwrap();
         let h = &s.history["default"];
         assert_eq!(h.len(), crate::orchestrator::audit::AUDIT_LOG_SIZE);
         assert_eq!(h.first().unwrap().command, "c5");
@@ -785,7 +857,7 @@ mod tests {
         assert_eq!(import::import(&mut c, &json).unwrap(), import::Imported::Done);
         assert!(!json.exists() && dir.join("state.json.imported").exists());
         assert_eq!(import::import(&mut c, &json).unwrap(), import::Imported::Nothing);
-        let s = load(&mut c).unwrap();
+        let s = load(&mut c, &key(&dir.join("state.db"))).unwrap();
         let commands: Vec<&str> = s.history["default"].iter().map(|a| a.command.as_str()).collect();
         assert_eq!(commands, ["echo imported-history-one", "echo imported-history-two"]);
         assert_eq!(s.sandboxes[0].0.name, "default");

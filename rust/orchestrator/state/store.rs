@@ -11,9 +11,14 @@ use std::{
     time::Duration,
 };
 
+use std::sync::Arc;
+
 use rusqlite::{Connection, ErrorCode, OpenFlags};
 
-use super::StateError;
+use super::{
+    StateError,
+    seal::{self, SealKey},
+};
 
 /// Each migration takes the schema from version `index` to `index + 1`
 /// (`PRAGMA user_version`). Append only: a released step is never edited.
@@ -62,6 +67,11 @@ const MIGRATIONS: &[&str] = &[
     // 3: what a later use of a reaped child's name is told, so a restart
     // does not turn it into a bare "no such sandbox".
     "CREATE TABLE gone_children (name TEXT PRIMARY KEY, message TEXT NOT NULL);",
+    // 4: env values are sealed (`seal`); plaintext ones are sealed in place
+    // on open ([`seal_plaintext_env`]). No statement: the version alone keeps
+    // an older sandbox-mcp, which would hand `sealed:v1:…` to commands as
+    // the value, from using the file.
+    "",
 ];
 
 /// How long a writer waits for another process's transaction to end.
@@ -73,6 +83,8 @@ type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 #[derive(Clone)]
 pub struct Store {
     jobs: std::sync::mpsc::Sender<Job>,
+    /// What env values are sealed with.
+    key: Arc<SealKey>,
 }
 
 /// A database that could not be read and was put aside.
@@ -88,6 +100,8 @@ impl Store {
     /// Open (creating) the database at `path` and start its thread. A
     /// damaged database is set aside under a name no earlier one has, and a
     /// fresh one takes its place; that is reported in the second value.
+    /// Without its env key (made on first use) nothing is opened: sealed
+    /// values could be neither read nor written.
     pub fn open(path: &Path) -> Result<(Self, Option<SetAside>), StateError> {
         let dir = path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(|source| StateError::Io {
@@ -95,7 +109,8 @@ impl Store {
             path: dir.display().to_string(),
             source,
         })?;
-        let (conn, set_aside) = match connect(path) {
+        let key = Arc::new(SealKey::load_or_create(&seal::key_path(path))?);
+        let (conn, set_aside) = match connect(path, &key) {
             Ok(conn) => (conn, None),
             Err(Open::Damaged(reason)) => {
                 let moved_to = set_aside(path)?;
@@ -104,7 +119,7 @@ impl Store {
                     path.display(),
                     moved_to.display()
                 );
-                let conn = connect(path).map_err(|e| e.into_error(path))?;
+                let conn = connect(path, &key).map_err(|e| e.into_error(path))?;
                 (conn, Some(SetAside { reason, moved_to }))
             }
             Err(e) => return Err(e.into_error(path)),
@@ -123,7 +138,12 @@ impl Store {
                 path: path.display().to_string(),
                 source,
             })?;
-        Ok((Self { jobs }, set_aside))
+        Ok((Self { jobs, key }, set_aside))
+    }
+
+    /// What env values are sealed with.
+    pub fn key(&self) -> &Arc<SealKey> {
+        &self.key
     }
 
     /// Run `f` on the database thread. It is queued now (also when the
@@ -181,7 +201,7 @@ impl From<rusqlite::Error> for Open {
     }
 }
 
-fn connect(path: &Path) -> Result<Connection, Open> {
+fn connect(path: &Path, key: &SealKey) -> Result<Connection, Open> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let mut conn = Connection::open_with_flags(path, flags)?;
     conn.busy_timeout(BUSY_TIMEOUT)?;
@@ -194,12 +214,41 @@ fn connect(path: &Path) -> Result<Connection, Open> {
     // to every exec's history entry.
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
+    // Deleted rows are overwritten, not left in free pages: a plaintext env
+    // value sealed in place, a history entry pruned.
+    conn.pragma_update(None, "secure_delete", "ON")?;
     let check: String = conn.query_row("PRAGMA quick_check", [], |r| r.get(0))?;
     if check != "ok" {
         return Err(Open::Damaged(format!("integrity check: {check}")));
     }
     migrate(&mut conn)?;
+    if seal_plaintext_env(&mut conn, key)? > 0 {
+        // The plaintext's pages in the database file are rewritten now
+        // rather than at some later checkpoint. Best effort: another
+        // process reading keeps the WAL, and the next checkpoint does it.
+        let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+    }
     Ok(conn)
+}
+
+/// Seal, in place, env values a version before sealing stored as plaintext;
+/// returns how many there were.
+fn seal_plaintext_env(conn: &mut Connection, key: &SealKey) -> Result<usize, Open> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let plain: Vec<(String, String, String)> = {
+        let mut q = tx.prepare("SELECT sandbox, key, value FROM env")?;
+        let rows = q.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        rows.filter(|r| r.as_ref().is_ok_and(|(_, _, v): &(String, String, String)| !seal::is_sealed(v)))
+            .collect::<rusqlite::Result<_>>()?
+    };
+    for (sandbox, name, value) in &plain {
+        let sealed = key
+            .seal(sandbox, name, value)
+            .map_err(|e| Open::Failed(rusqlite::Error::ToSqlConversionFailure(Box::new(e))))?;
+        tx.execute("UPDATE env SET value = ?3 WHERE sandbox = ?1 AND key = ?2", (sandbox, name, sealed))?;
+    }
+    tx.commit()?;
+    Ok(plain.len())
 }
 
 /// Bring the schema up to date in one transaction (another process opening
@@ -255,12 +304,17 @@ mod tests {
     use super::*;
     use crate::test_support::scratch_dir;
 
+    fn key_beside(db: &Path) -> SealKey {
+        SealKey::load_or_create(&seal::key_path(db)).unwrap()
+    }
+
     #[test]
     fn migrates_to_the_newest_version_once() {
         let dir = scratch_dir("store-migrate");
         let path = dir.join("state.db");
+        let key = key_beside(&path);
         for _ in 0..2 {
-            let conn = connect(&path).ok().unwrap();
+            let conn = connect(&path, &key).ok().unwrap();
             let v: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
             assert_eq!(v as usize, MIGRATIONS.len());
             let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
@@ -275,7 +329,8 @@ mod tests {
         let path = dir.join("state.db");
         // Written by the build before projects: sandbox `default`, its env and history.
         std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/state_v1.db"), &path).unwrap();
-        let conn = connect(&path).ok().unwrap();
+        let key = key_beside(&path);
+        let conn = connect(&path, &key).ok().unwrap();
         let v: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
         assert_eq!(v as usize, MIGRATIONS.len());
         let project: Option<String> =
@@ -284,8 +339,15 @@ mod tests {
         let command: String =
             conn.query_row("SELECT command FROM history WHERE sandbox = 'default'", [], |r| r.get(0)).unwrap();
         assert_eq!(command, "echo made-by-main");
+        // Its plaintext env value was sealed in place, and opens again.
         let env: String = conn.query_row("SELECT value FROM env WHERE key = 'OLD'", [], |r| r.get(0)).unwrap();
-        assert_eq!(env, "1");
+        assert!(seal::is_sealed(&env), "{env}");
+        assert_eq!(key.open("default", "OLD", &env).unwrap(), "1");
+        drop(conn);
+        // Sealed once: a second open leaves the sealed value as it is.
+        let conn = connect(&path, &key).ok().unwrap();
+        let again: String = conn.query_row("SELECT value FROM env WHERE key = 'OLD'", [], |r| r.get(0)).unwrap();
+        assert_eq!(again, env);
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -293,7 +355,7 @@ mod tests {
     fn a_newer_schema_is_refused_and_left_alone() {
         let dir = scratch_dir("store-newer");
         let path = dir.join("state.db");
-        drop(connect(&path).ok().unwrap());
+        drop(connect(&path, &key_beside(&path)).ok().unwrap());
         Connection::open(&path).unwrap().pragma_update(None, "user_version", 999).unwrap();
         let Err(err) = Store::open(&path) else { panic!("opened a newer schema") };
         assert!(matches!(err, StateError::Newer { version: 999, .. }), "{err}");
