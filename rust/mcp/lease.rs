@@ -8,6 +8,7 @@ use serde::Deserialize;
 use super::{SandboxServer, default_sandbox, fail, format, ok, reply};
 use crate::orchestrator::{
     config::Profile,
+    hostguard::ExecBits,
     lease::iso_utc,
     project::{PROJECT_FILE, ProjectConfig, Validation},
     text::human_size,
@@ -30,6 +31,9 @@ pub struct CollectArtifactsParams {
     pub patterns: Vec<String>,
     /// Host directory to copy into (under the host roots; created if missing).
     pub dest: String,
+    /// Keep the files' exec bits on the host (default false: nothing from a sandbox arrives runnable).
+    #[serde(default)]
+    pub executable: bool,
     /// Sandbox name.
     #[serde(default = "default_sandbox")]
     pub sandbox: String,
@@ -84,7 +88,7 @@ impl SandboxServer {
     }
 
     #[tool(
-        description = "Copy the sandbox files matching `patterns` (globs, relative to /workspace unless absolute) into a host directory under the host roots, flattened by name (`2-<name>` on collisions). Returns a manifest line per file: `<size> <sha256> <host path>`. Symlinks are skipped.",
+        description = "Copy the sandbox files matching `patterns` (globs, relative to /workspace unless absolute) into a host directory under the host roots, flattened by name (`2-<name>` on collisions). Returns a manifest line per file: `<size> <sha256> <host path>`. Symlinks are skipped, and so are names the host would run or trust (.sandbox-mcp.toml, shell rc files, ...). Files arrive without exec bits unless `executable` is true.",
         annotations(destructive_hint = true, idempotent_hint = true, open_world_hint = false)
     )]
     async fn collect_artifacts(
@@ -95,7 +99,7 @@ impl SandboxServer {
         let result = async {
             // Reading from a sandbox never creates one: there is nothing to read yet.
             let sandbox = m.get(&p.sandbox)?;
-            m.collect_artifacts(&sandbox, &p.patterns, &p.dest).await
+            m.collect_artifacts(&sandbox, &p.patterns, &p.dest, ExecBits::from_flag(p.executable)).await
         };
         reply(result.await.map(|c| {
             let mut lines: Vec<String> =
@@ -109,6 +113,9 @@ impl SandboxServer {
                     c.skipped_symlinks.len(),
                     c.skipped_symlinks.join(", ")
                 ));
+            }
+            if !c.refused.is_empty() {
+                summary.push_str(&format!(" ({})", c.refused));
             }
             lines.push(summary);
             lines.join("\n")

@@ -10,7 +10,10 @@ use super::{
     SandboxServer, default_sandbox, fail, format, ok,
     progress::{CANCELLED, supervise},
 };
-use crate::orchestrator::text::{human_size, render};
+use crate::orchestrator::{
+    hostguard::ExecBits,
+    text::{human_size, render},
+};
 
 fn default_workspace() -> String {
     "/workspace".to_string()
@@ -39,6 +42,9 @@ pub struct DownloadParams {
     pub sandbox_path: String,
     /// Host destination (must be under the host roots; never written through a symlink).
     pub local_path: String,
+    /// Keep the files' exec bits on the host (default false: nothing from a sandbox arrives runnable).
+    #[serde(default)]
+    pub executable: bool,
     /// Sandbox name.
     #[serde(default = "default_sandbox")]
     pub sandbox: String,
@@ -99,7 +105,7 @@ impl SandboxServer {
     }
 
     #[tool(
-        description = "Copy a sandbox file or directory to the host (under the host roots). Only plain files and directories are written; symlinks from the sandbox are skipped and never followed.",
+        description = "Copy a sandbox file or directory to the host (under the host roots). Only plain files and directories are written; symlinks from the sandbox are skipped and never followed. Places the host would run or trust (.git/, shell rc files, .sandbox-mcp.toml, editor and agent settings, ...) are refused, or skipped inside a directory. Files arrive without exec bits unless `executable` is true.",
         annotations(destructive_hint = true, idempotent_hint = true, open_world_hint = false)
     )]
     async fn download(&self, Parameters(p): Parameters<DownloadParams>) -> Result<CallToolResult, rmcp::ErrorData> {
@@ -107,7 +113,7 @@ impl SandboxServer {
         let result = async {
             // Reading from a sandbox never creates one: there is nothing to read yet.
             let sandbox = m.get(&p.sandbox)?;
-            m.download(&sandbox, &p.sandbox_path, &p.local_path).await
+            m.download(&sandbox, &p.sandbox_path, &p.local_path, ExecBits::from_flag(p.executable)).await
         };
         match result.await {
             Ok(d) => {
@@ -117,8 +123,9 @@ impl SandboxServer {
                     String::new()
                 };
                 let (slash, kind) = if d.directory { ("/", " tar") } else { ("", "") };
+                let refused = if d.refused.is_empty() { String::new() } else { format!(". {}", d.refused) };
                 ok(format!(
-                    "Downloaded {}{slash} -> {} ({}{kind}, {}{skipped})",
+                    "Downloaded {}{slash} -> {} ({}{kind}, {}{skipped}){refused}",
                     p.sandbox_path.trim_end_matches('/'),
                     d.dest.display(),
                     human_size(d.bytes),

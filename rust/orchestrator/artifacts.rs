@@ -8,6 +8,10 @@
 //! file renamed over them, so a hard link elsewhere keeps its content); a
 //! symlink of the same name is refused, never written through. Only regular files are copied:
 //! symlinks in the sandbox are reported and skipped, directories ignored.
+//! A match whose host name the host write guard denies (a `.sandbox-mcp.toml`,
+//! a `.bashrc`) is skipped and reported, like a symlink, before anything is
+//! written; if every match is, the call fails. Files arrive without exec bits
+//! unless the call asks for them.
 use std::{
     collections::HashSet,
     ffi::OsString,
@@ -21,7 +25,8 @@ use tokio::sync::mpsc;
 use super::{
     error::OrchestratorError,
     helper_client::HelperError,
-    hostfs::Dir,
+    hostfs::{Dir, HostFsError},
+    hostguard::{ExecBits, Refused},
     sandbox::{Command, Sandbox, SandboxManager, WORKSPACE},
     tarstream::ChunkReader,
     transfer::unpack_single,
@@ -64,6 +69,8 @@ pub struct Collected {
     pub files: Vec<Artifact>,
     /// Sandbox paths that matched but are symlinks (not copied).
     pub skipped_symlinks: Vec<String>,
+    /// Matches the host write guard kept off the host.
+    pub refused: Refused,
 }
 
 fn io_err(what: impl std::fmt::Display, e: std::io::Error) -> OrchestratorError {
@@ -89,17 +96,20 @@ fn unique_name(source: &str, used: &mut HashSet<String>) -> String {
 
 impl SandboxManager {
     /// Copy every regular file matching `patterns` (globs relative to
-    /// /workspace unless absolute) into the host directory `dest`.
+    /// /workspace unless absolute) into the host directory `dest`, with exec
+    /// bits only if `exec` keeps them.
     pub async fn collect_artifacts(
         &self,
         sandbox: &Sandbox,
         patterns: &[String],
         dest: &str,
+        exec: ExecBits,
     ) -> Result<Collected, OrchestratorError> {
         if patterns.is_empty() || patterns.iter().any(|p| p.trim().is_empty()) {
             return Err(OrchestratorError::InvalidArgument("patterns must be a non-empty list of globs".into()));
         }
         let dest = self.config().host_roots.locate(dest)?;
+        dest.check_write()?;
         let mut argv = vec![sandbox.shell.clone(), "-c".into(), FIND_SCRIPT.into(), "sh".into()];
         argv.extend(patterns.iter().cloned());
         let found = self.run_in(sandbox, Command::argv(argv, Duration::from_secs(60))).await?;
@@ -134,15 +144,28 @@ impl SandboxManager {
                 patterns.join(", ")
             )));
         }
-        let dest_dir = dest.create_dir()?;
+        // Names are settled and put to the guard before anything is created
+        // (the writes check again).
         let mut used = HashSet::new();
-        let mut written = Vec::with_capacity(files.len());
+        let mut refused = Refused::default();
+        let mut allowed = Vec::with_capacity(files.len());
         for source in files {
             let name = unique_name(&source, &mut used);
-            let (size, sha256) = self.copy_file_out(sandbox, &source, &dest_dir, OsString::from(&name)).await?;
+            match dest.may_write(Path::new(&name)) {
+                Ok(()) => allowed.push((source, name)),
+                Err(refusal) => refused.add(dest.shown().join(&name), refusal),
+            }
+        }
+        if allowed.is_empty() {
+            return Err(HostFsError::AllRefused(refused).into());
+        }
+        let dest_dir = dest.create_dir()?;
+        let mut written = Vec::with_capacity(allowed.len());
+        for (source, name) in allowed {
+            let (size, sha256) = self.copy_file_out(sandbox, &source, &dest_dir, OsString::from(&name), exec).await?;
             written.push(Artifact { source, path: dest.shown().join(name), size, sha256 });
         }
-        Ok(Collected { dest: dest.shown().to_path_buf(), files: written, skipped_symlinks })
+        Ok(Collected { dest: dest.shown().to_path_buf(), files: written, skipped_symlinks, refused })
     }
 
     /// Stream one sandbox file into the host directory `dir` as `name`;
@@ -153,6 +176,7 @@ impl SandboxManager {
         source: &str,
         dir: &Dir,
         name: OsString,
+        exec: ExecBits,
     ) -> Result<(u64, String), OrchestratorError> {
         let gone = || OrchestratorError::InvalidArgument(format!("{source} vanished from the sandbox while copying"));
         let stream = self.helper.copy_out(&sandbox.name, source).await.map_err(|e| match e {
@@ -163,7 +187,7 @@ impl SandboxManager {
         let dir = dir.try_clone()?;
         let unpack = tokio::task::spawn_blocking(move || {
             let mut hasher = Sha256::new();
-            let size = unpack_single(ChunkReader::new(rx), &dir, &name, &mut |b| hasher.update(b))?;
+            let size = unpack_single(ChunkReader::new(rx), &dir, &name, exec, &mut |b| hasher.update(b))?;
             Ok::<_, OrchestratorError>((size, hex(&hasher.finalize())))
         });
         let pumped = stream.pump(tx).await;

@@ -14,6 +14,8 @@
 //! max_sandboxes = 16
 //! isolation = "namespaces"             # or "vm": the default of every sandbox (super::isolation)
 //! host_roots = ["~/src", "/data/in"]   # default: the session's start directory
+//! host_write_deny = ["*.pem"]          # more places no sandbox file is written (super::hostguard)
+//! host_write_allow = [".vscode/"]      # built-in guard rules to lift, by name
 //! [defaults]
 //! image = "mcp-dev"
 //! cpus = 2
@@ -46,6 +48,7 @@ use toml::Value;
 
 use super::{
     error::OrchestratorError,
+    hostguard::HostGuard,
     hostpath::HostRoots,
     isolation::Isolation,
     lease::Limits,
@@ -96,6 +99,13 @@ struct ConfigFile {
     max_lease_ttl: Option<u64>,
     max_sandboxes: Option<usize>,
     host_roots: Option<Vec<String>>,
+    /// Rules added to the host write guard's (only here, never in a project
+    /// file, which a sandbox could have written).
+    #[serde(default)]
+    host_write_deny: Vec<String>,
+    /// Guard rules lifted, by their pattern.
+    #[serde(default)]
+    host_write_allow: Vec<String>,
     /// The default isolation (also `[defaults] isolation`, which wins).
     isolation: Option<Value>,
     #[serde(default)]
@@ -355,7 +365,9 @@ impl Config {
                 None => vec![source.cwd.clone()],
             },
         };
-        let host_roots = HostRoots::new(&roots)?;
+        let guard = HostGuard::new(&file.host_write_deny, &file.host_write_allow, &Self::path_for(source))
+            .map_err(|e| OrchestratorError::InvalidArgument(e.to_string()))?;
+        let host_roots = HostRoots::new(&roots)?.guarded(guard);
         let project_dir = env("SANDBOX_MCP_PROJECT_DIR")
             .map(PathBuf::from)
             .or_else(|| host_roots.roots().first().cloned())
@@ -488,6 +500,8 @@ mod tests {
             ("[defaults]\ndisk = \"huge\"\n", "config defaults.disk: invalid disk size 'huge'"),
             ("[defaults]\ndisk = 20\n", "config defaults.disk: expected a size string such as \"20G\", not 20"),
             ("[profiles.x]\ntrust_host_ca = \"yes\"\n", "config profiles.x.trust_host_ca: expected true or false"),
+            ("host_write_allow = [\".gti/\"]\n", "config host_write_allow: \".gti/\" is not a deny rule"),
+            ("host_write_deny = [\"/etc\"]\n", "config host_write_deny: \"/etc\": rules match anywhere"),
         ] {
             let e = load(&format!("host_roots = [\"/tmp\"]\n{text}")).unwrap_err();
             assert!(e.starts_with(want), "{text}: {e}");

@@ -15,6 +15,10 @@
 //! Every directory walked through is compared, by device and inode, with
 //! sandbox-mcp's own directories ([`crate::paths::own_dirs`]): a walk that
 //! reaches one of them stops, so no sandbox's volume is ever in reach.
+//!
+//! Every directory created and every file written is first put to the host
+//! write guard ([`super::hostguard`]) its `Dir` carries, under each spelling
+//! of its path, so no caller can write where the host would run or trust it.
 use std::{
     ffi::{OsStr, OsString},
     fs::File,
@@ -33,6 +37,7 @@ use std::{
 #[cfg(linux_host)]
 use std::sync::atomic::AtomicBool;
 
+use super::hostguard::{ExecBits, HostGuard, Refusal, Refused};
 use nix::{
     errno::Errno,
     fcntl::{AtFlags, OFlag, openat, readlinkat, renameat},
@@ -84,6 +89,17 @@ pub enum HostFsError {
         /// What it is ("a fifo", ...).
         kind: &'static str,
     },
+    /// The host write guard denies the place.
+    #[error("refused to write {path} on the host: {refusal}")]
+    Refused {
+        /// The path.
+        path: String,
+        /// The rule and how to allow it.
+        refusal: Refusal,
+    },
+    /// Every entry a call would have written was refused.
+    #[error("nothing was written: {0}")]
+    AllRefused(Refused),
     /// A path component that could lead elsewhere (`..`, `/`, empty).
     #[error("invalid host path component {0:?} in {1}")]
     BadComponent(String, String),
@@ -331,7 +347,12 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 pub struct Dir {
     fd: OwnedFd,
     path: PathBuf,
+    /// The path actually walked from `/` (`path` may spell the root the way
+    /// it was configured): the guard checks both.
+    real: PathBuf,
     own: Arc<OwnDirs>,
+    /// What writes below this directory are checked against.
+    guard: Arc<HostGuard>,
 }
 
 impl Dir {
@@ -341,7 +362,8 @@ impl Dir {
         let root = Path::new("/");
         let fd = nix::fcntl::open(root, DIR_HANDLE | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
             .map_err(|e| HostFsError::io(root, e))?;
-        let dir = Dir { fd, path: root.to_path_buf(), own };
+        let dir =
+            Dir { fd, path: root.to_path_buf(), real: root.to_path_buf(), own, guard: HostGuard::shared_builtin() };
         dir.check_own(&dir.stat()?)?;
         dir.walk(path.strip_prefix("/").unwrap_or(path))
     }
@@ -349,6 +371,25 @@ impl Dir {
     /// The same directory, named `path` in messages.
     pub fn named(self, path: PathBuf) -> Self {
         Self { path, ..self }
+    }
+
+    /// The same directory, its writes (and those of every `Dir` opened from
+    /// it) checked against `guard` instead of the built-in rules.
+    pub fn guarded(self, guard: Arc<HostGuard>) -> Self {
+        Self { guard, ..self }
+    }
+
+    /// Whether the guard lets a file or directory be written at `rel`
+    /// below this directory (for callers that skip refused entries instead
+    /// of failing; the writes check again).
+    pub fn may_write(&self, rel: &Path) -> Result<(), Refusal> {
+        self.guard.check(&[&self.path.join(rel), &self.real.join(rel)])
+    }
+
+    /// [`Self::may_write`] as the error a write fails with.
+    fn check_write(&self, name: &OsStr) -> Result<(), HostFsError> {
+        self.may_write(Path::new(name))
+            .map_err(|refusal| HostFsError::Refused { path: self.path.join(name).display().to_string(), refusal })
     }
 
     /// Where this directory is (for messages).
@@ -397,7 +438,8 @@ impl Dir {
             }
             Err(e) => return Err(HostFsError::io(&path, e)),
         };
-        let dir = Dir { fd, path, own: self.own.clone() };
+        let real = self.real.join(name);
+        let dir = Dir { fd, path, real, own: self.own.clone(), guard: self.guard.clone() };
         let st = dir.stat()?;
         if st.kind != Kind::Dir {
             return Err(st.kind.not_a_dir(&dir.path));
@@ -425,12 +467,21 @@ impl Dir {
     /// A second handle on this directory (for walks that consume a `Dir`).
     pub fn try_clone(&self) -> Result<Dir, HostFsError> {
         let fd = self.fd.try_clone().map_err(|e| HostFsError::io(&self.path, e))?;
-        Ok(Dir { fd, path: self.path.clone(), own: self.own.clone() })
+        Ok(Dir {
+            fd,
+            path: self.path.clone(),
+            real: self.real.clone(),
+            own: self.own.clone(),
+            guard: self.guard.clone(),
+        })
     }
 
-    /// The subdirectory `name`, created (mode 0755 before umask) if missing.
+    /// The subdirectory `name`, created (mode 0755 before umask) if missing,
+    /// if the guard allows writing there (an existing one too: it is about
+    /// to be written into).
     pub fn create_dir(&self, name: &OsStr) -> Result<Dir, HostFsError> {
         let name = component(name, &self.path)?;
+        self.check_write(name)?;
         match mkdirat(&self.fd, name, Mode::from_bits_truncate(0o755)) {
             Ok(()) | Err(Errno::EEXIST) => self.open_dir(name),
             Err(e) => Err(HostFsError::io(&self.path.join(name), e)),
@@ -515,14 +566,17 @@ impl Dir {
         Ok(out)
     }
 
-    /// Write `data` as the regular file `name` (mode before umask): into a
-    /// new `O_EXCL` temp file beside it, renamed over `name` when complete.
-    /// The rename replaces the name and never writes through it, so a
-    /// symlink or hard link planted there cannot redirect the write; an
-    /// existing symlink, directory or special file is refused as before.
-    /// Returns the bytes written.
-    pub fn write_file(&self, name: &OsStr, data: &mut dyn Read, mode: u32) -> Result<u64, HostFsError> {
+    /// Write `data` from a sandbox as the regular file `name`, with `mode`
+    /// as [`ExecBits`] leaves it (before umask): into a new `O_EXCL` temp
+    /// file beside it, renamed over `name` when complete. The rename
+    /// replaces the name and never writes through it, so a symlink or hard
+    /// link planted there cannot redirect the write; an existing symlink,
+    /// directory or special file is refused as before, and so is a place
+    /// the guard denies. Returns the bytes written.
+    pub fn write_file(&self, name: &OsStr, data: &mut dyn Read, mode: u32, exec: ExecBits) -> Result<u64, HostFsError> {
         let name = component(name, &self.path)?;
+        self.check_write(name)?;
+        let mode = exec.apply(mode);
         let path = self.path.join(name);
         if let Some(st) = self.child(name)?
             && st.kind != Kind::File
@@ -633,7 +687,7 @@ mod tests {
             assert!(matches!(e, HostFsError::BadComponent(..)), "{e}");
             let e = root.try_clone().unwrap().walk(Path::new("/outside")).unwrap_err();
             assert!(matches!(e, HostFsError::BadComponent(..)), "{e}");
-            let e = root.write_file(OsStr::new("../x"), &mut "x".as_bytes(), 0o644).unwrap_err();
+            let e = root.write_file(OsStr::new("../x"), &mut "x".as_bytes(), 0o644, ExecBits::Strip).unwrap_err();
             assert!(matches!(e, HostFsError::BadComponent(..)), "{e}");
             assert!(!d.join("x").exists());
             std::fs::remove_dir_all(d).unwrap();
@@ -655,16 +709,16 @@ mod tests {
             let d = tmp("write");
             let root = open(&d);
             let b = root.create_dirs(Path::new("a/b/new/deeper")).unwrap();
-            assert_eq!(b.write_file(OsStr::new("out"), &mut "one".as_bytes(), 0o600).unwrap(), 3);
+            assert_eq!(b.write_file(OsStr::new("out"), &mut "one".as_bytes(), 0o600, ExecBits::Strip).unwrap(), 3);
             assert_eq!(std::fs::read_to_string(d.join("root/a/b/new/deeper/out")).unwrap(), "one");
             // A hard link to a file outside: replaced, the outside file untouched.
             std::fs::hard_link(d.join("outside/secret"), d.join("root/a/b/new/deeper/linked")).unwrap();
-            b.write_file(OsStr::new("linked"), &mut "two".as_bytes(), 0o644).unwrap();
+            b.write_file(OsStr::new("linked"), &mut "two".as_bytes(), 0o644, ExecBits::Strip).unwrap();
             assert_eq!(std::fs::read_to_string(d.join("outside/secret")).unwrap(), "secret");
             assert_eq!(std::fs::read_to_string(d.join("root/a/b/new/deeper/linked")).unwrap(), "two");
             // A symlink at the name is refused and left alone.
             symlink(d.join("outside/secret"), d.join("root/a/b/new/deeper/planted")).unwrap();
-            let e = b.write_file(OsStr::new("planted"), &mut "evil".as_bytes(), 0o644).unwrap_err();
+            let e = b.write_file(OsStr::new("planted"), &mut "evil".as_bytes(), 0o644, ExecBits::Strip).unwrap_err();
             assert!(matches!(e, HostFsError::Symlink(_)), "{e}");
             assert_eq!(std::fs::read_to_string(d.join("outside/secret")).unwrap(), "secret");
             // A temp name already taken (here by a symlink) is skipped over.
@@ -673,7 +727,7 @@ mod tests {
                 let squat = format!(".out.{}-{n}.smcp-tmp", std::process::id());
                 symlink(d.join("outside/secret"), d.join("root/a/b/new/deeper").join(squat)).unwrap();
             }
-            b.write_file(OsStr::new("out"), &mut "three".as_bytes(), 0o644).unwrap();
+            b.write_file(OsStr::new("out"), &mut "three".as_bytes(), 0o644, ExecBits::Strip).unwrap();
             assert_eq!(std::fs::read_to_string(d.join("root/a/b/new/deeper/out")).unwrap(), "three");
             assert_eq!(std::fs::read_to_string(d.join("outside/secret")).unwrap(), "secret");
             // Creating directories never follows a symlink either.
@@ -699,7 +753,7 @@ mod tests {
             let root = open(&d);
             let e = root.open_file(OsStr::new("fifo")).unwrap_err();
             assert!(matches!(e, HostFsError::Special { kind: "a fifo", .. }), "{e}");
-            let e = root.write_file(OsStr::new("fifo"), &mut "x".as_bytes(), 0o644).unwrap_err();
+            let e = root.write_file(OsStr::new("fifo"), &mut "x".as_bytes(), 0o644, ExecBits::Strip).unwrap_err();
             assert!(matches!(e, HostFsError::Special { kind: "a fifo", .. }), "{e}");
             // /dev/null is a character device reached from a Dir on /dev.
             let dev = Dir::open_absolute(Path::new("/dev"), Arc::default()).unwrap();
@@ -724,6 +778,38 @@ mod tests {
         // A root inside them is refused on the way to it.
         let e = Dir::open_absolute(&d.join("root/data/sandbox-mcp/volumes/x"), own).unwrap_err();
         assert!(matches!(e, HostFsError::OwnData { .. }), "{e}");
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn guarded_places_refused_before_anything_is_made() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tmp("guard");
+        std::fs::create_dir_all(d.join("root/.GIT/hooks")).unwrap();
+        let root = open(&d);
+        // An existing directory in any case, a new one, and a file name.
+        let e = root.try_clone().unwrap().create_dirs(Path::new(".git/hooks")).unwrap_err();
+        assert!(matches!(e, HostFsError::Refused { ref refusal, .. } if refusal.rule == ".git/"), "{e}");
+        let e = root.try_clone().unwrap().create_dirs(Path::new("a/.vscode")).unwrap_err();
+        assert!(e.to_string().starts_with(&format!("refused to write {}/root/a/.vscode on the host: ", d.display())));
+        assert!(!d.join("root/a/.vscode").exists());
+        let e = root.write_file(OsStr::new(".envrc"), &mut "x".as_bytes(), 0o644, ExecBits::Strip).unwrap_err();
+        assert!(matches!(e, HostFsError::Refused { .. }), "{e}");
+        // A walk into a denied directory (reading is fine) cannot write there.
+        let hooks = root.try_clone().unwrap().walk(Path::new(".GIT/hooks")).unwrap();
+        let e = hooks.write_file(OsStr::new("pre-commit"), &mut "x".as_bytes(), 0o755, ExecBits::Keep).unwrap_err();
+        assert!(matches!(e, HostFsError::Refused { .. }), "{e}");
+        assert_eq!(std::fs::read_dir(d.join("root/.GIT/hooks")).unwrap().count(), 0);
+        // The root's own real path is checked too, however it is named.
+        std::fs::create_dir_all(d.join("root/.ssh")).unwrap();
+        let ssh = Dir::open_absolute(&d.join("root/.ssh"), Arc::default()).unwrap().named(d.join("alias"));
+        assert!(matches!(ssh.create_dir(OsStr::new("x")), Err(HostFsError::Refused { .. })));
+        // Exec bits only when asked; never setuid.
+        root.write_file(OsStr::new("plain"), &mut "x".as_bytes(), 0o4755, ExecBits::Strip).unwrap();
+        root.write_file(OsStr::new("tool"), &mut "x".as_bytes(), 0o4755, ExecBits::Keep).unwrap();
+        let mode = |n: &str| std::fs::metadata(d.join("root").join(n)).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode("plain") & 0o7111, 0);
+        assert_eq!((mode("tool") & 0o7000, mode("tool") & 0o100), (0, 0o100));
         std::fs::remove_dir_all(d).unwrap();
     }
 

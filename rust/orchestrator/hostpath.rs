@@ -10,6 +10,10 @@
 //! is refused. A root that lies inside those directories is kept, but
 //! every path under it is refused that way; a root that contains them (the
 //! home directory) serves everything else.
+//!
+//! Writes are also put to the host write guard ([`super::hostguard`]): the
+//! whole destination before any missing directory is created, then every
+//! directory and file again as [`super::hostfs`] makes it.
 use std::{
     ffi::OsString,
     fs::File,
@@ -20,6 +24,7 @@ use std::{
 use super::{
     error::OrchestratorError,
     hostfs::{Dir, HostFsError, Kind, OwnDirs, Stat},
+    hostguard::{HostGuard, Refusal},
 };
 
 /// The directories host-side file tools may use.
@@ -33,6 +38,8 @@ pub struct HostRoots {
     given: Vec<PathBuf>,
     /// sandbox-mcp's own directories, never reachable.
     own: Arc<[PathBuf]>,
+    /// Where sandbox files may not be written.
+    guard: Arc<HostGuard>,
 }
 
 pub(super) fn expand_home(path: &str) -> PathBuf {
@@ -82,6 +89,7 @@ pub struct HostPath {
     /// The whole path as the caller gave it (absolute, lexically clean).
     shown: PathBuf,
     own: Arc<[PathBuf]>,
+    guard: Arc<HostGuard>,
 }
 
 /// An existing host file or directory, opened.
@@ -110,7 +118,22 @@ impl HostPath {
 
     /// The root's directory, reached from `/`.
     fn root_dir(&self) -> Result<Dir, HostFsError> {
-        Ok(Dir::open_absolute(&self.root, Arc::new(OwnDirs::prepare(&self.own)))?.named(self.shown_root.clone()))
+        Ok(Dir::open_absolute(&self.root, Arc::new(OwnDirs::prepare(&self.own)))?
+            .named(self.shown_root.clone())
+            .guarded(self.guard.clone()))
+    }
+
+    /// Whether the host write guard lets `below` (relative to this path,
+    /// empty for the path itself) be written, as given and as resolved.
+    pub fn may_write(&self, below: &Path) -> Result<(), Refusal> {
+        self.guard.check(&[&self.shown.join(below), &self.root.join(&self.rel).join(below)])
+    }
+
+    /// Refuse a destination the host write guard denies before anything is
+    /// opened or created for it.
+    pub fn check_write(&self) -> Result<(), HostFsError> {
+        self.may_write(Path::new(""))
+            .map_err(|refusal| HostFsError::Refused { path: self.shown.display().to_string(), refusal })
     }
 
     /// Open the existing file or directory.
@@ -135,12 +158,14 @@ impl HostPath {
 
     /// Open the directory, creating it and its missing parents.
     pub fn create_dir(&self) -> Result<Dir, HostFsError> {
+        self.check_write()?;
         self.root_dir().and_then(|d| d.create_dirs(&self.rel)).map_err(|e| e.naming(&self.shown))
     }
 
     /// Where a file given this path goes: into it if it is an existing
     /// directory, else under its own name (missing parents created).
     pub fn target(&self) -> Result<Target, HostFsError> {
+        self.check_write()?;
         let open = || {
             let (Some(parent), Some(name)) = (self.rel.parent(), self.rel.file_name()) else {
                 return self.root_dir().map(Target::Dir);
@@ -180,7 +205,13 @@ impl HostRoots {
             given.push(absolute(p).unwrap_or_else(|_| c.clone()));
             roots.push(c);
         }
-        Ok(Self { roots, given, own: own.into() })
+        Ok(Self { roots, given, own: own.into(), guard: HostGuard::shared_builtin() })
+    }
+
+    /// The same roots, writes under them checked against `guard` (the
+    /// configured rules) instead of the built-in ones.
+    pub fn guarded(self, guard: HostGuard) -> Self {
+        Self { guard: Arc::new(guard), ..self }
     }
 
     /// The configured roots.
@@ -210,7 +241,14 @@ impl HostRoots {
             return Err(HostFsError::Denied { path: shown.display().to_string(), roots: roots.join(", ") });
         };
         let rel = shown.strip_prefix(spelled).unwrap_or(Path::new("")).to_path_buf();
-        Ok(HostPath { root: root.clone(), shown_root: spelled.clone(), rel, shown, own: self.own.clone() })
+        Ok(HostPath {
+            root: root.clone(),
+            shown_root: spelled.clone(),
+            rel,
+            shown,
+            own: self.own.clone(),
+            guard: self.guard.clone(),
+        })
     }
 }
 
@@ -277,6 +315,24 @@ mod tests {
         let own = d.join("root/own/config.toml");
         assert!(matches!(target(&own), Err(HostFsError::OwnData { path, .. }) if path == own.to_str().unwrap()));
         assert!(!own.exists());
+        std::fs::remove_dir_all(d).unwrap();
+    }
+
+    #[test]
+    fn guarded_destinations_refused_before_parents_are_made() {
+        let d = tmp("guard");
+        let roots = HostRoots::with_own_dirs(&[d.join("root")], vec![d.join("own")]).unwrap();
+        for p in ["new/.git/hooks/pre-commit", "new/.Vscode/settings.json", "new/deeper/.sandbox-mcp.toml"] {
+            let e = roots.locate(d.join("root").join(p).to_str().unwrap()).unwrap().target().unwrap_err();
+            assert!(matches!(e, HostFsError::Refused { .. }), "{p}: {e}");
+        }
+        let e = roots.locate(d.join("root/x/.claude").to_str().unwrap()).unwrap().create_dir().unwrap_err();
+        assert!(matches!(e, HostFsError::Refused { .. }), "{e}");
+        assert!(!d.join("root/new").exists() && !d.join("root/x").exists());
+        // The configured rules replace the built-in ones.
+        let guard = HostGuard::new(&[], &[".git".into()], Path::new("/c.toml")).unwrap();
+        let roots = roots.guarded(guard);
+        assert!(roots.locate(d.join("root/new/.git/x").to_str().unwrap()).unwrap().target().is_ok());
         std::fs::remove_dir_all(d).unwrap();
     }
 

@@ -12,7 +12,8 @@
 //! - [`network`]: network modes, egress policies, the child rule and the
 //!   `network_info` report; [`ca_trust`]: the host's CA bundle in sandboxes.
 //! - [`hostpath`]: the host-roots policy for host paths; [`hostfs`]: the
-//!   race-free, fd-based file operations every host-path tool goes through.
+//!   race-free, fd-based file operations every host-path tool goes through;
+//!   [`hostguard`]: the places on the host no sandbox file may be written.
 //! - [`text`]: output bytes to client text.
 //! - [`spawn`]: child sandboxes under spawn policies; [`ctl`]: the
 //!   sandbox-ctl server that lets a sandbox spawn its own children.
@@ -39,6 +40,7 @@ pub mod files;
 pub mod forward;
 pub mod helper_client;
 pub mod hostfs;
+pub mod hostguard;
 pub mod hostpath;
 pub mod images;
 pub mod isolation;

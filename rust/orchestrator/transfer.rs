@@ -2,7 +2,9 @@
 //! Host paths go through the host-roots policy and are only ever used
 //! through the fds [`super::hostfs`] opened; archives coming out of a
 //! sandbox are unpacked by our own code, which writes only plain files and
-//! directories and never follows a symlink.
+//! directories and never follows a symlink, nowhere the host write guard
+//! denies ([`super::hostguard`]: those entries are skipped and reported), and
+//! without exec bits unless the call asks for them.
 use std::{
     ffi::{OsStr, OsString},
     io::{self, Read},
@@ -18,6 +20,7 @@ use super::{
     files::resolve,
     helper_client::HelperError,
     hostfs::Dir,
+    hostguard::{ExecBits, Refused},
     hostpath::{Entry, Target},
     sandbox::{Command, Sandbox, SandboxManager},
     tarstream::{self, ChunkReader},
@@ -49,6 +52,8 @@ pub struct Downloaded {
     pub directory: bool,
     /// Symlinks and other special entries not written on the host.
     pub skipped: u64,
+    /// Entries of a directory the host write guard kept off the host.
+    pub refused: Refused,
     /// Time taken.
     pub elapsed: Duration,
 }
@@ -74,33 +79,50 @@ fn extracting(e: io::Error) -> OrchestratorError {
     io_err("Error extracting", e)
 }
 
+/// What unpacking a directory did.
+#[derive(Debug, Default)]
+struct Unpacked {
+    files: u64,
+    skipped: u64,
+    refused: Refused,
+}
+
 /// Unpack a sandbox's archive into the host directory `dest`: plain files
 /// and directories only, every one created through `dest`'s fd
-/// ([`Dir::create_dirs`], [`Dir::write_file`]). Returns (files, skipped).
-fn unpack_dir(reader: impl Read, dest: &Dir) -> Result<(u64, u64), OrchestratorError> {
-    let (mut files, mut skipped) = (0, 0);
+/// ([`Dir::create_dirs`], [`Dir::write_file`]). Entries the host write guard
+/// denies are skipped, not fatal: a tree from a sandbox (a git checkout) is
+/// mostly wanted, and the caller is told what was left out and why. The
+/// stream is written as it arrives, so refusing the whole call would leave
+/// the earlier entries written anyway.
+fn unpack_dir(reader: impl Read, dest: &Dir, exec: ExecBits) -> Result<Unpacked, OrchestratorError> {
+    let mut done = Unpacked::default();
     let mut archive = tar::Archive::new(reader);
     for entry in archive.entries().map_err(extracting)? {
         let mut entry = entry.map_err(extracting)?;
         let Some(rel) = safe_relative(&entry.path().map_err(extracting)?) else {
-            skipped += 1;
+            done.skipped += 1;
             continue;
         };
-        let mode = entry.header().mode().unwrap_or(0o644);
-        match entry.header().entry_type() {
-            tar::EntryType::Directory => {
-                dest.try_clone()?.create_dirs(&rel)?;
-            }
-            tar::EntryType::Regular | tar::EntryType::Continuous => {
-                let parent = dest.try_clone()?.create_dirs(rel.parent().unwrap_or(Path::new("")))?;
-                let name = rel.file_name().ok_or_else(|| extracting(io::Error::other("entry without a name")))?;
-                parent.write_file(name, &mut entry, mode)?;
-                files += 1;
-            }
-            _ => skipped += 1,
+        let kind = entry.header().entry_type();
+        if !matches!(kind, tar::EntryType::Directory | tar::EntryType::Regular | tar::EntryType::Continuous) {
+            done.skipped += 1;
+            continue;
         }
+        if let Err(refusal) = dest.may_write(&rel) {
+            done.refused.add(dest.path().join(&rel), refusal);
+            continue;
+        }
+        if kind == tar::EntryType::Directory {
+            dest.try_clone()?.create_dirs(&rel)?;
+            continue;
+        }
+        let mode = entry.header().mode().unwrap_or(0o644);
+        let parent = dest.try_clone()?.create_dirs(rel.parent().unwrap_or(Path::new("")))?;
+        let name = rel.file_name().ok_or_else(|| extracting(io::Error::other("entry without a name")))?;
+        parent.write_file(name, &mut entry, mode, exec)?;
+        done.files += 1;
     }
-    Ok((files, skipped))
+    Ok(done)
 }
 
 /// A `Read` that shows every byte it passes on to `seen`.
@@ -124,6 +146,7 @@ pub(super) fn unpack_single(
     reader: impl Read,
     dir: &Dir,
     name: &OsStr,
+    exec: ExecBits,
     seen: &mut dyn FnMut(&[u8]),
 ) -> Result<u64, OrchestratorError> {
     let mut archive = tar::Archive::new(reader);
@@ -131,7 +154,7 @@ pub(super) fn unpack_single(
         let entry = entry.map_err(extracting)?;
         if entry.header().entry_type().is_file() {
             let mode = entry.header().mode().unwrap_or(0o644);
-            return Ok(dir.write_file(name, &mut Observed { inner: entry, seen }, mode)?);
+            return Ok(dir.write_file(name, &mut Observed { inner: entry, seen }, mode, exec)?);
         }
     }
     Err(extracting(io::Error::other("the sandbox sent no file")))
@@ -200,17 +223,21 @@ impl SandboxManager {
         Ok(r.exit_code() == 0)
     }
 
-    /// Copy a sandbox file or directory to a host path under the host roots.
+    /// Copy a sandbox file or directory to a host path under the host roots
+    /// (nowhere the host write guard denies; files without exec bits unless
+    /// `exec` keeps them).
     pub async fn download(
         &self,
         sandbox: &Sandbox,
         sandbox_path: &str,
         local: &str,
+        exec: ExecBits,
     ) -> Result<Downloaded, OrchestratorError> {
         let started = Instant::now();
         let source = resolve(sandbox_path)?;
         let directory = self.is_dir(sandbox, &source).await?;
         let local = self.config().host_roots.locate(local)?;
+        local.check_write()?;
         let not_found = |e| match e {
             HelperError::NotFound(_) => {
                 OrchestratorError::InvalidArgument(format!("{source} does not exist in sandbox"))
@@ -236,16 +263,17 @@ impl SandboxManager {
         let unpack = tokio::task::spawn_blocking(move || {
             let reader = ChunkReader::new(rx);
             match name {
-                None => unpack_dir(reader, &dir).map(|(_, skipped)| (0, skipped)),
-                Some(name) => unpack_single(reader, &dir, &name, &mut |_| {}).map(|n| (n, 0)),
+                None => unpack_dir(reader, &dir, exec).map(|done| (0, done)),
+                Some(name) => unpack_single(reader, &dir, &name, exec, &mut |_| {}).map(|n| (n, Unpacked::default())),
             }
         });
         let pumped = stream.pump(tx).await;
         let unpacked = unpack.await.map_err(|e| io_err("extract", e.into()))?;
         let received = pumped.map_err(not_found)?;
-        let (file_bytes, skipped) = unpacked?;
+        let (file_bytes, done) = unpacked?;
         let bytes = if directory { received } else { file_bytes };
-        Ok(Downloaded { dest, bytes, directory, skipped, elapsed: started.elapsed() })
+        let (skipped, refused) = (done.skipped, done.refused);
+        Ok(Downloaded { dest, bytes, directory, skipped, refused, elapsed: started.elapsed() })
     }
 
     /// `git clone` inside the sandbox. A token reaches git through a
@@ -347,6 +375,41 @@ mod tests {
     }
 
     #[test]
+    fn unpack_skips_guarded_entries_and_strips_exec_bits() {
+        use std::{fs, os::unix::fs::PermissionsExt};
+        let dir = std::env::temp_dir().join(format!("smcp-unpack-guard-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let mut b = tar::Builder::new(Vec::new());
+        let mut add = |name: &str, kind: tar::EntryType, mode: u32| {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(kind);
+            h.set_mode(mode);
+            h.set_size(if kind == tar::EntryType::Directory { 0 } else { 1 });
+            let data: &[u8] = if kind == tar::EntryType::Directory { b"" } else { b"x" };
+            b.append_data(&mut h, name, data).unwrap();
+        };
+        add(".git", tar::EntryType::Directory, 0o755);
+        add(".git/hooks", tar::EntryType::Directory, 0o755);
+        add(".git/hooks/pre-commit", tar::EntryType::Regular, 0o755);
+        add("sub/.GIT/config", tar::EntryType::Regular, 0o644);
+        add("bin/run.sh", tar::EntryType::Regular, 0o4755);
+        let archive = b.into_inner().unwrap();
+        let dest = Dir::open_absolute(&dir, Default::default()).unwrap();
+        let done = unpack_dir(archive.as_slice(), &dest, ExecBits::Strip).unwrap();
+        assert_eq!((done.files, done.skipped, done.refused.count()), (1, 0, 4));
+        let text = done.refused.to_string();
+        assert!(text.contains(&format!("{}/.git (git runs", dir.display())), "{text}");
+        assert!(text.contains("rule \".git/\", 3 entries)"), "{text}");
+        assert!(!dir.join(".git").exists() && !dir.join("sub/.GIT").exists());
+        assert_eq!(fs::metadata(dir.join("bin/run.sh")).unwrap().permissions().mode() & 0o7111, 0);
+        let done = unpack_dir(archive.as_slice(), &dest, ExecBits::Keep).unwrap();
+        assert_eq!(done.files, 1);
+        assert_eq!(fs::metadata(dir.join("bin/run.sh")).unwrap().permissions().mode() & 0o7100, 0o100);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn unpack_refuses_symlinks_and_escapes() {
         use std::fs;
         let dir = std::env::temp_dir().join(format!("smcp-unpack-{}", std::process::id()));
@@ -375,7 +438,7 @@ mod tests {
         add("planted", b"through the link");
         let archive = b.into_inner().unwrap();
         let dest = Dir::open_absolute(&dir.join("dest"), Default::default()).unwrap();
-        let err = unpack_dir(archive.as_slice(), &dest).unwrap_err();
+        let err = unpack_dir(archive.as_slice(), &dest, ExecBits::Strip).unwrap_err();
         assert!(err.to_string().contains("planted"), "{err}");
         assert_eq!(fs::read_to_string(dir.join("dest/ok/file.txt")).unwrap(), "hello");
         assert!(!dir.join("escape.txt").exists());
