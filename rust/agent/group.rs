@@ -71,12 +71,31 @@ pub fn stats() -> Option<GroupStats> {
     let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap_or_default();
     let ram = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| mem_total(&m)).unwrap_or(0);
     Some(GroupStats {
-        memory_used_bytes: number(&read("memory.current")).unwrap_or(0),
+        memory_used_bytes: working_set(number(&read("memory.current")).unwrap_or(0), &read("memory.stat"), V2_INACTIVE),
         memory_limit_bytes: number(&read("memory.max")).unwrap_or(ram),
         pids: number(&read("pids.current")).unwrap_or(0),
         pids_limit: number(&read("pids.max")).unwrap_or(0),
         oom_kills: keyed(&read("memory.events"), "oom_kill").unwrap_or(0),
     })
+}
+
+/// The `memory.stat` key of the inactive page cache on cgroup v2 (v1
+/// names it `total_inactive_file`, counting the group's children too).
+pub const V2_INACTIVE: &str = "inactive_file";
+
+/// The memory a sandbox's group uses, as `stats` reports it on every
+/// driver: the charge (`memory.current`, v1 `memory.usage_in_bytes`) less
+/// the inactive file cache in `memory_stat` under `inactive_key`. It is
+/// the "working set" `docker stats` and the kubelet show. The charge alone
+/// counts every page of cache the sandbox's reads and writes left behind,
+/// so a sandbox that unpacked a big archive would read 100% of its limit
+/// and be flagged by `health` while nothing is at risk: the kernel drops
+/// that inactive cache first, before it reclaims anything else or kills.
+/// What remains (anonymous memory, tmpfs, cache in use) is what the limit
+/// really presses on. Shared pages are counted once, as the group is
+/// charged once, unlike a sum of each process's RSS.
+pub fn working_set(charge: u64, memory_stat: &str, inactive_key: &str) -> u64 {
+    charge.saturating_sub(keyed(memory_stat, inactive_key).unwrap_or(0))
 }
 
 /// A single-value cgroup file: the number, `None` for `max` (or garbage).
@@ -110,6 +129,17 @@ mod tests {
         assert_eq!(keyed("", "oom_kill"), None);
         let meminfo = "MemTotal:         498764 kB\nMemFree:          300000 kB\n";
         assert_eq!(mem_total(meminfo), Some(498_764 * 1024));
+    }
+
+    #[test]
+    fn the_working_set_leaves_out_inactive_cache_only() {
+        let v2 = "anon 30000000\nfile 9000000\nactive_file 1000000\ninactive_file 8000000\nshmem 0\n";
+        assert_eq!(working_set(40_000_000, v2, V2_INACTIVE), 32_000_000);
+        // v1's own `inactive_file` leaves out its children; the total is used.
+        let v1 = "cache 9000000\ninactive_file 5\ntotal_inactive_file 8000000\n";
+        assert_eq!(working_set(40_000_000, v1, "total_inactive_file"), 32_000_000);
+        assert_eq!(working_set(40_000_000, "", V2_INACTIVE), 40_000_000, "no memory.stat: the charge");
+        assert_eq!(working_set(1, v2, V2_INACTIVE), 0, "never below 0");
     }
 
     #[test]

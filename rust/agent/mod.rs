@@ -60,6 +60,11 @@ pub enum AgentError {
     /// Too many background processes are running.
     #[error("{0}")]
     Exhausted(String),
+    /// The kernel refused the new process (fork's EAGAIN): the sandbox is at
+    /// its task limit, most likely; the helper, which can read that limit,
+    /// says so.
+    #[error("{0}")]
+    ForkRefused(String),
     /// A system call failed.
     #[error("{what}: {source}")]
     Io {
@@ -79,6 +84,7 @@ impl AgentError {
             AgentError::NotFound(_) => FailKind::NotFound,
             AgentError::AlreadyExists(_) => FailKind::AlreadyExists,
             AgentError::Exhausted(_) => FailKind::Exhausted,
+            AgentError::ForkRefused(_) => FailKind::ForkRefused,
             AgentError::Io { .. } => FailKind::Internal,
         }
     }

@@ -165,6 +165,9 @@ fn create_cwd(cwd: &str, owner: Option<(u32, u32)>) -> Result<(), AgentError> {
 
 fn spawn_error(spec: &StartSpec, e: std::io::Error) -> AgentError {
     let program = spec.argv.first().map(String::as_str).unwrap_or_default();
+    if e.raw_os_error() == Some(libc::EAGAIN) {
+        return AgentError::ForkRefused(format!("cannot start `{program}`: {e}"));
+    }
     match e.kind() {
         std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
             AgentError::Rejected(format!("argv[0]: cannot run `{program}`: {e}"))

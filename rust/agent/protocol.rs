@@ -163,6 +163,8 @@ pub enum FailKind {
     Internal,
     /// Nothing listens on the dialled port.
     Refused,
+    /// The kernel refused to start the process (fork's EAGAIN).
+    ForkRefused,
 }
 
 /// Resource usage as seen from inside the VM (the `Stats` stream's
@@ -194,7 +196,8 @@ pub struct GuestStats {
 /// ([`super::group`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupStats {
-    /// `memory.current`.
+    /// `memory.current` less the inactive file cache
+    /// ([`super::group::working_set`]).
     pub memory_used_bytes: u64,
     /// `memory.max`, or the guest's RAM when that is `max`.
     pub memory_limit_bytes: u64,
@@ -335,6 +338,7 @@ fn fail_code(kind: FailKind) -> u8 {
         FailKind::Exhausted => 3,
         FailKind::Internal => 4,
         FailKind::Refused => 5,
+        FailKind::ForkRefused => 6,
     }
 }
 
@@ -346,6 +350,7 @@ fn fail_kind(code: u8) -> Result<FailKind, ProtocolError> {
         3 => FailKind::Exhausted,
         4 => FailKind::Internal,
         5 => FailKind::Refused,
+        6 => FailKind::ForkRefused,
         other => return Err(ProtocolError::Malformed(format!("failure kind {other}"))),
     })
 }
@@ -641,6 +646,7 @@ mod tests {
             }),
             Frame::Fail { kind: FailKind::AlreadyExists, message: "taken".into() },
             Frame::Fail { kind: FailKind::Refused, message: "no".into() },
+            Frame::Fail { kind: FailKind::ForkRefused, message: "again".into() },
             Frame::Credit(1 << 20),
             Frame::Cancel,
             Frame::Dial(8080),

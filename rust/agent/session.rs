@@ -61,7 +61,14 @@ pub async fn handle(stream: Stream, background: Arc<Registry>) {
             match process::spawn(&spec) {
                 Ok(spawned) => run(spawned, rx, tx).await,
                 Err(e) => {
-                    let _ = tx.send(Frame::Error(e.to_string())).await;
+                    // A refused fork goes typed, so that the helper can name
+                    // the limit that refused it; anything else is about the
+                    // process asked for (its program, its cwd).
+                    let frame = match e {
+                        AgentError::ForkRefused(_) => Frame::Fail { kind: e.kind(), message: e.to_string() },
+                        _ => Frame::Error(e.to_string()),
+                    };
+                    let _ = tx.send(frame).await;
                 }
             }
             return;

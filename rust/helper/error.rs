@@ -38,6 +38,19 @@ pub enum HelperError {
     /// The process could not be started (bad cwd, unknown program).
     #[error("{0}")]
     ExecRejected(String),
+    /// A process could not start because the sandbox's cgroup holds as
+    /// many tasks as its limit allows (or nearly: some may have ended
+    /// between the refused fork and the reading).
+    #[error(
+        "cannot start the process: the sandbox is at its process limit (pids = {pids} of {limit}); kill background \
+         processes or raise its limit (`pids` in sandbox-mcp's config, [defaults] or [profiles.<name>])"
+    )]
+    ProcessLimit {
+        /// Tasks in the sandbox's cgroup just after the refusal.
+        pids: u64,
+        /// Its `pids.max`.
+        limit: u64,
+    },
     /// The agent refused a copy or background request; `kind` decides the
     /// status code.
     #[error("{message}")]

@@ -8,6 +8,8 @@
 use super::agent_link::{AgentLink, agent_error};
 use super::error::HelperError;
 use crate::agent::mux::{StreamReceiver, StreamSender};
+#[cfg(doc)]
+use crate::agent::protocol::FailKind;
 use crate::agent::protocol::{ExitStatus, Frame, StartSpec};
 
 /// Client → process.
@@ -51,13 +53,16 @@ pub struct ExecSource {
 
 /// Starts the process in `vm` through its agent link. Returns its pid
 /// (inside the VM) once it runs; a process that cannot start is
-/// `ExecRejected`.
+/// `ExecRejected`, or `Guest` with [`FailKind::ForkRefused`] when the
+/// kernel refused the fork ([`crate::helper::stats::fork_refused`] names
+/// the limit).
 pub async fn start(vm: &str, link: &AgentLink, spec: StartSpec) -> Result<(i32, ExecSink, ExecSource), HelperError> {
     let stream = link.open(Frame::Start(spec)).await?;
     let (tx, mut rx) = (stream.tx, stream.rx);
     match rx.next().await.map_err(|e| link.error(e))? {
         Some(Frame::Started(pid)) => Ok((pid, ExecSink { tx, vm: vm.into() }, ExecSource { rx, vm: vm.into() })),
         Some(Frame::Error(msg)) => Err(HelperError::ExecRejected(msg)),
+        Some(Frame::Fail { kind, message }) => Err(HelperError::Guest { kind, message }),
         Some(other) => {
             Err(HelperError::io("agent protocol", std::io::Error::other(format!("expected started, got {other:?}"))))
         }

@@ -20,6 +20,7 @@
 //! image = "mcp-dev"
 //! cpus = 2
 //! memory = "512M"
+//! pids = 1024                          # tasks (processes and threads) at once
 //! network = "egress"                   # or "none", or { allow = [...], deny = [...] }
 //! disk = "10G"                         # disk quota (writable layer, /workspace, /tmp)
 //! trust_host_ca = true                 # the host's CA certificates in the sandbox's trust store (super::ca_trust)
@@ -59,6 +60,13 @@ use super::{
 /// Disk quota of a sandbox unless configured.
 pub const DEFAULT_DISK_BYTES: u64 = 10 << 30;
 
+/// Task limit of a sandbox unless configured.
+pub const DEFAULT_PIDS: u32 = 1024;
+
+/// The lowest task limit accepted: the sandbox's init and agent (with its
+/// threads) count against it before any command runs.
+const MIN_PIDS: u32 = 8;
+
 /// What a sandbox is created with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Profile {
@@ -68,6 +76,8 @@ pub struct Profile {
     pub cpus: u32,
     /// Memory limit in bytes.
     pub memory_bytes: u64,
+    /// Task limit (processes and threads at once).
+    pub pids: u32,
     /// Network mode and egress policy.
     pub network: Network,
     /// Disk quota in bytes.
@@ -84,6 +94,7 @@ struct ProfileFile {
     image: Option<String>,
     cpus: Option<u32>,
     memory: Option<String>,
+    pids: Option<u32>,
     // Checked by hand, so that every problem names its key.
     network: Option<Value>,
     disk: Option<Value>,
@@ -215,6 +226,12 @@ fn apply(base: &Profile, f: &ProfileFile, key: &str) -> Result<Profile, Orchestr
     if let Some(m) = &f.memory {
         p.memory_bytes = parse_memory(m).map_err(|e| invalid(&format!("{key}.memory"), e))?;
     }
+    if let Some(n) = f.pids {
+        if n < MIN_PIDS {
+            return Err(invalid(&format!("{key}.pids"), format!("must be at least {MIN_PIDS}")));
+        }
+        p.pids = n;
+    }
     if let Some(n) = &f.network {
         p.network = network_from_toml(&format!("{key}.network"), n)?;
     }
@@ -314,6 +331,7 @@ impl Config {
             image: crate::image::DEFAULT_IMAGE.to_string(),
             cpus: 2,
             memory_bytes: 512 << 20,
+            pids: DEFAULT_PIDS,
             network: Network::default(),
             disk_bytes: DEFAULT_DISK_BYTES,
             trust_host_ca: true,
@@ -418,7 +436,7 @@ mod tests {
     #[test]
     fn file_profiles_and_errors() {
         let file: ConfigFile = toml::from_str(
-            "idle_ttl = 0\nhost_roots = [\"/tmp\"]\n[defaults]\ncpus = 1\n[profiles.off]\nnetwork = \"none\"\nmemory = \"1G\"\n",
+            "idle_ttl = 0\nhost_roots = [\"/tmp\"]\n[defaults]\ncpus = 1\n[profiles.off]\nnetwork = \"none\"\nmemory = \"1G\"\npids = 64\n",
         )
         .unwrap();
         let c = Config::from_file(file, &ConfigSource::default()).unwrap();
@@ -426,6 +444,7 @@ mod tests {
         assert_eq!(c.profile_for("off").network, Network::None);
         assert_eq!(c.profile_for("off").cpus, 1);
         assert_eq!(c.profile_for("off").memory_bytes, 1 << 30);
+        assert_eq!((c.profile_for("off").pids, c.profile_for("other").pids), (64, DEFAULT_PIDS));
         assert_eq!(c.profile_for("other").memory_bytes, 512 << 20);
         let bad: ConfigFile = toml::from_str("[profiles.x]\nnetwork = \"wifi\"\n").unwrap();
         assert!(
@@ -500,6 +519,7 @@ mod tests {
             ("[defaults]\ndisk = \"huge\"\n", "config defaults.disk: invalid disk size 'huge'"),
             ("[defaults]\ndisk = 20\n", "config defaults.disk: expected a size string such as \"20G\", not 20"),
             ("[profiles.x]\ntrust_host_ca = \"yes\"\n", "config profiles.x.trust_host_ca: expected true or false"),
+            ("[profiles.x]\npids = 4\n", "config profiles.x.pids: must be at least 8"),
             ("host_write_allow = [\".gti/\"]\n", "config host_write_allow: \".gti/\" is not a deny rule"),
             ("host_write_deny = [\"/etc\"]\n", "config host_write_deny: \"/etc\": rules match anywhere"),
         ] {

@@ -49,6 +49,10 @@ pub enum HelperError {
     /// The VM is in the wrong state for the request.
     #[error("{0}")]
     FailedPrecondition(String),
+    /// The sandbox is at one of its limits (its task limit, its number of
+    /// background processes); the message names it and the way out.
+    #[error("{0}")]
+    Exhausted(String),
     /// The helper's driver or the VM's agent failed; the message says where.
     #[error("VM helper failed: {0}")]
     Internal(String),
@@ -87,6 +91,7 @@ impl From<tonic::Status> for HelperError {
             Code::AlreadyExists => Self::AlreadyExists(msg),
             Code::InvalidArgument => Self::InvalidArgument(msg),
             Code::FailedPrecondition => Self::FailedPrecondition(msg),
+            Code::ResourceExhausted => Self::Exhausted(msg),
             Code::Unavailable => Self::Unavailable { socket: PathBuf::new(), reason: msg },
             Code::Internal => Self::Internal(msg),
             code => Self::Other(format!("{code:?}: {msg}")),
@@ -105,6 +110,8 @@ pub struct VmConfig {
     pub cpus: u32,
     /// Memory limit in bytes.
     pub memory_bytes: u64,
+    /// Task limit; 0: the helper's default.
+    pub pids: u32,
     /// (host dir, guest dir, read-only) mounts; read-write ones are handed
     /// to the VM's root by the helper.
     pub mounts: Vec<(PathBuf, String, bool)>,
@@ -661,7 +668,7 @@ impl From<VmConfig> for pb::VmSpec {
             image: cfg.image,
             cpus: cfg.cpus,
             memory_bytes: cfg.memory_bytes,
-            pids_limit: 0,
+            pids_limit: cfg.pids,
             mounts: cfg
                 .mounts
                 .into_iter()
@@ -1257,6 +1264,7 @@ mod tests {
             image: "img".into(),
             cpus: 1,
             memory_bytes: 256 << 20,
+            pids: 0,
             mounts: Vec::new(),
             network,
             env: HashMap::from([("SSL_CERT_FILE".into(), "/etc/x".into())]),

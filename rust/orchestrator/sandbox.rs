@@ -870,6 +870,7 @@ impl SandboxManager {
             image: if origin.clone_from.is_some() { String::new() } else { profile.image.clone() },
             cpus: profile.cpus,
             memory_bytes: profile.memory_bytes,
+            pids: profile.pids,
             mounts: mounts.clone(),
             network: profile.network.clone(),
             env: host_ca.as_ref().map(|_| super::ca_trust::env()).unwrap_or_default(),

@@ -86,3 +86,41 @@ async fn stats_need_a_running_vm() {
     let e = stats(&mut h, &id).await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
 }
+
+#[tokio::test]
+async fn a_process_refused_at_the_task_limit_names_it() {
+    let mut h = Harness::new("statspids").await;
+    // A vm's agent starts its processes from outside the guest's group, so
+    // the limit refuses their children, not the start itself.
+    if !on_namespaces() || !h.has_cgroups().await {
+        eprintln!("skipped: the start itself meets the task limit on the namespace driver with cgroups only");
+        return;
+    }
+    // The bridge carries no cgroup counters, and the guest's own count
+    // misses the tasks outside its pid namespace.
+    if through_bridge() {
+        eprintln!("skipped: across the bridge the task count is the guest's, short of the cgroup's");
+        return;
+    }
+    let id = h.running("vm", |s| s.pids_limit = 24).await;
+    // Keeps the group full for a minute, taking every slot that frees.
+    let fill = "nohup python3 -c 'import os, time
+end = time.time() + 60
+while time.time() < end:
+    try:
+        pid = os.fork()
+    except BlockingIOError:
+        time.sleep(0.005)
+        continue
+    if pid == 0:
+        time.sleep(max(end - time.time(), 0))
+        os._exit(0)
+' >/dev/null 2>&1 &";
+    assert_eq!(h.sh(&id, fill).await.code(), Some(0));
+    let mut poll = Poll::every(Duration::from_millis(50));
+    while stats(&mut h, &id).await.unwrap().pids < 24 && poll.again().await {}
+    let e = h.run(process(&id, &["true"]), b"").await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    assert!(e.message().contains("the sandbox is at its process limit (pids = "), "{e}");
+    assert!(e.message().contains(" of 24)"), "{e}");
+}

@@ -154,8 +154,8 @@ pub enum Egress {
     Frames(Arc<std::os::fd::OwnedFd>),
 }
 
-/// A running VM's limits and OOM kills: what the host's cgroup knows
-/// ([`Instance::host_facts`]), or a vm guest's own group, where the
+/// A running VM's limits, usage and OOM kills: what the host's cgroup
+/// knows ([`Instance::host_facts`]), or a vm guest's own group, where the
 /// sandbox's processes are counted ([`crate::helper::stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HostFacts {
@@ -165,6 +165,37 @@ pub struct HostFacts {
     pub pids_limit: u64,
     /// The OOM killer fired inside the VM.
     pub oom_killed: bool,
+    /// What the cgroup counts now; `None` where no cgroup holds the
+    /// sandbox (limits not enforced, a host that cannot see its
+    /// processes), and the guest's own sums stand in.
+    pub usage: Option<GroupUsage>,
+}
+
+/// A sandbox's cgroup's own counters: the figures its limits are enforced
+/// against, where summing over processes counts shared pages once per
+/// process. A counter that could not be read is 0 (unknown).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupUsage {
+    /// Working set: charged memory less the inactive file cache (see
+    /// [`crate::agent::group::working_set`]).
+    pub memory_used_bytes: u64,
+    /// Tasks (processes and threads) in the group.
+    pub pids: u64,
+    /// CPU time of every task that ran in the group, exited ones included.
+    pub cpu_usage_ns: u64,
+}
+
+impl From<crate::agent::protocol::GroupStats> for HostFacts {
+    /// A vm guest's group: its limits and counters (it has no CPU time;
+    /// the guest's own sum covers the whole VM).
+    fn from(g: crate::agent::protocol::GroupStats) -> Self {
+        HostFacts {
+            memory_limit_bytes: g.memory_limit_bytes,
+            pids_limit: g.pids_limit,
+            oom_killed: g.oom_kills > 0,
+            usage: Some(GroupUsage { memory_used_bytes: g.memory_used_bytes, pids: g.pids, cpu_usage_ns: 0 }),
+        }
+    }
 }
 
 /// Where a VM's processes show on the host (the namespace driver only):

@@ -93,6 +93,7 @@ pub fn status(e: HelperError) -> Status {
         HelperError::InvalidArgument { .. } | HelperError::ExecRejected(_) => Status::invalid_argument(msg),
         HelperError::VmNotFound(_) | HelperError::ImageNotFound(_) => Status::not_found(msg),
         HelperError::AlreadyExists(_) => Status::already_exists(msg),
+        HelperError::ProcessLimit { .. } => Status::resource_exhausted(msg),
         HelperError::WrongState { .. } | HelperError::DriverUnusable { .. } => Status::failed_precondition(msg),
         HelperError::Unavailable(_) | HelperError::DialRefused { .. } | HelperError::AgentLost { .. } => {
             Status::unavailable(msg)
@@ -101,7 +102,7 @@ pub fn status(e: HelperError) -> Status {
             FailKind::Invalid => Status::invalid_argument(msg),
             FailKind::NotFound => Status::not_found(msg),
             FailKind::AlreadyExists => Status::already_exists(msg),
-            FailKind::Exhausted => Status::resource_exhausted(msg),
+            FailKind::Exhausted | FailKind::ForkRefused => Status::resource_exhausted(msg),
             FailKind::Internal => Status::internal(msg),
             FailKind::Refused => Status::unavailable(msg),
         },
@@ -270,9 +271,13 @@ impl VmHelper for HelperService {
         if process.tty {
             return Err(status(HelperError::invalid("process.tty", "not supported for background processes")));
         }
+        let vm_id = process.vm_id.clone();
         let (agent, spec) = start_spec(&self.vms, process, "process").map_err(status)?;
         let start = BackgroundRequest::Start { name: req.name, spec };
-        let (reply, _) = super::guest::background(&agent, start).await.map_err(status)?;
+        let (reply, _) = match super::guest::background(&agent, start).await {
+            Ok(done) => done,
+            Err(e) => return Err(status(streams::fork_refused(&self.vms, &vm_id, e).await)),
+        };
         Ok(Response::new(pb::StartBackgroundResponse {
             process: reply.processes.into_iter().next().map(background_to_proto),
         }))

@@ -35,6 +35,14 @@ fn quota_notice(quota: Option<&crate::helper::quota::Watch>, before: Option<u64>
     (Some(quota.stops()) != before).then(|| format!("\n{}\n", quota.reading().exceeded).into_bytes())
 }
 
+/// `e`, naming the sandbox's task limit if that refused the process.
+pub async fn fork_refused(vms: &VmManager, vm_id: &str, e: HelperError) -> HelperError {
+    match vms.run_handles(vm_id, "read stats of") {
+        Ok(run) => crate::helper::stats::fork_refused(&run, e).await,
+        Err(_) => e,
+    }
+}
+
 fn vm_stopped(id: String) -> Status {
     status(HelperError::WrongState { op: "exec in", id, state: crate::helper::vm::VmState::Stopped })
 }
@@ -56,12 +64,13 @@ pub async fn exec(
     // Whether the disk quota watcher killed processes while this one ran.
     let quota = vms.run_handles(&vm_id, "exec in").ok().map(|r| r.quota);
     let stops_before = quota.as_ref().map(|q| q.stops());
-    let (pid, mut sink, mut source) = exec::start(&vm_id, &agent, spec).await.map_err(|e| match e {
+    let (pid, mut sink, mut source) = match exec::start(&vm_id, &agent, spec).await {
+        Ok(started) => started,
         // The VM died a moment ago and its exit has not been recorded yet:
         // report what the client will see on its next call anyway.
-        HelperError::AgentLost { .. } => vm_stopped(vm_id.clone()),
-        other => status(other),
-    })?;
+        Err(HelperError::AgentLost { .. }) => return Err(vm_stopped(vm_id.clone())),
+        Err(e) => return Err(status(fork_refused(vms, &vm_id, e).await)),
+    };
 
     let (tx, rx) = mpsc::channel::<Result<pb::ExecResponse, Status>>(16);
     let started = response(pb::exec_response::Msg::Started(pb::Started { pid }));

@@ -187,6 +187,7 @@ impl Job {
             image: self.image.clone(),
             cpus: self.profile.0,
             memory_bytes: self.profile.1,
+            pids: 0,
             mounts: Vec::new(),
             network: Network::default(),
             env: HashMap::new(),

@@ -14,6 +14,8 @@
 use std::path::{Path, PathBuf};
 
 use super::DriverError;
+use crate::agent::group::{V2_INACTIVE, working_set};
+use crate::helper::driver::{GroupUsage, HostFacts};
 
 const GROUP: &str = "sandbox-mcp";
 
@@ -375,8 +377,8 @@ pub struct VmCgroup {
     v2: bool,
 }
 
-/// Where a VM's limits and OOM counter live, for Stats (the guest reports
-/// its usage itself, through its agent).
+/// Where a VM's limits, usage and OOM counter live, for Stats: the
+/// figures the kernel enforces the limits against.
 #[derive(Debug, Clone)]
 pub enum UsageFiles {
     /// One dir per controller.
@@ -385,28 +387,56 @@ pub enum UsageFiles {
         memory: PathBuf,
         /// The pids controller's dir.
         pids: PathBuf,
+        /// The dir with `cpuacct.usage`: cpuacct's own, or cpu's when the
+        /// two are mounted together.
+        cpuacct: PathBuf,
     },
     /// The unified dir.
     V2(PathBuf),
 }
 
 impl UsageFiles {
-    /// The limits and OOM kills as the cgroup shows them now.
-    pub fn facts(&self) -> crate::helper::driver::HostFacts {
-        use crate::helper::driver::HostFacts;
+    /// The limits, usage and OOM kills as the cgroup shows them now.
+    pub fn facts(&self) -> HostFacts {
         match self {
-            UsageFiles::V1 { memory, pids } => HostFacts {
+            UsageFiles::V1 { memory, pids, cpuacct } => HostFacts {
                 memory_limit_bytes: number(&memory.join("memory.limit_in_bytes")),
                 oom_killed: keyed(&memory.join("memory.oom_control"), "oom_kill") > 0,
                 pids_limit: number(&pids.join("pids.max")),
+                usage: Some(GroupUsage {
+                    memory_used_bytes: working_set(
+                        number(&memory.join("memory.usage_in_bytes")),
+                        &read(&memory.join("memory.stat")),
+                        V1_INACTIVE,
+                    ),
+                    pids: number(&pids.join("pids.current")),
+                    cpu_usage_ns: number(&cpuacct.join("cpuacct.usage")),
+                }),
             },
             UsageFiles::V2(dir) => HostFacts {
                 memory_limit_bytes: number(&dir.join("memory.max")),
                 oom_killed: keyed(&dir.join("memory.events"), "oom_kill") > 0,
                 pids_limit: number(&dir.join("pids.max")),
+                usage: Some(GroupUsage {
+                    memory_used_bytes: working_set(
+                        number(&dir.join("memory.current")),
+                        &read(&dir.join("memory.stat")),
+                        V2_INACTIVE,
+                    ),
+                    pids: number(&dir.join("pids.current")),
+                    cpu_usage_ns: keyed(&dir.join("cpu.stat"), "usage_usec").saturating_mul(1000),
+                }),
             },
         }
     }
+}
+
+/// v1's `memory.stat` key of the inactive page cache, children included
+/// (its plain `inactive_file` is the group's own only).
+const V1_INACTIVE: &str = "total_inactive_file";
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
 }
 
 /// A file holding one number; "max" and unreadable files read as 0
@@ -417,7 +447,7 @@ fn number(path: &Path) -> u64 {
 
 /// The value of `key` in a flat-keyed file (`key value` per line).
 fn keyed(path: &Path, key: &str) -> u64 {
-    parse_keyed(&std::fs::read_to_string(path).unwrap_or_default(), key)
+    parse_keyed(&read(path), key)
 }
 
 fn parse_keyed(text: &str, key: &str) -> u64 {
@@ -435,7 +465,9 @@ impl VmCgroup {
         if self.v2 {
             return UsageFiles::V2(self.dirs[0].clone());
         }
-        UsageFiles::V1 { memory: self.dirs[0].clone(), pids: self.dirs[2].clone() }
+        // cpuacct's own dir comes last when it has one; else cpu's holds it.
+        let cpuacct = self.dirs.get(3).unwrap_or(&self.dirs[1]).clone();
+        UsageFiles::V1 { memory: self.dirs[0].clone(), pids: self.dirs[2].clone(), cpuacct }
     }
 
     /// Writes the VM's limits.
@@ -584,6 +616,66 @@ mod tests {
         let oom = "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n";
         assert_eq!(parse_keyed(oom, "oom_kill"), 2);
         assert_eq!(parse_keyed(oom, "missing"), 0);
+    }
+
+    /// A temp dir holding `files` (name, text).
+    fn fake_group(name: &str, files: &[(&str, &str)]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("cgroup-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (f, text) in files {
+            std::fs::write(dir.join(f), text).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn v2_facts_are_the_groups_own_counters() {
+        let dir = fake_group(
+            "v2",
+            &[
+                ("memory.max", "536870912\n"),
+                ("memory.current", "40000000\n"),
+                ("memory.stat", "anon 30000000\nfile 9000000\nactive_file 1000000\ninactive_file 8000000\n"),
+                ("memory.events", "low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n"),
+                ("pids.current", "71\n"),
+                ("pids.max", "max\n"),
+                ("cpu.stat", "usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n"),
+            ],
+        );
+        let usage = GroupUsage { memory_used_bytes: 32_000_000, pids: 71, cpu_usage_ns: 2_500_000_000 };
+        let want = HostFacts { memory_limit_bytes: 512 << 20, pids_limit: 0, oom_killed: true, usage: Some(usage) };
+        assert_eq!(UsageFiles::V2(dir.clone()).facts(), want);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn v1_facts_read_each_controllers_dir() {
+        let memory = fake_group(
+            "v1-memory",
+            &[
+                ("memory.limit_in_bytes", "536870912\n"),
+                ("memory.usage_in_bytes", "40000000\n"),
+                ("memory.stat", "cache 9000000\ninactive_file 1\ntotal_inactive_file 8000000\n"),
+                ("memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n"),
+            ],
+        );
+        let pids = fake_group("v1-pids", &[("pids.current", "64\n"), ("pids.max", "64\n")]);
+        let cpuacct = fake_group("v1-cpuacct", &[("cpuacct.usage", "123456789\n")]);
+        let files = UsageFiles::V1 { memory: memory.clone(), pids: pids.clone(), cpuacct: cpuacct.clone() };
+        let usage = GroupUsage { memory_used_bytes: 32_000_000, pids: 64, cpu_usage_ns: 123_456_789 };
+        let want = HostFacts { memory_limit_bytes: 512 << 20, pids_limit: 64, oom_killed: false, usage: Some(usage) };
+        assert_eq!(files.facts(), want);
+        for d in [memory, pids, cpuacct] {
+            std::fs::remove_dir_all(d).unwrap();
+        }
+    }
+
+    #[test]
+    fn unreadable_counters_are_unknown() {
+        let gone = std::env::temp_dir().join(format!("cgroup-gone-{}", std::process::id()));
+        let facts = UsageFiles::V2(gone).facts();
+        assert_eq!(facts.usage, Some(GroupUsage::default()));
+        assert_eq!((facts.memory_limit_bytes, facts.pids_limit, facts.oom_killed), (0, 0, false));
     }
 
     const SCOPE: &str = "0::/user.slice/user-1000.slice/user@1000.service/app.slice/run-r1.scope\n";

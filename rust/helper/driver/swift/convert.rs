@@ -197,8 +197,16 @@ impl From<&Capabilities> for ffi::LayerCapabilities {
 }
 
 impl From<ffi::LayerHostFacts> for HostFacts {
+    /// The bridge carries limits only: a Mac's VMs are counted by their
+    /// guest's own group ([`crate::helper::stats`]), so the host's counters
+    /// would go unused there; across it they are unknown.
     fn from(f: ffi::LayerHostFacts) -> Self {
-        HostFacts { memory_limit_bytes: f.memory_limit_bytes, pids_limit: f.pids_limit, oom_killed: f.oom_killed }
+        HostFacts {
+            memory_limit_bytes: f.memory_limit_bytes,
+            pids_limit: f.pids_limit,
+            oom_killed: f.oom_killed,
+            usage: None,
+        }
     }
 }
 
@@ -365,8 +373,10 @@ mod tests {
 
     #[test]
     fn host_facts_and_processes_cross_and_minus_one_is_none() {
-        let facts = HostFacts { memory_limit_bytes: 7, pids_limit: 9, oom_killed: true };
+        let facts = HostFacts { memory_limit_bytes: 7, pids_limit: 9, oom_killed: true, usage: None };
         assert_eq!(HostFacts::from(ffi::LayerHostFacts::from(facts)), facts);
+        let counted = HostFacts { usage: Some(crate::helper::driver::GroupUsage::default()), ..facts };
+        assert_eq!(HostFacts::from(ffi::LayerHostFacts::from(counted)), facts, "counters do not cross");
         let p = HostProcesses { pid1: 10, agent: 11 };
         assert_eq!(Option::<HostProcesses>::from(ffi::LayerHostProcesses::from(Some(p))), Some(p));
         assert_eq!(Option::<HostProcesses>::from(ffi::LayerHostProcesses::from(None)), None);
