@@ -182,9 +182,11 @@ pub fn watch(limit: u64, parts: Vec<Part>, writers: Writers) -> (Arc<Watch>, tok
         let mut wire = Tripwire::new(&parts);
         let mut previous: Option<u64> = None;
         let mut phase = Phase::Normal;
+        // Whether the next walk stops the VM's processes while it counts.
+        let mut hold = false;
         loop {
             let started = tokio::time::Instant::now();
-            let Some(sizes) = measure_writers(&parts, &writers).await else {
+            let Some((sizes, held)) = measure_writers(&parts, &writers, hold).await else {
                 tokio::time::sleep(INTERVAL).await;
                 continue;
             };
@@ -242,13 +244,22 @@ pub fn watch(limit: u64, parts: Vec<Part>, writers: Writers) -> (Arc<Watch>, tok
                     return;
                 }
             }
+            // Resumed only after the kill: a held writer gets no moment to write on.
+            drop(held);
+            let growing = previous.is_some_and(|p| used > p);
             previous = Some(used);
             let near = used.saturating_mul(100) >= limit.saturating_mul(NEAR);
             let pause = if near { NEAR_INTERVAL } else { INTERVAL };
             // An early walk still waits as long as the last walk took: the
             // watcher spends at most half its time walking, however busy
             // the host's filesystem is.
-            wire.wait(pause.max(took * DUTY), took, limit.saturating_sub(used)).await;
+            let headroom = limit.saturating_sub(used);
+            let fell = wire.wait(pause.max(took * DUTY), took, headroom).await;
+            // The host lost the whole headroom while this VM was writing: it
+            // may be past its quota already, and a walk of a large tree takes
+            // long enough (a second for 260,000 files) for a fast writer to
+            // go far past it meanwhile, so its processes wait for the count.
+            hold = growing && fell.is_some_and(|f| f >= headroom);
         }
     });
     (w, tokio_util::task::AbortOnDropHandle::new(task))
@@ -281,42 +292,62 @@ impl Tripwire {
             .iter()
             .filter_map(|p| nix::sys::statvfs::statvfs(p).ok())
             .map(|fs| {
-                let bytes = u64::from(fs.blocks_free()).saturating_mul(fs.fragment_size() as u64);
-                bytes.saturating_add(u64::from(fs.files_free()).saturating_mul(INODE_COST))
+                let bytes = fs.blocks_free().saturating_mul(fs.fragment_size());
+                bytes.saturating_add(fs.files_free().saturating_mul(INODE_COST))
             })
             .fold(0, u64::saturating_add)
     }
 
     /// Sleeps for `pause`, or less once at least `least` has passed and the
     /// filesystems lost half of `headroom` (the quota left at the last
-    /// walk) since the call began: then a walk is due now.
-    async fn wait(&mut self, pause: Duration, least: Duration, headroom: u64) {
+    /// walk) since the call began: then a walk is due now, and the bytes
+    /// they lost are returned. `None`: the pause ran out.
+    async fn wait(&mut self, pause: Duration, least: Duration, headroom: u64) -> Option<u64> {
         let started = tokio::time::Instant::now();
         if self.filesystems.is_empty() {
             tokio::time::sleep(pause).await;
-            return;
+            return None;
         }
         let before = self.free();
         let trip = (headroom / 2).max(TRIP_MIN);
         while started.elapsed() < pause {
             tokio::time::sleep(TRIP_POLL.min(pause - started.elapsed())).await;
-            if started.elapsed() >= least && before.saturating_sub(self.free()) >= trip {
-                return;
+            let fell = before.saturating_sub(self.free());
+            if started.elapsed() >= least && fell >= trip {
+                return Some(fell);
             }
         }
+        None
     }
 }
 
+/// What resumes a VM whose processes were stopped for a measurement.
+#[cfg(linux_host)]
+type Held = Option<super::driver::namespace::freeze::Frozen>;
+/// Never held off Linux (no host VMs there); a guard all the same, so the
+/// loop drops it alike everywhere.
+#[cfg(not(linux_host))]
+type Held = Option<Box<dyn Send>>;
+
 /// One measurement of the parts and what the writers hold beside them;
 /// `None` if none could be made this time (a guest's agent that did not
-/// answer: the run's end aborts the watcher).
-async fn measure_writers(parts: &[Part], writers: &Writers) -> Option<Vec<(String, u64)>> {
+/// answer: the run's end aborts the watcher). With `hold`, a host VM's
+/// processes are stopped first and stay stopped until the returned guard
+/// drops (a VM that will not stop is measured running). A vm's guest is
+/// never held: its writable disk is sized to the quota.
+#[cfg_attr(not(linux_host), allow(unused_variables))]
+async fn measure_writers(parts: &[Part], writers: &Writers, hold: bool) -> Option<(Vec<(String, u64)>, Held)> {
     let walk = parts.to_vec();
     match writers {
         #[cfg(linux_host)]
         Writers::Host { pid1, .. } => {
             let pid1 = *pid1;
-            tokio::task::spawn_blocking(move || measure(&walk, pid1)).await.ok()
+            tokio::task::spawn_blocking(move || {
+                let held = hold.then(|| super::driver::namespace::freeze::freeze(pid1).ok()).flatten();
+                (measure(&walk, pid1), held)
+            })
+            .await
+            .ok()
         }
         Writers::Guest { agent, .. } => {
             let layer = super::guest::stats(agent).await.ok()?.disk_used_bytes;
@@ -325,7 +356,7 @@ async fn measure_writers(parts: &[Part], writers: &Writers) -> Option<Vec<(Strin
             })
             .await
             .ok()?;
-            Some(std::iter::once(("writable layer".to_string(), layer)).chain(shares).collect())
+            Some((std::iter::once(("writable layer".to_string(), layer)).chain(shares).collect(), None))
         }
     }
 }
