@@ -84,26 +84,28 @@ if ! { "${as_user[@]}" scripts/vm-kernel.sh && "${as_user[@]}" scripts/vm-initra
 fi
 if [ "$only_pytest" = 1 ]; then
     echo "== helper conformance and vm driver as $user: skipped (SMCP_USER_PYTEST_ONLY=1)"
-elif ! { echo "== helper conformance as $user${SANDBOX_MCP_CONFORMANCE_DRIVER:+ (driver ${SANDBOX_MCP_CONFORMANCE_DRIVER})}"
-    "${as_user[@]}" target/bin/helper-conformance -q; }; then
-    echo "== helper conformance as $user FAILED"
-    status=1
-fi
-# Through the swift bridge's ABI once, in `make test`'s pass (the vm matrix
-# names other drivers; the bridge's layer is the namespace driver's double).
-if [ "$only_pytest" != 1 ] && [ -z "${SANDBOX_MCP_TEST_ISOLATION:-}" ] && [ -z "${SANDBOX_MCP_CONFORMANCE_DRIVER:-}" ]; then
-    echo "== helper conformance through the swift bridge as $user"
-    if ! "${as_user[@]}" SANDBOX_MCP_CONFORMANCE_BRIDGE=1 target/bin/helper-conformance -q; then
-        echo "== helper conformance through the swift bridge as $user FAILED"
+else
+    echo "== helper conformance as $user${SANDBOX_MCP_CONFORMANCE_DRIVER:+ (driver ${SANDBOX_MCP_CONFORMANCE_DRIVER})}"
+    if ! "${as_user[@]}" target/bin/helper-conformance -q; then
+        echo "== helper conformance as $user FAILED"
         status=1
     fi
-fi
-# The vm driver's own tests run once, in `make test`'s pass (`make test-vm` sets the matrix's switches).
-if [ "$only_pytest" != 1 ] && [ -z "${SANDBOX_MCP_TEST_ISOLATION:-}" ]; then
-    echo "== vm driver as $user"
-    if ! "${as_user[@]}" target/bin/vm-qemu -q --test-threads=1; then
-        echo "== vm driver as $user FAILED"
-        status=1
+    # Through the swift bridge's ABI once, in `make test`'s pass (the vm matrix
+    # names other drivers; the bridge's layer is the namespace driver's double).
+    if [ -z "${SANDBOX_MCP_TEST_ISOLATION:-}" ] && [ -z "${SANDBOX_MCP_CONFORMANCE_DRIVER:-}" ]; then
+        echo "== helper conformance through the swift bridge as $user"
+        if ! "${as_user[@]}" SANDBOX_MCP_CONFORMANCE_BRIDGE=1 target/bin/helper-conformance -q; then
+            echo "== helper conformance through the swift bridge as $user FAILED"
+            status=1
+        fi
+    fi
+    # The vm driver's own tests run once, in `make test`'s pass (`make test-vm` sets the matrix's switches).
+    if [ -z "${SANDBOX_MCP_TEST_ISOLATION:-}" ]; then
+        echo "== vm driver as $user"
+        if ! "${as_user[@]}" target/bin/vm-qemu -q --test-threads=1; then
+            echo "== vm driver as $user FAILED"
+            status=1
+        fi
     fi
 fi
 echo "== pytest as $user: $*"

@@ -1,6 +1,7 @@
 """snapshot, restore, list_snapshots, delete_snapshot, images, build_image and
 clone through a real MCP client (stdio and HTTP), each on a per-test image store."""
 import concurrent.futures
+import json
 import os
 import re
 import socket
@@ -372,8 +373,8 @@ def test_pulls_and_boots_of_a_pulled_image_raced_by_three_clients(env, front_end
     won = [ref for ref, (code, _, _) in zip(refs, results) if code == 0]
     assert len(won) == 1, results
     assert all("image \"raced\" already exists" in err for code, _, err in results if code != 0), results
-    record = (Path(image_store) / "raced" / "image.json").read_text()
-    assert f'"reference":"{won[0]}"' in record.replace(" ", ""), record
+    record = json.loads((Path(image_store) / "raced" / "image.json").read_text())
+    assert record["reference"] == won[0], record
 
     (roots / ".sandbox-mcp.toml").write_text('image = "raced"\n')
     extra = {"SANDBOX_MCP_IMAGE_STORE": image_store, "SANDBOX_MCP_HOST_ROOTS": str(roots)}

@@ -15,6 +15,25 @@ import ContainerizationOCI
 import Foundation
 import SystemPackage
 
+/// Makes the file at `path` through a partial file beside it, moved into place once whole: a
+/// make that fails leaves no half-written file at `path` for a later `fileExists` to take for a
+/// good one. Another helper may have made it meanwhile: either copy is the same, and the first
+/// one stays.
+func makeInPlace(_ path: String, _ make: @Sendable (String) async throws -> Void) async throws {
+    let fm = FileManager.default
+    let partial = path + ".partial-\(ProcessInfo.processInfo.processIdentifier)"
+    try? fm.removeItem(atPath: partial)
+    do {
+        try await make(partial)
+    } catch {
+        try? fm.removeItem(atPath: partial)
+        throw error
+    }
+    if (try? fm.moveItem(atPath: partial, toPath: path)) == nil {
+        try? fm.removeItem(atPath: partial)
+    }
+}
+
 /// Makes the disks of plans.
 public struct Disks: Sendable {
     /// containerization's image store, for `RootfsSource.image`.
@@ -37,12 +56,8 @@ public struct Disks: Sendable {
                 if !fm.fileExists(atPath: plan.rootfsCacheImage) {
                     try fm.createDirectory(
                         atPath: (plan.rootfsCacheImage as NSString).deletingLastPathComponent, withIntermediateDirectories: true)
-                    let partial = plan.rootfsCacheImage + ".partial-\(ProcessInfo.processInfo.processIdentifier)"
-                    try? fm.removeItem(atPath: partial)
-                    try await build(plan.rootfs, extra: [], at: partial, bytes: plan.rootfsBytes)
-                    // Another helper may have made it meanwhile: either copy is the same.
-                    if (try? fm.moveItem(atPath: partial, toPath: plan.rootfsCacheImage)) == nil {
-                        try? fm.removeItem(atPath: partial)
+                    try await makeInPlace(plan.rootfsCacheImage) { @Sendable partial in
+                        try await build(plan.rootfs, extra: [], at: partial, bytes: plan.rootfsBytes)
                     }
                 }
                 try fm.copyItem(atPath: plan.rootfsCacheImage, toPath: plan.rootfsImage)

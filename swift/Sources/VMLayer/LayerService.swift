@@ -139,28 +139,16 @@ public actor LayerService {
         }
         do {
             let store = try ImageStore(path: URL(fileURLWithPath: assets.imageStore))
-            let initfs: Mount
-            if FileManager.default.fileExists(atPath: assets.initfs) {
-                initfs = Mount.block(format: "ext4", source: assets.initfs, destination: "/", options: ["ro"])
-            } else {
-                // Unpacked beside its place and renamed once whole: the unpacker writes at the
-                // path it is given and leaves a half-written file when the pull fails, which
-                // the check above would take for a good one at every later boot.
+            if !FileManager.default.fileExists(atPath: assets.initfs) {
+                // Through a partial file: the unpacker writes at the path it is given and leaves
+                // a half-written file when the pull fails, which the check above would take for
+                // a good one at every later boot.
                 let initImage: InitImage = try await store.getInitImage(reference: assets.initfsReference)
-                let partial = URL(fileURLWithPath: "\(assets.initfs).partial-\(ProcessInfo.processInfo.processIdentifier)")
-                try? FileManager.default.removeItem(at: partial)
-                do {
-                    _ = try await initImage.initBlock(at: partial, for: SystemPlatform.linuxArm)
-                    guard rename(partial.path, assets.initfs) == 0 else {
-                        throw LayerFailure.failed(
-                            "rename \(partial.path) to \(assets.initfs): \(String(cString: strerror(errno)))")
-                    }
-                } catch {
-                    try? FileManager.default.removeItem(at: partial)
-                    throw error
+                try await makeInPlace(assets.initfs) { @Sendable partial in
+                    _ = try await initImage.initBlock(at: URL(fileURLWithPath: partial), for: SystemPlatform.linuxArm)
                 }
-                initfs = Mount.block(format: "ext4", source: assets.initfs, destination: "/", options: ["ro"])
             }
+            let initfs = Mount.block(format: "ext4", source: assets.initfs, destination: "/", options: ["ro"])
             let kernel = Kernel(path: URL(fileURLWithPath: assets.kernel), platform: SystemPlatform.linuxArm)
             let made = VZVirtualMachineManager(kernel: kernel, initialFilesystem: initfs)
             let madeDisks = Disks(imageStore: store)
