@@ -391,7 +391,8 @@ async fn connections_beyond_the_cap_are_refused_and_all_are_cleaned_up() {
 /// prints the first line of the answer, EMPTY, or the error's name. Most
 /// cases hide the name `bad.sni.test` from a check that reads only the
 /// first TLS record or the first HTTP request, or name nothing checkable
-/// (`appdata`: encrypted-looking bytes before an allowed ClientHello);
+/// (`appdata`: encrypted-looking bytes before an allowed ClientHello;
+/// `sslv2`: an SSLv2-format ClientHello, which has no SNI);
 /// `plain`, `tlsgood`, `ssh` and `websocket` are ordinary traffic.
 /// ClientHellos are real ones (Python's ssl), re-split into several
 /// handshake records.
@@ -413,6 +414,9 @@ def records(message, cuts):
     b = [0] + cuts + [len(message)]
     return b"".join(b"\x16\x03\x01" + (y - x).to_bytes(2, "big") + message[x:y] for x, y in zip(b, b[1:]))
 good, bad = b"good.sni.test", b"bad.sni.test"
+# Version 3.1, one cipher spec, no session id, a 16-byte challenge.
+v2 = b"\x01\x03\x01\x00\x03\x00\x00\x00\x10\x00\x00\x2f" + b"\x11" * 16
+sslv2 = bytes([0x80 | len(v2) >> 8, len(v2) & 0xff]) + v2
 if case in ("tls2", "tls5"):
     m = hello("bad.sni.test")
     in_sni = m.find(bad) + 3
@@ -433,6 +437,7 @@ cases = {
     "halfhead": lambda: [b"GET / HTTP/1.1\r\nHost: bad.sni"],
     "tlsgood": lambda: [records(hello("good.sni.test"), [5, 100])],
     "appdata": lambda: [b"\x17\x03\x03\x00\x05hello" + records(hello("good.sni.test"), [])],
+    "sslv2": lambda: [sslv2],
     "ssh": lambda: [b"SSH-2.0-OpenSSH_9.2\r\n"],
     "websocket": lambda: [req(good, b"Upgrade: websocket\r\nConnection: Upgrade\r\n"), b"\x81\x82abcd\x09\x0b"],
 }
@@ -490,6 +495,7 @@ async fn names_hidden_past_the_first_record_or_request_are_still_refused() {
         ("bighead", "", "an HTTP request head longer than 16 KiB"),
         ("halfhead", "", "closed in the middle of a TLS ClientHello or HTTP request head"),
         ("appdata", "", "TLS: an application data record came before the ClientHello"),
+        ("sslv2", "", "TLS: an SSLv2-format ClientHello, which carries no server name (SNI)"),
     ] {
         let before = events(&mut h, &id).await.refused_total;
         let got = evade(&mut h, case).await;

@@ -48,9 +48,15 @@ impl Inspector {
             Inspector::Start => match data {
                 [] => Step::NeedMore,
                 [first] if tls::is_record_type(*first) => Step::NeedMore,
+                [first, ..] if first & 0x80 != 0 && data.len() < tls::SSLV2_PREFIX => Step::NeedMore,
                 _ => {
                     if let Some(kind) = tls::non_handshake_record(data) {
                         return Step::Unnamed(format!("TLS: {kind} came before the ClientHello"));
+                    }
+                    if tls::sslv2_client_hello(data) {
+                        return Step::Unnamed(
+                            "TLS: an SSLv2-format ClientHello, which carries no server name (SNI)".into(),
+                        );
                     }
                     *self =
                         if tls::looks_like_tls(data) { Inspector::Tls } else { Inspector::Http(Requests::default()) };
@@ -105,11 +111,18 @@ mod tests {
 
     #[test]
     fn a_tls_record_other_than_a_handshake_first_is_refused_not_passed() {
-        // Application data, an alert, a change_cipher_spec or a heartbeat
-        // before any ClientHello: a request no name was checked for.
-        for (first, kind) in
-            [(0x17, "application data"), (0x15, "alert"), (0x14, "change_cipher_spec"), (0x18, "heartbeat")]
-        {
+        // Application data, an alert, a change_cipher_spec, a heartbeat or
+        // any other type of 0x14..=0x1f before any ClientHello: a request no
+        // name was checked for.
+        for (first, kind) in [
+            (0x17, "application data"),
+            (0x15, "alert"),
+            (0x14, "change_cipher_spec"),
+            (0x18, "heartbeat"),
+            (0x19, "another content type"),
+            (0x1a, "another content type"),
+            (0x1f, "another content type"),
+        ] {
             let mut i = Inspector::default();
             assert_eq!(i.next(&[first]), Step::NeedMore, "one byte of {kind} decides nothing yet");
             let record = [first, 0x03, 0x03, 0x00, 0x05, b'h', b'e', b'l', b'l', b'o'];
@@ -125,5 +138,46 @@ mod tests {
         }
         // The same first bytes with another second byte are not TLS.
         assert_eq!(Inspector::default().next(b"\x17\x01binary"), Step::Rest);
+        assert_eq!(Inspector::default().next(b"\x1f\x01binary"), Step::Rest);
+        // Past the range, one byte decides at once (here: not HTTP).
+        assert_eq!(Inspector::default().next(b"\x20"), Step::Rest);
+    }
+
+    /// An SSLv2-format ClientHello (2-byte header, high bit set), as old
+    /// clients sent it to offer TLS 1.0: version 3.1, one cipher spec, no
+    /// session id, a 16-byte challenge.
+    fn sslv2_hello() -> Vec<u8> {
+        let mut body = vec![0x01, 0x03, 0x01, 0x00, 0x03, 0x00, 0x00, 0x00, 0x10, 0x00, 0x00, 0x2f];
+        body.extend_from_slice(&[0x11; 16]);
+        let mut record = vec![0x80 | (body.len() >> 8) as u8, body.len() as u8];
+        record.extend_from_slice(&body);
+        record
+    }
+
+    #[test]
+    fn an_sslv2_client_hello_is_refused_not_passed() {
+        let hello = sslv2_hello();
+        let mut i = Inspector::default();
+        assert_eq!(i.next(&hello[..1]), Step::NeedMore, "its first byte decides nothing yet");
+        assert_eq!(i.next(&hello[..2]), Step::NeedMore, "nor its header");
+        for data in [&hello[..3], &hello[..]] {
+            let step = Inspector::default().next(data);
+            assert!(matches!(&step, Step::Unnamed(why) if why.contains("SSLv2") && why.contains("SNI")), "{step:?}");
+        }
+        // A real ClientHello after it changes nothing.
+        let mut both = hello.clone();
+        both.extend_from_slice(&client_hello_record("good.example"));
+        assert!(matches!(Inspector::default().next(&both), Step::Unnamed(why) if why.contains("SSLv2")));
+        // Neither the 3-byte header form (high bit clear), which OpenSSL
+        // does not read, nor a high bit before another message type is one:
+        // they are another protocol.
+        assert_eq!(Inspector::default().next(b"\x00\x1c\x00\x01\x03\x01"), Step::Rest);
+        assert_eq!(Inspector::default().next(b"\x80\x1c\x02\x03\x01"), Step::Rest, "a server hello");
+        assert_eq!(Inspector::default().next(b"\xff\xfe\x00binary"), Step::Rest);
+        // Ordinary TLS and HTTP are read as before.
+        let tls = client_hello_record("good.example");
+        assert_eq!(Inspector::default().next(&tls), Step::Pass { len: tls.len(), name: Some("good.example".into()) });
+        let get = b"GET / HTTP/1.1\r\nHost: good.example\r\n\r\n";
+        assert_eq!(Inspector::default().next(get), Step::Pass { len: get.len(), name: Some("good.example".into()) });
     }
 }

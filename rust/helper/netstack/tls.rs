@@ -28,28 +28,45 @@ pub fn looks_like_tls(data: &[u8]) -> bool {
     data.len() >= 2 && data[0] == HANDSHAKE && data[1] == 3
 }
 
-/// Whether `byte` is a TLS record's content type (change_cipher_spec,
-/// alert, handshake, application_data, heartbeat): a flow starting with one
-/// may be TLS, and is read as TLS once its second byte says so.
+/// Whether `byte` may be a TLS record's content type: the ones in use
+/// (change_cipher_spec, alert, handshake, application_data, heartbeat,
+/// tls12_cid, ack) and the rest of 0x14..=0x1f: a flow starting with one may
+/// be TLS, and is read as TLS once its second byte says so.
 pub fn is_record_type(byte: u8) -> bool {
-    (CHANGE_CIPHER_SPEC..=HEARTBEAT).contains(&byte)
+    (CHANGE_CIPHER_SPEC..=LAST_RECORD_TYPE).contains(&byte)
 }
 
 /// What a TLS record other than a handshake record at the start of a flow
 /// (at least 2 bytes) is, if it is one: nothing a client sends before its
 /// ClientHello, so it is refused rather than passed unread (application
-/// data sent first would carry a request no name was checked for).
+/// data sent first would carry a request no name was checked for). Any
+/// content type of 0x14..=0x1f with a version-major byte of 3 counts, not
+/// only the known ones: what a server does with a type it does not know
+/// is its own affair, and no ClientHello starts that way.
 pub fn non_handshake_record(data: &[u8]) -> Option<&'static str> {
-    if data.len() < 2 || data[1] != 3 {
+    if data.len() < 2 || data[1] != 3 || !is_record_type(data[0]) {
         return None;
     }
     match data[0] {
+        HANDSHAKE => None,
         CHANGE_CIPHER_SPEC => Some("a change_cipher_spec record"),
         ALERT => Some("an alert record"),
         APPLICATION_DATA => Some("an application data record"),
         HEARTBEAT => Some("a heartbeat record"),
-        _ => None,
+        _ => Some("a record of another content type"),
     }
+}
+
+/// How many bytes [`sslv2_client_hello`] needs to decide.
+pub const SSLV2_PREFIX: usize = 3;
+
+/// Whether `data` (at least [`SSLV2_PREFIX`] bytes) starts like an
+/// SSLv2-format ClientHello: a two-byte record header with the high bit set,
+/// then message type 1 (CLIENT-HELLO), as OpenSSL tells one apart on a
+/// server's first record. It has no extensions, so no SNI, yet servers that
+/// still accept it answer it (from the default site of a shared address).
+pub fn sslv2_client_hello(data: &[u8]) -> bool {
+    data.len() >= SSLV2_PREFIX && data[0] & 0x80 != 0 && data[2] == SSLV2_CLIENT_HELLO
 }
 
 const CHANGE_CIPHER_SPEC: u8 = 0x14;
@@ -57,6 +74,8 @@ const ALERT: u8 = 0x15;
 const HANDSHAKE: u8 = 0x16;
 const APPLICATION_DATA: u8 = 0x17;
 const HEARTBEAT: u8 = 0x18;
+const LAST_RECORD_TYPE: u8 = 0x1f;
+const SSLV2_CLIENT_HELLO: u8 = 1;
 const CLIENT_HELLO: u8 = 1;
 
 /// Reassembles the ClientHello from the handshake records at the start of

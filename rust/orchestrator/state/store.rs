@@ -68,7 +68,8 @@ const MIGRATIONS: &[&str] = &[
     // does not turn it into a bare "no such sandbox".
     "CREATE TABLE gone_children (name TEXT PRIMARY KEY, message TEXT NOT NULL);",
     // 4: env values are sealed (`seal`); plaintext ones are sealed in place
-    // on open ([`seal_plaintext_env`]). No statement: the version alone keeps
+    // on open ([`seal_plaintext_env`]), and the file is then rewritten once
+    // ([`scrub_if_pending`]) so no old value is left in it. No statement: the version alone keeps
     // an older sandbox-mcp, which would hand `sealed:v1:…` to commands as
     // the value, from using the file.
     "",
@@ -222,17 +223,56 @@ fn connect(path: &Path, key: &SealKey) -> Result<Connection, Open> {
         return Err(Open::Damaged(format!("integrity check: {check}")));
     }
     migrate(&mut conn)?;
-    if seal_plaintext_env(&mut conn, key)? > 0 {
-        // The plaintext's pages in the database file are rewritten now
-        // rather than at some later checkpoint. Best effort: another
-        // process reading keeps the WAL, and the next checkpoint does it.
-        let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
-    }
+    seal_plaintext_env(&mut conn, key)?;
+    scrub_if_pending(&conn);
     Ok(conn)
 }
 
+/// The schema version from which env values are sealed: a database from
+/// before it may hold plaintext ones, current or left over.
+const SEALED_ENV_VERSION: u32 = 4;
+
+/// The `meta` row that says old plaintext may still be in the file and
+/// [`scrub_if_pending`] has to run; set in the transaction that sealed it
+/// (or migrated past [`SEALED_ENV_VERSION`]), removed once scrubbed, so the
+/// cost is paid once and a crash in between only makes it run again.
+const SCRUB_PENDING: &str = "scrub_plaintext_env";
+
+/// Rewrite the whole file once plaintext env values were found: sealing
+/// rewrites only the current rows, and `secure_delete` only what is deleted
+/// from now on, but the put_env of earlier versions deleted and inserted a
+/// row on every change, so values set before (and the current ones' old
+/// cells) lie in free pages and freed cells. VACUUM (with `secure_delete`
+/// on) builds the file anew from its live rows; a TRUNCATE checkpoint then
+/// copies that over the old pages, cuts the file to size and empties the
+/// WAL. Best effort: a VACUUM that fails (a full disk) leaves the mark for
+/// the next open, and a reader in another process can hold the checkpoint
+/// off until a later one. Returns whether the VACUUM ran.
+fn scrub_if_pending(conn: &Connection) -> bool {
+    let pending = conn.query_row("SELECT EXISTS (SELECT 1 FROM meta WHERE key = ?1)", [SCRUB_PENDING], |r| r.get(0));
+    if !pending.unwrap_or(false) {
+        return false;
+    }
+    if let Err(e) = conn.execute_batch("VACUUM") {
+        tracing::warn!(
+            "state database: VACUUM after sealing plaintext env values failed ({e}); tried again next start"
+        );
+        return false;
+    }
+    if let Err(e) = conn.execute("DELETE FROM meta WHERE key = ?1", [SCRUB_PENDING]) {
+        tracing::warn!("state database: cannot clear the scrub mark ({e}); the VACUUM runs again next start");
+    }
+    match conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get::<_, i64>(0)) {
+        Ok(0) => {}
+        Ok(_) => tracing::info!("state database: another process holds the WAL; a later checkpoint empties it"),
+        Err(e) => tracing::warn!("state database: checkpoint after VACUUM failed: {e}"),
+    }
+    true
+}
+
 /// Seal, in place, env values a version before sealing stored as plaintext;
-/// returns how many there were.
+/// returns how many there were. Marks the file for [`scrub_if_pending`]
+/// when there were any.
 fn seal_plaintext_env(conn: &mut Connection, key: &SealKey) -> Result<usize, Open> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let plain: Vec<(String, String, String)> = {
@@ -247,12 +287,17 @@ fn seal_plaintext_env(conn: &mut Connection, key: &SealKey) -> Result<usize, Ope
             .map_err(|e| Open::Failed(rusqlite::Error::ToSqlConversionFailure(Box::new(e))))?;
         tx.execute("UPDATE env SET value = ?3 WHERE sandbox = ?1 AND key = ?2", (sandbox, name, sealed))?;
     }
+    if !plain.is_empty() {
+        tx.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, '')", [SCRUB_PENDING])?;
+    }
     tx.commit()?;
     Ok(plain.len())
 }
 
 /// Bring the schema up to date in one transaction (another process opening
-/// the same file at once waits, then sees the new version).
+/// the same file at once waits, then sees the new version). A database from
+/// before sealed env values is marked for [`scrub_if_pending`] even when no
+/// env row is left to seal: a deleted one may still be in a free page.
 fn migrate(conn: &mut Connection) -> Result<(), Open> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let version: u32 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
@@ -261,6 +306,9 @@ fn migrate(conn: &mut Connection) -> Result<(), Open> {
     }
     for step in &MIGRATIONS[version as usize..] {
         tx.execute_batch(step)?;
+    }
+    if (1..SEALED_ENV_VERSION).contains(&version) {
+        tx.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, '')", [SCRUB_PENDING])?;
     }
     tx.pragma_update(None, "user_version", MIGRATIONS.len() as u32)?;
     tx.commit()?;
@@ -319,6 +367,7 @@ mod tests {
             assert_eq!(v as usize, MIGRATIONS.len());
             let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
             assert_eq!(mode, "wal");
+            assert!(!scrub_if_pending(&conn), "a new database has no plaintext to scrub");
         }
         std::fs::remove_dir_all(dir).unwrap();
     }
@@ -329,8 +378,43 @@ mod tests {
         let path = dir.join("state.db");
         // Written by the build before projects: sandbox `default`, its env and history.
         std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/state_v1.db"), &path).unwrap();
+        // An env value changed twice as put_env did before sealing: each
+        // change deleted the row and inserted it anew, without
+        // secure_delete. The first value is long enough to spill into
+        // overflow pages, which the change left on the free list; the
+        // second one's cell stays in its page, freed (the shorter third
+        // takes only the end of it).
+        let first = "first-plaintext-value-".repeat(300);
+        let second = "second-plaintext-value-".repeat(10);
+        let values = [first.as_str(), second.as_str(), "third-plaintext-value"];
+        let old = Connection::open(&path).unwrap();
+        old.pragma_update(None, "secure_delete", "OFF").unwrap();
+        for value in values {
+            old.execute("DELETE FROM env WHERE sandbox = 'default' AND key = 'TOKEN'", []).unwrap();
+            old.execute("INSERT INTO env (sandbox, key, value) VALUES ('default', 'TOKEN', ?1)", [value]).unwrap();
+        }
+        let free: u32 = old.query_row("PRAGMA freelist_count", [], |r| r.get(0)).unwrap();
+        assert!(free > 0, "the first value's pages are free");
+        drop(old);
+        let wal = path.with_file_name("state.db-wal");
+        let head = |value: &str| value[..value.len().min(22)].to_string();
+        let holds = |file: &Path, value: &str| {
+            let bytes = std::fs::read(file).unwrap_or_default();
+            bytes.windows(head(value).len()).any(|w| w == head(value).as_bytes())
+        };
+        for value in values {
+            assert!(holds(&path, value), "before: {}", head(value));
+        }
         let key = key_beside(&path);
         let conn = connect(&path, &key).ok().unwrap();
+        // None of them is left anywhere in the files: not the current one
+        // (sealed), nor the older ones (the file was rewritten), nor in the WAL.
+        for value in values {
+            assert!(!holds(&path, value) && !holds(&wal, value), "after: {}", head(value));
+        }
+        let token: String = conn.query_row("SELECT value FROM env WHERE key = 'TOKEN'", [], |r| r.get(0)).unwrap();
+        assert_eq!(key.open("default", "TOKEN", &token).unwrap(), "third-plaintext-value");
+        assert!(!scrub_if_pending(&conn), "scrubbed once, then not again");
         let v: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
         assert_eq!(v as usize, MIGRATIONS.len());
         let project: Option<String> =
@@ -348,6 +432,30 @@ mod tests {
         let conn = connect(&path, &key).ok().unwrap();
         let again: String = conn.query_row("SELECT value FROM env WHERE key = 'OLD'", [], |r| r.get(0)).unwrap();
         assert_eq!(again, env);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_database_from_before_sealing_is_scrubbed_with_no_plaintext_row_left() {
+        let dir = scratch_dir("store-v1-deleted");
+        let path = dir.join("state.db");
+        std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/state_v1.db"), &path).unwrap();
+        // Every env value was removed before the upgrade: nothing to seal,
+        // but a removed value still lies in the file's free pages.
+        let gone = "removed-plaintext-value-".repeat(300);
+        let old = Connection::open(&path).unwrap();
+        old.pragma_update(None, "secure_delete", "OFF").unwrap();
+        old.execute("INSERT INTO env (sandbox, key, value) VALUES ('default', 'GONE', ?1)", [&gone]).unwrap();
+        old.execute("DELETE FROM env", []).unwrap();
+        drop(old);
+        let holds = |file: &Path| {
+            let bytes = std::fs::read(file).unwrap_or_default();
+            bytes.windows(24).any(|w| w == b"removed-plaintext-value-")
+        };
+        assert!(holds(&path));
+        let conn = connect(&path, &key_beside(&path)).ok().unwrap();
+        assert!(!holds(&path) && !holds(&path.with_file_name("state.db-wal")));
+        assert!(!scrub_if_pending(&conn));
         std::fs::remove_dir_all(dir).unwrap();
     }
 
