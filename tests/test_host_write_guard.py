@@ -185,3 +185,41 @@ def test_exec_bits_only_when_asked_and_never_setuid(srv, roots):
     assert mode(roots / "a/pre-commit") & 0o7111 == 0 and mode(roots / "a/run") & 0o7111 == 0
     text, err = srv.tool("collect_artifacts", patterns=["/tmp/pre-commit"], dest=str(roots / "b"), executable=True)
     assert not err and mode(roots / "b/pre-commit") & 0o7100 == 0o100, text
+
+
+def test_download_dir_skips_bare_repos_and_python_startup_files(srv, roots, env):
+    # A bare repository's layout, under a .git name and under a plain one
+    # (git recognises neither without its HEAD), and a .pth in a venv's
+    # site-packages (Python runs its import lines at every start).
+    setup = (
+        "mkdir -p proj/src proj/mirror.git/objects/ab proj/mirror.git/refs/heads proj/bare/objects/ab "
+        "proj/bare/refs/heads proj/.venv/lib/python3.11/site-packages && "
+        "for d in proj/mirror.git proj/bare; do echo 'ref: refs/heads/main' > $d/HEAD && "
+        "printf '[core]\\n\\tbare = true\\n\\tfsmonitor = touch /tmp/pwned\\n' > $d/config && "
+        "echo x > $d/objects/ab/cdef && echo 0 > $d/refs/heads/main; done && "
+        "echo 'import os; os.system(\"touch /tmp/pwned\")' > proj/.venv/lib/python3.11/site-packages/evil.pth && "
+        "echo ok > proj/.venv/lib/python3.11/site-packages/mod.py && echo 'print(1)' > proj/src/main.py"
+    )
+    out, err = srv.tool("exec", command=setup)
+    assert not err, out
+    text, err = srv.tool("download", sandbox_path="/workspace/proj", local_path=str(roots / "proj"))
+    assert not err, text
+    assert " entries refused by the host write guard: " in text, text
+    for refused, rule in [("mirror.git", "?*.git/"), ("bare/HEAD", "HEAD"),
+                          (".venv/lib/python3.11/site-packages/evil.pth", "*.pth")]:
+        assert f"{roots}/proj/{refused} (" in text, (refused, text)
+        assert f'rule "{rule}"' in text, (rule, text)
+    assert "Python runs it at every interpreter start" in text, text
+    assert text.endswith(f"; to allow a rule, add it to host_write_allow in {config_path(env)}"), text
+    got = tree(roots / "proj")
+    assert not any(p.startswith("mirror.git") for p in got), got
+    assert "bare/HEAD" not in got and "src/main.py" in got, got
+    assert ".venv/lib/python3.11/site-packages/mod.py" in got, got
+    assert not any(p.endswith(".pth") for p in got), got
+    # Without its HEAD the rest of the plain layout is no repository to git.
+    assert not (roots / "proj/bare/HEAD").exists()
+    # collect_artifacts refuses the same names.
+    text, err = srv.tool("collect_artifacts", patterns=["proj/bare/HEAD", "proj/.venv/lib/python3.11/site-packages/evil.pth"],
+                         dest=str(roots / "arts"))
+    assert err and text.startswith("Error: nothing was written: 2 entries refused by the host write guard: "), text
+    assert not (roots / "arts").exists()
