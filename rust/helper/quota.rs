@@ -70,6 +70,10 @@ const TRIP_MIN: u64 = 4 << 20;
 /// a whiteout allocates no block yet takes an inode of the host's
 /// filesystem, which a quota in bytes alone would let a sandbox use up.
 pub const INODE_COST: u64 = 4096;
+/// How long a hold waits for the VM's processes to stop (a `vfork` parent
+/// waits in `D` for its child): past it the walk runs with them running.
+#[cfg(linux_host)]
+const HOLD_WAIT: Duration = Duration::from_millis(250);
 /// Bound on the kill rounds (each finds only what forked before the last).
 #[cfg(linux_host)]
 const KILL_ROUNDS: usize = 16;
@@ -246,7 +250,7 @@ pub fn watch(limit: u64, parts: Vec<Part>, writers: Writers) -> (Arc<Watch>, tok
             }
             // Resumed only after the kill: a held writer gets no moment to write on.
             drop(held);
-            let growing = previous.is_some_and(|p| used > p);
+            let grew = previous.map_or(0, |p| used.saturating_sub(p));
             previous = Some(used);
             let near = used.saturating_mul(100) >= limit.saturating_mul(NEAR);
             let pause = if near { NEAR_INTERVAL } else { INTERVAL };
@@ -255,11 +259,14 @@ pub fn watch(limit: u64, parts: Vec<Part>, writers: Writers) -> (Arc<Watch>, tok
             // the host's filesystem is.
             let headroom = limit.saturating_sub(used);
             let fell = wire.wait(pause.max(took * DUTY), took, headroom).await;
-            // The host lost the whole headroom while this VM was writing: it
-            // may be past its quota already, and a walk of a large tree takes
-            // long enough (a second for 260,000 files) for a fast writer to
-            // go far past it meanwhile, so its processes wait for the count.
-            hold = growing && fell.is_some_and(|f| f >= headroom);
+            // The host lost the whole headroom while this VM was writing fast
+            // (its last interval's growth at least an eighth of what is
+            // left): it may be past its quota already, and a walk of a large
+            // tree takes long enough (a second for 260,000 files) for a fast
+            // writer to go far past it meanwhile, so its processes wait for
+            // the count. A slow writer near its quota is not held for what
+            // other writers on the host's filesystem do.
+            hold = grew > 0 && grew.saturating_mul(8) >= headroom && fell.is_some_and(|f| f >= headroom);
         }
     });
     (w, tokio_util::task::AbortOnDropHandle::new(task))
@@ -311,7 +318,7 @@ impl Tripwire {
         let before = self.free();
         let trip = (headroom / 2).max(TRIP_MIN);
         while started.elapsed() < pause {
-            tokio::time::sleep(TRIP_POLL.min(pause - started.elapsed())).await;
+            tokio::time::sleep(TRIP_POLL.min(pause.saturating_sub(started.elapsed()))).await;
             let fell = before.saturating_sub(self.free());
             if started.elapsed() >= least && fell >= trip {
                 return Some(fell);
@@ -343,7 +350,7 @@ async fn measure_writers(parts: &[Part], writers: &Writers, hold: bool) -> Optio
         Writers::Host { pid1, .. } => {
             let pid1 = *pid1;
             tokio::task::spawn_blocking(move || {
-                let held = hold.then(|| super::driver::namespace::freeze::freeze(pid1).ok()).flatten();
+                let held = hold.then(|| super::driver::namespace::freeze::try_freeze(pid1, HOLD_WAIT)).flatten();
                 (measure(&walk, pid1), held)
             })
             .await

@@ -7,8 +7,15 @@
 //! reused pid is never hit, and SIGCONT when the [`Frozen`] guard drops:
 //! the VM thaws on every path out, errors and panics included. Processes the
 //! VM had stopped itself are stopped again but not resumed at thaw.
+//!
+//! One freeze per VM at a time ([`FROZEN`]): a second one would take the
+//! first one's stopped processes for ones the VM stopped itself, and the
+//! first thaw would resume them under the second (a snapshot copied while
+//! the disk quota watcher's hold ends). A snapshot waits for a hold to end;
+//! the quota watcher does not wait for a snapshot, whose VM writes nothing.
 use std::collections::HashSet;
 use std::os::fd::OwnedFd;
+use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::network::{pidfd_kill, pidfd_open};
@@ -18,8 +25,14 @@ use crate::helper::error::HelperError;
 /// uninterruptible sleep stops when it returns to user space.
 const STOP_WAIT: Duration = Duration::from_secs(5);
 
+/// The VMs (by PID 1) being frozen or frozen now, and a wake-up for those
+/// waiting for one of them.
+static FROZEN: (Mutex<Vec<i32>>, Condvar) = (Mutex::new(Vec::new()), Condvar::new());
+
 /// A VM whose processes are stopped; dropping it resumes them.
 pub struct Frozen {
+    /// The VM's PID 1, its entry in [`FROZEN`].
+    pid1: i32,
     /// Every process signalled, and whether to resume it at thaw (not
     /// those the VM had stopped itself).
     stopped: Vec<(i32, OwnedFd, bool)>,
@@ -39,6 +52,9 @@ impl Drop for Frozen {
                 pidfd_kill(fd, libc::SIGCONT);
             }
         }
+        let (frozen, wake) = &FROZEN;
+        frozen.lock().unwrap_or_else(PoisonError::into_inner).retain(|p| *p != self.pid1);
+        wake.notify_all();
     }
 }
 
@@ -53,10 +69,35 @@ impl Drop for Frozen {
 /// one seen running again is stopped again. A VM that keeps its processes
 /// running past [`STOP_WAIT`] fails the operation: nothing is copied.
 pub fn freeze(pid1: i32) -> Result<Frozen, HelperError> {
+    let (frozen, wake) = &FROZEN;
+    let mut vms = frozen.lock().unwrap_or_else(PoisonError::into_inner);
+    while vms.contains(&pid1) {
+        vms = wake.wait(vms).unwrap_or_else(PoisonError::into_inner);
+    }
+    vms.push(pid1);
+    drop(vms);
+    stop_all(Frozen { pid1, stopped: Vec::new() }, STOP_WAIT)
+}
+
+/// Like [`freeze`] with `wait` as the bound, but `None` at once when the VM
+/// is frozen already (nothing in it runs to wait for), and `None` when its
+/// processes did not all stop in time (they are resumed).
+pub fn try_freeze(pid1: i32, wait: Duration) -> Option<Frozen> {
+    let mut vms = FROZEN.0.lock().unwrap_or_else(PoisonError::into_inner);
+    if vms.contains(&pid1) {
+        return None;
+    }
+    vms.push(pid1);
+    drop(vms);
+    stop_all(Frozen { pid1, stopped: Vec::new() }, wait).ok()
+}
+
+/// Stops every process of `frozen`'s VM within `wait` (see [`freeze`]).
+fn stop_all(mut frozen: Frozen, wait: Duration) -> Result<Frozen, HelperError> {
+    let pid1 = frozen.pid1;
     let ns = pid_ns(pid1).map_err(|e| HelperError::io(format!("reading the pid namespace of {pid1}"), e))?;
-    let mut frozen = Frozen { stopped: Vec::new() };
     let mut seen = HashSet::new();
-    let deadline = Instant::now() + STOP_WAIT;
+    let deadline = Instant::now() + wait;
     let mut clean_scans = 0;
     while clean_scans < 2 {
         if Instant::now() > deadline {
@@ -147,6 +188,46 @@ mod tests {
         assert_ne!(state(pid1), Some('T'));
         let _ = child.kill();
         let _ = child.wait();
+    }
+
+    /// One freeze per VM: a hold is refused while a freeze holds it, and a
+    /// second freeze waits for the first to thaw, so nothing is resumed
+    /// under it.
+    #[test]
+    fn a_frozen_vm_is_frozen_once_at_a_time() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root for a pid namespace");
+            return;
+        }
+        // Killed however the test ends: a panic must not leave it holding the harness's pipes.
+        struct Namespace(std::process::Child);
+        impl Drop for Namespace {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let child = Namespace(
+            std::process::Command::new("unshare")
+                .args(["--pid", "--fork", "--kill-child", "sh", "-c", "sleep 30 & while :; do sleep 0.01; done"])
+                .spawn()
+                .unwrap(),
+        );
+        let pid1 = ns_init(child.0.id() as i32);
+        std::thread::sleep(Duration::from_millis(50));
+        let first = freeze(pid1).expect("the first freeze");
+        assert!(try_freeze(pid1, Duration::from_secs(1)).is_none(), "a hold while frozen");
+        let second = std::thread::spawn(move || freeze(pid1).map(|f| f.count()));
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!second.is_finished(), "the second freeze waits for the first");
+        assert_eq!(state(pid1), Some('T'));
+        drop(first);
+        assert!(second.join().unwrap().unwrap() >= 1);
+        // Thawed by the second's drop, and free for a hold again.
+        let held = try_freeze(pid1, Duration::from_secs(5)).expect("a hold once nothing holds it");
+        assert_eq!(state(pid1), Some('T'));
+        drop(held);
+        drop(child);
     }
 
     /// Processes that resume each other (`kill -CONT -1` in a loop) are all
