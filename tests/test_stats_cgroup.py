@@ -139,22 +139,8 @@ def test_stats_are_the_cgroups_own_figures(server):
     assert shown and int(shown.group(1)) in (before, after), (text, before, after)
 
 
-# Forks children until the kernel refuses one, then keeps the group full
-# (taking any slot that frees, the exec that started it included) for a
-# minute; each child sleeps until then.
-FILLER = """
-import os, time
-end = time.time() + 60
-while time.time() < end:
-    try:
-        pid = os.fork()
-    except BlockingIOError:
-        time.sleep(0.005)
-        continue
-    if pid == 0:
-        time.sleep(max(end - time.time(), 0))
-        os._exit(0)
-"""
+# Keeps the group full (tests/fixtures/fill_pids.py says how).
+FILLER = (Path(__file__).parent / "fixtures" / "fill_pids.py").read_text()
 
 PIDS = 32
 

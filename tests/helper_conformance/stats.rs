@@ -104,19 +104,11 @@ async fn a_process_refused_at_the_task_limit_names_it() {
     }
     let id = h.running("vm", |s| s.pids_limit = 24).await;
     // Keeps the group full for a minute, taking every slot that frees.
-    let fill = "nohup python3 -c 'import os, time
-end = time.time() + 60
-while time.time() < end:
-    try:
-        pid = os.fork()
-    except BlockingIOError:
-        time.sleep(0.005)
-        continue
-    if pid == 0:
-        time.sleep(max(end - time.time(), 0))
-        os._exit(0)
-' >/dev/null 2>&1 &";
-    assert_eq!(h.sh(&id, fill).await.code(), Some(0));
+    let fill = format!(
+        "cat > /tmp/fill.py <<'EOF'\n{}EOF\nnohup python3 /tmp/fill.py >/dev/null 2>&1 &",
+        include_str!("../fixtures/fill_pids.py")
+    );
+    assert_eq!(h.sh(&id, &fill).await.code(), Some(0));
     let mut poll = Poll::every(Duration::from_millis(50));
     while stats(&mut h, &id).await.unwrap().pids < 24 && poll.again().await {}
     let e = h.run(process(&id, &["true"]), b"").await.unwrap_err();
