@@ -287,6 +287,27 @@ def test_a_sandbox_whose_creation_was_cut_short_is_not_handed_out(server_factory
     assert not err, text
 
 
+def test_a_creation_recorded_just_before_its_server_died_is_kept(server_factory, env):
+    # The fault suite's find (kill -9 of the daemon during a sandbox-ctl spawn): the server had saved the
+    # new sandbox, its commit point, and died before it removed its marker. The next server took the VM for
+    # cut short and removed it, while the database said it existed: a sandbox reported lost right after it
+    # was made. A recorded creation is finished: kept, with its marker gone.
+    first = server_factory()
+    text, err = first.tool("exec", command="echo kept > /root/mark; echo ws > /workspace/w", sandbox="done")
+    assert not err, text
+    first.close()
+    stop_daemon(env)
+    done = volume_dir(env, "done")
+    (done / ".creating").write_text("4194305:1")
+    assert "done" in sandbox_names(env)
+    second = server_factory()
+    text, err = second.tool("exec", command="cat /root/mark; cat /workspace/w", sandbox="done")
+    assert not err and text.splitlines()[:2] == ["kept", "ws"], text
+    assert not (done / ".creating").exists()
+    text, err = second.tool("status")
+    assert not err and "lost" not in text, text
+
+
 def test_a_creation_the_helper_finishes_after_its_server_died_is_removed(server_factory, env):
     # The fault suite's find (kill -9 of the daemon during create, as the test user): the helper finishes a
     # creation whose caller died, after the next daemon's start looked at its VMs. Nothing held that VM and

@@ -286,7 +286,9 @@ impl Tripwire {
         let mut devices = HashSet::new();
         let filesystems = parts
             .iter()
-            .filter(|p| std::fs::metadata(&p.path).is_ok_and(|m| devices.insert(std::os::unix::fs::MetadataExt::dev(&m))))
+            .filter(|p| {
+                std::fs::metadata(&p.path).is_ok_and(|m| devices.insert(std::os::unix::fs::MetadataExt::dev(&m)))
+            })
             .map(|p| p.path.clone())
             .collect();
         Tripwire { filesystems }
@@ -637,7 +639,10 @@ mod tests {
             std::thread::sleep(Duration::from_millis(100));
             std::fs::write(&path, vec![1u8; 32 << 20]).unwrap();
         });
-        let waited = tokio::time::timeout(Duration::from_secs(60), wire.wait(Duration::from_secs(3600), Duration::ZERO, 16 << 20));
+        let waited = tokio::time::timeout(
+            Duration::from_secs(60),
+            wire.wait(Duration::from_secs(3600), Duration::ZERO, 16 << 20),
+        );
         assert!(waited.await.is_ok(), "the tripwire did not see 32 MiB written");
         writer.join().unwrap();
     }

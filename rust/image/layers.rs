@@ -134,11 +134,7 @@ impl ImageStore {
     pub(super) fn refuse_with_children(&self, name: &str) -> Result<(), ImageError> {
         let children: Vec<String> =
             self.list()?.into_iter().filter(|i| i.parent == name && i.name != name).map(|i| i.name).collect();
-        if children.is_empty() {
-            Ok(())
-        } else {
-            Err(ImageError::HasChildren { name: name.to_string(), children })
-        }
+        if children.is_empty() { Ok(()) } else { Err(ImageError::HasChildren { name: name.to_string(), children }) }
     }
 
     /// Removes every layer that no image and no VM of a live helper sharing

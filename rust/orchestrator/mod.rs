@@ -24,6 +24,7 @@
 //!   `build_image`.
 //! - [`docker`]: the `docker_*` tools' argvs, run in vm sandboxes.
 
+pub mod adopt;
 pub mod artifacts;
 pub mod audit;
 pub mod background;
@@ -115,6 +116,9 @@ impl Orchestrator {
     /// from now on is committed to it as it happens. Then watch the helper.
     pub async fn resume(self: &Arc<Self>, db: std::path::PathBuf, respawn: watchdog::Respawn) {
         state::restore(self, db).await;
+        // When the state database could not be read, no creation cut short
+        // by a crash can be shown to have committed.
+        self.sandboxes.settle_unfinished(|_| false).await;
         build::remove_orphans(&self.sandboxes.helper).await;
         self.sandboxes.reap_expired().await;
         self.sandboxes.spawn_watchdog(respawn);

@@ -12,6 +12,7 @@ use std::{
 };
 
 use super::{
+    adopt::Creating,
     audit::AuditLog,
     config::{Config, Profile},
     error::OrchestratorError,
@@ -25,12 +26,12 @@ use super::{
 };
 
 /// Label on every VM the orchestrator creates, holding the sandbox name.
-const NAME_LABEL: &str = "sandbox-mcp.name";
+pub(super) const NAME_LABEL: &str = "sandbox-mcp.name";
 /// Label holding the canonical path of the sandbox's project directory
 /// (absent on sandboxes made before names belonged to projects: `legacy`).
 const PROJECT_LABEL: &str = "sandbox-mcp.project";
 /// Label of a child sandbox's VM: its parent's name.
-const PARENT_LABEL: &str = "sandbox-mcp.parent";
+pub(super) const PARENT_LABEL: &str = "sandbox-mcp.parent";
 /// Label of a child sandbox's VM: its generation (1 = child, 2 = grandchild).
 const GENERATION_LABEL: &str = "sandbox-mcp.generation";
 /// How long a live sandbox's agent may take to answer a liveness check.
@@ -93,7 +94,7 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
-    fn from_vm(vm: &VmInfo, name: String) -> Self {
+    pub(super) fn from_vm(vm: &VmInfo, name: String) -> Self {
         let started_at = SystemTime::UNIX_EPOCH + Duration::from_millis(vm.started_at_ms.max(0) as u64);
         // The label is the orchestrator's own record; a VM without one was
         // created before policies existed and has the mode the helper reports.
@@ -279,37 +280,6 @@ fn cmd_argv(sandbox: &Sandbox, argv: ShellOrArgv) -> Vec<String> {
     }
 }
 
-/// A marker beside a sandbox's volumes while it is being created, naming
-/// the creating server process. Removed when creation ends either way; one
-/// left by a crashed server tells the next one the VM was never finished.
-struct Creating(PathBuf);
-
-impl Creating {
-    const FILE: &'static str = ".creating";
-
-    fn mark(volume: &std::path::Path) -> Result<Self, OrchestratorError> {
-        let path = volume.join(Self::FILE);
-        std::fs::write(&path, super::owner::me())
-            .map_err(|source| OrchestratorError::Volume { path: path.display().to_string(), source })?;
-        Ok(Self(path))
-    }
-
-    /// The creator named by a marker left in `volume`, if any.
-    fn owner(volume: &std::path::Path) -> Option<String> {
-        std::fs::read_to_string(volume.join(Self::FILE)).ok()
-    }
-
-    fn clear(volume: &std::path::Path) {
-        let _ = std::fs::remove_file(volume.join(Self::FILE));
-    }
-}
-
-impl Drop for Creating {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// Where a new sandbox comes from, beyond what its name's profile says.
 #[derive(Debug, Clone, Default)]
 pub struct Origin {
@@ -359,7 +329,7 @@ pub struct SandboxManager {
     pub(super) helper: HelperClient,
     /// The daemon's own configuration: what sessions fall back on and what
     /// work outside any session (restore, reaping) uses.
-    config: Arc<Config>,
+    pub(super) config: Arc<Config>,
     sandboxes: Mutex<BTreeMap<String, Arc<Sandbox>>>,
     /// One lock per name so concurrent first uses create a sandbox once.
     lifecycle_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -380,6 +350,10 @@ pub struct SandboxManager {
     /// (it died mid-creation): their writable layers wait for a helper that
     /// answers to delete them (see [`Self::discard_vm`]).
     unfreed: Mutex<BTreeSet<String>>,
+    /// Running VMs whose creating server died before it cleared its marker,
+    /// waiting for the state database to say whether their creation was
+    /// committed (see [`Self::settle_unfinished`]).
+    pub(super) unfinished: Mutex<Vec<super::helper_client::VmInfo>>,
     /// The host's CA certificates, for sandboxes that trust them.
     host_ca: super::ca_trust::HostCaCache,
     /// What host CA trust writes into a sandbox, per image.
@@ -401,6 +375,7 @@ impl SandboxManager {
             lost: Mutex::default(),
             gone_children: Mutex::default(),
             unfreed: Mutex::default(),
+            unfinished: Mutex::default(),
             host_ca: Default::default(),
             ca_seeds: Default::default(),
         };
@@ -418,20 +393,15 @@ impl SandboxManager {
             match Creating::owner(&manager.config.volumes_dir.join(&name)) {
                 // Another live server is creating it right now: its sandbox.
                 Some(creator) if super::owner::alive(&creator) => continue,
+                // Its creator died: finished only if the state database
+                // recorded it, which [`Self::settle_unfinished`] asks.
                 Some(_) => {
-                    manager.remove_cut_short(&vm.id, &name).await;
+                    manager.unfinished.lock().unwrap_or_else(|p| p.into_inner()).push(vm);
                     continue;
                 }
                 None => {}
             }
-            let sandbox = Arc::new(Sandbox::from_vm(&vm, name.clone()));
-            sandbox.set_lease(manager.config.limits.lease_ttl.map(|t| SystemTime::now() + t));
-            match manager.load_env(&sandbox).await {
-                Ok(env) => *sandbox.env.lock().expect("fresh lock") = env,
-                Err(e) => tracing::warn!(sandbox = %name, "could not read persistent env: {e}"),
-            }
-            tracing::info!(sandbox = %name, "attached running sandbox");
-            manager.lock_map().insert(name, sandbox);
+            manager.attach(&vm, name).await;
         }
         // A child whose parent is gone was orphaned by a crash mid-cascade:
         // nothing may run outside its parent's budget.
@@ -446,37 +416,6 @@ impl SandboxManager {
             manager.lock_map().remove(&orphan.name);
         }
         Ok(manager)
-    }
-
-    /// Removes the VM of a sandbox whose server died before it was ready (a
-    /// clone without its whole workspace, a child without its sandbox-ctl):
-    /// never hand out something half made. The workspace stays.
-    async fn remove_cut_short(&self, vm_id: &str, name: &str) {
-        tracing::info!(sandbox = %name, "removing a sandbox whose creation was cut short by a crash");
-        self.helper.delete_vm(vm_id).await.ok();
-        Creating::clear(&self.config.volumes_dir.join(name));
-    }
-
-    /// The VMs among `vms` whose creation a server that died asked for and
-    /// the helper finished only after this server's [`Self::start`] looked
-    /// (the helper finishes a creation its caller left): no sandbox holds
-    /// them, and they are removed as `start` removes the ones it sees.
-    pub(super) async fn remove_cut_short_late(&self, vms: &[super::helper_client::VmInfo]) {
-        for vm in vms {
-            let Some(name) = vm.labels.get(NAME_LABEL) else { continue };
-            if self.lock_map().contains_key(name) {
-                continue;
-            }
-            // A creation in this server holds the name's lock (and its
-            // marker names this live server).
-            let lock = self.lifecycle_lock(name);
-            let Ok(_guard) = lock.try_lock() else { continue };
-            let dead_creator = Creating::owner(&self.config.volumes_dir.join(name))
-                .is_some_and(|creator| !super::owner::alive(&creator));
-            if dead_creator && !self.lock_map().contains_key(name) {
-                self.remove_cut_short(&vm.id, name).await;
-            }
-        }
     }
 
     /// Register for destroy/replace events.
@@ -507,7 +446,7 @@ impl SandboxManager {
         super::config::session().unwrap_or_else(|| self.config.clone())
     }
 
-    fn lock_map(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Sandbox>>> {
+    pub(super) fn lock_map(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Sandbox>>> {
         self.sandboxes.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -1,11 +1,7 @@
 //! Watching the VM helper: when it stops answering it is started again, and
 //! sandboxes whose VMs went with it (or stopped on their own) are reported
 //! as lost — never silently replaced by empty ones under the same name.
-use std::{
-    path::PathBuf,
-    sync::Arc,
-    time::Duration,
-};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use super::{
     helper_client::{HelperClient, VmState},

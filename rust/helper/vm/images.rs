@@ -6,9 +6,7 @@
 //! its lifecycle lock, so it can be neither stopped nor deleted meanwhile.
 use std::collections::BTreeMap;
 
-use super::{
-    HelperError, RunHandles, Slot, VmConfig, VmInfo, VmManager, VmState, prepare_dir, share_mounts, vm_dir,
-};
+use super::{HelperError, RunHandles, Slot, VmConfig, VmInfo, VmManager, VmState, prepare_dir, share_mounts, vm_dir};
 use crate::image::{ImageConfig, ImageError, ImageInfo, MAX_LAYERS, disk_usage, validate_name};
 
 /// What to commit.

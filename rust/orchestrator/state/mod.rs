@@ -722,6 +722,8 @@ pub async fn restore(o: &Orchestrator, db: PathBuf) {
 
 async fn apply(o: &Orchestrator, mut saved: Snapshot) {
     let m = &o.sandboxes;
+    // A creation recorded just before its server died was finished.
+    m.settle_unfinished(|n| saved.sandboxes.iter().any(|(r, destroying)| r.name == n && !destroying)).await;
     let attached: BTreeMap<String, Arc<Sandbox>> = m.list().into_iter().map(|s| (s.name.clone(), s)).collect();
     let mut lost = saved.lost.clone();
     let mut recorded = BTreeSet::new();
