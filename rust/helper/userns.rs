@@ -277,6 +277,28 @@ impl IdMapper {
     }
 }
 
+/// Keeps `files` open across `cmd`'s exec and returns their paths there
+/// (`/proc/self/fd/N`): dirs and files a mapped namespace's root reaches by
+/// their own permissions, where their paths pass through dirs it cannot
+/// (the helper's 0700 state dir, a store under Debian's 0700 `/root`).
+#[cfg(linux_host)]
+pub fn pass_fds(cmd: &mut Command, files: &[&std::fs::File]) -> Vec<String> {
+    let fds: Vec<i32> = files.iter().map(|f| f.as_raw_fd()).collect();
+    let paths = fds.iter().map(|fd| format!("/proc/self/fd/{fd}")).collect();
+    // SAFETY: fcntl on fds the caller keeps open, between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            for &fd in &fds {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    paths
+}
+
 /// Runs `cmd` as root (0:0, no supplementary groups) of a new user namespace
 /// carrying `mapper`'s map, and waits for it. This is how files get exactly
 /// the host ids a sandbox maps without chowning by host id, and how an

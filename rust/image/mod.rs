@@ -43,6 +43,8 @@ mod inspect;
 mod layers;
 #[cfg(linux_host)]
 mod mmdebstrap;
+#[cfg(linux_host)]
+pub mod oci;
 mod refs;
 mod store;
 #[cfg(linux_host)]
@@ -112,6 +114,11 @@ pub struct ImageInfo {
     /// only what was committed on top. Empty for images built here.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reference: String,
+    /// Where an image pulled or imported on this host came from (the
+    /// reference with its manifest digest, or the archive); its files are
+    /// in `rootfs` here like a built image's. Empty for images built here.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
 }
 
 impl ImageInfo {

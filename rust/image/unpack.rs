@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use super::ImageError;
-use crate::helper::userns::{IdMapper, run_mapped};
+use crate::helper::userns::{IdMapper, pass_fds, run_mapped};
 
 /// Lines of tar's complaints kept in the error.
 const TAIL_LINES: usize = 10;
@@ -22,12 +22,17 @@ pub(super) fn unpack(mapper: &IdMapper, tarball: &Path, rootfs: &Path) -> Result
     let (uid, gid) = mapper.id_map().host_root();
     std::os::unix::fs::chown(rootfs, Some(uid), Some(gid))
         .map_err(|e| ImageError::io(format!("handing {} to the sandbox's root", rootfs.display()), e))?;
+    // Both are handed over open: on a stock Debian host the store lies
+    // under root's 0700 home, which the namespace's root cannot traverse.
+    let open = |p: &Path| std::fs::File::open(p).map_err(|e| ImageError::io(format!("opening {}", p.display()), e));
+    let (file, dir) = (open(tarball)?, open(rootfs)?);
     let mut tar = Command::new("tar");
+    let paths = pass_fds(&mut tar, &[&file, &dir]);
     tar.arg("--extract")
         .arg("--file")
-        .arg(tarball)
+        .arg(&paths[0])
         .arg("--directory")
-        .arg(rootfs)
+        .arg(&paths[1])
         // Device nodes cannot be made in a user namespace, and a sandbox
         // gets its own /dev anyway.
         .args(["--numeric-owner", "--same-owner", "--preserve-permissions", "--xattrs", "--xattrs-include=*"])
@@ -81,6 +86,26 @@ mod tests {
             ids.iter().find(|e| e.inside <= 42 && 42 - e.inside < e.count).map(|e| e.outside + 42 - e.inside).unwrap()
         };
         assert_eq!(owner(&rootfs.join("apt-file")), (host(&map.uids), host(&map.gids), 0o4750), "setuid kept");
+    }
+
+    #[test]
+    fn unpacks_where_the_namespace_root_cannot_traverse() {
+        // Debian's /root is 0700: a store under it is out of the mapped
+        // root's reach by path (as root, the map's root is another host id).
+        let t = TempDir::new("unpack0700");
+        let private = t.path().join("private");
+        std::fs::create_dir(&private).unwrap();
+        std::fs::set_permissions(&private, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+        let tarball = private.join("t.tar");
+        let mut b = tar::Builder::new(std::fs::File::create(&tarball).unwrap());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(2);
+        h.set_mode(0o644);
+        b.append_data(&mut h, "./file", &b"hi"[..]).unwrap();
+        b.into_inner().unwrap();
+        let rootfs = private.join("rootfs");
+        unpack(&mapper(), &tarball, &rootfs).unwrap();
+        assert_eq!(std::fs::read(rootfs.join("file")).unwrap(), b"hi");
     }
 
     #[test]

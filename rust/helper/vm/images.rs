@@ -63,6 +63,7 @@ impl VmManager {
             config: req.config.unwrap_or_else(|| base.config.clone()),
             labels: req.labels,
             reference: base.reference.clone(),
+            source: base.source.clone(),
         };
         let images = self.images.clone();
         blocking(move || Ok(images.install_layer(staged, info)?)).await

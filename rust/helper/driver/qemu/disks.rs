@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::QemuError;
-use crate::helper::userns::{IdMapper, run_mapped};
+use crate::helper::userns::{IdMapper, pass_fds, run_mapped};
 
 /// The cache file for `layer`: named by its path, inode and change time,
 /// so a layer rebuilt in place (an image built again) gets a new disk.
@@ -194,20 +194,7 @@ pub(super) fn run_mapped_with(
     mut cmd: Command,
     files: &[&std::fs::File],
 ) -> Result<std::process::Output, crate::helper::driver::DriverError> {
-    let fds: Vec<i32> = files.iter().map(|f| f.as_raw_fd()).collect();
-    cmd.args(fds.iter().map(|fd| format!("/proc/self/fd/{fd}")))
-        .env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
-    // SAFETY: fcntl on fds we own, between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            for &fd in &fds {
-                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
+    let paths = pass_fds(&mut cmd, files);
+    cmd.args(paths).env_clear().env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
     run_mapped(mapper, cmd)
 }
