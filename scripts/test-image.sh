@@ -18,6 +18,11 @@ if [ -f "$store/$name/image.json" ] && [ "$(cat "$stamp" 2>/dev/null)" != "$pack
 fi
 
 mkdir -p "$store"
+# Root's store is private, as under Debian's 0700 /root, where `make install` puts it: nothing root does to
+# an image may rely on the sandbox's ids reaching it by path.
+if [ "$(id -u)" -eq 0 ]; then
+    chmod 700 "$store"
+fi
 log="$store/.$name.build.log"
 start=$SECONDS
 echo "image: $name ($packages) in $store"
