@@ -281,6 +281,8 @@ fn init_logging() {
 }
 
 fn main() -> ExitCode {
+    #[cfg(linux_host)]
+    sandbox_mcp::image::oci::run_layer_applier_if_asked();
     let cli = Cli::parse();
     let command = cli.command.unwrap_or(Cmd::Serve(ServeArgs::default()));
     if !matches!(command, Cmd::Daemon) {

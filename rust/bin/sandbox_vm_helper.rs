@@ -97,6 +97,7 @@ fn main() -> ExitCode {
 
 #[cfg(linux_host)]
 fn main() -> ExitCode {
+    sandbox_mcp::image::oci::run_layer_applier_if_asked();
     let cli = Cli::parse();
     match cli.command {
         // No runtime and no threads before this point: the launcher must be

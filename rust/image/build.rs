@@ -80,7 +80,7 @@ impl ImageStore {
     /// aside first and deleted after, so the name is never without an image
     /// for longer than two renames. Without `force`, a concurrent build that
     /// finished first wins and ours is discarded.
-    fn install(&self, work: BuildDir, name: &str, force: bool) -> Result<(), ImageError> {
+    pub(super) fn install(&self, work: BuildDir, name: &str, force: bool) -> Result<(), ImageError> {
         let target = self.root.join(name);
         let old = self.root.join(format!(".{name}.old-{}", std::process::id()));
         let replaced = force && target.exists();
@@ -105,7 +105,7 @@ impl ImageStore {
 
     /// Removes `.<name>.building-<pid>` / `.<name>.old-<pid>` left by
     /// processes that no longer exist (a crash or kill mid-build).
-    fn remove_stale_builds(&self, name: &str) {
+    pub(super) fn remove_stale_builds(&self, name: &str) {
         let Ok(entries) = fs::read_dir(&self.root) else { return };
         for entry in entries.flatten() {
             let file = entry.file_name();
@@ -125,10 +125,10 @@ impl ImageStore {
 
 /// A build directory that is deleted on drop unless kept: every early return
 /// of a failed build cleans up without repeating itself.
-struct BuildDir(PathBuf);
+pub(super) struct BuildDir(pub(super) PathBuf);
 
 impl BuildDir {
-    fn create(path: PathBuf) -> Result<Self, ImageError> {
+    pub(super) fn create(path: PathBuf) -> Result<Self, ImageError> {
         if path.exists() {
             remove_tree(&path);
         }

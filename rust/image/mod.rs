@@ -293,6 +293,10 @@ pub enum ImageError {
     /// Unpacking the built tree through the id map failed.
     #[error("unpacking the image as the sandbox's ids failed: {0}")]
     Unpack(String),
+    /// Pulling, importing or unpacking an OCI image failed.
+    #[cfg(linux_host)]
+    #[error(transparent)]
+    Oci(#[from] oci::OciError),
     /// `image.json` is unreadable or malformed.
     #[error("{path}: bad image metadata: {source}")]
     Metadata {

@@ -10,6 +10,8 @@ use crate::helper::userns;
 
 pub(super) const INFO_FILE: &str = "image.json";
 pub(super) const ROOTFS_DIR: &str = "rootfs";
+/// The OCI blob store under the store root; not usable as an image name.
+pub(super) const BLOBS_DIR: &str = "blobs";
 
 /// A directory of images, `<root>/<name>/{rootfs,image.json}`.
 #[derive(Debug, Clone)]
@@ -51,7 +53,10 @@ impl ImageStore {
             let entry = entry.map_err(|e| ImageError::io(format!("reading {}", self.root.display()), e))?;
             let Some(name) = entry.file_name().to_str().map(String::from) else { continue };
             // Through symlinks: a test store links its base image to a shared copy.
-            if validate_name(&name).is_err() || !fs::metadata(entry.path()).is_ok_and(|m| m.is_dir()) {
+            if validate_name(&name).is_err()
+                || name == BLOBS_DIR
+                || !fs::metadata(entry.path()).is_ok_and(|m| m.is_dir())
+            {
                 continue;
             }
             match self.get(&name) {
@@ -93,7 +98,7 @@ impl ImageStore {
         force: bool,
     ) -> Result<ImageInfo, ImageError> {
         validate_name(name)?;
-        if name == super::layers::LAYERS_DIR {
+        if name == super::layers::LAYERS_DIR || name == BLOBS_DIR {
             return Err(ImageError::InvalidName(name.to_string()));
         }
         super::validate_reference(reference)?;

@@ -13,9 +13,16 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub mod archive;
 pub mod blobs;
+mod confined;
+mod flatten;
+mod install;
+pub mod layers;
 
 pub use blobs::BlobStore;
+pub use confined::run_layer_applier_if_asked;
+pub use layers::unpack_image;
 
 /// Media types of the manifests and layers we read.
 pub mod media {
