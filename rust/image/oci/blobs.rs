@@ -108,41 +108,106 @@ impl BlobStore {
         mut progress: impl FnMut(u64) -> Result<(), OciError>,
         reader: &mut dyn Read,
     ) -> Result<PathBuf, OciError> {
+        let Some(mut writer) = self.writer(what, digest)? else {
+            return self.path(digest);
+        };
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = reader.read(&mut buf).map_err(|e| OciError::io(format!("reading {what}"), e))?;
+            if n == 0 {
+                break;
+            }
+            writer.write(&buf[..n])?;
+            progress(writer.written())?;
+        }
+        writer.commit()
+    }
+
+    /// A writer for blob `digest`, or None when the store has it. Blocks
+    /// while another writer of the same digest (in any process) holds its
+    /// lock, so async callers run this on a blocking thread. The blob is
+    /// kept only through [`BlobWriter::commit`]; a writer dropped before
+    /// that removes what it wrote.
+    pub fn writer(&self, what: &str, digest: &str) -> Result<Option<BlobWriter>, OciError> {
         let path = self.path(digest)?;
+        let hex = digest_hex(digest)?;
         let dir = self.root.join("sha256");
         fs::create_dir_all(&dir).map_err(|e| OciError::io(format!("creating {}", dir.display()), e))?;
-        let lock_path = dir.join(format!(".{}.lock", digest_hex(digest)?));
+        let lock_path = dir.join(format!(".{hex}.lock"));
         let lock =
             File::create(&lock_path).map_err(|e| OciError::io(format!("creating {}", lock_path.display()), e))?;
-        let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+        let lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
             .map_err(|(_, e)| OciError::io(format!("locking {}", lock_path.display()), e.into()))?;
         if path.is_file() {
-            return Ok(path);
+            return Ok(None);
         }
-        let tmp = dir.join(format!(".{}.partial-{}", digest_hex(digest)?, std::process::id()));
-        let result = (|| {
-            let mut out = File::create(&tmp).map_err(|e| OciError::io(format!("creating {}", tmp.display()), e))?;
-            let mut hashing = HashingReader::new(reader);
-            let mut buf = vec![0u8; 1 << 16];
-            loop {
-                let n = hashing.read(&mut buf).map_err(|e| OciError::io(format!("reading {what}"), e))?;
-                if n == 0 {
-                    break;
-                }
-                out.write_all(&buf[..n]).map_err(|e| OciError::io(format!("writing {}", tmp.display()), e))?;
-                progress(hashing.count)?;
-            }
-            let (actual, _) = hashing.finish();
-            if actual != digest {
-                return Err(OciError::DigestMismatch { what: what.to_string(), expected: digest.to_string(), actual });
-            }
-            out.sync_all().map_err(|e| OciError::io(format!("syncing {}", tmp.display()), e))?;
-            fs::rename(&tmp, &path).map_err(|e| OciError::io(format!("renaming into {}", path.display()), e))
-        })();
-        if result.is_err() {
-            let _ = fs::remove_file(&tmp);
+        // One name per process is enough: the lock keeps this process's
+        // writers of a digest apart too (flock is per open file).
+        let tmp = dir.join(format!(".{hex}.partial-{}", std::process::id()));
+        let out = File::create(&tmp).map_err(|e| OciError::io(format!("creating {}", tmp.display()), e))?;
+        Ok(Some(BlobWriter {
+            what: what.to_string(),
+            digest: digest.to_string(),
+            path,
+            tmp,
+            out,
+            hasher: Sha256::new(),
+            count: 0,
+            committed: false,
+            _lock: lock,
+        }))
+    }
+}
+
+/// One blob being written: hashed as it goes, renamed into place by
+/// `commit` only if it matches its digest, removed if dropped before.
+pub struct BlobWriter {
+    what: String,
+    digest: String,
+    path: PathBuf,
+    tmp: PathBuf,
+    out: File,
+    hasher: Sha256,
+    count: u64,
+    committed: bool,
+    // Held until the blob is in place or its partial is gone (dropped
+    // after `Drop::drop` has removed the partial).
+    _lock: nix::fcntl::Flock<File>,
+}
+
+impl BlobWriter {
+    /// Appends `bytes`.
+    pub fn write(&mut self, bytes: &[u8]) -> Result<(), OciError> {
+        self.out.write_all(bytes).map_err(|e| OciError::io(format!("writing {}", self.tmp.display()), e))?;
+        self.hasher.update(bytes);
+        self.count += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Bytes written so far.
+    pub fn written(&self) -> u64 {
+        self.count
+    }
+
+    /// Checks the digest, syncs and renames the blob into place.
+    pub fn commit(mut self) -> Result<PathBuf, OciError> {
+        let actual = format!("sha256:{}", hex(&std::mem::take(&mut self.hasher).finalize()));
+        if actual != self.digest {
+            return Err(OciError::DigestMismatch { what: self.what.clone(), expected: self.digest.clone(), actual });
         }
-        result.map(|()| path)
+        self.out.sync_all().map_err(|e| OciError::io(format!("syncing {}", self.tmp.display()), e))?;
+        fs::rename(&self.tmp, &self.path)
+            .map_err(|e| OciError::io(format!("renaming into {}", self.path.display()), e))?;
+        self.committed = true;
+        Ok(self.path.clone())
+    }
+}
+
+impl Drop for BlobWriter {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = fs::remove_file(&self.tmp);
+        }
     }
 }
 
@@ -170,6 +235,33 @@ mod tests {
             .filter(|n| n.contains("partial"))
             .collect();
         assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn a_writer_dropped_or_refused_leaves_nothing() {
+        let t = TempDir::new("blobwriter");
+        let store = BlobStore::new(t.path().join("blobs"));
+        let digest = sha256_of(b"abcdef");
+        let mut w = store.writer("a test blob", &digest).unwrap().unwrap();
+        w.write(b"abc").unwrap();
+        drop(w);
+        let mut w = store.writer("a test blob", &digest).unwrap().unwrap();
+        w.write(b"abcdeX").unwrap();
+        assert!(matches!(w.commit(), Err(OciError::DigestMismatch { .. })));
+        assert!(!store.contains(&digest));
+        let mut w = store.writer("a test blob", &digest).unwrap().unwrap();
+        w.write(b"abc").unwrap();
+        w.write(b"def").unwrap();
+        assert_eq!(w.written(), 6);
+        assert_eq!(fs::read(w.commit().unwrap()).unwrap(), b"abcdef");
+        assert!(store.writer("a test blob", &digest).unwrap().is_none());
+        let names: Vec<_> = fs::read_dir(t.path().join("blobs/sha256"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.ends_with(".lock"))
+            .collect();
+        assert_eq!(names, [digest_hex(&digest).unwrap()]);
     }
 
     #[test]

@@ -15,12 +15,17 @@ use serde::{Deserialize, Serialize};
 
 pub mod archive;
 pub mod blobs;
+pub mod reference;
+pub mod registry;
+mod auth;
 mod confined;
 mod flatten;
 mod install;
 pub mod layers;
 
 pub use blobs::BlobStore;
+pub use reference::Reference;
+pub use registry::{LayerState, PullProgress, RegistryConfig, pull};
 pub use confined::run_layer_applier_if_asked;
 pub use layers::unpack_image;
 
