@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import pwd
 import subprocess
+from pathlib import Path
 
 from conftest import required_env, run_as, stop_servers, user_env
 from test_doctor import lines_by_check
 
 
 def doctor_as(user: str) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
+    """Doctor as `user`, with a store of its own (root's test store is 0700, as root's store under /root is)."""
     env = user_env(user)
+    env["SANDBOX_MCP_IMAGE_STORE"] = str(Path(env["XDG_DATA_HOME"]) / "sandbox-mcp" / "images")
     try:
         out = run_as(user, [required_env("SANDBOX_MCP_BIN"), "doctor"], env)
     finally:
@@ -35,7 +38,12 @@ def test_doctor_as_a_set_up_user_says_ok_for_what_it_tried(new_user):
     cgroups = checks["cgroups"]
     assert cgroups.startswith("ok") and f"sandbox-mcp.{user}/" in cgroups and "moved a process" in cgroups, cgroups
     assert checks["tun"].startswith("ok"), checks["tun"]
-    assert out.returncode == 0, out.stdout + out.stderr
+    # A new user has no image yet: the one failure, and it names how to make one.
+    image = checks["image"]
+    assert image.startswith("FAIL") and "default image mcp-test" in image and "make install" in image, image
+    failed = [line for line in out.stdout.splitlines() if line.startswith("FAIL")]
+    assert failed == [image], out.stdout + out.stderr
+    assert out.returncode == 1, out.stdout + out.stderr
 
 
 def test_doctor_as_a_user_without_setup_warns_and_fails_with_the_fix(new_user):

@@ -88,9 +88,15 @@ def rootfs_tar() -> Iterator[Path]:
     d.chmod(0o755)
     tar = d / "rootfs.tar"
     # As root of a namespace with root's image map, tar records the ids inside (as mmdebstrap's tarball does).
-    with open(tar, "wb") as out:
-        status = run_mapped(["tar", "-C", str(image / "rootfs"), "--numeric-owner", "--xattrs", "--xattrs-include=*",
-                             "--exclude=./dev/*", "-cf", "-", "."], id_map, out.fileno())
+    # That root cannot traverse root's 0700 store by path, so tar gets the rootfs as an fd opened here.
+    rootfs = os.open(image / "rootfs", os.O_RDONLY | os.O_DIRECTORY)
+    os.set_inheritable(rootfs, True)
+    try:
+        with open(tar, "wb") as out:
+            status = run_mapped(["tar", "-C", f"/proc/self/fd/{rootfs}", "--numeric-owner", "--xattrs",
+                                 "--xattrs-include=*", "--exclude=./dev/*", "-cf", "-", "."], id_map, out.fileno())
+    finally:
+        os.close(rootfs)
     assert status == 0, f"tar in root's image map exited {status}"
     tar.chmod(0o644)
     (d / "mmdebstrap").write_text(STAND_IN)

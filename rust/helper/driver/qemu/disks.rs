@@ -11,10 +11,8 @@
 //! ids the sandbox sees (0 for its root), not the shifted host ids the
 //! layer has on the host.
 use std::hash::{Hash as _, Hasher as _};
-use std::os::fd::AsRawFd as _;
 use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::MetadataExt as _;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
