@@ -43,7 +43,6 @@ mod inspect;
 mod layers;
 #[cfg(linux_host)]
 mod mmdebstrap;
-#[cfg(linux_host)]
 pub mod oci;
 mod refs;
 mod store;
@@ -294,7 +293,6 @@ pub enum ImageError {
     #[error("unpacking the image as the sandbox's ids failed: {0}")]
     Unpack(String),
     /// Pulling, importing or unpacking an OCI image failed.
-    #[cfg(linux_host)]
     #[error(transparent)]
     Oci(#[from] oci::OciError),
     /// `image.json` is unreadable or malformed.

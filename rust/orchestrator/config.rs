@@ -44,6 +44,7 @@ use std::{
     time::Duration,
 };
 
+use crate::image::oci::RegistryConfig;
 use serde::{Deserialize, Serialize};
 use toml::Value;
 
@@ -124,6 +125,10 @@ struct ConfigFile {
     #[serde(default)]
     profiles: HashMap<String, ProfileFile>,
     spawn_policies: Option<BTreeMap<String, SpawnPolicyFile>>,
+    /// Registry mirrors and plain-HTTP registries (only here: a project
+    /// file could redirect pulls).
+    #[serde(default)]
+    registries: RegistryConfig,
 }
 
 /// The whole orchestrator configuration.
@@ -147,6 +152,8 @@ pub struct Config {
     pub project: super::project::Project,
     /// Who may spawn child sandboxes, by parent name.
     pub spawn_policies: BTreeMap<String, SpawnPolicy>,
+    /// Where images are pulled from: `[registries]` mirrors and insecure.
+    pub registries: RegistryConfig,
 }
 
 /// A configuration error naming its key.
@@ -400,6 +407,7 @@ impl Config {
             project: super::project::Project::of(&project_dir),
             project_dir,
             spawn_policies,
+            registries: file.registries,
         })
     }
 

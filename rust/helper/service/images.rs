@@ -1,14 +1,19 @@
-//! The image RPCs: ListImages, CommitVm, DeleteImage and BuildImage, with
-//! their proto ⇄ domain conversions.
+//! The image RPCs: ListImages, CommitVm, DeleteImage, BuildImage and
+//! PullImage, with their proto ⇄ domain conversions.
 #[cfg(linux_host)]
 use tokio::sync::mpsc;
+#[cfg(linux_host)]
+use tokio_util::sync::CancellationToken;
 use tonic::{Response, Status};
 
 use super::super::error::HelperError;
 use super::super::vm::{CommitRequest, VmManager};
 use super::status;
 use super::streams::RpcStream;
-use crate::image::{BuildRequest, ImageConfig, ImageInfo};
+use crate::image::oci::Reference;
+#[cfg(linux_host)]
+use crate::image::oci::{LayerState, OciError, PullProgress, RegistryConfig};
+use crate::image::{BuildRequest, ImageConfig, ImageError, ImageInfo};
 use crate::proto::v1 as pb;
 
 /// Build output lines buffered toward the client; a slow client slows the
@@ -33,6 +38,7 @@ pub(super) fn image_to_proto(i: ImageInfo) -> pb::Image {
         }),
         labels: i.labels.into_iter().collect(),
         reference: i.reference,
+        source: i.source,
     }
 }
 
@@ -76,8 +82,8 @@ fn build_checked(vms: &VmManager, req: BuildRequest) -> Result<Response<RpcStrea
         match vms.images().get(&req.name) {
             // One built for another map is of no use here: the build replaces it.
             Ok(info) if info.check_id_map(mapper.id_map()).is_err() => {}
-            Ok(_) => return Err(status(crate::image::ImageError::AlreadyExists(req.name).into())),
-            Err(crate::image::ImageError::NotFound(_)) => {}
+            Ok(_) => return Err(status(ImageError::AlreadyExists(req.name).into())),
+            Err(ImageError::NotFound(_)) => {}
             Err(e) => return Err(status(e.into())),
         }
     }
@@ -109,4 +115,95 @@ fn build_checked(vms: &VmManager, req: BuildRequest) -> Result<Response<RpcStrea
 fn build_checked(vms: &VmManager, _req: BuildRequest) -> Result<Response<RpcStream<pb::BuildImageResponse>>, Status> {
     let why = vms.id_mapper().err().unwrap_or("not on this host");
     Err(status(HelperError::Unavailable(format!("BuildImage needs Linux (mmdebstrap and user namespaces): {why}"))))
+}
+
+/// Checks the reference up front (its error is the call's status, on any
+/// host), then pulls where this host can unpack.
+pub(super) async fn pull(
+    vms: &VmManager,
+    req: pb::PullImageRequest,
+) -> Result<Response<RpcStream<pb::PullImageResponse>>, Status> {
+    let reference = Reference::parse(&req.reference).map_err(|e| status(ImageError::from(e).into()))?;
+    crate::image::validate_name(&req.name).map_err(|e| status(e.into()))?;
+    pull_checked(vms, reference, req)
+}
+
+/// Pulls into the store's blob store (cancelled when the client goes away),
+/// then unpacks in a blocking task. Blob progress is best effort: a slow
+/// client misses some byte counts, never the image or the error.
+#[cfg(linux_host)]
+fn pull_checked(
+    vms: &VmManager,
+    reference: Reference,
+    req: pb::PullImageRequest,
+) -> Result<Response<RpcStream<pb::PullImageResponse>>, Status> {
+    use pb::pull_image_response::Msg;
+    let mapper = vms.id_mapper().cloned().map_err(|why| status(HelperError::Unavailable(why.to_string())))?;
+    let store = vms.images().clone();
+    store.check_replaceable(&req.name, req.force).map_err(|e| status(e.into()))?;
+    let cfg = RegistryConfig {
+        mirrors: req.mirrors.into_iter().map(|m| (m.registry, m.mirrors)).collect(),
+        insecure: req.insecure_registries,
+    };
+    let (tx, rx) = mpsc::channel(BUILD_LOG_BUFFER);
+    let cancel = CancellationToken::new();
+    let gone = {
+        let (tx, cancel) = (tx.clone(), cancel.clone());
+        tokio::spawn(async move {
+            tx.closed().await;
+            cancel.cancel();
+        })
+    };
+    tokio::spawn(async move {
+        let blobs = store.blobs();
+        let progress = |p: PullProgress| {
+            let blob = pb::BlobProgress {
+                digest: p.digest,
+                done: p.done,
+                total: p.total,
+                present: p.state == LayerState::Present,
+                layer: u32::try_from(p.layer).unwrap_or(u32::MAX),
+                layers: u32::try_from(p.layers).unwrap_or(u32::MAX),
+            };
+            let _ = tx.try_send(Ok(pb::PullImageResponse { msg: Some(Msg::Blob(blob)) }));
+        };
+        let fetched = crate::image::oci::pull(&reference, &cfg, &blobs, &progress, &cancel).await;
+        let installed = match fetched {
+            Ok(_) if cancel.is_cancelled() => Err(ImageError::from(OciError::Cancelled)),
+            Ok(image) => {
+                let (name, force, tx) = (req.name, req.force, tx.clone());
+                tokio::task::spawn_blocking(move || {
+                    let mut log = |line: &str| {
+                        let _ = tx.blocking_send(Ok(pb::PullImageResponse { msg: Some(Msg::Log(line.to_string())) }));
+                    };
+                    store.add_oci(&name, &image, &blobs, &mapper, force, &mut log)
+                })
+                .await
+                .unwrap_or_else(|e| Err(ImageError::Unpack(format!("the unpacking task failed: {e}"))))
+            }
+            Err(e) => Err(e.into()),
+        };
+        let last = match installed {
+            Ok(image) => Ok(pb::PullImageResponse { msg: Some(Msg::Image(image_to_proto(image))) }),
+            Err(e) => Err(status(e.into())),
+        };
+        let _ = tx.send(last).await;
+        gone.abort();
+    });
+    Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+}
+
+/// Pulled images are unpacked under a Linux id map; a Mac's VM layer pulls
+/// the references `sandbox-mcp image pull` records.
+#[cfg(not(linux_host))]
+fn pull_checked(
+    vms: &VmManager,
+    _reference: Reference,
+    _req: pb::PullImageRequest,
+) -> Result<Response<RpcStream<pb::PullImageResponse>>, Status> {
+    let why = vms.id_mapper().err().unwrap_or("not on this host");
+    Err(status(HelperError::Unavailable(format!(
+        "PullImage needs Linux (user namespaces to unpack layers): {why}; `sandbox-mcp image pull` records a \
+         reference the VM layer pulls"
+    ))))
 }

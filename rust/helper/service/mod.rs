@@ -14,7 +14,7 @@ use super::agent_link::AgentLink;
 use super::error::HelperError;
 use super::vm::VmManager;
 use crate::agent::protocol::{BackgroundRequest, FailKind};
-use crate::image::ImageError;
+use crate::image::{ImageError, oci::OciError};
 use crate::proto::v1 as pb;
 use crate::proto::v1::vm_helper_server::VmHelper;
 
@@ -117,6 +117,16 @@ pub fn status(e: HelperError) -> Status {
             | ImageError::TooManyLayers { .. }
             | ImageError::OtherIdMap { .. }
             | ImageError::NeedsPull { .. } => Status::failed_precondition(msg),
+            ImageError::Oci(e) => match e {
+                OciError::InvalidReference { .. } => Status::invalid_argument(msg),
+                OciError::Unauthorized { .. } => Status::permission_denied(msg),
+                OciError::Registry { .. } => Status::unavailable(msg),
+                OciError::NoPlatform { .. } => Status::not_found(msg),
+                OciError::Cancelled => Status::cancelled(msg),
+                OciError::DigestMismatch { .. } | OciError::BadDigest(_) => Status::data_loss(msg),
+                OciError::Malformed { .. } => Status::failed_precondition(msg),
+                OciError::Io { .. } => Status::internal(msg),
+            },
             _ => Status::internal(msg),
         },
         HelperError::Driver(_) | HelperError::Io { .. } => Status::internal(msg),
@@ -218,6 +228,12 @@ impl VmHelper for HelperService {
         req: Request<pb::BuildImageRequest>,
     ) -> Result<Response<Self::BuildImageStream>, Status> {
         images::build(&self.vms, req.into_inner()).await
+    }
+
+    type PullImageStream = RpcStream<pb::PullImageResponse>;
+
+    async fn pull_image(&self, req: Request<pb::PullImageRequest>) -> Result<Response<Self::PullImageStream>, Status> {
+        images::pull(&self.vms, req.into_inner()).await
     }
 
     type DialStream = RpcStream<pb::DialResponse>;

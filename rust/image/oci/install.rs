@@ -67,7 +67,7 @@ impl ImageStore {
 
     /// `AlreadyExists` for a taken name without `force`; `HasChildren` for
     /// one images are committed on.
-    fn check_replaceable(&self, name: &str, force: bool) -> Result<(), ImageError> {
+    pub(crate) fn check_replaceable(&self, name: &str, force: bool) -> Result<(), ImageError> {
         match self.get(name) {
             Ok(_) if !force => Err(ImageError::AlreadyExists(name.to_string())),
             Ok(_) => self.refuse_with_children(name),

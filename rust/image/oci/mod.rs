@@ -1,9 +1,9 @@
-//! OCI images on Linux: what `image pull` fetches from a registry and
-//! `image import` reads from an archive, kept in one content-addressed blob
-//! store shared by every image, and unpacked into a root filesystem that
-//! both drivers boot like a built image.
+//! OCI images: what `image pull` fetches from a registry and `image import`
+//! reads from an archive, kept in one content-addressed blob store shared by
+//! every image, and unpacked (on Linux) into a root filesystem that both
+//! drivers boot like a built image.
 //!
-//! Modules (some still to come, issue 23):
+//! Modules:
 //! - `reference`: parsing `python:3.12`, `ghcr.io/o/r@sha256:…` into registry, repository, tag, digest.
 //! - `blobs`: the blob store, `<store>/blobs/sha256/<hex>`: written to a temp file, verified, renamed.
 //! - `registry`: pulling a manifest (an index resolved to this host's platform), its config and layers.
@@ -13,21 +13,30 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+// Pulling and the reference grammar are every host's (a Mac's helper shares
+// them); unpacking, import and export need Linux's user namespaces.
+#[cfg(linux_host)]
 pub mod archive;
+mod auth;
 pub mod blobs;
+#[cfg(linux_host)]
+mod confined;
+#[cfg(linux_host)]
+mod flatten;
+#[cfg(linux_host)]
+mod install;
+#[cfg(linux_host)]
+pub mod layers;
 pub mod reference;
 pub mod registry;
-mod auth;
-mod confined;
-mod flatten;
-mod install;
-pub mod layers;
 
 pub use blobs::BlobStore;
+#[cfg(linux_host)]
+pub use confined::run_layer_applier_if_asked;
+#[cfg(linux_host)]
+pub use layers::unpack_image;
 pub use reference::Reference;
 pub use registry::{LayerState, PullProgress, RegistryConfig, pull};
-pub use confined::run_layer_applier_if_asked;
-pub use layers::unpack_image;
 
 /// Media types of the manifests and layers we read.
 pub mod media {

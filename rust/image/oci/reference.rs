@@ -99,6 +99,28 @@ impl Reference {
         self.digest.as_deref()
     }
 
+    /// The image name a pull of this reference gets unless told otherwise:
+    /// the repository's last component and the tag (`python:3.12` →
+    /// `python-3.12`), or the digest's first 12 hex digits, folded into the
+    /// image naming rule (lowercase letters, digits, `.`, `_`, `-`; at most
+    /// 63 characters, starting with a letter or digit).
+    pub fn image_name(&self) -> String {
+        let base = self.repository.rsplit('/').next().unwrap_or(&self.repository);
+        let which = match (&self.tag, &self.digest) {
+            (_, Some(digest)) => digest.trim_start_matches("sha256:").chars().take(12).collect(),
+            (Some(tag), None) => tag.clone(),
+            (None, None) => "latest".to_string(),
+        };
+        let folded: String = format!("{base}-{which}")
+            .chars()
+            .map(|c| c.to_ascii_lowercase())
+            .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '-' })
+            .skip_while(|c| !c.is_ascii_alphanumeric())
+            .take(63)
+            .collect();
+        if folded.is_empty() { "image".to_string() } else { folded }
+    }
+
     /// The same reference pinned to `digest` (already checked by the caller).
     pub fn with_digest(&self, digest: &str) -> Self {
         Reference { digest: Some(digest.to_string()), ..self.clone() }
@@ -232,6 +254,20 @@ fn check_tag(tag: &str) -> Result<(), &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn image_names_follow_the_naming_rule() {
+        let name = |r: &str| Reference::parse(r).unwrap().image_name();
+        assert_eq!(name("python:3.12"), "python-3.12");
+        assert_eq!(name("python"), "python-latest");
+        assert_eq!(name("ghcr.io/org/tool:V1.2_rc"), "tool-v1.2_rc");
+        assert_eq!(name("localhost:5000/a/b:_x"), "b-_x");
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        assert_eq!(name(&format!("busybox:1@{digest}")), "busybox-abababababab");
+        let long = format!("r/{}:{}", "a".repeat(60), "t".repeat(60));
+        let got = name(&long);
+        assert!(got.len() == 63 && crate::image::validate_name(&got).is_ok(), "{got}");
+    }
 
     fn parts(r: &str) -> (String, String, Option<String>, Option<String>, String) {
         let p = Reference::parse(r).unwrap_or_else(|e| panic!("{r}: {e}"));
