@@ -35,12 +35,14 @@ TEST_FUZZ_SECONDS ?= 10
 # The optional vm driver (qemu microVMs): `make install VM=1` also installs
 # qemu and builds the guest kernel and initramfs; the test setup always does.
 VM ?= 0
+# TEST_TOOLS=1: `make deps` also installs what the OCI image tests run (a registry, skopeo, busybox).
+TEST_TOOLS ?= 0
 VM_DIR := $(CURDIR)/target/vm
 
 .PHONY: swift-glue conformance deps build install test test-user test-faults test-vm test-vm-user test-install test-image test-image-docker test-docker venv bench clean-test fuzz vm vm-assets
 
 deps:
-	@SANDBOX_MCP_VM=$(VM) scripts/install-deps.sh
+	@SANDBOX_MCP_VM=$(VM) SANDBOX_MCP_TEST_TOOLS=$(TEST_TOOLS) scripts/install-deps.sh
 
 # The vm driver's packages, then its guest kernel and the initramfs for
 # VM_HELPER (cached in the data dir, or VM_ASSETS_DIR; quiet when built).
@@ -203,6 +205,7 @@ test: export SANDBOX_MCP_BIN := $(DEBUG_BIN)/sandbox-mcp
 test: export SANDBOX_VM_HELPER_BIN := $(DEBUG_BIN)/sandbox-vm-helper
 test: export SANDBOX_MCP_VM_DIR := $(VM_DIR)
 test: VM := 1
+test: TEST_TOOLS := 1
 test: deps venv
 	$(CARGO) build --quiet
 	@$(MAKE) --no-print-directory test-image

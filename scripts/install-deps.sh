@@ -12,11 +12,20 @@
 #   e2fsprogs          mke2fs -d: the image layers' disks
 #   binutils           strip and readelf for the initramfs
 #   cpio lz4           the initramfs archive; the kernel's compressed payload
+# With SANDBOX_MCP_TEST_TOOLS=1 (`make test`), also what the OCI image tests
+# run (tests/oci_registry.rs, tests/test_oci_images.py); not for `make install`,
+# as Debian's docker-registry starts a registry service of its own:
+#   docker-registry    a registry on loopback to pull from
+#   skopeo             pushes the tests' images and reads exported ones
+#   busybox-static     the tests' small image, made from /bin/busybox
 set -euo pipefail
 
 packages=(mmdebstrap uidmap protobuf-compiler procps)
 if [ "${SANDBOX_MCP_VM:-0}" = 1 ]; then
     packages+=(qemu-system-x86 e2fsprogs binutils cpio lz4)
+fi
+if [ "${SANDBOX_MCP_TEST_TOOLS:-0}" = 1 ]; then
+    packages+=(docker-registry skopeo busybox-static)
 fi
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
     packages+=(python3-venv)
