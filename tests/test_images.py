@@ -217,6 +217,10 @@ def test_build_image_errors(isrv):
         text, err = isrv.tool("build_image", name="x", containerfile=f"FROM {base}\nRUN true\n")
         assert err and text.startswith(f"Error building image: line 1: FROM {base}: only local images"), text
         assert text.endswith(f"local images: {image}"), text
+    # A registry reference is pulled first; a closed loopback port is all this one reaches.
+    text, err = isrv.tool("build_image", name="x", containerfile="FROM 127.0.0.1:9/x:1\nRUN true\n")
+    assert err and text.startswith("Error building image: line 1: FROM 127.0.0.1:9/x:1: pulling it failed: "
+                                   "registry 127.0.0.1:9: "), text
     text, err = isrv.tool("build_image", name="x", containerfile=f"FROM {image}\nCOPY a.txt /a.txt\n")
     assert err and text.startswith(
         "Error building image: line 2: COPY source 'a.txt' is not in the build context (context files: none)"), text

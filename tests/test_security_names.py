@@ -76,6 +76,9 @@ TARGETS = [
     ("clone", {"target": "t"}, "source", SANDBOX_NAME),
     ("clone", {"source": "default"}, "target", SANDBOX_NAME),
     ("build_image", {"containerfile": "FROM mcp-test\n"}, "name", "Error building image: invalid image name "),
+    # Refused before any request: the closed loopback port is never dialled.
+    ("pull_image", {"reference": "127.0.0.1:9/x:1"}, "name", "Error pulling image: invalid image name "),
+    ("pull_image", {"name": "x"}, "reference", "Error pulling image: invalid image reference "),
     ("spawn", {}, "parent", SANDBOX_NAME),
     ("spawn", {}, "name", "Error: ValueError: Invalid child name: "),
     ("spawn", {}, "image", "Error: PermissionError: Image '"),

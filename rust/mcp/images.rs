@@ -1,7 +1,8 @@
 //! Snapshot and image tools: snapshot, restore, list_snapshots,
-//! delete_snapshot, images, build_image, clone. `build_image` reports each
-//! step as a progress notification and stops (removing its build VMs and
-//! intermediate images) when the client cancels.
+//! delete_snapshot, images, build_image, pull_image, clone. `build_image`
+//! reports each step as a progress notification and stops (removing its
+//! build VMs and intermediate images) when the client cancels; `pull_image`
+//! reports each layer's bytes and stops the helper's pull.
 use crate::orchestrator::names;
 use std::{
     collections::BTreeMap,
@@ -25,7 +26,7 @@ use super::{
 };
 use crate::orchestrator::{
     build::BuildSpec,
-    helper_client::ImageSummary,
+    helper_client::{ImageSummary, PullEvent},
     images::{ImagesError, KIND_LABEL, SOURCE_LABEL},
     text::human_size,
 };
@@ -47,12 +48,25 @@ pub struct DeleteSnapshotParams {
     pub snapshot_name: String,
 }
 
+/// Parameters of `pull_image`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct PullImageParams {
+    /// The image: `python:3.12` (Docker Hub), `ghcr.io/org/app:1.0`, `registry.example:5000/app@sha256:<64 hex>`.
+    pub reference: String,
+    /// Name of the new local image (lowercase: ^[a-z0-9][a-z0-9._-]{0,62}$). Default: from the reference, `python:3.12` → `python-3.12`.
+    #[serde(default)]
+    pub name: String,
+    /// Replace an existing image of that name once the pull succeeded.
+    #[serde(default)]
+    pub force: bool,
+}
+
 /// Parameters of `build_image`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub struct BuildImageParams {
     /// Name of the new image (lowercase: ^[a-z0-9][a-z0-9._-]{0,62}$).
     pub name: String,
-    /// Containerfile text. Supported: FROM <local image>, RUN, COPY/ADD (from heredocs or `context`), ENV, ARG, WORKDIR, USER, LABEL.
+    /// Containerfile text. Supported: FROM <local image or registry reference with a tag, digest or registry>, RUN, COPY/ADD (from heredocs or `context`), ENV, ARG, WORKDIR, USER, LABEL.
     pub containerfile: String,
     /// Files COPY/ADD can read: relative path → content.
     #[serde(default)]
@@ -91,11 +105,77 @@ fn kind(i: &ImageSummary) -> String {
     if i.parent.is_empty() && !i.reference.is_empty() && !i.labels.contains_key(KIND_LABEL) {
         return format!("pulled {}", i.reference);
     }
+    if i.parent.is_empty() && !i.source.is_empty() {
+        return format!("from {}", i.source);
+    }
     let kind = i.labels.get(KIND_LABEL).map(String::as_str).unwrap_or(if i.parent.is_empty() { "base" } else { "" });
     match (kind, i.parent.as_str()) {
         (k, "") => k.to_string(),
         ("", p) => format!("<- {p}"),
         (k, p) => format!("{k} <- {p}"),
+    }
+}
+
+/// Turns a pull's layer events into MCP progress reports: bytes of all
+/// layers (strictly increasing, as MCP requires), at most every
+/// [`REPORT_EVERY`] unless a layer finished, then one per unpacking line.
+struct PullReport {
+    tx: mpsc::UnboundedSender<(f64, Option<f64>, String)>,
+    /// Per layer: (bytes done, size, finished).
+    layers: Vec<(u64, u64, bool)>,
+    /// The last value sent.
+    sent: f64,
+    last: Option<std::time::Instant>,
+    /// (fetched, already present) layers, for the result.
+    fetched: std::sync::Arc<std::sync::Mutex<(usize, usize)>>,
+}
+
+/// How often byte counts are reported while a layer downloads.
+const REPORT_EVERY: Duration = Duration::from_millis(250);
+
+impl PullReport {
+    fn new(tx: mpsc::UnboundedSender<(f64, Option<f64>, String)>) -> Self {
+        Self { tx, layers: Vec::new(), sent: 0.0, last: None, fetched: Default::default() }
+    }
+
+    fn on_event(&mut self, event: PullEvent) {
+        match event {
+            PullEvent::Blob { layer, layers, digest, done, total, present } => {
+                if self.layers.len() < layers {
+                    self.layers.resize(layers, (0, 0, false));
+                }
+                let Some(slot) = self.layers.get_mut(layer) else { return };
+                let finished = present || (total > 0 && done >= total);
+                let newly_finished = finished && !slot.2;
+                *slot = (if present { total } else { done }, total, finished);
+                if newly_finished {
+                    let mut counts = self.fetched.lock().unwrap_or_else(|e| e.into_inner());
+                    if present { counts.1 += 1 } else { counts.0 += 1 }
+                }
+                let due = self.last.is_none_or(|t| t.elapsed() >= REPORT_EVERY);
+                if !(newly_finished || due) {
+                    return;
+                }
+                let short = digest.get(..19).unwrap_or(&digest);
+                let state = if present {
+                    "already present".to_string()
+                } else {
+                    format!("{} of {}", human_size(done), human_size(total))
+                };
+                let (done, total) = self.layers.iter().fold((0, 0), |(d, t), l| (d + l.0, t + l.1));
+                self.send(done as f64, Some(total as f64), format!("layer {}/{layers} {short}…: {state}", layer + 1));
+            }
+            PullEvent::Log(line) => self.send(self.sent + 1.0, None, line),
+        }
+    }
+
+    fn send(&mut self, value: f64, total: Option<f64>, text: String) {
+        if value <= self.sent {
+            return;
+        }
+        self.sent = value;
+        self.last = Some(std::time::Instant::now());
+        let _ = self.tx.send((value, total, text));
     }
 }
 
@@ -201,7 +281,7 @@ impl SandboxServer {
     }
 
     #[tool(
-        description = "Build an image from a Containerfile, one layer per step, on a local image (FROM). Supported: FROM, RUN, COPY/ADD (heredocs `COPY <<EOF /path` or files given in `context`), ENV, ARG, WORKDIR, USER, LABEL. RUN has network access. Sandboxes boot it via a profile or .sandbox-mcp.toml `image`. Progress is reported per step.",
+        description = "Build an image from a Containerfile, one layer per step, on a local image or a registry image (FROM python:3.12, pulled first unless pulled before). Supported: FROM, RUN, COPY/ADD (heredocs `COPY <<EOF /path` or files given in `context`), ENV, ARG, WORKDIR, USER, LABEL. RUN has network access. Sandboxes boot it via a profile or .sandbox-mcp.toml `image`. Progress is reported per step.",
         annotations(destructive_hint = false, idempotent_hint = false, open_world_hint = true)
     )]
     async fn build_image(
@@ -227,6 +307,38 @@ impl SandboxServer {
                 b.elapsed.as_millis()
             )),
             Err(e) => fail_as("Error building image", e),
+        }
+    }
+
+    #[tool(
+        description = "Pull an image from an OCI registry (Docker Hub short names like `python:3.12`, any registry, tags or @sha256 digests) and unpack it as a local image; sandboxes boot it via a profile or .sandbox-mcp.toml `image`. Every digest is verified; layers already stored are not fetched again. Credentials come from the user's docker/podman logins; mirrors and plain-HTTP registries from the user's config. Progress is reported per layer; cancelling stops the pull.",
+        annotations(destructive_hint = false, idempotent_hint = false, open_world_hint = true)
+    )]
+    async fn pull_image(
+        &self,
+        Parameters(p): Parameters<PullImageParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, rmcp::ErrorData> {
+        let (tx, reports) = mpsc::unbounded_channel();
+        let mut layers = PullReport::new(tx);
+        let fetched = std::sync::Arc::clone(&layers.fetched);
+        let work = self.manager.pull_image(&p.reference, Some(&p.name), p.force, |e| layers.on_event(e));
+        let Some(result) = supervise_with(&ctx, "pull_image", work, Progress::Reports(reports)).await else {
+            return fail("cancelled by the client; nothing of the pull was kept but verified layers");
+        };
+        match result {
+            Ok(pulled) => {
+                let (fetched, present) = *fetched.lock().unwrap_or_else(|e| e.into_inner());
+                ok(format!(
+                    "Pulled image '{}' from {} ({} layers: {fetched} fetched, {present} already present; {}, {}ms)",
+                    pulled.image.name,
+                    pulled.image.source,
+                    fetched + present,
+                    human_size(pulled.image.size_bytes),
+                    pulled.elapsed.as_millis()
+                ))
+            }
+            Err(e) => fail_as("Error pulling image", e),
         }
     }
 

@@ -16,6 +16,9 @@ pub enum Progress {
     Clock,
     /// The work's own steps, `(k, total, text)`, reported as `Step k/total: text`.
     Steps(mpsc::UnboundedReceiver<(usize, usize, String)>),
+    /// The work's own reports, `(progress, total, text)`, as they are; the
+    /// sender keeps `progress` increasing, as MCP requires.
+    Reports(mpsc::UnboundedReceiver<(f64, Option<f64>, String)>),
 }
 
 /// Run `work`, reporting `<label>: <N>s` every second to a client that asked
@@ -59,6 +62,13 @@ pub async fn supervise_with<F: Future>(
                     ProgressNotificationParam::new(token.clone(), k as f64)
                         .with_total(total as f64)
                         .with_message(format!("Step {k}/{total}: {text}"))
+                }),
+                Progress::Reports(reports) => reports.recv().await.map(|(done, total, text)| {
+                    let param = ProgressNotificationParam::new(token.clone(), done).with_message(text);
+                    match total {
+                        Some(total) => param.with_total(total),
+                        None => param,
+                    }
                 }),
             }
         };

@@ -68,6 +68,10 @@ pub enum HelperError {
         /// The driver VMs run on.
         driver: String,
     },
+    /// A registry refused our credentials, or what it sent does not match
+    /// its digest; the message names the registry and the way out.
+    #[error("{0}")]
+    Refused(String),
     /// Anything else the helper reported.
     #[error("VM helper error: {0}")]
     Other(String),
@@ -94,6 +98,7 @@ impl From<tonic::Status> for HelperError {
             Code::ResourceExhausted => Self::Exhausted(msg),
             Code::Unavailable => Self::Unavailable { socket: PathBuf::new(), reason: msg },
             Code::Internal => Self::Internal(msg),
+            Code::PermissionDenied | Code::DataLoss => Self::Refused(msg),
             code => Self::Other(format!("{code:?}: {msg}")),
         }
     }
@@ -227,6 +232,44 @@ pub struct ImageSummary {
     pub config: ImageConfig,
     /// The OCI reference its files are pulled from ("" if built here).
     pub reference: String,
+    /// Where a pulled or imported image came from (reference@digest, or the
+    /// archive); its files are local. "" if built here.
+    pub source: String,
+}
+
+/// One report of a pull in progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PullEvent {
+    /// Where one layer's blob stands.
+    Blob {
+        /// Its position, bottom first, from 0.
+        layer: usize,
+        /// How many layers the image has.
+        layers: usize,
+        /// `sha256:<hex>`.
+        digest: String,
+        /// Bytes fetched so far.
+        done: u64,
+        /// Its size.
+        total: u64,
+        /// It was stored already: nothing fetched.
+        present: bool,
+    },
+    /// A line from unpacking.
+    Log(String),
+}
+
+/// What to pull, and from where.
+#[derive(Debug, Clone)]
+pub struct PullSpec {
+    /// The reference, as the user wrote it.
+    pub reference: String,
+    /// Name of the new image.
+    pub name: String,
+    /// Replace an image of that name.
+    pub force: bool,
+    /// Mirrors and plain-HTTP registries.
+    pub registries: crate::image::oci::RegistryConfig,
 }
 
 /// Process defaults an image carries (ENV, WORKDIR, USER).
@@ -633,6 +676,45 @@ impl HelperClient {
         Err(HelperError::Other("image build stream ended without an image".into()))
     }
 
+    /// Pull an image from a registry and unpack it; `on_event` hears each
+    /// layer's progress. Dropping the future cancels the pull in the helper.
+    pub async fn pull_image(
+        &self,
+        spec: PullSpec,
+        mut on_event: impl FnMut(PullEvent),
+    ) -> Result<ImageSummary, HelperError> {
+        use pb::pull_image_response::Msg;
+        let req = pb::PullImageRequest {
+            reference: spec.reference,
+            name: spec.name,
+            force: spec.force,
+            mirrors: spec
+                .registries
+                .mirrors
+                .into_iter()
+                .map(|(registry, mirrors)| pb::RegistryMirrors { registry, mirrors })
+                .collect(),
+            insecure_registries: spec.registries.insecure,
+        };
+        let mut stream = self.client.clone().pull_image(req).await?.into_inner();
+        while let Some(msg) = stream.message().await? {
+            match msg.msg {
+                Some(Msg::Blob(b)) => on_event(PullEvent::Blob {
+                    layer: b.layer as usize,
+                    layers: b.layers as usize,
+                    digest: b.digest,
+                    done: b.done,
+                    total: b.total,
+                    present: b.present,
+                }),
+                Some(Msg::Log(line)) => on_event(PullEvent::Log(line)),
+                Some(Msg::Image(image)) => return Ok(image_summary(image)),
+                None => {}
+            }
+        }
+        Err(HelperError::Other("image pull stream ended without an image".into()))
+    }
+
     /// Start a process in a VM and return its handle once the helper accepted
     /// it. `stdin`, when given, is sent with the start request and followed
     /// by end-of-input: the common small-input case costs no extra messages.
@@ -759,6 +841,7 @@ fn image_summary(i: pb::Image) -> ImageSummary {
         labels: i.labels,
         config: ImageConfig { env: c.env, workdir: c.workdir, user: c.user },
         reference: i.reference,
+        source: i.source,
     }
 }
 

@@ -11,9 +11,11 @@ use std::{
 
 use tokio::sync::mpsc;
 
+use crate::image::oci::Reference;
+
 use super::{
     error::OrchestratorError,
-    helper_client::{CommitConfig, HelperError, ImageSummary},
+    helper_client::{CommitConfig, HelperError, ImageSummary, PullEvent, PullSpec},
     names::validate_key,
     sandbox::{Origin, Sandbox, SandboxManager, WORKSPACE},
 };
@@ -60,9 +62,21 @@ pub enum ImagesError {
     /// Anything the sandbox layer refused.
     #[error(transparent)]
     Orchestrator(#[from] OrchestratorError),
+    /// A reference or image name that cannot be pulled as given.
+    #[error("{0}")]
+    InvalidImage(String),
     /// The helper failed.
     #[error(transparent)]
     Helper(#[from] HelperError),
+}
+
+/// A finished pull.
+#[derive(Debug, Clone)]
+pub struct Pulled {
+    /// The new image.
+    pub image: ImageSummary,
+    /// Wall-clock time.
+    pub elapsed: Duration,
 }
 
 /// A committed snapshot.
@@ -116,6 +130,34 @@ fn own_layer(image: &ImageSummary, images: &[ImageSummary]) -> u64 {
 }
 
 impl SandboxManager {
+    /// Pull `reference` from its registry (through the mirrors and
+    /// plain-HTTP registries of the user's config) as image `name`, by
+    /// default one derived from the reference (`python:3.12` →
+    /// `python-3.12`). Dropping the future cancels the pull.
+    pub async fn pull_image(
+        &self,
+        reference: &str,
+        name: Option<&str>,
+        force: bool,
+        on_event: impl FnMut(PullEvent),
+    ) -> Result<Pulled, ImagesError> {
+        let started = Instant::now();
+        let parsed = Reference::parse(reference).map_err(|e| ImagesError::InvalidImage(e.to_string()))?;
+        let name = name.filter(|n| !n.is_empty()).map_or_else(|| parsed.image_name(), str::to_string);
+        crate::image::validate_name(&name).map_err(|e| ImagesError::InvalidImage(e.to_string()))?;
+        // Such an image would be listed, restored and deleted as a snapshot.
+        if name.starts_with(SNAPSHOT_PREFIX) {
+            return Err(ImagesError::InvalidImage(format!(
+                "image names starting with '{SNAPSHOT_PREFIX}' are reserved for snapshots"
+            )));
+        }
+        let spec =
+            PullSpec { reference: reference.to_string(), name, force, registries: self.config().registries.clone() };
+        let image = self.helper.pull_image(spec, on_event).await?;
+        tracing::info!(image = %image.name, source = %image.source, "pulled image");
+        Ok(Pulled { image, elapsed: started.elapsed() })
+    }
+
     /// Every image the helper has, sorted by name.
     pub async fn images(&self) -> Result<Vec<ImageSummary>, ImagesError> {
         let mut images = self.helper.list_images().await?;

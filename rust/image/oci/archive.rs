@@ -122,7 +122,9 @@ fn import_from(
         }
     }
     layout.store(&what, &wanted, blobs, progress)?;
-    Ok(FetchedImage { source: what, manifest_digest, config_digest, layers, run: run_config(&config["config"]) })
+    // Pinned like a pulled image's source: the manifest names what was installed.
+    let source = format!("{what}@{manifest_digest}");
+    Ok(FetchedImage { source, manifest_digest, config_digest, layers, run: run_config(&config["config"]) })
 }
 
 fn parse(what: &str, member: &str, bytes: &[u8]) -> Result<Value, OciError> {

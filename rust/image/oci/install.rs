@@ -50,7 +50,7 @@ impl ImageStore {
             package_manager: inspect::package_manager(&rootfs),
             id_map: mapper.id_map().clone(),
             config: ImageConfig { env: run.env.clone(), workdir: run.workdir.clone(), user: run.user.clone() },
-            source: format!("{}@{}", image.source, image.manifest_digest),
+            source: image.source.clone(),
             ..ImageInfo::default()
         };
         write_info(&work.0.join(INFO_FILE), &info)?;
@@ -103,7 +103,7 @@ mod tests {
             let bytes = staged.read(&l.digest).unwrap();
             blobs.put_bytes("layer", &l.digest, &bytes).unwrap();
         }
-        image.source = "docker.io/library/test:1".into();
+        image.source = format!("docker.io/library/test:1@{}", image.manifest_digest);
         image.run.env.insert("PATH".into(), "/usr/bin".into());
         image.run.workdir = "/srv".into();
         image.run.user = "33:33".into();

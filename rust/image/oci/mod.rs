@@ -82,7 +82,8 @@ pub struct RunConfig {
 /// each verified against its digest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FetchedImage {
-    /// Where it came from: the full reference, or the archive's path.
+    /// Where it came from, pinned: the reference with the digest it named
+    /// (`…:tag@sha256:…`), or the archive's path with its manifest's digest.
     pub source: String,
     /// `sha256:<hex>` of the manifest.
     pub manifest_digest: String,

@@ -27,6 +27,8 @@ use super::{
 mod context;
 use context::{check_context, resolve_copy};
 
+use crate::image::oci::Reference;
+
 /// The driver build VMs run on.
 const BUILD_ISOLATION: Isolation = Isolation::Namespaces;
 
@@ -273,18 +275,11 @@ impl SandboxManager {
         let Some(Op::From(base)) = steps.first().map(|s| &s.op) else {
             return Err(BuildError::Invalid("the first instruction must be FROM".into()));
         };
-        let Some(base) = images.iter().find(|i| &i.name == base) else {
-            let local: Vec<&str> = images
-                .iter()
-                .filter(|i| i.labels.get(KIND_LABEL).map(String::as_str) != Some("build-step"))
-                .map(|i| i.name.as_str())
-                .collect();
-            return Err(BuildError::Invalid(format!(
-                "line {}: FROM {base}: only local images can be built on (FROM scratch and registries are not supported); local images: {}",
-                steps[0].line,
-                if local.is_empty() { "none".to_string() } else { local.join(", ") }
-            )));
+        let base = match images.iter().find(|i| &i.name == base) {
+            Some(local) => local.clone(),
+            None => self.base_from_registry(base, steps[0].line, &images).await?,
         };
+        let base = &base;
         let state = State {
             env: base.config.env.clone().into_iter().collect(),
             workdir: if base.config.workdir.is_empty() { "/".into() } else { base.config.workdir.clone() },
@@ -311,6 +306,47 @@ impl SandboxManager {
         let image = built?;
         tracing::info!(image = %spec.name, steps = total, "built image");
         Ok(Built { image, steps: total, elapsed: started.elapsed() })
+    }
+
+    /// The image a `FROM` that names no local image builds on: a registry
+    /// reference (one with a registry, a path, a tag or a digest, so that a
+    /// mistyped local name never reaches Docker Hub) is pulled as the name
+    /// `pull_image` would give it, or taken as it is when an image of that
+    /// name came from the same reference.
+    async fn base_from_registry(
+        &self,
+        base: &str,
+        line: usize,
+        images: &[ImageSummary],
+    ) -> Result<ImageSummary, BuildError> {
+        let reference = base.contains([':', '/', '@']).then(|| Reference::parse(base).ok()).flatten();
+        let Some(reference) = reference else {
+            let local: Vec<&str> = images
+                .iter()
+                .filter(|i| i.labels.get(KIND_LABEL).map(String::as_str) != Some("build-step"))
+                .map(|i| i.name.as_str())
+                .collect();
+            return Err(BuildError::Invalid(format!(
+                "line {line}: FROM {base}: only local images or registry references (with a tag, digest or \
+                 registry, e.g. python:3.12) can be built on, not FROM scratch; local images: {}",
+                if local.is_empty() { "none".to_string() } else { local.join(", ") }
+            )));
+        };
+        let name = reference.image_name();
+        let pinned = format!("{reference}@");
+        if let Some(pulled) = images.iter().find(|i| i.name == name) {
+            if pulled.source.starts_with(&pinned) || reference.digest().is_some_and(|d| pulled.source.ends_with(d)) {
+                return Ok(pulled.clone());
+            }
+            return Err(BuildError::Invalid(format!(
+                "line {line}: FROM {base}: it would be pulled as image '{name}', which exists and did not come from \
+                 it; delete that image or pull {base} under another name and build FROM that"
+            )));
+        }
+        match self.pull_image(base, Some(&name), false, |_| {}).await {
+            Ok(pulled) => Ok(pulled.image),
+            Err(e) => Err(BuildError::Invalid(format!("line {line}: FROM {base}: pulling it failed: {e}"))),
+        }
     }
 
     async fn run_steps(
