@@ -113,8 +113,25 @@ enum ImageCmd {
         #[arg(long)]
         force: bool,
     },
+    /// Pull an image from a registry into the store, unpacked for this user's sandboxes (mirrors and
+    /// plain-HTTP registries from `[registries]` in config.toml).
+    #[cfg(linux_host)]
+    Pull {
+        /// The image, e.g. python:3.12-bookworm or ghcr.io/owner/repo@sha256:….
+        reference: String,
+        /// Image name (default: from the reference, python:3.12 → python-3.12).
+        #[arg(long)]
+        name: Option<String>,
+        /// Image store directory.
+        #[arg(long)]
+        store: Option<PathBuf>,
+        /// Replace an image of that name.
+        #[arg(long)]
+        force: bool,
+    },
     /// Record an image as an OCI reference, pulled by the VM layer at its first boot (the macOS
-    /// helper; Linux's drivers boot only images built here).
+    /// helper).
+    #[cfg(not(linux_host))]
     Pull {
         /// The image, e.g. docker.io/library/python:3.12-bookworm.
         reference: String,
@@ -133,6 +150,38 @@ enum ImageCmd {
         /// Replace a recorded reference of that name.
         #[arg(long)]
         force: bool,
+    },
+    /// Import an image from an OCI image layout (a directory or a tar of one) or a `docker save` archive.
+    #[cfg(linux_host)]
+    Import {
+        /// The layout directory or archive.
+        path: PathBuf,
+        /// Image name.
+        #[arg(long)]
+        name: String,
+        /// Which image of an archive holding several (its ref name or repo:tag).
+        #[arg(long)]
+        tag: Option<String>,
+        /// Image store directory.
+        #[arg(long)]
+        store: Option<PathBuf>,
+        /// Replace an image of that name.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Export an image (or a snapshot) as an OCI image layout tar: `export NAME PATH` or
+    /// `export --snapshot SNAP PATH`.
+    #[cfg(linux_host)]
+    Export {
+        /// NAME PATH, or PATH alone with --snapshot; PATH must not exist.
+        #[arg(value_name = "[NAME] PATH", num_args = 1..=2, required = true)]
+        args: Vec<PathBuf>,
+        /// Export this snapshot instead of an image.
+        #[arg(long, value_name = "SNAP")]
+        snapshot: Option<String>,
+        /// Image store directory.
+        #[arg(long)]
+        store: Option<PathBuf>,
     },
     /// List images.
     List {
@@ -236,20 +285,161 @@ fn image_cmd(cmd: ImageCmd) -> Result<(), String> {
             let info = store.build(&req, &mapper, &mut |line| eprintln!("{line}")).map_err(|e| e.to_string())?;
             println!("image {} ready in {} ({} MB)", info.name, store.root().display(), info.size_bytes >> 20);
         }
+        #[cfg(linux_host)]
+        ImageCmd::Pull { reference, name, store, force } => {
+            let store = store_at(store);
+            let reference = image::oci::Reference::parse(&reference).map_err(|e| e.to_string())?;
+            let name = name.unwrap_or_else(|| reference.image_name());
+            // Refused before any download: a taken name is known now.
+            image_free(&store, &name, force)?;
+            let registries = Config::load_from(&ConfigSource::current()).map_err(|e| e.to_string())?.registries;
+            let mapper = sandbox_mcp::helper::userns::IdMapper::detect()?;
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+            let installed = rt.block_on(pull_image(&store, &reference, &name, force, &registries, mapper));
+            let info = installed.map_err(|e| image_error(e, &name))?;
+            println!("image {} ready from {} ({} MB)", info.name, info.source, info.size_bytes >> 20);
+        }
+        #[cfg(not(linux_host))]
         ImageCmd::Pull { reference, name, shell, package_manager, store, force } => {
             let store = store_at(store);
             let info =
                 store.add_reference(&name, &reference, &shell, &package_manager, force).map_err(|e| e.to_string())?;
             println!("image {} is {} (pulled at its first boot)", info.name, info.reference);
         }
+        #[cfg(linux_host)]
+        ImageCmd::Import { path, name, tag, store, force } => {
+            let store = store_at(store);
+            image_free(&store, &name, force)?;
+            let mapper = sandbox_mcp::helper::userns::IdMapper::detect()?;
+            let blobs = store.blobs();
+            let mut log = |line: &str| eprintln!("{line}");
+            let fetched = image::oci::archive::import(&path, &blobs, tag.as_deref(), &mut log)
+                .map_err(|e| format!("cannot import {}: {e}", path.display()))?;
+            let info =
+                store.add_oci(&name, &fetched, &blobs, &mapper, force, &mut log).map_err(|e| image_error(e, &name))?;
+            println!("image {} ready from {} ({} MB)", info.name, info.source, info.size_bytes >> 20);
+        }
+        #[cfg(linux_host)]
+        ImageCmd::Export { args, snapshot, store } => {
+            let (name, dest) = match (snapshot, args.as_slice()) {
+                (Some(snap), [dest]) => {
+                    (format!("{}{snap}", sandbox_mcp::orchestrator::images::SNAPSHOT_PREFIX), dest.clone())
+                }
+                (None, [name, dest]) => (name.to_string_lossy().into_owned(), dest.clone()),
+                (Some(_), _) => return Err("with --snapshot SNAP give only the PATH to write".into()),
+                (None, _) => return Err("give the image and the file to write: image export NAME PATH".into()),
+            };
+            let store = store_at(store);
+            let mapper = sandbox_mcp::helper::userns::IdMapper::detect()?;
+            image::oci::archive::export(&store, &name, &mapper, &dest, &mut |line| eprintln!("{line}")).map_err(
+                |e| format!("cannot export {}: {e}", sandbox_mcp::orchestrator::images::display_name(&name)),
+            )?;
+            println!("{} written to {}", sandbox_mcp::orchestrator::images::display_name(&name), dest.display());
+        }
         ImageCmd::List { store } => {
             for i in store_at(store).list().map_err(|e| e.to_string())? {
-                let from = if i.reference.is_empty() { String::new() } else { format!("\t{}", i.reference) };
+                // Where its files came from: pulled or imported here, or pulled by the VM layer.
+                let from = [&i.source, &i.reference].into_iter().find(|s| !s.is_empty());
+                let from = from.map(|s| format!("\t{s}")).unwrap_or_default();
                 println!("{}\t{} MB\t{}\t{}{from}", i.name, i.size_bytes >> 20, i.package_manager, i.shell);
             }
         }
     }
     Ok(())
+}
+
+/// Refuses a taken image name without `force`, saying how to replace it.
+#[cfg(linux_host)]
+fn image_free(store: &ImageStore, name: &str, force: bool) -> Result<(), String> {
+    image::validate_name(name).map_err(|e| e.to_string())?;
+    match store.get(name) {
+        Ok(_) if !force => Err(format!("image {name:?} already exists: pass --force to replace it")),
+        _ => Ok(()),
+    }
+}
+
+/// An image command's error as one line; a name taken meanwhile says how to replace it.
+#[cfg(linux_host)]
+fn image_error(e: image::ImageError, name: &str) -> String {
+    match e {
+        image::ImageError::AlreadyExists(_) => format!("image {name:?} already exists: pass --force to replace it"),
+        image::ImageError::Oci(image::oci::OciError::Cancelled) => {
+            format!("cancelled: nothing was installed as image {name:?}")
+        }
+        e => e.to_string(),
+    }
+}
+
+/// Pulls `reference` into the store's blobs with a progress line per layer
+/// on stderr, then installs it as `name`. Ctrl-C cancels the download (no
+/// partial blob is kept); during the unpack it stops the unpacking child
+/// (the terminal signals the whole process group) and `add_oci` removes what
+/// it had unpacked, or, if the unpack finishes first, the image is installed.
+#[cfg(linux_host)]
+async fn pull_image(
+    store: &ImageStore,
+    reference: &image::oci::Reference,
+    name: &str,
+    force: bool,
+    registries: &image::oci::RegistryConfig,
+    mapper: sandbox_mcp::helper::userns::IdMapper,
+) -> Result<sandbox_mcp::image::ImageInfo, image::ImageError> {
+    use image::oci::{LayerState, OciError, PullProgress};
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let on_ctrl_c = {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                eprintln!("cancelling");
+                cancel.cancel();
+            }
+        })
+    };
+    // Byte counts of a layer at most once a second; its end always.
+    let last = std::sync::Mutex::new((usize::MAX, std::time::Instant::now()));
+    let progress = |p: PullProgress| {
+        let head = format!("layer {}/{} {}", p.layer + 1, p.layers, short_digest(&p.digest));
+        match p.state {
+            LayerState::Present => eprintln!("{head} already present"),
+            LayerState::Done => eprintln!("{head} {} done", megabytes(p.total)),
+            LayerState::Downloading => {
+                let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
+                if last.0 != p.layer || last.1.elapsed() >= std::time::Duration::from_secs(1) {
+                    *last = (p.layer, std::time::Instant::now());
+                    eprintln!("{head} {} of {}", megabytes(p.done), megabytes(p.total));
+                }
+            }
+        }
+    };
+    let blobs = store.blobs();
+    let fetched = image::oci::pull(reference, registries, &blobs, &progress, &cancel).await;
+    let fetched = match fetched {
+        Ok(_) if cancel.is_cancelled() => Err(OciError::Cancelled),
+        other => other,
+    }?;
+    let (store, name) = (store.clone(), name.to_string());
+    let installed = tokio::task::spawn_blocking(move || {
+        store.add_oci(&name, &fetched, &blobs, &mapper, force, &mut |line| eprintln!("{line}"))
+    })
+    .await
+    .unwrap_or_else(|e| Err(image::ImageError::Unpack(format!("the unpacking task failed: {e}"))));
+    on_ctrl_c.abort();
+    match installed {
+        Err(_) if cancel.is_cancelled() => Err(OciError::Cancelled.into()),
+        other => other,
+    }
+}
+
+/// `sha256:` and the first 12 hex digits, as docker shows layers.
+#[cfg(linux_host)]
+fn short_digest(digest: &str) -> String {
+    let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+    format!("sha256:{}…", &hex[..hex.len().min(12)])
+}
+
+#[cfg(linux_host)]
+fn megabytes(bytes: u64) -> String {
+    format!("{:.1} MB", bytes as f64 / 1e6)
 }
 
 /// The log level: RUST_LOG, else INFO. rmcp logs each session's whole
