@@ -28,12 +28,22 @@ Measures, on an isolated server (fresh XDG dirs, helper stopped at the end):
   (e) sync latency: with sync_start running, a new file written on the host until it exists
       in the sandbox, SYNC_SAMPLES times (p50/p90). A python3 loop inside the sandbox polls for
       the file and prints the time it saw it (same clock as the host), so exec round trips do
-      not blur the figure.
+      not blur the figure;
+  (i) OCI images (skipped, saying why, without docker-registry or skopeo): a registry on loopback
+      (Debian's docker-registry, plain HTTP, storage in a temp dir) holding two images built here
+      that share a ~90 MB base layer of random bytes (with /bin/busybox as /bin/sh) under different
+      small top layers. Over OCI_RUNS runs: `skopeo copy` of the first into an OCI layout, then
+      `sandbox-mcp image pull` of it into a new store (MB/s of compressed bytes, split into download
+      and unpack by its per-layer progress lines; target: at least skopeo's rate), then a pull of the
+      second into the same store (target <= 10% of the first's time); then create + first
+      `exec true` on the pulled image vs the built bench image, OCI_CREATES each, interleaved
+      (target p50 within 10%).
 
 Environment: SANDBOX_MCP_BIN (default target/release/sandbox-mcp),
 SANDBOX_VM_HELPER_BIN (passed through), SANDBOX_MCP_BENCH_IMAGE_STORE and
 SANDBOX_MCP_BENCH_IMAGE (default: the server's own store and default image).
-`make bench` sets them all. `--only create` runs (b) alone; `--only exec` runs (a), (g) and (c).
+`make bench` sets them all. `--only create` runs (b) alone; `--only exec` runs (a), (g) and (c);
+`--only oci` runs (i) alone.
 """
 from __future__ import annotations
 
@@ -56,6 +66,9 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from mcp_client import McpClient  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import oci_image  # noqa: E402
 
 WARM_CALLS = 500
 WARMUP = 5
@@ -109,6 +122,12 @@ CREATE_VARIANTS = [
     ("bench-notrust", "trust_host_ca = false", "sandbox create (egress, no CA trust)"),
     ("bench-none", 'network = "none"\ntrust_host_ca = false', "sandbox create (none, no CA trust)"),
 ]
+OCI_RUNS = 3
+OCI_CREATES = 10
+# The pulled image's name in the server's store; sandboxes OCI_PULLED-n run on it (a profile each).
+OCI_IMAGE = "bench-oci"
+OCI_PULLED = "oci-pulled"
+OCI_BUILT = "oci-built"
 
 
 def percentile(samples: list[float], p: float) -> float:
@@ -150,7 +169,8 @@ def server_env(base: str) -> dict[str, str]:
     config.parent.mkdir(mode=0o700)
     config.write_text("".join(
         f"[profiles.{prefix}-{n}]\n{profile}\n"
-        for prefix, profile, _ in CREATE_VARIANTS if profile for n in range(CREATES)))
+        for prefix, profile, _ in CREATE_VARIANTS if profile for n in range(CREATES)) + "".join(
+        f'[profiles.{OCI_PULLED}-{n}]\nimage = "{OCI_IMAGE}"\n' for n in range(OCI_CREATES + 1)))
     passthrough = {
         "SANDBOX_VM_HELPER_BIN": "SANDBOX_VM_HELPER_BIN",
         "SANDBOX_MCP_BENCH_IMAGE_STORE": "SANDBOX_MCP_IMAGE_STORE",
@@ -502,6 +522,89 @@ def bench_lifecycle(client: McpClient) -> list[str]:
     ]
 
 
+def bench_oci(binary: str, env: dict[str, str], client: McpClient) -> list[str]:
+    """Section (i): pulls from a loopback registry against skopeo, a second pull sharing the base, and
+    create + first exec on the pulled image against the built one."""
+    missing = oci_image.missing_tools()
+    if missing:
+        return [f"OCI images: skipped ({missing})"]
+    tmp = oci_image.temp_dir("smcp-bench-oci-")
+    try:
+        with oci_image.Registry(tmp) as host:
+            return oci_rows(binary, env, client, host, tmp)
+    finally:
+        oci_image.remove(tmp)
+
+
+def oci_rows(binary: str, env: dict[str, str], client: McpClient, host: str, tmp: Path) -> list[str]:
+    busybox = os.path.isfile(oci_image.BUSYBOX)
+    t = time.perf_counter()
+    images = oci_image.write_images(tmp / "layout", busybox)
+    oci_image.push(images, host)
+    setup = time.perf_counter() - t
+    oci_image.remove(images.dir)
+    size = images.sizes["1"]
+    skopeo_s, first, second = [], [], []
+    for run in range(OCI_RUNS):
+        dest = tmp / f"skopeo-{run}"
+        skopeo_s.append(oci_image.skopeo_pull(host, "1", dest))
+        oci_image.remove(dest)
+        # The last run pulls into the server's own store (no --store), for the sandboxes below.
+        last = run == OCI_RUNS - 1
+        store = None if last else tmp / f"store-{run}"
+        name = OCI_IMAGE if last else "big"
+        first.append(oci_image.cli_pull(binary, env, f"{host}/bench/big:1", name, store))
+        second.append(oci_image.cli_pull(binary, env, f"{host}/bench/big:2", f"{name}-2", store))
+        if store is not None:
+            oci_image.remove(store)
+    if os.environ.get("SANDBOX_MCP_BENCH_VERBOSE"):
+        for label, pull in (("first pull", first[-1]), ("second pull", second[-1])):
+            print(f"-- {label}:", *pull.log, sep="\n  ", file=sys.stderr)
+    mb = size / 1e6
+
+    def rate(seconds: list[float]) -> list[float]:
+        return [mb / s for s in seconds]
+
+    ours = statistics.median(p.total for p in first)
+    ours_download = statistics.median(p.download for p in first)
+    theirs = statistics.median(skopeo_s)
+    again = statistics.median(p.total for p in second)
+    rows = [
+        f"OCI images: {mb:.1f} MB compressed ({images.base_bytes / 1e6:.1f} MB shared base), "
+        f"registry {host}, built and pushed in {setup:.1f} s",
+        throughput_row("OCI pull (image pull, total)", rate([p.total for p in first])),
+        throughput_row("OCI pull, download part", rate([p.download for p in first]))
+        + f"  (download {ours_download * 1000:.0f} ms, unpack {statistics.median(p.unpack for p in first) * 1000:.0f} ms p50)",
+        throughput_row("skopeo copy (same image)", rate(skopeo_s)),
+        f"{'OCI pull rate / skopeo rate':<34} {OCI_RUNS:>5} {theirs / ours:>9.2f}             "
+        f"(total; download only {theirs / ours_download:.2f}; target >= 1.0)",
+        spread_row("OCI second pull (shared base)", [p.total * 1000 for p in second])
+        + f"  ({again / ours * 100:.1f}% of the first; target <= 10%)",
+    ]
+    if not busybox:
+        return rows + [f"OCI create + exec: skipped ({oci_image.BUSYBOX} is missing: apt-get install busybox-static)"]
+    rows.extend(oci_create_rows(client))
+    return rows
+
+
+def oci_create_rows(client: McpClient) -> list[str]:
+    """Create + first `exec true` on the pulled image and on the built one, interleaved; one of each first
+    to take one-time costs (the helper's start, an image's first use) out of the samples."""
+    built, pulled = [], []
+    for n in range(OCI_CREATES + 1):
+        for prefix, samples in ((OCI_BUILT, built), (OCI_PULLED, pulled)):
+            name = f"{prefix}-{n}"
+            ms = timed(lambda: checked(client, "exec", timeout=CREATE_TIMEOUT, command="true", sandbox=name))
+            checked(client, "destroy", sandbox=name)
+            if n > 0:
+                samples.append(ms)
+    diff = (statistics.median(pulled) / statistics.median(built) - 1) * 100
+    return [
+        spread_row("create + exec true (built image)", built),
+        spread_row("create + exec true (pulled image)", pulled) + f"  ({diff:+.1f}% vs built; target within 10%)",
+    ]
+
+
 def throughput_row(label: str, samples: list[float]) -> str:
     return f"{label:<34} {len(samples):>5} {statistics.median(samples):>9.0f} {max(samples):>9.0f}   (MB/s: median, best)"
 
@@ -522,7 +625,7 @@ def create_rows(client: McpClient) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--only", choices=["create", "exec"], help="run only this part")
+    parser.add_argument("--only", choices=["create", "exec", "oci"], help="run only this part")
     only = parser.parse_args().only
     binary = os.environ.get("SANDBOX_MCP_BIN") or str(ROOT / "target/release/sandbox-mcp")
     if not os.access(binary, os.X_OK):
@@ -534,6 +637,8 @@ def main() -> int:
     extra: list[str] = []
     try:
         with McpClient(binary, env=env, stderr_path=f"{base}/server.log") as client:
+            if only == "oci":
+                return report(binary, [], bench_oci(binary, env, client))
             if only == "create":
                 # The helper's first start is not a create: take it out of the samples.
                 checked(client, "exec", timeout=CREATE_TIMEOUT, command="true", sandbox="warmup")
@@ -553,6 +658,7 @@ def main() -> int:
                 *bench_lifecycle(client),
                 *bench_egress(env),
                 *bench_vm(),
+                *bench_oci(binary, env, client),
             ]
             # The vm's warm exec goes beside the namespace driver's.
             vm_exec = [r for r in extra if r.startswith(VM_EXEC_LABEL)]
