@@ -10,6 +10,8 @@ busybox-static the tests skip, saying which is missing (`make deps TEST_TOOLS=1`
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 from pathlib import Path
 
@@ -234,6 +236,24 @@ def test_errors_name_the_problem(env, image_store, tmp):
     assert got.startswith(f"cannot import {tmp / 'nothing'}: "), got
     got = failure(cli(env, "image", "export", "absent", str(tmp / "x.tar"), "--store", image_store, check=False))
     assert got.startswith("cannot export image 'absent': ") and "not found" in got, got
+
+
+def test_ctrl_c_cancels_a_pull(env, image_store):
+    # A "registry" that accepts and never answers: the pull waits on it until SIGINT (what Ctrl-C sends).
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        host = f"127.0.0.1:{silent.getsockname()[1]}"
+        pull = subprocess.Popen([required_env("SANDBOX_MCP_BIN"), "image", "pull", f"{host}/x:1", "--store",
+                                 image_store], env={**os.environ, **env}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        conn, _ = silent.accept()
+        pull.send_signal(signal.SIGINT)
+        out, err = pull.communicate(timeout=60)
+        conn.close()
+    assert (pull.returncode, out) == (1, ""), (out, err)
+    assert err.endswith('sandbox-mcp: cancelled: nothing was installed as image "x-1"\n'), err
+    assert sorted(os.listdir(image_store)) == [required_env("SANDBOX_MCP_TEST_IMAGE")]
 
 
 def test_a_registry_with_basic_auth(env, front_end, roots, image_store, tmp):

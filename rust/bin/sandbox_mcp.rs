@@ -386,10 +386,13 @@ async fn pull_image(
 ) -> Result<sandbox_mcp::image::ImageInfo, image::ImageError> {
     use image::oci::{LayerState, OciError, PullProgress};
     let cancel = tokio_util::sync::CancellationToken::new();
+    // Registered before the first request: a Ctrl-C at any point of the pull cancels it.
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(|source| OciError::Io { context: "listening for Ctrl-C".into(), source })?;
     let on_ctrl_c = {
         let cancel = cancel.clone();
         tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
+            if interrupt.recv().await.is_some() {
                 eprintln!("cancelling");
                 cancel.cancel();
             }
