@@ -1,17 +1,19 @@
 //! `image::oci::registry::pull` against a real registry on loopback:
 //! Debian's `docker-registry` (distribution v2), filled by `skopeo copy`
 //! from OCI layouts these tests write (two tar+gzip layers and a tar+zstd
-//! one). Each test starts its own registry on a free 127.0.0.1 port, in
-//! its own temporary directory, and kills it when done; nothing goes to
-//! the network beyond loopback, and nothing needs root. Without
-//! docker-registry or skopeo each test says why and passes.
+//! one), served in plain HTTP or over TLS with a test CA `openssl` makes.
+//! Each test starts its own registry on a free 127.0.0.1 port, in its own
+//! temporary directory, and kills it when done; nothing goes to the
+//! network beyond loopback, and nothing needs root. Without docker-registry
+//! or skopeo (or openssl, for TLS) each test says why and passes.
 use std::collections::BTreeSet;
-use std::io::Write as _;
-use std::net::{TcpListener, TcpStream};
+use std::ffi::OsString;
+use std::io::{Read as _, Write as _};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use sandbox_mcp::image::oci::blobs::sha256_of;
 use sandbox_mcp::image::oci::registry::{LayerState, PullProgress, RegistryConfig, pull};
@@ -66,11 +68,22 @@ struct Registry {
     dir: TempDir,
 }
 
+/// A server certificate and its key, for a registry served over TLS.
+struct ServerCert {
+    cert: PathBuf,
+    key: PathBuf,
+}
+
 impl Registry {
-    /// Starts one, with basic auth from `htpasswd` if given. A port taken
-    /// between choosing and binding it makes the registry exit: another is
-    /// tried.
+    /// Starts one in plain HTTP, with basic auth from `htpasswd` if given.
     fn start(htpasswd: Option<&str>) -> Registry {
+        Registry::start_with(htpasswd, None)
+    }
+
+    /// Starts one, with basic auth from `htpasswd` if given, over TLS with
+    /// `tls` if given. A port taken between choosing and binding it makes
+    /// the registry exit: another is tried.
+    fn start_with(htpasswd: Option<&str>, tls: Option<&ServerCert>) -> Registry {
         let dir = TempDir::new("registry");
         if let Some(h) = htpasswd {
             std::fs::write(dir.path().join("htpasswd"), h).unwrap();
@@ -84,8 +97,12 @@ impl Registry {
                 ),
                 None => String::new(),
             };
+            let tls = match tls {
+                Some(c) => format!("  tls:\n    certificate: {}\n    key: {}\n", c.cert.display(), c.key.display()),
+                None => String::new(),
+            };
             let config = format!(
-                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}",
+                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n{tls}{auth}",
                 dir.path().join("storage").display()
             );
             let config_path = dir.path().join("config.yml");
@@ -118,6 +135,12 @@ impl Registry {
 
     fn host(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+
+    /// What the registry logged (its requests, and the TLS handshakes that
+    /// failed).
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default()
     }
 
     /// Where the registry keeps blob `digest`'s bytes.
@@ -246,10 +269,13 @@ fn layout(tag: &str, zstd: bool) -> (TempDir, Image) {
     (dir, image)
 }
 
-/// `skopeo copy` from the layout at `dir` into `dest` (host/repo:tag).
+/// `skopeo copy` from the layout at `dir` into `dest` (host/repo:tag);
+/// TLS is not verified unless `extra` names a `--dest-cert-dir`.
 fn push(src: &str, dest: &str, extra: &[&str]) {
+    let verify = extra.iter().any(|a| a.starts_with("--dest-cert-dir"));
     let out = clean_env(&mut Command::new(SKOPEO_BIN))
-        .args(["--insecure-policy", "copy", "--dest-tls-verify=false"])
+        .args(["--insecure-policy", "copy"])
+        .args((!verify).then_some("--dest-tls-verify=false"))
         .args(extra)
         .arg(src)
         .arg(format!("docker://{dest}"))
@@ -514,10 +540,8 @@ async fn basic_auth_with_credentials_from_the_auth_file() {
         let json = json!({"auths": {reg.host(): {"auth": auth}}});
         std::fs::write(&auth_file, json.to_string()).unwrap();
     };
-    // SAFETY: the other tests of this binary read the environment only
-    // through std (which locks it), and the file names this registry's
-    // port alone, so they are unaffected.
-    unsafe { std::env::set_var("REGISTRY_AUTH_FILE", &auth_file) };
+    let mut env = EnvGuard::lock().await;
+    env.set("REGISTRY_AUTH_FILE", Some(auth_file.as_os_str()));
 
     write_auth("wrong");
     match pull_collect(&reference, &cfg, &store, &cancel).await.0 {
@@ -596,4 +620,413 @@ async fn a_cancelled_pull_keeps_no_partial_blob() {
     let (before, _) = pull_collect(&reference.to_string(), &RegistryConfig::default(), &store, &cancel).await;
     assert!(matches!(before, Err(OciError::Cancelled)), "a cancelled token stops a pull before it starts");
     assert_eq!(stored(&store), kept);
+}
+
+/// The environment the puller reads (the auth file, the CA store), changed
+/// by one test at a time: the guard holds a lock across the test's awaits
+/// and puts back what it changed when dropped.
+struct EnvGuard {
+    _lock: tokio::sync::MutexGuard<'static, ()>,
+    saved: Vec<(&'static str, Option<OsString>)>,
+}
+
+static ENV_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+impl EnvGuard {
+    async fn lock() -> EnvGuard {
+        EnvGuard { _lock: ENV_LOCK.lock().await, saved: Vec::new() }
+    }
+
+    /// Sets `key` to `value`, or removes it.
+    fn set(&mut self, key: &'static str, value: Option<&std::ffi::OsStr>) {
+        if !self.saved.iter().any(|(k, _)| *k == key) {
+            self.saved.push((key, std::env::var_os(key)));
+        }
+        set_env(key, value);
+    }
+}
+
+impl Drop for EnvGuard {
+    fn drop(&mut self) {
+        for (key, value) in self.saved.drain(..).rev() {
+            set_env(key, value.as_deref());
+        }
+    }
+}
+
+fn set_env(key: &str, value: Option<&std::ffi::OsStr>) {
+    // SAFETY: the other tests of this binary read the environment only
+    // through std (which locks it, getaddrinfo included). What changes is
+    // the auth file (naming one test's registry alone) and the CA store,
+    // which their plain HTTP registries do not use.
+    unsafe {
+        match value {
+            Some(v) => std::env::set_var(key, v),
+            None => std::env::remove_var(key),
+        }
+    }
+}
+
+/// Whether openssl is here too (for the TLS tests); otherwise says so.
+fn tls_tools() -> bool {
+    if !tools() {
+        return false;
+    }
+    let found = Command::new("openssl").arg("version").output().is_ok_and(|o| o.status.success());
+    if !found {
+        eprintln!("SKIP: openssl is not installed (apt-get install openssl)");
+    }
+    found
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl").current_dir(dir).args(args).output().expect("run openssl");
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A test CA, `{name}.pem` and `{name}.key` in `dir`; returns the
+/// certificate's path.
+fn make_ca(dir: &Path, name: &str) -> PathBuf {
+    let (pem, key) = (format!("{name}.pem"), format!("{name}.key"));
+    let subject = format!("/CN=sandbox-mcp test CA {name}");
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &pem,
+            "-days",
+            "2",
+            "-subj",
+            &subject,
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+    );
+    dir.join(pem)
+}
+
+/// A server certificate for `sans` (`IP:127.0.0.1,DNS:localhost`) issued
+/// by CA `ca` (made by `make_ca` in `dir`).
+fn make_server_cert(dir: &Path, ca: &str, name: &str, sans: &str) -> ServerCert {
+    let (csr, ext) = (format!("{name}.csr"), format!("{name}.ext"));
+    let (cert, key) = (format!("{name}.pem"), format!("{name}.key"));
+    let extensions = format!(
+        "subjectAltName={sans}\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n\
+         extendedKeyUsage=serverAuth\n"
+    );
+    std::fs::write(dir.join(&ext), extensions).unwrap();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            "/CN=sandbox-mcp test registry",
+        ],
+    );
+    let (ca_pem, ca_key) = (format!("{ca}.pem"), format!("{ca}.key"));
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &ca_pem,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-out",
+            &cert,
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+        ],
+    );
+    ServerCert { cert: dir.join(cert), key: dir.join(key) }
+}
+
+/// `--dest-cert-dir` for skopeo: a directory with CA `ca` as `ca.crt`.
+fn skopeo_cert_dir(ca: &Path) -> String {
+    let dir = ca.with_extension("skopeo");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(ca, dir.join("ca.crt")).unwrap();
+    format!("--dest-cert-dir={}", dir.display())
+}
+
+/// A TCP relay on 127.0.0.1 in front of a registry, noting the first byte
+/// each connection sent: 0x16 opens a TLS handshake, `G` a plain HTTP
+/// `GET`. It stops accepting when dropped.
+struct Tap {
+    port: u16,
+    firsts: Arc<Mutex<Vec<u8>>>,
+    stop: Arc<AtomicBool>,
+}
+
+const TLS_HANDSHAKE: u8 = 0x16;
+
+impl Tap {
+    fn start(upstream: u16) -> Tap {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (firsts, stop) = (Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicBool::new(false)));
+        let (noted, stopped) = (firsts.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stopped.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(mut conn) = conn else { continue };
+                let noted = noted.clone();
+                std::thread::spawn(move || {
+                    let mut first = [0u8; 1];
+                    if conn.read_exact(&mut first).is_err() {
+                        return;
+                    }
+                    noted.lock().unwrap().push(first[0]);
+                    let Ok(mut up) = TcpStream::connect(("127.0.0.1", upstream)) else { return };
+                    if up.write_all(&first).is_err() {
+                        return;
+                    }
+                    let (mut down, mut back) = (conn.try_clone().unwrap(), up.try_clone().unwrap());
+                    let replies = std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut back, &mut down);
+                        let _ = down.shutdown(Shutdown::Write);
+                    });
+                    let _ = std::io::copy(&mut conn, &mut up);
+                    let _ = up.shutdown(Shutdown::Write);
+                    let _ = replies.join();
+                });
+            }
+        });
+        Tap { port, firsts, stop }
+    }
+
+    fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The first byte of each connection so far.
+    fn firsts(&self) -> Vec<u8> {
+        self.firsts.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Tap {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+/// An auth file at `path` with `user`:`password` for each of `hosts`.
+fn write_auth_file(path: &Path, hosts: &[String], user: &str, password: &str) {
+    let auth = base64_encode(&format!("{user}:{password}"));
+    let auths: serde_json::Map<String, serde_json::Value> =
+        hosts.iter().map(|h| (h.clone(), json!({"auth": auth}))).collect();
+    std::fs::write(path, json!({"auths": auths}).to_string()).unwrap();
+}
+
+#[tokio::test]
+async fn tls_with_basic_auth_pulls_when_the_ca_is_trusted() {
+    if !tls_tools() {
+        return;
+    }
+    let pki = TempDir::new("pki");
+    let ca = make_ca(pki.path(), "ca");
+    let cert = make_server_cert(pki.path(), "ca", "server", "IP:127.0.0.1,DNS:localhost");
+    let (user, password) = ("tls-tester", "tls-s3cret");
+    let hash = bcrypt::hash(password, 4).unwrap();
+    let reg = Registry::start_with(Some(&format!("{user}:{hash}\n")), Some(&cert));
+    let (dir, image) = layout("tls", true);
+    let creds = format!("--dest-creds={user}:{password}");
+    let src = format!("oci:{}:v1", dir.path().display());
+    push(&src, &format!("{}/test/img:v1", reg.host()), &[&skopeo_cert_dir(&ca), &creds]);
+
+    let tap = Tap::start(reg.port);
+    let by_name = format!("localhost:{}", tap.port);
+    let t = TempDir::new("store");
+    let auth_file = t.path().join("auth.json");
+    write_auth_file(&auth_file, &[tap.host(), by_name.clone()], user, password);
+    let mut env = EnvGuard::lock().await;
+    env.set("REGISTRY_AUTH_FILE", Some(auth_file.as_os_str()));
+    env.set("SSL_CERT_DIR", None);
+    env.set("SSL_CERT_FILE", Some(ca.as_os_str()));
+    let cancel = CancellationToken::new();
+
+    // By address and by name: the certificate names both.
+    for (i, host) in [tap.host(), by_name].iter().enumerate() {
+        let store = BlobStore::new(t.path().join(format!("blobs{i}")));
+        let reference = format!("{host}/test/img:v1");
+        let (got, events) = pull_collect(&reference, &RegistryConfig::default(), &store, &cancel).await;
+        let got = got.unwrap_or_else(|e| panic!("{reference}: {e}"));
+        check_image(&got, &image, "tls");
+        assert_eq!(got.source, format!("{reference}@{}", image.manifest));
+        assert_eq!(count(&events, LayerState::Done), 3);
+    }
+
+    // As a mirror (a bare host[:port] on loopback), with its own credentials.
+    let mut cfg = RegistryConfig::default();
+    cfg.mirrors.insert("registry.invalid".to_string(), vec![tap.host()]);
+    let store = BlobStore::new(t.path().join("mirrored"));
+    let got = pull_collect("registry.invalid/test/img:v1", &cfg, &store, &cancel).await.0.unwrap();
+    check_image(&got, &image, "tls");
+
+    // Without credentials the registry refuses, over TLS still.
+    std::fs::remove_file(&auth_file).unwrap();
+    let store = BlobStore::new(t.path().join("anonymous"));
+    let reference = format!("{}/test/img:v1", tap.host());
+    match pull_collect(&reference, &RegistryConfig::default(), &store, &cancel).await.0 {
+        Err(OciError::Unauthorized { registry, .. }) => assert_eq!(registry, tap.host()),
+        other => panic!("{other:?}"),
+    }
+    assert!(stored(&store).is_empty());
+    let firsts = tap.firsts();
+    assert!(!firsts.is_empty() && firsts.iter().all(|&b| b == TLS_HANDSHAKE), "only TLS: {firsts:?}");
+}
+
+#[tokio::test]
+async fn an_untrusted_certificate_is_an_error_naming_the_registry_and_nothing_is_kept() {
+    if !tls_tools() {
+        return;
+    }
+    let pki = TempDir::new("pki");
+    let ca = make_ca(pki.path(), "ca");
+    let other = make_ca(pki.path(), "other");
+    let cert = make_server_cert(pki.path(), "ca", "server", "IP:127.0.0.1,DNS:localhost");
+    let reg = Registry::start_with(None, Some(&cert));
+    let (dir, _) = layout("untrusted", false);
+    push(&format!("oci:{}:v1", dir.path().display()), &format!("{}/test/img:v1", reg.host()), &[&skopeo_cert_dir(&ca)]);
+    let tap = Tap::start(reg.port);
+    let t = TempDir::new("store");
+    let store = BlobStore::new(t.path().join("blobs"));
+    let reference = format!("{}/test/img:v1", tap.host());
+    let pushed = reg.log().len();
+    let mut env = EnvGuard::lock().await;
+    env.set("SSL_CERT_DIR", None);
+    // The host's CA store is another CA alone.
+    env.set("SSL_CERT_FILE", Some(other.as_os_str()));
+
+    let got = pull_collect(&reference, &RegistryConfig::default(), &store, &CancellationToken::new()).await.0;
+    match got {
+        Err(e @ OciError::Registry { .. }) => {
+            let text = e.to_string();
+            assert!(text.starts_with(&format!("registry {}: ", tap.host())), "{text}");
+            assert!(text.contains(&format!("the TLS certificate of {} is not trusted", tap.host())), "{text}");
+            assert!(text.contains("UnknownIssuer") && text.contains("SSL_CERT_FILE"), "{text}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(stored(&store).is_empty(), "nothing stored");
+    let firsts = tap.firsts();
+    assert!(!firsts.is_empty() && firsts.iter().all(|&b| b == TLS_HANDSHAKE), "no plain HTTP: {firsts:?}");
+    // The registry saw the handshake refused, and no request.
+    // (It logs the handshake when its side of it ends: bounded by tries.)
+    let mut log = String::new();
+    for _ in 0..100 {
+        log = reg.log()[pushed..].to_string();
+        if log.contains("TLS handshake error") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(log.contains("TLS handshake error"), "{log}");
+    assert!(!log.contains("\"GET "), "{log}");
+}
+
+#[tokio::test]
+async fn a_tls_registry_is_never_downgraded_to_plain_http() {
+    if !tls_tools() {
+        return;
+    }
+    // A certificate from a trusted CA, for another name: a certificate
+    // error, from a server that speaks TLS.
+    let pki = TempDir::new("pki");
+    let ca = make_ca(pki.path(), "ca");
+    let cert = make_server_cert(pki.path(), "ca", "server", "DNS:registry.example");
+    let reg = Registry::start_with(None, Some(&cert));
+    let tap = Tap::start(reg.port);
+    let t = TempDir::new("store");
+    let store = BlobStore::new(t.path().join("blobs"));
+    let mut env = EnvGuard::lock().await;
+    env.set("SSL_CERT_DIR", None);
+    env.set("SSL_CERT_FILE", Some(ca.as_os_str()));
+    let cancel = CancellationToken::new();
+
+    let reference = format!("{}/test/img:v1", tap.host());
+    match pull_collect(&reference, &RegistryConfig::default(), &store, &cancel).await.0 {
+        Err(e @ OciError::Registry { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains(&format!("the TLS certificate of {} is not trusted", tap.host())), "{text}");
+            assert!(text.contains("not valid for name"), "{text}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Nor as a mirror: it fails (over TLS), and the registry named, down,
+    // has the last word.
+    let down = format!("127.0.0.1:{}", free_port());
+    let mut cfg = RegistryConfig::default();
+    cfg.mirrors.insert(down.clone(), vec![tap.host()]);
+    let got = pull_collect(&format!("{down}/test/img:v1"), &cfg, &store, &cancel).await.0;
+    match got {
+        Err(OciError::Registry { registry, .. }) => assert_eq!(registry, down),
+        other => panic!("{other:?}"),
+    }
+    assert!(stored(&store).is_empty());
+    let firsts = tap.firsts();
+    assert!(firsts.len() >= 2 && firsts.iter().all(|&b| b == TLS_HANDSHAKE), "no plain HTTP: {firsts:?}");
+    assert!(!reg.log().contains("\"GET "), "no request reached the registry: {}", reg.log());
+}
+
+#[tokio::test]
+async fn a_plain_loopback_registry_is_tried_over_https_first_then_plain_http() {
+    if !tools() {
+        return;
+    }
+    let reg = Registry::start(None);
+    let (dir, image) = layout("fallback", false);
+    push(&format!("oci:{}:v1", dir.path().display()), &format!("{}/test/img:v1", reg.host()), &[]);
+    let tap = Tap::start(reg.port);
+    let t = TempDir::new("store");
+    let cancel = CancellationToken::new();
+    let reference = format!("{}/test/img:v1", tap.host());
+    let store = BlobStore::new(t.path().join("blobs"));
+    let got = pull_collect(&reference, &RegistryConfig::default(), &store, &cancel).await.0.unwrap();
+    check_image(&got, &image, "fallback");
+    let firsts = tap.firsts();
+    assert!(firsts.len() >= 2, "{firsts:?}");
+    assert_eq!(firsts[0], TLS_HANDSHAKE, "HTTPS first: {firsts:?}");
+    assert!(firsts[1..].iter().all(|&b| b == b'G'), "then plain HTTP: {firsts:?}");
+
+    // An http:// mirror is spoken to in plain HTTP alone.
+    let before = firsts.len();
+    let mut cfg = RegistryConfig::default();
+    cfg.mirrors.insert("registry.invalid".to_string(), vec![format!("http://{}", tap.host())]);
+    let store = BlobStore::new(t.path().join("mirrored"));
+    let got = pull_collect("registry.invalid/test/img:v1", &cfg, &store, &cancel).await.0.unwrap();
+    check_image(&got, &image, "fallback");
+    let firsts = tap.firsts();
+    assert!(firsts.len() > before && firsts[before..].iter().all(|&b| b == b'G'), "{firsts:?}");
 }

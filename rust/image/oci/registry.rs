@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use oci_client::client::{ClientConfig, ClientProtocol};
@@ -63,10 +63,17 @@ pub struct RegistryConfig {
     /// `https://`, or `http://` where plain HTTP is allowed (see `insecure`).
     /// A mirror that fails is passed over for the next.
     pub mirrors: BTreeMap<String, Vec<String>>,
-    /// Registries and mirrors (`host[:port]`) reached over plain HTTP.
-    /// Loopback ones (`localhost`, 127.0.0.0/8, ::1) always are, as with
-    /// docker; every other one is reached over HTTPS, verified against the
-    /// host's CA store.
+    /// Registries and mirrors (`host[:port]`) that may be reached over
+    /// plain HTTP. As with docker, these and loopback ones (`localhost`,
+    /// 127.0.0.0/8, ::1) are tried over HTTPS first, and over plain HTTP
+    /// only when the server does not speak TLS at all: one that answers TLS
+    /// is never downgraded, and a certificate it presents that is not
+    /// trusted is an error. Every other registry is reached over HTTPS only.
+    /// Certificates are verified against the host's CA store (what OpenSSL
+    /// reads: /etc/ssl/certs and the like; `SSL_CERT_FILE` or `SSL_CERT_DIR`
+    /// in the puller's environment replace it), read afresh for each pull,
+    /// so a private CA is trusted by adding it there (for example with
+    /// `update-ca-certificates`).
     pub insecure: Vec<String>,
 }
 
@@ -133,10 +140,23 @@ pub async fn pull(
 struct Endpoint {
     /// host[:port] of its API.
     host: String,
-    /// Whether it is spoken to over plain HTTP.
-    http: bool,
+    /// How it is spoken to.
+    scheme: Scheme,
     /// Whether it mirrors the reference's registry (asked with `?ns=`).
     mirror: bool,
+}
+
+/// How an endpoint is spoken to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scheme {
+    /// HTTPS, verified against the host's CA store.
+    Https,
+    /// Plain HTTP: an `http://` mirror where plain HTTP is allowed.
+    Http,
+    /// HTTPS, or plain HTTP if the server does not speak TLS at all
+    /// (docker's rule for loopback and insecure registries). A certificate
+    /// error is an error, never a reason for plain HTTP.
+    HttpsOrHttp,
 }
 
 /// The mirrors for `reference`'s registry, then the registry, each checked
@@ -151,10 +171,10 @@ fn endpoints(reference: &Reference, cfg: &RegistryConfig) -> Result<Vec<Endpoint
         };
         check_registry(host).map_err(|why| refuse(format!("not a mirror's host[:port]: {why}")))?;
         let plain_ok = plain_http_allowed(host, cfg);
-        let http = match scheme {
-            None => plain_ok,
-            Some("https") => false,
-            Some("http") if plain_ok => true,
+        let scheme = match scheme {
+            None if plain_ok => Scheme::HttpsOrHttp,
+            None | Some("https") => Scheme::Https,
+            Some("http") if plain_ok => Scheme::Http,
             Some("http") => {
                 return Err(refuse(format!(
                     "plain HTTP is refused: it is used only for loopback registries and ones listed in \
@@ -163,15 +183,15 @@ fn endpoints(reference: &Reference, cfg: &RegistryConfig) -> Result<Vec<Endpoint
             }
             Some(other) => return Err(refuse(format!("unknown scheme {other:?}: use https:// or a bare host[:port]"))),
         };
-        out.push(Endpoint { host: host.to_string(), http, mirror: true });
+        out.push(Endpoint { host: host.to_string(), scheme, mirror: true });
     }
-    let http = plain_http_allowed(reference.registry(), cfg);
-    out.push(Endpoint { host: reference.api_host().to_string(), http, mirror: false });
+    let scheme = if plain_http_allowed(reference.registry(), cfg) { Scheme::HttpsOrHttp } else { Scheme::Https };
+    out.push(Endpoint { host: reference.api_host().to_string(), scheme, mirror: false });
     Ok(out)
 }
 
 /// Plain HTTP is for loopback hosts (as docker does) and ones the user
-/// listed as insecure; everything else is HTTPS.
+/// listed as insecure, when they do not speak TLS; everything else is HTTPS.
 fn plain_http_allowed(host_port: &str, cfg: &RegistryConfig) -> bool {
     cfg.insecure.iter().any(|h| h == host_port) || is_loopback(host_port)
 }
@@ -358,9 +378,56 @@ fn chain(e: &dyn std::error::Error) -> String {
     text
 }
 
+/// Whether a failed request shows that the server does not speak TLS at
+/// all: what it sent first is no TLS record (a plain HTTP server answers
+/// the ClientHello with `HTTP/1.1 400`), or it closed the connection
+/// without a word of TLS. A server that answers TLS, with whatever
+/// certificate or alert, does not qualify. rustls's and tokio-rustls's
+/// texts are matched (rustls is not a dependency of ours to downcast to);
+/// the plain-HTTP registry tests fail if they change.
+fn speaks_no_tls(e: &dyn std::error::Error) -> bool {
+    let text = chain(e);
+    text.contains("received corrupt message of type InvalidContentType") || text.contains("tls handshake eof")
+}
+
+/// The text of a rejected server certificate (`invalid peer certificate:
+/// UnknownIssuer`) in an error's chain, if that is what it is.
+fn certificate_problem(text: &str) -> Option<&str> {
+    text.find("invalid peer certificate").map(|at| &text[at..])
+}
+
+/// An oci-client for `host` over `protocol`.
+fn new_client(host: &str, protocol: ClientProtocol) -> Result<Client, OciError> {
+    let config = ClientConfig {
+        protocol,
+        // Indexes are resolved here, from raw manifests.
+        platform_resolver: None,
+        connect_timeout: Some(Duration::from_secs(30)),
+        // Per read: a stalled transfer fails instead of hanging.
+        read_timeout: Some(Duration::from_secs(120)),
+        user_agent: concat!("sandbox-mcp/", env!("CARGO_PKG_VERSION")),
+        // A loopback registry is never reached through the environment's
+        // proxy (as with docker's Go client). oci-client cannot turn
+        // reqwest's environment proxies off, but any explicit proxy does,
+        // and this one is bypassed for every name ("*") and address.
+        http_proxy: is_loopback(host).then(|| "http://127.0.0.1:9".to_string()),
+        no_proxy: is_loopback(host).then(|| "*,0.0.0.0/0,::/0".to_string()),
+        ..ClientConfig::default()
+    };
+    // reqwest's rustls verifier loads the host's CA store here, each time.
+    Client::try_from(config).map_err(|e| OciError::Registry { registry: host.to_string(), why: clean(&chain(&e)) })
+}
+
 /// One pull from one endpoint.
 struct Session<'a> {
-    client: Client,
+    /// The client tried first (HTTPS unless the endpoint is `http://`).
+    first: Client,
+    /// Whether plain HTTP follows if the endpoint does not speak TLS.
+    fallback: bool,
+    /// The client the first request settled on, and authenticated (the
+    /// handshake is deferred until a request is needed: a pull by digest
+    /// of stored blobs sends none).
+    settled: OnceLock<Client>,
     auth: RegistryAuth,
     /// The reference in oci-client's terms, addressed to the endpoint.
     oref: oci_client::Reference,
@@ -368,9 +435,6 @@ struct Session<'a> {
     host: String,
     blobs: &'a BlobStore,
     cancel: &'a CancellationToken,
-    /// Whether the token handshake was done (deferred until a request is
-    /// needed: a pull by digest of stored blobs sends none).
-    authed: AtomicBool,
 }
 
 impl<'a> Session<'a> {
@@ -380,25 +444,11 @@ impl<'a> Session<'a> {
         blobs: &'a BlobStore,
         cancel: &'a CancellationToken,
     ) -> Result<Self, OciError> {
-        let config = ClientConfig {
-            protocol: if endpoint.http { ClientProtocol::Http } else { ClientProtocol::Https },
-            // Indexes are resolved here, from raw manifests.
-            platform_resolver: None,
-            connect_timeout: Some(Duration::from_secs(30)),
-            // Per read: a stalled transfer fails instead of hanging.
-            read_timeout: Some(Duration::from_secs(120)),
-            user_agent: concat!("sandbox-mcp/", env!("CARGO_PKG_VERSION")),
-            // A loopback registry is never reached through the environment's
-            // proxy (as with docker's Go client). oci-client cannot turn
-            // reqwest's environment proxies off, but any explicit proxy does,
-            // and this one is bypassed for every name ("*") and address.
-            http_proxy: is_loopback(&endpoint.host).then(|| "http://127.0.0.1:9".to_string()),
-            no_proxy: is_loopback(&endpoint.host).then(|| "*,0.0.0.0/0,::/0".to_string()),
-            ..ClientConfig::default()
-        };
         let host = endpoint.host.clone();
-        let client = Client::try_from(config)
-            .map_err(|e| OciError::Registry { registry: host.clone(), why: clean(&chain(&e)) })?;
+        let first = new_client(
+            &host,
+            if endpoint.scheme == Scheme::Http { ClientProtocol::Http } else { ClientProtocol::Https },
+        )?;
         // A mirror is asked for the original registry's repository, which
         // oci-client names in the `ns` query parameter.
         let registry = if endpoint.mirror { reference.registry() } else { endpoint.host.as_str() };
@@ -415,7 +465,8 @@ impl<'a> Session<'a> {
             Some(c) => RegistryAuth::Basic(c.username, c.password),
             None => RegistryAuth::Anonymous,
         };
-        Ok(Session { client, auth, oref, reference, host, blobs, cancel, authed: AtomicBool::new(false) })
+        let fallback = endpoint.scheme == Scheme::HttpsOrHttp;
+        Ok(Session { first, fallback, settled: OnceLock::new(), auth, oref, reference, host, blobs, cancel })
     }
 
     async fn pull(&self, progress: &(dyn Fn(PullProgress) + Send + Sync)) -> Result<FetchedImage, OciError> {
@@ -500,17 +551,41 @@ impl<'a> Session<'a> {
         })
     }
 
-    /// Runs a registry call, unless cancelled first, mapping its error.
-    async fn call<T>(
-        &self,
-        doing: &str,
-        fut: impl Future<Output = Result<T, OciDistributionError>>,
-    ) -> Result<T, OciError> {
-        if !self.authed.swap(true, Ordering::SeqCst) {
-            let auth = self.client.auth(&self.oref, &self.auth, RegistryOperation::Pull);
-            self.cancellable(auth).await?.map_err(|e| self.error(&format!("authenticating for {doing}"), e))?;
+    /// Runs a registry call through the settled client, unless cancelled
+    /// first, mapping its error.
+    async fn call<'s, T, F>(&'s self, doing: &str, request: impl FnOnce(&'s Client) -> F) -> Result<T, OciError>
+    where
+        F: Future<Output = Result<T, OciDistributionError>>,
+    {
+        let client = self.settle(doing).await?;
+        self.cancellable(request(client)).await?.map_err(|e| self.error(doing, e))
+    }
+
+    /// The client to use, after the token handshake (the first request,
+    /// `GET /v2/`, sent without credentials): the first one's, or for an
+    /// endpoint that may be plain HTTP and turns out not to speak TLS at
+    /// all, a plain HTTP one's. Any other failure is the pull's error.
+    async fn settle(&self, doing: &str) -> Result<&Client, OciError> {
+        if let Some(client) = self.settled.get() {
+            return Ok(client);
         }
-        self.cancellable(fut).await?.map_err(|e| self.error(doing, e))
+        let authenticate = |client: Client| async move {
+            let auth = client.auth(&self.oref, &self.auth, RegistryOperation::Pull);
+            self.cancellable(auth).await?.map(|_| client).map_err(OciOrRegistry::Registry)
+        };
+        let client = match authenticate(self.first.clone()).await {
+            Ok(client) => client,
+            Err(OciOrRegistry::Registry(e)) if self.fallback && speaks_no_tls(&e) => {
+                tracing::debug!(registry = %self.host, "does not speak TLS; using plain HTTP");
+                authenticate(new_client(&self.host, ClientProtocol::Http)?).await.map_err(|e| match e {
+                    OciOrRegistry::Oci(e) => e,
+                    OciOrRegistry::Registry(e) => self.error(&format!("authenticating for {doing}"), e),
+                })?
+            }
+            Err(OciOrRegistry::Oci(e)) => return Err(e),
+            Err(OciOrRegistry::Registry(e)) => return Err(self.error(&format!("authenticating for {doing}"), e)),
+        };
+        Ok(self.settled.get_or_init(|| client))
     }
 
     async fn cancellable<T>(&self, fut: impl Future<Output = T>) -> Result<T, OciError> {
@@ -538,7 +613,7 @@ impl<'a> Session<'a> {
         let doing = format!("fetching {what}");
         // oci-client checks the body against the reference's digest and the
         // Docker-Content-Digest header; the checks below do not rely on it.
-        let (bytes, _) = self.call(&doing, self.client.pull_manifest_raw(oref, &self.auth, &accept)).await?;
+        let (bytes, _) = self.call(&doing, |c| c.pull_manifest_raw(oref, &self.auth, &accept)).await?;
         if bytes.len() > MANIFEST_MAX {
             return Err(OciError::malformed(what, format!("{} bytes is too large for a manifest", bytes.len())));
         }
@@ -570,8 +645,7 @@ impl<'a> Session<'a> {
         tick(0);
         // The bare digest, not the descriptor: oci-client would follow a
         // descriptor's `urls` to other hosts.
-        let mut stream =
-            self.call(&format!("fetching {what}"), self.client.pull_blob_stream(&self.oref, digest)).await?;
+        let mut stream = self.call(&format!("fetching {what}"), |c| c.pull_blob_stream(&self.oref, digest)).await?;
         loop {
             let chunk = self.cancellable(stream.next()).await?;
             match chunk {
@@ -606,7 +680,8 @@ impl<'a> Session<'a> {
         OciError::Registry { registry: self.host.clone(), why: clean(&format!("fetching {what}: {}", chain(e))) }
     }
 
-    /// Maps an oci-client error; all of a registry's text goes through `clean`.
+    /// Maps an oci-client error; all of a registry's text goes through
+    /// `clean`. A certificate refused says so, naming the registry.
     fn error(&self, doing: &str, e: OciDistributionError) -> OciError {
         let unauthorized = |why: String| OciError::Unauthorized {
             registry: self.host.clone(),
@@ -650,8 +725,35 @@ impl<'a> Session<'a> {
                 registry(format!("{} not found (HTTP 404: {message})", self.reference))
             }
             OciDistributionError::ServerError { code, message, .. } => registry(format!("HTTP {code}: {message}")),
-            other => registry(chain(&other)),
+            other => {
+                let text = chain(&other);
+                match certificate_problem(&text) {
+                    Some(problem) => {
+                        let hint = if problem.contains("UnknownIssuer") {
+                            ": it is issued by a CA this host does not trust; a private registry's CA is trusted by \
+                             adding it to the host's CA store (update-ca-certificates), or naming it in SSL_CERT_FILE"
+                        } else {
+                            ""
+                        };
+                        registry(format!("the TLS certificate of {} is not trusted ({problem}){hint}", self.host))
+                    }
+                    None => registry(text),
+                }
+            }
         }
+    }
+}
+
+/// A failure of the token handshake: ours (cancelled, no client), or
+/// oci-client's, not yet mapped.
+enum OciOrRegistry {
+    Oci(OciError),
+    Registry(OciDistributionError),
+}
+
+impl From<OciError> for OciOrRegistry {
+    fn from(e: OciError) -> Self {
+        OciOrRegistry::Oci(e)
     }
 }
 
@@ -698,28 +800,74 @@ mod tests {
         let r = Reference::parse("python:3").unwrap();
         let c = cfg(&[("docker.io", &["https://mirror.gcr.io/", "localhost:5001", "http://127.0.0.1:5002"])], &[]);
         let e = endpoints(&r, &c).unwrap();
-        let got: Vec<_> = e.iter().map(|e| (e.host.as_str(), e.http, e.mirror)).collect();
+        let got: Vec<_> = e.iter().map(|e| (e.host.as_str(), e.scheme, e.mirror)).collect();
         assert_eq!(
             got,
             [
-                ("mirror.gcr.io", false, true),
-                ("localhost:5001", true, true),
-                ("127.0.0.1:5002", true, true),
-                ("registry-1.docker.io", false, false)
+                ("mirror.gcr.io", Scheme::Https, true),
+                ("localhost:5001", Scheme::HttpsOrHttp, true),
+                ("127.0.0.1:5002", Scheme::Http, true),
+                ("registry-1.docker.io", Scheme::Https, false)
             ]
         );
         let bad = cfg(&[("docker.io", &["http://mirror.example.com"])], &[]);
         let err = endpoints(&r, &bad).unwrap_err();
         assert!(err.to_string().contains("plain HTTP is refused"), "{err}");
-        let allowed = cfg(&[("docker.io", &["http://mirror.example.com"])], &["mirror.example.com"]);
-        assert!(endpoints(&r, &allowed).unwrap()[0].http);
+        let allowed = cfg(
+            &[("docker.io", &["http://mirror.example.com", "mirror.example.com", "https://mirror.example.com"])],
+            &["mirror.example.com"],
+        );
+        let schemes: Vec<_> = endpoints(&r, &allowed).unwrap().iter().map(|e| e.scheme).collect();
+        assert_eq!(schemes, [Scheme::Http, Scheme::HttpsOrHttp, Scheme::Https, Scheme::Https]);
         for wrong in ["ftp://m.io", "m.io/path", "m.io:port"] {
             assert!(endpoints(&r, &cfg(&[("docker.io", &[wrong])], &[])).is_err(), "{wrong}");
         }
         let local = Reference::parse("127.0.0.1:5000/a").unwrap();
-        assert!(endpoints(&local, &RegistryConfig::default()).unwrap()[0].http);
+        assert_eq!(endpoints(&local, &RegistryConfig::default()).unwrap()[0].scheme, Scheme::HttpsOrHttp);
+        let listed = Reference::parse("reg.lan:5000/a").unwrap();
+        assert_eq!(endpoints(&listed, &cfg(&[], &["reg.lan:5000"])).unwrap()[0].scheme, Scheme::HttpsOrHttp);
         let remote = Reference::parse("ghcr.io/a/b").unwrap();
-        assert!(!endpoints(&remote, &RegistryConfig::default()).unwrap()[0].http);
+        assert_eq!(endpoints(&remote, &RegistryConfig::default()).unwrap()[0].scheme, Scheme::Https);
+    }
+
+    /// An error with a cause, as reqwest's are.
+    #[derive(Debug)]
+    struct Chained(&'static str, Option<Box<Chained>>);
+
+    impl std::fmt::Display for Chained {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Chained {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
+    #[test]
+    fn only_a_server_that_speaks_no_tls_is_spoken_to_in_plain_http() {
+        let request = |cause: &'static str| {
+            Chained(
+                "error sending request",
+                Some(Box::new(Chained("client error (Connect)", Some(Box::new(Chained(cause, None)))))),
+            )
+        };
+        assert!(speaks_no_tls(&request("received corrupt message of type InvalidContentType")));
+        assert!(speaks_no_tls(&request("tls handshake eof")));
+        for tls in [
+            "invalid peer certificate: UnknownIssuer",
+            "invalid peer certificate: certificate not valid for name \"x\"; certificate is only valid for y",
+            "received fatal alert: HandshakeFailure",
+            "peer is incompatible: Tls12NotOffered",
+            "Connection refused (os error 111)",
+        ] {
+            assert!(!speaks_no_tls(&request(tls)), "{tls}");
+        }
+        let text = chain(&request("invalid peer certificate: UnknownIssuer"));
+        assert_eq!(certificate_problem(&text), Some("invalid peer certificate: UnknownIssuer"));
+        assert_eq!(certificate_problem("Connection refused"), None);
     }
 
     #[test]
