@@ -34,7 +34,8 @@ Measures, on an isolated server (fresh XDG dirs, helper stopped at the end):
       that share a ~90 MB base layer of random bytes (with /bin/busybox as /bin/sh) under different
       small top layers. Over OCI_RUNS runs: `skopeo copy` of the first into an OCI layout, then
       `sandbox-mcp image pull` of it into a new store (MB/s of compressed bytes, split into download
-      and unpack by its per-layer progress lines; target: at least skopeo's rate), then a pull of the
+      and unpack by its per-layer progress lines; target: at least skopeo's rate; GNU tar unpacking
+      the layers skopeo fetched is printed beside the unpack part), then a pull of the
       second into the same store (target <= 10% of the first's time); then create + first
       `exec true` on the pulled image vs the built bench image, OCI_CREATES each, interleaved
       (target p50 within 10%).
@@ -544,11 +545,13 @@ def oci_rows(binary: str, env: dict[str, str], client: McpClient, host: str, tmp
     setup = time.perf_counter() - t
     oci_image.remove(images.dir)
     size = images.sizes["1"]
-    skopeo_s, first, second = [], [], []
+    skopeo_s, tar_s, first, second = [], [], [], []
     for run in range(OCI_RUNS):
         dest = tmp / f"skopeo-{run}"
         skopeo_s.append(oci_image.skopeo_pull(host, "1", dest))
+        tar_s.append(oci_image.tar_unpack(dest, tmp / f"tar-{run}"))
         oci_image.remove(dest)
+        oci_image.remove(tmp / f"tar-{run}")
         # The last run pulls into the server's own store (no --store), for the sandboxes below.
         last = run == OCI_RUNS - 1
         store = None if last else tmp / f"store-{run}"
@@ -576,6 +579,7 @@ def oci_rows(binary: str, env: dict[str, str], client: McpClient, host: str, tmp
         throughput_row("OCI pull, download part", rate([p.download for p in first]))
         + f"  (download {ours_download * 1000:.0f} ms, unpack {statistics.median(p.unpack for p in first) * 1000:.0f} ms p50)",
         throughput_row("skopeo copy (same image)", rate(skopeo_s)),
+        spread_row("tar -xzf of its layers (reference)", [x * 1000 for x in tar_s]) + "  (beside the unpack part)",
         f"{'OCI pull rate / skopeo rate':<34} {OCI_RUNS:>5} {theirs / ours:>9.2f}             "
         f"(total; download only {theirs / ours_download:.2f}; target >= 1.0)",
         spread_row("OCI second pull (shared base)", [p.total * 1000 for p in second])

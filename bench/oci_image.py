@@ -253,6 +253,20 @@ def cli_pull(binary: str, env: dict[str, str], reference: str, name: str, store:
     return Pull(total, download, total - download, lines)
 
 
+def tar_unpack(layout: Path, dest: Path) -> float:
+    """Seconds GNU tar takes to unpack the layers of the image in `layout` (as skopeo wrote it, one
+    manifest) into `dest`, bottom first: a reference for the unpack part of a pull."""
+    index = json.loads((layout / "index.json").read_text())
+    blobs = layout / "blobs" / "sha256"
+    manifest = json.loads((blobs / index["manifests"][0]["digest"].removeprefix("sha256:")).read_bytes())
+    dest.mkdir(parents=True)
+    t = time.perf_counter()
+    for layer in manifest["layers"]:
+        blob = blobs / layer["digest"].removeprefix("sha256:")
+        subprocess.run(["tar", "-xzf", str(blob), "-C", str(dest)], check=True)
+    return time.perf_counter() - t
+
+
 def temp_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
 
