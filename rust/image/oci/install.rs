@@ -7,7 +7,14 @@ use crate::image::layers::LAYERS_DIR;
 use crate::image::store::{BLOBS_DIR, INFO_FILE, ROOTFS_DIR, write_info};
 use crate::image::{ImageConfig, ImageError, ImageInfo, ImageStore, inspect, validate_name};
 
-use super::{BlobStore, FetchedImage, layers::unpack_image};
+use std::fs::File;
+use std::io::Read as _;
+use std::path::Path;
+
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+
+use super::layers::{open_path_dir, unpack_image};
+use super::{BlobStore, FetchedImage};
 
 impl ImageStore {
     /// The blob store every OCI image of this store shares, `<root>/blobs`.
@@ -49,7 +56,11 @@ impl ImageStore {
             shell: inspect::shell(&rootfs),
             package_manager: inspect::package_manager(&rootfs),
             id_map: mapper.id_map().clone(),
-            config: ImageConfig { env: run.env.clone(), workdir: run.workdir.clone(), user: run.user.clone() },
+            config: ImageConfig {
+                env: run.env.clone(),
+                workdir: run.workdir.clone(),
+                user: user_in_image(&rootfs, &run.user, progress),
+            },
             source: image.source.clone(),
             ..ImageInfo::default()
         };
@@ -75,6 +86,45 @@ impl ImageStore {
             Err(e) => Err(e),
         }
     }
+}
+
+/// The image's `User` when the image has it: numeric ids always, names only
+/// when its /etc/passwd (and /etc/group for a `user:group`) lists them, read
+/// inside the image so that a link there cannot point at the host's. Else
+/// its processes run as root, and `progress` says why: a missing user would
+/// make every exec fail.
+fn user_in_image(rootfs: &Path, user: &str, progress: &mut dyn FnMut(&str)) -> String {
+    if user.is_empty() {
+        return String::new();
+    }
+    let (name, group) = match user.split_once(':') {
+        Some((name, group)) => (name, Some(group)),
+        None => (user, None),
+    };
+    let listed = |file: &str, id: &str| {
+        id.parse::<u32>().is_ok()
+            || read_in_image(rootfs, file).is_some_and(|text| text.lines().any(|l| l.split(':').next() == Some(id)))
+    };
+    if listed("etc/passwd", name) && group.is_none_or(|g| listed("etc/group", g)) {
+        return user.to_string();
+    }
+    progress(&format!("the image's User {user:?} is not in its /etc/passwd or /etc/group: its processes run as root"));
+    String::new()
+}
+
+/// A regular file of the image (at most 1 MiB of it), resolved inside it.
+fn read_in_image(rootfs: &Path, rel: &str) -> Option<String> {
+    let root = open_path_dir(rootfs).ok()?;
+    let how = OpenHow::new()
+        .flags(OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    let file = File::from(openat2(&root, rel, how).ok()?);
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    file.take(1 << 20).read_to_string(&mut text).ok()?;
+    Some(text)
 }
 
 #[cfg(test)]
@@ -141,6 +191,29 @@ mod tests {
         let mut left: Vec<_> = fs::read_dir(store.root()).unwrap().flatten().map(|e| e.file_name()).collect();
         left.sort();
         assert_eq!(left, [".lock", "blobs", "py"], "no build dirs left");
+    }
+
+    #[test]
+    fn the_images_user_is_kept_only_when_the_image_has_it() {
+        let t = TempDir::new("ociuser");
+        let root = t.path().join("rootfs");
+        fs::create_dir_all(root.join("etc")).unwrap();
+        fs::write(root.join("etc/passwd"), "root:x:0:0::/root:/bin/sh\napp:x:1000:1000::/app:/bin/sh\n").unwrap();
+        fs::write(root.join("etc/group"), "root:x:0:\nstaff:x:50:\n").unwrap();
+        let mut said = Vec::new();
+        let mut user = |u: &str| user_in_image(&root, u, &mut |line| said.push(line.to_string()));
+        for kept in ["", "app", "1000", "1000:50", "app:staff", "4242:4242"] {
+            assert_eq!(user(kept), kept);
+        }
+        for dropped in ["nobody", "app:wheel", "ro"] {
+            assert_eq!(user(dropped), "");
+        }
+        assert_eq!(said.len(), 3, "{said:?}");
+        assert!(said[0].contains("\"nobody\" is not in its /etc/passwd"), "{said:?}");
+        // A passwd that is a link to the host's is read inside the image: no such file there.
+        fs::remove_file(root.join("etc/passwd")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", root.join("etc/passwd")).unwrap();
+        assert_eq!(user_in_image(&root, "root", &mut |_| {}), "");
     }
 
     #[test]
