@@ -6,8 +6,11 @@
 # copy of this checkout, and runs `make install` AS that user: a release
 # build, ~/.local/bin, the default image. Then starts the server the way the
 # printed registration says and uses it through a real MCP client
-# (scripts/install-smoke.py). Prints what sudo ran. Removes the user, its
-# home, sudoers rule, subordinate ids and cgroups at the end.
+# (scripts/install-smoke.py). Prints what sudo ran. Then root's own
+# `make install` of the same checkout with a 0700 home, as Debian's /root
+# is (the image store under it is out of the sandbox ids' reach by path),
+# and the same smoke test. Removes the users' homes, sudoers rule,
+# subordinate ids and cgroups at the end.
 #   scripts/test-install.sh
 set -uo pipefail
 
@@ -21,6 +24,8 @@ user=smcp-inst$$
 sudoers=/etc/sudoers.d/$user
 sudo_log=$(mktemp /tmp/smcp-test-install-sudo.XXXXXX)
 venv=${SMCP_USER_VENV:-/var/tmp/smcp-test-venv}
+root_home=$(mktemp -d /tmp/smcp-root-home.XXXXXX)
+chmod 700 "$root_home"
 
 cleanup() {
     set +e
@@ -34,6 +39,10 @@ cleanup() {
         done
         userdel -r -f "$user" >/dev/null 2>&1
     fi
+    for pidfile in "$root_home"/.local/state/sandbox-mcp/run/{daemon,helper}.pid; do
+        [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null && sleep 2
+    done
+    rm -rf "$root_home"
     rm -f "$sudoers" "$sudo_log"
     for d in /sys/fs/cgroup/*/sandbox-mcp."$user" /sys/fs/cgroup/sandbox-mcp."$user"; do
         [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} + 2>/dev/null
@@ -88,6 +97,22 @@ if [ $status -eq 0 ]; then
     echo "== the installed server through a real MCP client, as $user"
     if ! as_user "$venv/bin/python ~/sandbox-mcp/scripts/install-smoke.py ~/.local/bin/sandbox-mcp"; then
         echo "== MCP client as $user FAILED"
+        status=1
+    fi
+fi
+# Root for itself, in a home only root can enter: the release build is the
+# one just made (the same checkout), the default image is built anew.
+as_root() {
+    env -u XDG_DATA_HOME -u XDG_STATE_HOME -u XDG_CONFIG_HOME -u XDG_RUNTIME_DIR -u SANDBOX_MCP_IMAGE_STORE \
+        HOME="$root_home" CARGO_HOME="$cargo_home" RUSTUP_HOME="${RUSTUP_HOME:-$HOME/.rustup}" "$@"
+}
+if [ $status -eq 0 ]; then
+    echo "== make install as root, home $root_home at 0700"
+    if ! as_root make --no-print-directory -C "$home/sandbox-mcp" install; then
+        echo "== make install as root with a 0700 home FAILED"
+        status=1
+    elif ! as_root "$venv/bin/python" "$home/sandbox-mcp/scripts/install-smoke.py" "$root_home/.local/bin/sandbox-mcp"; then
+        echo "== MCP client as root with a 0700 home FAILED"
         status=1
     fi
 fi

@@ -1,11 +1,8 @@
 """snapshot, restore, list_snapshots, delete_snapshot, images, build_image and
 clone through a real MCP client (stdio and HTTP), each on a per-test image store."""
-import concurrent.futures
-import json
 import os
 import re
 import socket
-import subprocess
 import threading
 import urllib.request
 from pathlib import Path
@@ -336,76 +333,3 @@ def test_forward_survives_restore(isrv):
             return None
 
     assert poll(fetch, lambda body: body == b"hi\n", timeout=15), "the forward did not follow the restored sandbox"
-
-
-def test_a_pulled_image_is_listed_and_refused_by_linux_drivers(isrv, image_store, roots):
-    """`sandbox-mcp image pull` records an OCI reference for the macOS helper, which pulls it at
-    the first boot; here it is listed, and a Linux driver refuses it naming what to do instead."""
-    mcp = os.environ["SANDBOX_MCP_BIN"]
-    ref = "docker.io/library/python:3.12-bookworm"
-    done = subprocess.run([mcp, "image", "pull", ref, "--name", "pulled", "--shell", "/bin/bash",
-                           "--package-manager", "apt", "--store", image_store], capture_output=True, text=True)
-    assert done.returncode == 0 and done.stdout == f"image pulled is {ref} (pulled at its first boot)\n", done
-    again = subprocess.run([mcp, "image", "pull", ref, "--name", "pulled", "--store", image_store],
-                           capture_output=True, text=True)
-    assert again.returncode == 1 and "image \"pulled\" already exists" in again.stderr, again
-    for bad in ("-rf", "a b", "x;rm"):
-        done = subprocess.run([mcp, "image", "pull", "--name", "bad", "--store", image_store, "--", bad],
-                              capture_output=True, text=True)
-        assert done.returncode == 1 and "invalid image reference" in done.stderr, (bad, done)
-    assert not (Path(image_store) / "bad").exists()
-
-    rows = isrv.tool("images")[0].split("\n")
-    row = next(r for r in rows if r.startswith("pulled "))
-    assert row.split()[-3:] == ["0", "pulled", ref], row
-    (roots / ".sandbox-mcp.toml").write_text('image = "pulled"\n')
-    text, err = isrv.tool("exec", command="true", sandbox="onpulled")
-    assert err and "image 'pulled' is the OCI image " + ref in text, text
-    assert "sandbox-mcp image build" in text, text
-
-
-def test_pulls_and_boots_of_a_pulled_image_raced_by_three_clients(env, front_end, http_server, image_store, roots):
-    """Six `image pull`s of one name race: exactly one records its reference, the rest are told the name exists.
-    Then two stdio front-ends and an HTTP session all try to boot that image at once, on shared and on separate
-    sandboxes: every try is refused with the same message naming the image, its reference and what to do, nothing
-    is left behind (no sandbox, no layer), and the same sessions go on to work on the test image."""
-    mcp = os.environ["SANDBOX_MCP_BIN"]
-    refs = [f"docker.io/library/python:3.1{n}" for n in range(6)]
-    pulls = [subprocess.Popen([mcp, "image", "pull", ref, "--name", "raced", "--store", image_store],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for ref in refs]
-    results = [(p.wait(timeout=60), *p.communicate()) for p in pulls]
-    won = [ref for ref, (code, _, _) in zip(refs, results) if code == 0]
-    assert len(won) == 1, results
-    assert all("image \"raced\" already exists" in err for code, _, err in results if code != 0), results
-    record = json.loads((Path(image_store) / "raced" / "image.json").read_text())
-    assert record["reference"] == won[0], record
-
-    (roots / ".sandbox-mcp.toml").write_text('image = "raced"\n')
-    extra = {"SANDBOX_MCP_IMAGE_STORE": image_store, "SANDBOX_MCP_HOST_ROOTS": str(roots)}
-    clients = [front_end(**extra), front_end(**extra), http_server(**extra).client()]
-
-    def boot(n_client):
-        n, client = n_client
-        answers = []
-        for sandbox in ("shared", f"own{n}", "shared"):
-            text, err = client.tool("exec", command="true", sandbox=sandbox)
-            answers.append((err, text))
-        return answers
-
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        answers = [a for per_client in pool.map(boot, enumerate(clients)) for a in per_client]
-    for err, text in answers:
-        assert err and f"image 'raced' is the OCI image {won[0]}" in text, text
-        assert "sandbox-mcp image build" in text, text
-    for client in clients:
-        status, err = client.tool("status")
-        assert not err and status.startswith("No active sandboxes"), status
-        row = next(r for r in client.tool("images")[0].split("\n") if r.startswith("raced "))
-        assert row.split()[-2:] == ["pulled", won[0]], row
-    layers = Path(image_store) / "layers"
-    assert not layers.exists() or not any(layers.iterdir()), sorted(os.listdir(layers))
-
-    (roots / ".sandbox-mcp.toml").write_text(f'image = "{os.environ["SANDBOX_MCP_TEST_IMAGE"]}"\n')
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        said = list(pool.map(lambda c: c.tool("exec", command="echo up", sandbox="shared"), clients))
-    assert all(text.startswith("up\n") and not err for text, err in said), said

@@ -4,15 +4,18 @@ its whiteout applied and its Env set, layers fetched once, errors an agent can a
 that stops the helper's download."""
 from __future__ import annotations
 
+import concurrent.futures
+import os
 import re
 import socket
+import subprocess
 import threading
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from registry_support import Registry, auth_file, busybox_layout, missing_tools, push
+from registry_support import Registry, auth_file, busybox_base, busybox_layout, missing_tools, push, write_layout
 from waiting import poll
 
 SIZE = r"\d+(\.\d)?[KMG]?B"
@@ -71,6 +74,9 @@ def test_pull_image_reports_layers_and_boots_the_image(isrv, roots, registry):
     rows = isrv.tool("images")[0].split("\n")
     row = next(r for r in rows if r.startswith("busybox-v1 "))
     assert row.split()[-2:] == ["from", f"{host}/test/busybox:v1@{v1.manifest}"], row
+    detail = rows[rows.index(row) + 1]
+    assert detail == ('  workdir "/root"  entrypoint ["/bin/sh","-c"]  cmd ["echo $GREETING"]  ports ["8080/tcp"]  '
+                      'labels {"org.opencontainers.image.title":"busybox test image","test.tag":"v1"}'), detail
 
     # The second image shares the base: only its top layer is fetched.
     text, err, _ = pull(isrv, reference=f"{host}/test/busybox:v2", name="second")
@@ -79,6 +85,30 @@ def test_pull_image_reports_layers_and_boots_the_image(isrv, roots, registry):
     text, err, _ = pull(isrv, reference=f"{host}/test/busybox:v1@{v1.manifest}", name="pinned")
     assert not err and "(2 layers: 0 fetched, 2 already present;" in text, text
     assert out(isrv, "cat /etc/added", sandbox="onpulled").startswith("added by layer 2\n")
+
+
+def test_a_hostile_config_is_shown_escaped_and_claims_nothing_of_ours(isrv, roots, registry, tmp_path):
+    host, _ = registry
+    config = {
+        "Env": ["PATH=/bin", "OK=1", "NUL\u0000KEY=x", "NOEQUALS"],
+        "User": "nobody",
+        "Cmd": ["echo hi\n\x1b[2J\u202egnp.exe"],
+        "Labels": {"sandbox-mcp.kind": "snapshot", "sandbox-mcp.source": "default", "note": "line\nbreak"},
+    }
+    layout = write_layout(tmp_path / "hostile", "h", [busybox_base()], config)
+    push(f"oci:{layout.dir}:h", f"{host}/test/hostile:h")
+    text, err, _ = pull(isrv, reference=f"{host}/test/hostile:h")
+    assert not err, text
+    rows = isrv.tool("images")[0].split("\n")
+    row = next(r for r in rows if r.startswith("hostile-h "))
+    assert " from " in row and "snapshot" not in row, row  # its labels do not make it a snapshot
+    detail = rows[rows.index(row) + 1]
+    assert detail == ('  cmd ["echo hi\\n\\u001b[2J\\u202egnp.exe"]  labels {"note":"line\\nbreak"}'), detail
+    assert not any(r.startswith("hostile-h") for r in isrv.tool("list_snapshots")[0].split("\n"))
+    # Its User is not in its /etc/passwd: processes run as root rather than failing; the unusable env is left out.
+    (roots / ".sandbox-mcp.toml").write_text('image = "hostile-h"\n')
+    got = out(isrv, "id -u; echo \"$OK\"; env | grep -c NOEQUALS", sandbox="onhostile")
+    assert got.startswith("0\n1\n0\n"), got
 
 
 def test_pull_image_errors_say_what_to_do(isrv, registry, env):
@@ -200,3 +230,37 @@ def test_cancelling_pull_image_stops_the_download(isrv):
         assert out(isrv, "echo alive").startswith("alive\n")
     finally:
         stall.close()
+
+
+def test_pulls_and_boots_of_one_image_raced_by_three_clients(env, front_end, http_server, image_store, roots,
+                                                             registry):
+    """Six `image pull`s of one name race: exactly one installs it, the rest are told the name exists and leave
+    nothing behind. Then two stdio front-ends and an HTTP session boot it at once, on shared and on separate
+    sandboxes, and all see the pulled image."""
+    host, v1 = registry
+    mcp = os.environ["SANDBOX_MCP_BIN"]
+    pulls = [subprocess.Popen([mcp, "image", "pull", f"{host}/test/busybox:v1", "--name", "raced",
+                               "--store", image_store], env={**env, "SANDBOX_MCP_IMAGE_STORE": image_store},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    results = [(p.wait(timeout=300), *p.communicate()) for p in pulls]
+    assert sum(code == 0 for code, _, _ in results) == 1, results
+    assert all("already exists" in err for code, _, err in results if code != 0), results
+    left = sorted(n for n in os.listdir(image_store) if n.startswith("."))
+    assert left in ([], [".lock"]), left
+
+    (roots / ".sandbox-mcp.toml").write_text('image = "raced"\n')
+    extra = {"SANDBOX_MCP_IMAGE_STORE": image_store, "SANDBOX_MCP_HOST_ROOTS": str(roots)}
+    clients = [front_end(**extra), front_end(**extra), http_server(**extra).client()]
+
+    def boot(n_client):
+        n, client = n_client
+        return [client.tool("exec", command="cat /etc/added; echo $GREETING", sandbox=sandbox)
+                for sandbox in ("shared", f"own{n}", "shared")]
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        answers = [a for per_client in pool.map(boot, enumerate(clients)) for a in per_client]
+    for text, err in answers:
+        assert not err and text.startswith("added by layer 2\nhello from oci\n"), text
+    for client in clients:
+        row = next(r for r in client.tool("images")[0].split("\n") if r.startswith("raced "))
+        assert row.split()[-2:] == ["from", f"{host}/test/busybox:v1@{v1.manifest}"], row

@@ -161,6 +161,15 @@ pub struct ImageConfig {
     /// Default user of processes; empty means root.
     #[serde(default)]
     pub user: String,
+    /// An OCI image's Entrypoint, recorded and shown (tools run what they are asked).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub entrypoint: Vec<String>,
+    /// An OCI image's Cmd, likewise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cmd: Vec<String>,
+    /// An OCI image's ExposedPorts (`8080/tcp`), shown.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exposed_ports: Vec<String>,
 }
 
 /// What to build.

@@ -28,7 +28,7 @@ use crate::orchestrator::{
     build::BuildSpec,
     helper_client::{ImageSummary, PullEvent},
     images::{ImagesError, KIND_LABEL, SOURCE_LABEL},
-    text::human_size,
+    text::{human_size, is_invisible},
 };
 
 /// Parameters of `snapshot` and `restore`.
@@ -192,8 +192,51 @@ fn images_table(images: &[ImageSummary]) -> String {
             i.layer_count,
             kind(i)
         ));
+        lines.extend(recorded(i));
     }
     lines.join("\n")
+}
+
+/// Longest detail line under an image: what an image's config says is its
+/// author's text, so it is shown JSON-escaped and bounded.
+const DETAIL_MAX: usize = 300;
+
+/// `v` as JSON (which escapes control characters and quotes), with the
+/// invisible characters JSON leaves as they are escaped too.
+fn json(v: &impl serde::Serialize) -> String {
+    let text = serde_json::to_string(v).unwrap_or_default();
+    // All of them are in the Basic Multilingual Plane: one \uXXXX each.
+    text.chars().map(|c| if is_invisible(c) { format!("\\u{:04x}", c as u32) } else { c.to_string() }).collect()
+}
+
+/// The line under a pulled or imported image: what its config recorded
+/// beyond the env (workdir, user, entrypoint, cmd, ports, labels).
+fn recorded(i: &ImageSummary) -> Option<String> {
+    if i.source.is_empty() {
+        return None;
+    }
+    let c = &i.config;
+    let mut parts = Vec::new();
+    for (what, shown) in [
+        ("workdir", (!c.workdir.is_empty()).then(|| json(&c.workdir))),
+        ("user", (!c.user.is_empty()).then(|| json(&c.user))),
+        ("entrypoint", (!c.entrypoint.is_empty()).then(|| json(&c.entrypoint))),
+        ("cmd", (!c.cmd.is_empty()).then(|| json(&c.cmd))),
+        ("ports", (!c.exposed_ports.is_empty()).then(|| json(&c.exposed_ports))),
+        ("labels", (!i.labels.is_empty()).then(|| json(&i.labels.iter().collect::<BTreeMap<_, _>>()))),
+    ] {
+        if let Some(shown) = shown {
+            parts.push(format!("{what} {shown}"));
+        }
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    let line = format!("  {}", parts.join("  "));
+    Some(match line.char_indices().nth(DETAIL_MAX) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line,
+    })
 }
 
 #[tool_router(router = images_router, vis = "pub(super)")]

@@ -281,6 +281,12 @@ pub struct ImageConfig {
     pub workdir: String,
     /// Default user ("" = root).
     pub user: String,
+    /// A pulled image's Entrypoint, recorded.
+    pub entrypoint: Vec<String>,
+    /// Its Cmd, recorded.
+    pub cmd: Vec<String>,
+    /// Its ExposedPorts (`8080/tcp`).
+    pub exposed_ports: Vec<String>,
 }
 
 /// What to commit a VM as.
@@ -826,7 +832,14 @@ fn process_spec(vm_id: &str, p: ProcessConfig) -> pb::ProcessSpec {
 }
 
 fn image_config_to_proto(c: ImageConfig) -> pb::ImageConfig {
-    pb::ImageConfig { env: c.env, workdir: c.workdir, user: c.user }
+    pb::ImageConfig {
+        env: c.env,
+        workdir: c.workdir,
+        user: c.user,
+        entrypoint: c.entrypoint,
+        cmd: c.cmd,
+        exposed_ports: c.exposed_ports,
+    }
 }
 
 fn image_summary(i: pb::Image) -> ImageSummary {
@@ -839,7 +852,14 @@ fn image_summary(i: pb::Image) -> ImageSummary {
         parent: i.parent,
         layer_count: i.layer_count,
         labels: i.labels,
-        config: ImageConfig { env: c.env, workdir: c.workdir, user: c.user },
+        config: ImageConfig {
+            env: c.env,
+            workdir: c.workdir,
+            user: c.user,
+            entrypoint: c.entrypoint,
+            cmd: c.cmd,
+            exposed_ports: c.exposed_ports,
+        },
         reference: i.reference,
         source: i.source,
     }

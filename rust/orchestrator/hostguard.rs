@@ -31,6 +31,7 @@
 //!
 //! Files from a sandbox also lose their exec bits unless the call asks for
 //! them ([`ExecBits`]), and never keep setuid, setgid or sticky bits.
+use super::text::escaped_bytes;
 use std::{
     collections::HashMap,
     fmt,
@@ -564,37 +565,9 @@ fn matched_prefix(path: &Path, rule: &Rule) -> Option<PathBuf> {
     Some(all[..=end].iter().collect())
 }
 
-/// `path` for a message: names come from the sandbox, so control
-/// characters (a newline would start a line of its own in the agent's text),
-/// bidirectional and invisible format characters, and bytes that are not
-/// UTF-8 are written as escapes, and `\` as `\\` so that an escape cannot
-/// be forged.
+/// `path` for a message: names come from the sandbox (see [`escaped_bytes`]).
 fn escaped(path: &Path) -> String {
-    let mut out = String::new();
-    for chunk in path.as_os_str().as_encoded_bytes().utf8_chunks() {
-        for c in chunk.valid().chars() {
-            match c {
-                '\\' => out.push_str("\\\\"),
-                // `\n`, `\t`, `\u{1b}`...
-                c if c.is_control() => out.extend(c.escape_debug()),
-                c if is_invisible(c) => out.extend(c.escape_unicode()),
-                c => out.push(c),
-            }
-        }
-        for b in chunk.invalid() {
-            out.push_str(&format!("\\x{b:02x}"));
-        }
-    }
-    out
-}
-
-/// Format characters that change how the text around them reads without
-/// showing themselves: bidirectional controls, zero-width characters, line
-/// and paragraph separators, the byte order mark.
-fn is_invisible(c: char) -> bool {
-    matches!(c,
-        '\u{00ad}' | '\u{061c}' | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}'
-        | '\u{2060}'..='\u{206f}' | '\u{feff}' | '\u{fff9}'..='\u{fffb}')
+    escaped_bytes(path.as_os_str().as_encoded_bytes())
 }
 
 impl fmt::Display for Refused {

@@ -49,6 +49,39 @@ pub fn human_size(n: u64) -> String {
     }
 }
 
+/// Text that came from a sandbox or an image, for a message: control
+/// characters (a newline would start a line of its own in the agent's text),
+/// bidirectional and invisible format characters, and bytes that are not
+/// UTF-8 are written as escapes, and `\` as `\\` so that an escape cannot
+/// be forged.
+pub fn escaped_bytes(bytes: &[u8]) -> String {
+    let mut out = String::new();
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                // `\n`, `\t`, `\u{1b}`...
+                c if c.is_control() => out.extend(c.escape_debug()),
+                c if is_invisible(c) => out.extend(c.escape_unicode()),
+                c => out.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+/// Format characters that change how the text around them reads without
+/// showing themselves: bidirectional controls, zero-width characters, line
+/// and paragraph separators, the byte order mark.
+pub fn is_invisible(c: char) -> bool {
+    matches!(c,
+        '\u{00ad}' | '\u{061c}' | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}'
+        | '\u{2060}'..='\u{206f}' | '\u{feff}' | '\u{fff9}'..='\u{fffb}')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

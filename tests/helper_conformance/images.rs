@@ -211,6 +211,9 @@ async fn processes_run_as_the_given_user_with_the_image_config() {
         env: HashMap::from([("FROM_IMAGE".into(), "image".into()), ("OVERRIDE".into(), "image".into())]),
         workdir: "/srv".into(),
         user: "nobody".into(),
+        entrypoint: vec!["/bin/sh".into(), "-c".into()],
+        cmd: vec!["serve".into()],
+        exposed_ports: vec!["8080/tcp".into()],
     };
     let committed = commit_with(&mut h, &vm, &image, Some(config.clone())).await.unwrap();
     assert_eq!(committed.config.as_ref(), Some(&config));

@@ -31,14 +31,36 @@ pub(super) fn image_to_proto(i: ImageInfo) -> pb::Image {
         package_manager: i.package_manager,
         parent: i.parent,
         layer_count,
-        config: Some(pb::ImageConfig {
-            env: i.config.env.into_iter().collect(),
-            workdir: i.config.workdir,
-            user: i.config.user,
-        }),
+        config: Some(pb::ImageConfig::from(i.config)),
         labels: i.labels.into_iter().collect(),
         reference: i.reference,
         source: i.source,
+    }
+}
+
+impl From<ImageConfig> for pb::ImageConfig {
+    fn from(c: ImageConfig) -> Self {
+        pb::ImageConfig {
+            env: c.env.into_iter().collect(),
+            workdir: c.workdir,
+            user: c.user,
+            entrypoint: c.entrypoint,
+            cmd: c.cmd,
+            exposed_ports: c.exposed_ports,
+        }
+    }
+}
+
+impl From<pb::ImageConfig> for ImageConfig {
+    fn from(c: pb::ImageConfig) -> Self {
+        ImageConfig {
+            env: c.env.into_iter().collect(),
+            workdir: c.workdir,
+            user: c.user,
+            entrypoint: c.entrypoint,
+            cmd: c.cmd,
+            exposed_ports: c.exposed_ports,
+        }
     }
 }
 
@@ -54,7 +76,7 @@ pub(super) async fn commit(vms: &VmManager, req: pb::CommitVmRequest) -> Result<
     let req = CommitRequest {
         vm_id: req.vm_id,
         image: req.image,
-        config: req.config.map(|c| ImageConfig { env: c.env.into_iter().collect(), workdir: c.workdir, user: c.user }),
+        config: req.config.map(ImageConfig::from),
         parent: req.parent,
         labels: req.labels.into_iter().collect(),
     };

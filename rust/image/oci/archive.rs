@@ -124,7 +124,7 @@ fn import_from(
     layout.store(&what, &wanted, blobs, progress)?;
     // Pinned like a pulled image's source: the manifest names what was installed.
     let source = format!("{what}@{manifest_digest}");
-    Ok(FetchedImage { source, manifest_digest, config_digest, layers, run: run_config(&config["config"]) })
+    Ok(FetchedImage { source, manifest_digest, config_digest, layers, run: RunConfig::from_config(&config["config"]) })
 }
 
 fn parse(what: &str, member: &str, bytes: &[u8]) -> Result<Value, OciError> {
@@ -284,21 +284,6 @@ fn docker_manifest(
 
 fn missing(what: &str, member: &str) -> OciError {
     OciError::malformed(what, format!("{member:?} is missing (or not a regular file)"))
-}
-
-/// A config's process defaults.
-fn run_config(c: &Value) -> RunConfig {
-    let strings = |v: &Value| descriptors(v).filter_map(|s| s.as_str().map(String::from)).collect::<Vec<_>>();
-    RunConfig {
-        env: strings(&c["Env"])
-            .into_iter()
-            .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
-            .collect(),
-        workdir: c["WorkingDir"].as_str().unwrap_or("").to_string(),
-        user: c["User"].as_str().unwrap_or("").to_string(),
-        entrypoint: strings(&c["Entrypoint"]),
-        cmd: strings(&c["Cmd"]),
-    }
 }
 
 /// A regular member of a tar: its size, first bytes, and whole content if small.

@@ -60,7 +60,11 @@ impl ImageStore {
                 env: run.env.clone(),
                 workdir: run.workdir.clone(),
                 user: user_in_image(&rootfs, &run.user, progress),
+                entrypoint: run.entrypoint.clone(),
+                cmd: run.cmd.clone(),
+                exposed_ports: run.exposed_ports.clone(),
             },
+            labels: run.labels.clone(),
             source: image.source.clone(),
             ..ImageInfo::default()
         };

@@ -76,6 +76,46 @@ pub struct RunConfig {
     pub entrypoint: Vec<String>,
     /// See `entrypoint`.
     pub cmd: Vec<String>,
+    /// `ExposedPorts`, as `8080/tcp`, informational.
+    pub exposed_ports: Vec<String>,
+    /// `Labels`, less any in our own `sandbox-mcp.` namespace (which say
+    /// what made an image, and an image must not claim that for itself).
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Our own labels' namespace.
+const OWN_LABELS: &str = "sandbox-mcp.";
+
+impl RunConfig {
+    /// The process defaults of an image config's `config` object (OCI and
+    /// Docker name them alike). What a process could not be given is left
+    /// out: env entries without `=`, or with NUL or an empty key.
+    pub fn from_config(c: &serde_json::Value) -> Self {
+        let strings = |v: &serde_json::Value| {
+            v.as_array().into_iter().flatten().filter_map(|s| s.as_str().map(String::from)).collect::<Vec<_>>()
+        };
+        let keys = |v: &serde_json::Value| v.as_object().into_iter().flatten().map(|(k, _)| k.clone()).collect();
+        let text = |v: &serde_json::Value| v.as_str().unwrap_or("").to_string();
+        RunConfig {
+            env: strings(&c["Env"])
+                .into_iter()
+                .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+                .filter(|(k, v)| !k.is_empty() && !k.contains('\0') && !v.contains('\0'))
+                .collect(),
+            workdir: text(&c["WorkingDir"]),
+            user: text(&c["User"]),
+            entrypoint: strings(&c["Entrypoint"]),
+            cmd: strings(&c["Cmd"]),
+            exposed_ports: keys(&c["ExposedPorts"]),
+            labels: c["Labels"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(k, _)| !k.starts_with(OWN_LABELS))
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect(),
+        }
+    }
 }
 
 /// An image whose manifest, config and layers are all in the blob store,
@@ -179,5 +219,29 @@ impl OciError {
 
     pub(crate) fn malformed(what: impl Into<String>, why: impl Into<String>) -> Self {
         OciError::Malformed { what: what.into(), why: why.into() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_configs_process_defaults_are_read_and_unusable_env_left_out() {
+        let c: serde_json::Value = serde_json::from_str(
+            r#"{"Env":["PATH=/bin:/usr/bin","A=b=c","EMPTY=","NOEQUALS","=x","N\u0000UL=1"],"WorkingDir":"/w",
+                "User":"1:2","Entrypoint":null,"Cmd":["sh"],"ExposedPorts":{"8080/tcp":{},"53/udp":{}},
+                "Labels":{"org.opencontainers.image.title":"t","sandbox-mcp.kind":"snapshot","n":1}}"#,
+        )
+        .unwrap();
+        let run = RunConfig::from_config(&c);
+        let env: Vec<_> = run.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        assert_eq!(env, ["A=b=c", "EMPTY=", "PATH=/bin:/usr/bin"]);
+        assert_eq!((run.workdir.as_str(), run.user.as_str()), ("/w", "1:2"));
+        assert!(run.entrypoint.is_empty());
+        assert_eq!(run.cmd, ["sh"]);
+        assert_eq!(run.exposed_ports, ["8080/tcp", "53/udp"], "in the config's order");
+        assert_eq!(run.labels.into_iter().collect::<Vec<_>>(), [("org.opencontainers.image.title".into(), "t".into())]);
+        assert_eq!(RunConfig::from_config(&serde_json::Value::Null), RunConfig::default());
     }
 }

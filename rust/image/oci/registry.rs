@@ -241,8 +241,6 @@ struct Platform {
 /// An image config, as much as we read.
 #[derive(Deserialize)]
 struct ImageConfig {
-    #[serde(default)]
-    config: Option<ContainerConfig>,
     rootfs: RootFs,
 }
 
@@ -251,16 +249,6 @@ struct RootFs {
     #[serde(rename = "type")]
     kind: String,
     diff_ids: Vec<String>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(rename_all = "PascalCase")]
-struct ContainerConfig {
-    env: Option<Vec<String>>,
-    working_dir: Option<String>,
-    user: Option<String>,
-    entrypoint: Option<Vec<String>>,
-    cmd: Option<Vec<String>>,
 }
 
 /// Whether parsed manifest bytes are an index (true) or an image manifest.
@@ -320,26 +308,6 @@ fn choose_platform<'a>(
         platform: format!("linux/{arch}{}", variant.map(|v| format!("/{v}")).unwrap_or_default()),
         available: if available.is_empty() { "nothing".to_string() } else { available.join(", ") },
     })
-}
-
-/// What a config says a process starts with.
-fn run_config(c: ContainerConfig) -> RunConfig {
-    let env = c
-        .env
-        .unwrap_or_default()
-        .into_iter()
-        .map(|kv| match kv.split_once('=') {
-            Some((k, v)) => (k.to_string(), v.to_string()),
-            None => (kv, String::new()),
-        })
-        .collect();
-    RunConfig {
-        env,
-        workdir: c.working_dir.unwrap_or_default(),
-        user: c.user.unwrap_or_default(),
-        entrypoint: c.entrypoint.unwrap_or_default(),
-        cmd: c.cmd.unwrap_or_default(),
-    }
 }
 
 /// A registry's own text, made safe to show: control and invisible
@@ -499,7 +467,9 @@ impl<'a> Session<'a> {
         }
         digest_hex(&config_desc.digest)?;
         self.blob(&config_what, &config_desc.digest, config_desc.size, |_| ()).await?;
-        let config = parse::<ImageConfig>(&config_what, &self.blobs.read(&config_desc.digest)?)?;
+        let config_bytes = self.blobs.read(&config_desc.digest)?;
+        let config = parse::<ImageConfig>(&config_what, &config_bytes)?;
+        let run = RunConfig::from_config(&parse::<serde_json::Value>(&config_what, &config_bytes)?["config"]);
         if config.rootfs.kind != "layers" {
             return Err(OciError::malformed(config_what, "rootfs.type is not \"layers\""));
         }
@@ -547,7 +517,7 @@ impl<'a> Session<'a> {
             manifest_digest,
             config_digest: config_desc.digest.clone(),
             layers,
-            run: run_config(config.config.unwrap_or_default()),
+            run,
         })
     }
 
@@ -909,21 +879,6 @@ mod tests {
             }
             other => panic!("{:?}", other.map(|_| ())),
         }
-    }
-
-    #[test]
-    fn run_config_splits_env() {
-        let c: ContainerConfig = serde_json::from_str(
-            r#"{"Env":["PATH=/bin:/usr/bin","A=b=c","EMPTY="],"WorkingDir":"/w","User":"1:2","Entrypoint":null,"Cmd":["sh"]}"#,
-        )
-        .unwrap();
-        let run = run_config(c);
-        assert_eq!(run.env["PATH"], "/bin:/usr/bin");
-        assert_eq!(run.env["A"], "b=c");
-        assert_eq!(run.env["EMPTY"], "");
-        assert_eq!((run.workdir.as_str(), run.user.as_str()), ("/w", "1:2"));
-        assert!(run.entrypoint.is_empty());
-        assert_eq!(run.cmd, ["sh"]);
     }
 
     #[test]

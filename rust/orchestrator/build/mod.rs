@@ -114,6 +114,9 @@ struct State {
     workdir: String,
     user: String,
     labels: HashMap<String, String>,
+    /// What the base recorded beyond env, workdir and user (a pulled
+    /// image's Entrypoint, Cmd, ports): kept, as no instruction sets them.
+    recorded: ImageConfig,
 }
 
 /// The PATH a RUN step has when the image sets none: the agent's default
@@ -134,6 +137,7 @@ impl State {
             env: self.env.clone().into_iter().collect(),
             workdir: self.workdir.clone(),
             user: self.user.clone(),
+            ..self.recorded.clone()
         }
     }
 
@@ -284,6 +288,7 @@ impl SandboxManager {
             env: base.config.env.clone().into_iter().collect(),
             workdir: if base.config.workdir.is_empty() { "/".into() } else { base.config.workdir.clone() },
             user: base.config.user.clone(),
+            recorded: base.config.clone(),
             ..State::default()
         };
         let config = self.config();
