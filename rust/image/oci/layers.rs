@@ -23,6 +23,7 @@ use std::path::Path;
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, openat, openat2};
 use nix::sys::stat::{Mode, SFlag, UtimensatFlags, fchmod, fstatat, futimens, mkdirat, mknodat, utimensat};
+use nix::sys::statvfs::fstatvfs;
 use nix::sys::time::TimeSpec;
 use nix::unistd::{Gid, Uid, UnlinkatFlags, fchown, fchownat, linkat, symlinkat, unlinkat};
 
@@ -34,6 +35,10 @@ use crate::helper::userns::{self, IdMapper};
 /// Most entries an image's layers may hold together; a layer listing
 /// millions of empty files is refused before it exhausts the inodes.
 const MAX_ENTRIES: u64 = 4_000_000;
+/// Free space an unpack always leaves on the store's filesystem, at least:
+/// a layer that would take it (a size bomb, or just too big an image) is
+/// refused before its file is written, so the host's other writers go on.
+const SPARE_BYTES: u64 = 1 << 30;
 /// Prefix of a whiteout entry's name.
 const WHITEOUT: &[u8] = b".wh.";
 /// Name of an opaque whiteout: the directory hides what lower layers put there.
@@ -209,6 +214,26 @@ impl Applier<'_> {
         OciError::malformed(self.what, format!("{doing}: {e}"))
     }
 
+    /// Refuses a file of `size` bytes (as its header declares: the tar
+    /// reader reads no more) that would leave less than [`SPARE_BYTES`]
+    /// free, or 2% of the filesystem if that is more.
+    fn check_room(&self, dir: &OwnedFd, size: u64, shown: &str) -> Result<(), OciError> {
+        let Ok(st) = fstatvfs(dir) else { return Ok(()) };
+        let block = st.fragment_size().max(1);
+        let free = st.blocks_available().saturating_mul(block);
+        let spare = SPARE_BYTES.max(st.blocks().saturating_mul(block) / 50);
+        if size.saturating_add(spare) <= free {
+            return Ok(());
+        }
+        Err(OciError::malformed(
+            self.what,
+            format!(
+                "entry {shown:?} declares {size} bytes, and the image store's filesystem has {free} bytes free \
+                 ({spare} kept spare): nothing more is written; free space, or use a smaller image"
+            ),
+        ))
+    }
+
     fn apply<R: Read>(&mut self, entry: &mut tar::Entry<R>) -> Result<(), OciError> {
         let raw = entry.path_bytes().into_owned();
         let shown = String::from_utf8_lossy(&raw).into_owned();
@@ -262,6 +287,7 @@ impl Applier<'_> {
                 self.finish_fd(&dir, entry, &shown)
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
+                self.check_room(&parent, entry.size(), &shown)?;
                 remove_at(parent.as_fd(), &cname).map_err(|e| fail("replacing", e))?;
                 let fd = openat(
                     &parent,

@@ -219,6 +219,25 @@ fn compressed_layers_are_read_by_media_type() {
 }
 
 #[test]
+fn a_file_larger_than_the_free_space_is_refused_before_it_is_written() {
+    let s = Scene::new("ocibomb");
+    // A header declaring 1 EiB, and no data: refused on the declaration.
+    let mut header = tar::Header::new_gnu();
+    header.set_path("bomb").unwrap();
+    header.set_size(1 << 60);
+    header.set_mode(0o644);
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_cksum();
+    let layer = header.as_bytes().to_vec();
+    let err = s.apply(&[layer]).unwrap_err();
+    assert!(matches!(err, OciError::Malformed { .. }), "{err}");
+    assert!(err.to_string().contains(&format!("\"bomb\" declares {} bytes", 1u64 << 60)), "{err}");
+    assert!(err.to_string().contains("free space, or use a smaller image"), "{err}");
+    assert!(!s.root().join("bomb").exists(), "nothing of it was written");
+    s.host_untouched();
+}
+
+#[test]
 fn entries_that_climb_out_are_refused() {
     for (entries, says) in [
         (vec![E::File("../x", b"x", 0o644)], "climbs out"),
