@@ -231,6 +231,13 @@ def test_errors_name_the_problem(env, image_store, tmp):
         got = cli(env, "image", "pull", f"{host}/test/busybox:v1", "--name", "taken", "--force", "--store",
                   image_store)
         assert got.stdout.startswith("image taken ready from "), got.stdout
+    # A name in the snapshots' namespace would be listed and deleted as one.
+    reserved = "image names starting with 'mcp-snap-' are reserved for snapshots"
+    assert pull(f"{closed}/x:1", "--name", "mcp-snap-x") == reserved
+    got = failure(cli(env, "image", "import", str(layout.dir), "--name", "mcp-snap-x", "--store", image_store,
+                      check=False))
+    assert got == reserved, got
+    assert "mcp-snap-x" not in cli(env, "image", "list", "--store", image_store).stdout
     got = failure(cli(env, "image", "import", str(tmp / "nothing"), "--name", "x", "--store", image_store,
                       check=False))
     assert got.startswith(f"cannot import {tmp / 'nothing'}: "), got

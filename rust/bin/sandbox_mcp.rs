@@ -280,6 +280,7 @@ fn image_cmd(cmd: ImageCmd) -> Result<(), String> {
         #[cfg(linux_host)]
         ImageCmd::Build { name, packages, suite, store, force } => {
             let store = store_at(store);
+            sandbox_mcp::orchestrator::images::new_image_name(&name)?;
             let req = BuildRequest { name, suite, packages: packages.unwrap_or_else(image::default_packages), force };
             let mapper = sandbox_mcp::helper::userns::IdMapper::detect()?;
             let info = store.build(&req, &mapper, &mut |line| eprintln!("{line}")).map_err(|e| e.to_string())?;
@@ -348,10 +349,11 @@ fn image_cmd(cmd: ImageCmd) -> Result<(), String> {
     Ok(())
 }
 
-/// Refuses a taken image name without `force`, saying how to replace it.
+/// Refuses a name a new image may not have, and a taken one without
+/// `force`, saying how to replace it.
 #[cfg(linux_host)]
 fn image_free(store: &ImageStore, name: &str, force: bool) -> Result<(), String> {
-    image::validate_name(name).map_err(|e| e.to_string())?;
+    sandbox_mcp::orchestrator::images::new_image_name(name)?;
     match store.get(name) {
         Ok(_) if !force => Err(format!("image {name:?} already exists: pass --force to replace it")),
         _ => Ok(()),

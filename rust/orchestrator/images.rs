@@ -27,6 +27,17 @@ pub const KIND_LABEL: &str = "sandbox-mcp.kind";
 /// Label of a snapshot: the sandbox it was taken from.
 pub const SOURCE_LABEL: &str = "sandbox-mcp.source";
 
+/// Whether `name` may be given to a new image (pulled, imported or built):
+/// a valid name, and not one in the snapshots' namespace, which would be
+/// listed, restored and deleted as a snapshot. The error names the problem.
+pub fn new_image_name(name: &str) -> Result<(), String> {
+    crate::image::validate_name(name).map_err(|e| e.to_string())?;
+    if name.starts_with(SNAPSHOT_PREFIX) {
+        return Err(format!("image names starting with '{SNAPSHOT_PREFIX}' are reserved for snapshots"));
+    }
+    Ok(())
+}
+
 /// Why a snapshot, restore, clone or image operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ImagesError {
@@ -144,13 +155,7 @@ impl SandboxManager {
         let started = Instant::now();
         let parsed = Reference::parse(reference).map_err(|e| ImagesError::InvalidImage(e.to_string()))?;
         let name = name.filter(|n| !n.is_empty()).map_or_else(|| parsed.image_name(), str::to_string);
-        crate::image::validate_name(&name).map_err(|e| ImagesError::InvalidImage(e.to_string()))?;
-        // Such an image would be listed, restored and deleted as a snapshot.
-        if name.starts_with(SNAPSHOT_PREFIX) {
-            return Err(ImagesError::InvalidImage(format!(
-                "image names starting with '{SNAPSHOT_PREFIX}' are reserved for snapshots"
-            )));
-        }
+        new_image_name(&name).map_err(ImagesError::InvalidImage)?;
         let spec =
             PullSpec { reference: reference.to_string(), name, force, registries: self.config().registries.clone() };
         let image = self.helper.pull_image(spec, on_event).await?;

@@ -14,7 +14,7 @@ use super::{
     containerfile::{self, ContainerfileError, Instruction, Op},
     exec::{self, Outcome},
     helper_client::{CommitConfig, HelperClient, HelperError, ImageConfig, ImageSummary, ProcessConfig, VmConfig},
-    images::{KIND_LABEL, SNAPSHOT_PREFIX},
+    images::KIND_LABEL,
     isolation::Isolation,
     names::random_hex,
     network::Network,
@@ -261,13 +261,7 @@ impl SandboxManager {
     ) -> Result<Built, BuildError> {
         let started = Instant::now();
         let steps = containerfile::parse(&spec.containerfile)?;
-        crate::image::validate_name(&spec.name).map_err(|e| BuildError::Invalid(e.to_string()))?;
-        // Such an image would be listed, restored and deleted as a snapshot.
-        if spec.name.starts_with(SNAPSHOT_PREFIX) {
-            return Err(BuildError::Invalid(format!(
-                "image names starting with '{SNAPSHOT_PREFIX}' are reserved for snapshots"
-            )));
-        }
+        super::images::new_image_name(&spec.name).map_err(BuildError::Invalid)?;
         check_context(&spec.context, &steps)?;
         let images = self.helper.list_images().await?;
         if !spec.force && images.iter().any(|i| i.name == spec.name) {
