@@ -824,8 +824,11 @@ impl SandboxManager {
             match self.helper.create_vm(cfg(seed.as_ref().map(|s| s.files.to_vec()).unwrap_or_default())).await {
                 Ok(created) => created,
                 // The helper went away mid-call: it may have made the VM's
-                // directory before it died.
-                Err(e @ (HelperError::Unavailable { .. } | HelperError::Other(_))) => {
+                // directory before it died. A connection cut mid-stream can
+                // surface as an internal error (h2's INTERNAL_ERROR) as well
+                // as unavailable or unknown; a VM that failed to be created
+                // is deleted in every such case.
+                Err(e @ (HelperError::Unavailable { .. } | HelperError::Other(_) | HelperError::Internal(_))) => {
                     self.discard_vm(name).await;
                     return Err(e.into());
                 }
