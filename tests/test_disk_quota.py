@@ -4,6 +4,7 @@ quota is the helper's, the same whatever transport asked for the sandbox)."""
 import re
 
 from conftest import write_config
+from waiting import poll
 
 GIB = 1 << 30
 
@@ -20,7 +21,9 @@ def test_dd_at_full_speed_keeps_at_most_a_tenth_past_the_quota(front_end, env):
     kept, err = srv.tool("exec", command="stat -c '%b %B' /workspace/big")
     blocks, size = map(int, kept.splitlines()[0].split())
     assert not err and blocks * size <= GIB + GIB // 10, f"{blocks * size} bytes kept under a 1 GiB quota"
-    data = srv.call_raw("stats").structured_content
+    # The kernel's cap on one file may stop dd before the watcher's next walk, which records why.
+    data = poll(lambda: srv.call_raw("stats").structured_content,
+                lambda d: d["quota_exceeded"].startswith("disk quota exceeded"))
     assert data["quota_exceeded"].startswith("disk quota exceeded"), data
     srv.tool("exec", command="rm -f /workspace/big")
 
@@ -36,3 +39,15 @@ def test_three_hundred_thousand_empty_files_cannot_be_made_under_one_gib(front_e
     text, _ = srv.tool("stats")
     assert re.search(r"^Quota:   disk quota exceeded: .+ used of 1 GiB", text, re.M), text
     srv.tool("exec", _timeout=360, command="rm -rf /tmp/f", timeout=300)
+
+
+def test_an_upload_larger_than_the_quota_fails_naming_it_and_leaves_nothing(front_end, env, roots):
+    write_config(env, '[defaults]\ndisk = "64M"\n')
+    srv = front_end(SANDBOX_MCP_HOST_ROOTS=str(roots))
+    with open(roots / "huge.bin", "wb") as f:
+        f.truncate(65 << 20)
+    text, err = srv.tool("upload", local_path=str(roots / "huge.bin"), sandbox_path="/tmp/huge.bin")
+    assert err and "/tmp/huge.bin" in text and ("File too large" in text or "No space left" in text), text
+    # The agent that wrote it still serves, and no part of the file stayed.
+    out, err = srv.tool("exec", command="ls -A /tmp; echo alive")
+    assert not err and out.startswith("alive"), out

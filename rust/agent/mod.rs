@@ -109,6 +109,15 @@ pub fn serve(address: listen::Address) -> AgentError {
 
 #[cfg(linux_host)]
 fn block_on(work: impl std::future::Future<Output = AgentError>) -> AgentError {
+    // The helper caps file sizes at the disk quota (RLIMIT_FSIZE): a write
+    // past it must fail the one request (EFBIG), not kill the agent with
+    // SIGXFSZ. Blocked, not ignored: std empties the mask of the processes
+    // it spawns, so they meet the limit as any process does.
+    let mut xfsz = nix::sys::signal::SigSet::empty();
+    xfsz.add(nix::sys::signal::Signal::SIGXFSZ);
+    if let Err(e) = xfsz.thread_block() {
+        return AgentError::Io { what: "block SIGXFSZ".into(), source: e.into() };
+    }
     match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt.block_on(work),
         Err(source) => AgentError::Io { what: "start runtime".into(), source },

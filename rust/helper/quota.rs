@@ -28,6 +28,9 @@
 //! killing its PID 1, with the reason as its stop reason. Files the VM's
 //! processes hold open after unlinking them count too.
 //!
+//! On the host one file is also capped at the whole quota by the kernel
+//! ([`cap_file_size`]): a single writer at full speed needs no walk to stop.
+//!
 //! A vm (its own kernel) is watched the same way with the guest's figures
 //! for its writable disk, which is itself sized to the quota ([`Writers`]).
 use std::collections::HashSet;
@@ -181,6 +184,10 @@ sync"#
 /// the returned handle is dropped.
 pub fn watch(limit: u64, parts: Vec<Part>, writers: Writers) -> (Arc<Watch>, tokio_util::task::AbortOnDropHandle<()>) {
     let w = Arc::new(Watch { limit, reading: Mutex::default(), stops: AtomicU64::new(0) });
+    #[cfg(linux_host)]
+    if let Writers::Host { pid1, agent } = &writers {
+        cap_file_size(&[*pid1, *agent], limit);
+    }
     let shared = w.clone();
     let task = tokio::spawn(async move {
         let mut wire = Tripwire::new(&parts);
@@ -561,7 +568,8 @@ pub fn message(used: u64, limit: u64, parts: &[(String, u64)], done: &str) -> St
     )
 }
 
-fn size(bytes: u64) -> String {
+/// `bytes` in the largest binary unit that keeps it at least 1, as messages show sizes.
+pub fn size(bytes: u64) -> String {
     const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
     let mut value = bytes as f64;
     let mut unit = "B";
@@ -577,6 +585,28 @@ fn size(bytes: u64) -> String {
     }
     let text = format!("{value:.1}");
     format!("{} {unit}", text.strip_suffix(".0").unwrap_or(&text))
+}
+
+/// Caps the size of any one file the VM's processes write at the quota
+/// (`RLIMIT_FSIZE`, soft and hard), on PID 1 and the agent, which every
+/// later process inherits. A file bigger than the whole quota is over it
+/// anyway, and the kernel refuses the write that would pass it (EFBIG,
+/// SIGXFSZ) before it lands: the one writer no walk is fast enough for, a
+/// single stream at the disk's full speed (`dd bs=16M`, `fallocate`, a
+/// sparse file written far out), is stopped at the quota exactly, whatever
+/// the host's load. Only the host's own capabilities raise a hard limit,
+/// so root in the sandbox cannot lift it. Many files written at once are
+/// still the walk's and the [`Tripwire`]'s to catch.
+#[cfg(linux_host)]
+fn cap_file_size(pids: &[i32], limit: u64) {
+    let cap = libc::rlimit { rlim_cur: limit, rlim_max: limit };
+    for &pid in pids {
+        // SAFETY: prlimit with a valid struct and no old-value pointer.
+        if unsafe { libc::prlimit(pid, libc::RLIMIT_FSIZE, &cap, std::ptr::null_mut()) } != 0 {
+            let e = std::io::Error::last_os_error();
+            tracing::warn!(pid, error = %e, "could not cap file sizes at the disk quota");
+        }
+    }
 }
 
 /// Kills every process of the VM but PID 1 and the agent. Killed processes

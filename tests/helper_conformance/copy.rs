@@ -6,7 +6,12 @@ fn copy_req(msg: pb::copy_in_request::Msg) -> pb::CopyInRequest {
     pb::CopyInRequest { msg: Some(msg) }
 }
 
-async fn copy_in(h: &mut Harness, id: &str, dest: &str, tar: Vec<u8>) -> Result<pb::CopyInResponse, tonic::Status> {
+pub(super) async fn copy_in(
+    h: &mut Harness,
+    id: &str,
+    dest: &str,
+    tar: Vec<u8>,
+) -> Result<pb::CopyInResponse, tonic::Status> {
     let mut msgs =
         vec![copy_req(pb::copy_in_request::Msg::Start(pb::CopyInStart { vm_id: id.into(), dest_dir: dest.into() }))];
     msgs.extend(tar.chunks(256 * 1024).map(|c| copy_req(pb::copy_in_request::Msg::Data(c.to_vec()))));
@@ -31,7 +36,7 @@ fn header() -> tar::Header {
     header
 }
 
-fn file(b: &mut tar::Builder<Vec<u8>>, path: &str, mode: u32, data: &[u8]) {
+pub(super) fn file(b: &mut tar::Builder<Vec<u8>>, path: &str, mode: u32, data: &[u8]) {
     let mut header = header();
     header.set_size(data.len() as u64);
     header.set_mode(mode);

@@ -97,10 +97,15 @@ async fn assert_writer_is_stopped(h: &mut Harness, writer: &str, reason: &str) -
 /// ENOSPC before it finished; true when it was stopped.
 fn stopped_or_refused(o: &Output) -> bool {
     let stopped = o.status == Some(pb::exited::Status::Signal(libc::SIGKILL));
-    let enospc = o.err().contains("No space left on device");
-    assert!(stopped || enospc, "the writer was neither stopped nor refused: {o:?}");
+    assert!(stopped || refused(&o.err()), "the writer was neither stopped nor refused: {o:?}");
     assert!(!o.out().contains("wrote 1 GiB"), "{o:?}");
     stopped
+}
+
+/// Whether `err` says a write was refused: the disk is full (a guest's
+/// disk sized to the quota) or the file reached the cap on one file's size.
+fn refused(err: &str) -> bool {
+    err.contains("No space left on device") || err.contains("File too large")
 }
 
 /// 1 MiB at a time, about 50 MB/s, synced so the blocks are allocated as it
@@ -141,9 +146,66 @@ async fn a_writer_at_full_speed_is_stopped_within_64_mib_of_the_disk_quota() {
     let o = h.sh(&id, "dd if=/dev/zero of=/workspace/big bs=16M count=100 2>&1; echo done").await;
     let on_host = std::fs::metadata(ws.join("big")).map(|m| m.blocks() * 512).unwrap_or(0);
     assert!(on_host <= QUOTA + FAST_OVERSHOOT, "{on_host} bytes reached the host: {o:?}");
-    let now = stats(&mut h, &id).await;
+    // The writer may have been stopped by the kernel's cap on one file
+    // before the watcher's next walk: the reason is recorded at that walk.
+    let mut now = stats(&mut h, &id).await;
+    let mut poll = Poll::every(Duration::from_millis(50));
+    while now.disk_quota_exceeded.is_empty() && poll.again().await {
+        now = stats(&mut h, &id).await;
+    }
     assert!(now.disk_quota_exceeded.starts_with("disk quota exceeded: "), "{now:?}");
     assert_eq!(h.sh(&id, "rm /workspace/big && echo gone").await.out(), "gone\n");
+}
+
+#[tokio::test]
+async fn no_one_file_outgrows_the_quota_and_the_agent_outlives_a_copy_that_tries() {
+    let mut h = Harness::new("quotafile").await;
+    let id = h.running("vm", |s| s.disk_bytes = QUOTA).await;
+    // Straight from Exec, so its own end is what the client sees: the
+    // kernel's file size cap (SIGXFSZ, with the cap named), the watcher's
+    // kill, or a guest disk sized to the quota.
+    let o = h.run(process(&id, &["dd", "if=/dev/zero", "of=/tmp/big", "bs=16M", "count=100"]), b"").await.unwrap();
+    match o.status {
+        Some(pb::exited::Status::Signal(libc::SIGXFSZ)) => {
+            let err = o.err();
+            assert!(
+                err.contains("disk quota exceeded: a file reached 64 MiB, the whole quota and the most any one"),
+                "{err}"
+            );
+        }
+        Some(pb::exited::Status::Signal(libc::SIGKILL)) => assert!(o.err().contains("disk quota exceeded: "), "{o:?}"),
+        // A write through the overlay meets the cap as EFBIG.
+        _ => assert!(refused(&o.err()), "{o:?}"),
+    }
+    let o = h.sh(&id, "stat -c %b /tmp/big; rm /tmp/big").await;
+    let blocks: u64 = o.out().trim().parse().unwrap_or_else(|_| panic!("{o:?}"));
+    assert!(blocks * 512 <= QUOTA + FAST_OVERSHOOT, "{o:?}");
+    // Preallocation and a write far into a sparse file meet the same cap
+    // (or the guest disk's end).
+    let far = "import os\nf = os.open('/tmp/far', os.O_CREAT | os.O_WRONLY)\n\
+               for what, call in (('fallocate', lambda: os.posix_fallocate(f, 0, 1 << 30)), ('pwrite', lambda: os.pwrite(f, b'x', 1 << 34))):\n\
+               \x20   try: call(); print(what, 'done', os.fstat(f).st_blocks * 512)\n\
+               \x20   except OSError as e: print(what, e.strerror)\n";
+    let o = h.run(process(&id, &["python3", "-c", far]), b"").await.unwrap();
+    let out = o.out();
+    assert_eq!(o.code(), Some(0), "{o:?}");
+    for line in out.lines() {
+        let small = line.split(' ').nth(2).and_then(|b| b.parse::<u64>().ok()).is_some_and(|b| b <= QUOTA);
+        assert!(refused(line) || (line.starts_with("pwrite done") && small), "{out}");
+    }
+    assert_eq!(out.lines().count(), 2, "{o:?}");
+    assert_eq!(h.sh(&id, "rm /tmp/far && echo gone").await.out(), "gone\n");
+    // A file larger than the quota through CopyIn, which the agent itself
+    // writes: the copy fails naming the file, the partial file is gone and
+    // the agent still answers.
+    let mut b = tar::Builder::new(Vec::new());
+    super::copy::file(&mut b, "huge", 0o644, &vec![0u8; (QUOTA + (1 << 20)) as usize]);
+    let e = super::copy::copy_in(&mut h, &id, "/tmp", b.into_inner().unwrap()).await.unwrap_err();
+    let m = e.message();
+    assert!(m.contains("cannot write /tmp/huge"), "{e:?}");
+    assert!(refused(m), "{e:?}");
+    let o = h.sh(&id, "ls -A /tmp; echo alive").await;
+    assert_eq!(o.out(), "alive\n", "{o:?}");
 }
 
 #[tokio::test]

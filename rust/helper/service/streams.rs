@@ -29,10 +29,22 @@ fn stream_of<T: Send + 'static>(rx: mpsc::Receiver<Result<T, Status>>) -> Respon
 }
 
 /// The quota watcher's reason, as a stderr line, if it stopped the VM's
-/// processes since `before`.
-fn quota_notice(quota: Option<&crate::helper::quota::Watch>, before: Option<u64>) -> Option<Vec<u8>> {
+/// processes since `before`; else, for a process the file size cap killed
+/// (SIGXFSZ), what that cap is.
+fn quota_notice(
+    quota: Option<&crate::helper::quota::Watch>,
+    before: Option<u64>,
+    status: &crate::agent::protocol::ExitStatus,
+) -> Option<Vec<u8>> {
     let quota = quota?;
-    (Some(quota.stops()) != before).then(|| format!("\n{}\n", quota.reading().exceeded).into_bytes())
+    if Some(quota.stops()) != before {
+        return Some(format!("\n{}\n", quota.reading().exceeded).into_bytes());
+    }
+    (*status == crate::agent::protocol::ExitStatus::Signal(libc::SIGXFSZ)).then(|| {
+        let cap = crate::helper::quota::size(quota.limit());
+        format!("\ndisk quota exceeded: a file reached {cap}, the whole quota and the most any one file may hold; delete files or raise disk in the profile\n")
+            .into_bytes()
+    })
 }
 
 /// `e`, naming the sandbox's task limit if that refused the process.
@@ -122,7 +134,7 @@ pub async fn exec(
                         Ok(Some(ExecOutput::Stdout(b))) => (Ok(response(pb::exec_response::Msg::Stdout(b))), false),
                         Ok(Some(ExecOutput::Stderr(b))) => (Ok(response(pb::exec_response::Msg::Stderr(b))), false),
                         Ok(Some(ExecOutput::Exited(st))) => {
-                            if let Some(notice) = quota_notice(quota.as_deref(), stops_before) {
+                            if let Some(notice) = quota_notice(quota.as_deref(), stops_before, &st) {
                                 let _ = tx.send(Ok(response(pb::exec_response::Msg::Stderr(notice)))).await;
                             }
                             (Ok(response(pb::exec_response::Msg::Exited(exited(st)))), true)
