@@ -112,10 +112,14 @@ MAC_VM_DIR ?= $(or $(SANDBOX_MCP_VM_DIR),$(or $(XDG_DATA_HOME),$(HOME)/.local/sh
 MAC_DEFAULT_IMAGE ?= docker.io/library/python:3.12-bookworm
 # The guest kernel containerization's own Makefile fetches (Kata's arm64 vmlinux.container).
 KATA_ARM64 ?= https://github.com/kata-containers/kata-containers/releases/download/3.17.0/kata-static-3.17.0-arm64.tar.xz
-.PHONY: helper check-swift check-portable lint install-macos mac-guest-kernel mac-guest-agent
+.PHONY: helper check-swift check-portable check-layers lint install-macos mac-guest-kernel mac-guest-agent
 
 check-swift: venv
 	@$(VENV)/bin/python scripts/check-swift.py
+
+# The workspace's layering (each crate uses only lower ones) and no Rust file over 800 lines.
+check-layers:
+	@scripts/check-layers.py
 
 # clippy on every target of the workspace, warnings denied (a few minutes from a clean target dir).
 lint:
@@ -213,6 +217,7 @@ test: deps venv
 	@status=0; scripts/run-tests.sh $(VENV) || status=1; \
 	    $(MAKE) --no-print-directory check-swift || status=1; \
 	    $(MAKE) --no-print-directory check-portable || status=1; \
+	    $(MAKE) --no-print-directory check-layers || status=1; \
 	    $(MAKE) --no-print-directory lint || status=1; \
 	    $(MAKE) --no-print-directory test-user || status=1; \
 	    FUZZ_OPTIONAL=1 FUZZ_SECONDS=$(TEST_FUZZ_SECONDS) scripts/fuzz.sh || status=1; exit $$status

@@ -4,8 +4,8 @@
 //! cancel or credit.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use sandbox_mcp::agent::mux::Mux;
-use sandbox_mcp::agent::protocol::FrameReader;
+use sandbox_agent::mux::Mux;
+use sandbox_agent::protocol::FrameReader;
 use tokio::io::AsyncWriteExt as _;
 
 fuzz_target!(|data: &[u8]| {

@@ -2,7 +2,7 @@
 //! from what it returns: each is one line of valid JSON.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use sandbox_mcp::ctl::protocol::{ErrorCode, error_line, parse_request, result_line};
+use sandbox_ctl::protocol::{ErrorCode, error_line, parse_request, result_line};
 
 fn one_json_line(line: &str) {
     let body = line.strip_suffix('\n').expect("a response line ends with a newline");

@@ -2,7 +2,7 @@
 //! any size, split into lines under a small limit, each line decoded.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use sandbox_mcp::mcp::stdio::{Decoded, LineSplitter, Split, decode_line, leading_id, oversized_reply};
+use sandbox_mcp_tools::stdio::{Decoded, LineSplitter, Split, decode_line, leading_id, oversized_reply};
 
 /// A small line limit, so the oversized path is reached too.
 const MAX: usize = 256;

@@ -138,7 +138,7 @@ impl Registry {
             name,
             pid,
             argv: spec.argv.clone(),
-            started_at_ms: crate::clock::unix_ms(),
+            started_at_ms: sandbox_base::clock::unix_ms(),
             output: Mutex::new(Ring::default()),
             exit,
             drained,

@@ -1,5 +1,5 @@
 //! The sandbox's cgroup inside a vm's guest, made by guest init with the
-//! sandbox's task and memory limits ([`crate::guest::cgroup`]). Every
+//! sandbox's task and memory limits (`sandbox_guest::cgroup`). Every
 //! process the agent starts joins it before it execs ([`place`], one
 //! `write` of "0" to its `cgroup.procs`, opened once here), so the limits
 //! hold for the whole tree it forks; the agent itself stays outside, so a

@@ -38,7 +38,7 @@ pub fn read() -> GuestStats {
 /// layer itself): the disk's whole filesystem, so Docker's data, which
 /// lives beside the layer on it, counts too.
 fn writable_disk_used() -> u64 {
-    match nix::sys::statfs::statfs(crate::guest::LAYER_VIEW) {
+    match nix::sys::statfs::statfs(crate::LAYER_VIEW) {
         Ok(fs) => {
             let bsize = u64::try_from(fs.block_size()).unwrap_or(0);
             (fs.blocks().saturating_sub(fs.blocks_free())).saturating_mul(bsize)

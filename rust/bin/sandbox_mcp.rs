@@ -3,23 +3,22 @@
 use std::{io::IsTerminal, net::SocketAddr, path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand, ValueEnum};
-use sandbox_mcp::doctor;
+use sandbox_base::paths;
+use sandbox_image::ImageStore;
+#[cfg(linux_host)]
+use sandbox_image::{self as image, BuildRequest};
+#[cfg(linux_host)]
+use sandbox_mcp::hostsetup;
 use sandbox_mcp::{
     daemon::{frontend, hello::Mode, server},
-    image::ImageStore,
-    mcp::{
-        http::{self, HttpOptions},
-        http_token,
-        registration::{self, HttpTarget},
-    },
-    orchestrator::{Config, config::ConfigSource},
-    paths,
+    doctor,
 };
-#[cfg(linux_host)]
-use sandbox_mcp::{
-    hostsetup,
-    image::{self, BuildRequest},
+use sandbox_mcp_tools::{
+    http::{self, HttpOptions},
+    http_token,
+    registration::{self, HttpTarget},
 };
+use sandbox_orchestrator::{Config, config::ConfigSource};
 
 #[derive(Parser)]
 #[command(name = "sandbox-mcp", version, about = "Local, VM-grade sandboxes for AI agents, served over MCP")]
@@ -136,7 +135,7 @@ enum ImageCmd {
         /// The image, e.g. docker.io/library/python:3.12-bookworm.
         reference: String,
         /// Image name.
-        #[arg(long, default_value = sandbox_mcp::image::DEFAULT_IMAGE)]
+        #[arg(long, default_value = sandbox_image::DEFAULT_IMAGE)]
         name: String,
         /// Shell for `sh -c` style commands in it.
         #[arg(long, default_value = "/bin/sh")]
@@ -280,9 +279,9 @@ fn image_cmd(cmd: ImageCmd) -> Result<(), String> {
         #[cfg(linux_host)]
         ImageCmd::Build { name, packages, suite, store, force } => {
             let store = store_at(store);
-            sandbox_mcp::orchestrator::images::new_image_name(&name)?;
+            sandbox_orchestrator::images::new_image_name(&name)?;
             let req = BuildRequest { name, suite, packages: packages.unwrap_or_else(image::default_packages), force };
-            let mapper = sandbox_mcp::helper::userns::IdMapper::detect()?;
+            let mapper = sandbox_userns::IdMapper::detect()?;
             let info = store.build(&req, &mapper, &mut |line| eprintln!("{line}")).map_err(|e| e.to_string())?;
             println!("image {} ready in {} ({} MB)", info.name, store.root().display(), info.size_bytes >> 20);
         }
@@ -294,7 +293,7 @@ fn image_cmd(cmd: ImageCmd) -> Result<(), String> {
             // Refused before any download: a taken name is known now.
             image_free(&store, &name, force)?;
             let registries = Config::load_from(&ConfigSource::current()).map_err(|e| e.to_string())?.registries;
-            let mapper = sandbox_mcp::helper::userns::IdMapper::detect()?;
+            let mapper = sandbox_userns::IdMapper::detect()?;
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
             let installed = rt.block_on(pull_image(&store, &reference, &name, force, &registries, mapper));
             let info = installed.map_err(|e| image_error(e, &name))?;
@@ -311,7 +310,7 @@ fn image_cmd(cmd: ImageCmd) -> Result<(), String> {
         ImageCmd::Import { path, name, tag, store, force } => {
             let store = store_at(store);
             image_free(&store, &name, force)?;
-            let mapper = sandbox_mcp::helper::userns::IdMapper::detect()?;
+            let mapper = sandbox_userns::IdMapper::detect()?;
             let blobs = store.blobs();
             let mut log = |line: &str| eprintln!("{line}");
             let fetched = image::oci::archive::import(&path, &blobs, tag.as_deref(), &mut log)
@@ -324,18 +323,17 @@ fn image_cmd(cmd: ImageCmd) -> Result<(), String> {
         ImageCmd::Export { args, snapshot, store } => {
             let (name, dest) = match (snapshot, args.as_slice()) {
                 (Some(snap), [dest]) => {
-                    (format!("{}{snap}", sandbox_mcp::orchestrator::images::SNAPSHOT_PREFIX), dest.clone())
+                    (format!("{}{snap}", sandbox_orchestrator::images::SNAPSHOT_PREFIX), dest.clone())
                 }
                 (None, [name, dest]) => (name.to_string_lossy().into_owned(), dest.clone()),
                 (Some(_), _) => return Err("with --snapshot SNAP give only the PATH to write".into()),
                 (None, _) => return Err("give the image and the file to write: image export NAME PATH".into()),
             };
             let store = store_at(store);
-            let mapper = sandbox_mcp::helper::userns::IdMapper::detect()?;
-            image::oci::archive::export(&store, &name, &mapper, &dest, &mut |line| eprintln!("{line}")).map_err(
-                |e| format!("cannot export {}: {e}", sandbox_mcp::orchestrator::images::display_name(&name)),
-            )?;
-            println!("{} written to {}", sandbox_mcp::orchestrator::images::display_name(&name), dest.display());
+            let mapper = sandbox_userns::IdMapper::detect()?;
+            image::oci::archive::export(&store, &name, &mapper, &dest, &mut |line| eprintln!("{line}"))
+                .map_err(|e| format!("cannot export {}: {e}", sandbox_orchestrator::images::display_name(&name)))?;
+            println!("{} written to {}", sandbox_orchestrator::images::display_name(&name), dest.display());
         }
         ImageCmd::List { store } => {
             for i in store_at(store).list().map_err(|e| e.to_string())? {
@@ -353,7 +351,7 @@ fn image_cmd(cmd: ImageCmd) -> Result<(), String> {
 /// `force`, saying how to replace it.
 #[cfg(linux_host)]
 fn image_free(store: &ImageStore, name: &str, force: bool) -> Result<(), String> {
-    sandbox_mcp::orchestrator::images::new_image_name(name)?;
+    sandbox_orchestrator::images::new_image_name(name)?;
     match store.get(name) {
         Ok(_) if !force => Err(format!("image {name:?} already exists: pass --force to replace it")),
         _ => Ok(()),
@@ -384,8 +382,8 @@ async fn pull_image(
     name: &str,
     force: bool,
     registries: &image::oci::RegistryConfig,
-    mapper: sandbox_mcp::helper::userns::IdMapper,
-) -> Result<sandbox_mcp::image::ImageInfo, image::ImageError> {
+    mapper: sandbox_userns::IdMapper,
+) -> Result<sandbox_image::ImageInfo, image::ImageError> {
     use image::oci::{LayerState, OciError, PullProgress};
     let cancel = tokio_util::sync::CancellationToken::new();
     // Registered before the first request: a Ctrl-C at any point of the pull cancels it.
@@ -477,7 +475,7 @@ fn init_logging() {
 
 fn main() -> ExitCode {
     #[cfg(linux_host)]
-    sandbox_mcp::image::oci::run_layer_applier_if_asked();
+    sandbox_image::oci::run_layer_applier_if_asked();
     let cli = Cli::parse();
     let command = cli.command.unwrap_or(Cmd::Serve(ServeArgs::default()));
     if !matches!(command, Cmd::Daemon) {

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 #[cfg(linux_host)]
 use clap::{Parser, Subcommand};
 #[cfg(linux_host)]
-use sandbox_mcp::helper::server::Drivers;
+use sandbox_helper::server::Drivers;
 
 #[cfg(linux_host)]
 #[derive(Parser)]
@@ -42,7 +42,7 @@ enum Command {
     Agent {
         /// Where the helper's connection comes from.
         #[arg(long, value_name = "ADDR")]
-        listen: sandbox_mcp::agent::listen::Address,
+        listen: sandbox_agent::listen::Address,
     },
     /// Launch one VM (internal; started by `serve`, config on stdin).
     #[command(name = "__vm-init", hide = true)]
@@ -97,25 +97,25 @@ fn main() -> ExitCode {
 
 #[cfg(linux_host)]
 fn main() -> ExitCode {
-    sandbox_mcp::image::oci::run_layer_applier_if_asked();
+    sandbox_image::oci::run_layer_applier_if_asked();
     let cli = Cli::parse();
     match cli.command {
         // No runtime and no threads before this point: the launcher must be
         // single-threaded to enter a new user namespace.
-        Command::VmInit { eth0 } => ExitCode::from(u8::try_from(sandbox_mcp::helper::vm_init(eth0)).unwrap_or(1)),
+        Command::VmInit { eth0 } => ExitCode::from(u8::try_from(sandbox_helper::vm_init(eth0)).unwrap_or(1)),
         Command::GuestInit => {
-            let e = sandbox_mcp::guest::run();
+            let e = sandbox_guest::run();
             eprintln!("guest-init: {e}");
-            sandbox_mcp::guest::agent::power_off()
+            sandbox_guest::agent::power_off()
         }
-        Command::ArchiveLayer => ExitCode::from(u8::try_from(sandbox_mcp::guest::layer_archive::run()).unwrap_or(2)),
+        Command::ArchiveLayer => ExitCode::from(u8::try_from(sandbox_guest::layer_archive::run()).unwrap_or(2)),
         Command::Agent { listen } => {
-            let e = sandbox_mcp::agent::serve(listen);
+            let e = sandbox_agent::serve(listen);
             eprintln!("sandbox-vm-helper agent: {e}");
             ExitCode::FAILURE
         }
         Command::VmBench { store, image, runs } => {
-            let store = sandbox_mcp::image::ImageStore::new(store);
+            let store = sandbox_image::ImageStore::new(store);
             let layers = match store.get(&image) {
                 Ok(info) => {
                     std::iter::once(store.rootfs(&image)).chain(store.layer_paths(&info.layers)).collect::<Vec<_>>()
@@ -129,8 +129,7 @@ fn main() -> ExitCode {
             // reach the workspace (a home directory may be closed to it).
             let work = std::env::temp_dir().join(format!("smcp-vm-bench-{}", std::process::id()));
             let figures = tokio::runtime::Runtime::new().map_err(|e| e.to_string()).and_then(|rt| {
-                rt.block_on(sandbox_mcp::helper::driver::qemu::bench::run(&layers, runs, &work))
-                    .map_err(|e| e.to_string())
+                rt.block_on(sandbox_helper::driver::qemu::bench::run(&layers, runs, &work)).map_err(|e| e.to_string())
             });
             let _ = std::fs::remove_dir_all(&work);
             match figures {
@@ -144,7 +143,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::CopyLayer { src, dst } => match sandbox_mcp::image::copy_tree(&src, &dst) {
+        Command::CopyLayer { src, dst } => match sandbox_image::copy_tree(&src, &dst) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("{e}");
@@ -152,7 +151,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve { socket, through_bridge: false } => {
-            ExitCode::from(u8::try_from(sandbox_mcp::helper::server::run(socket, Drivers::Local)).unwrap_or(1))
+            ExitCode::from(u8::try_from(sandbox_helper::server::run(socket, Drivers::Local)).unwrap_or(1))
         }
         Command::Serve { socket, through_bridge: true } => {
             ExitCode::from(u8::try_from(bridge::helper_main(socket)).unwrap_or(1))

@@ -35,7 +35,9 @@ use super::{
     hello::{self, Build, Hello, Mode, Reply},
     socket,
 };
-use crate::{mcp::http, orchestrator::config::ConfigSource, paths};
+use sandbox_base::paths;
+use sandbox_mcp_tools::http;
+use sandbox_orchestrator::config::ConfigSource;
 
 /// How long a new daemon gets to answer (it may first start the helper and
 /// re-attach every sandbox).

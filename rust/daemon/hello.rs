@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::DaemonError;
-use crate::{mcp::http::HttpListen, orchestrator::config::ConfigSource};
+use sandbox_mcp_tools::http::HttpListen;
+use sandbox_orchestrator::config::ConfigSource;
 
 /// The longest handshake line: the environment and a path fit many times over.
 const MAX_LINE: u64 = 1 << 20;

@@ -28,10 +28,10 @@ use super::{
     hello::{self, Hello, Mode, Reply},
     socket,
 };
-use crate::{
-    mcp::{SandboxServer, http},
-    orchestrator::{Config, Orchestrator, SandboxManager, helper_client::HelperClient, state, watchdog::Respawn},
-    paths,
+use sandbox_base::paths;
+use sandbox_mcp_tools::{SandboxServer, http};
+use sandbox_orchestrator::{
+    Config, Orchestrator, SandboxManager, helper_client::HelperClient, state, watchdog::Respawn,
 };
 
 /// How long a connection may take to send its handshake.

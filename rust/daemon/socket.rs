@@ -15,7 +15,7 @@ use super::DaemonError;
 
 /// Creates `dir` (and parents) private to the user, tightening an existing one.
 pub fn private_dir(dir: &Path) -> Result<(), DaemonError> {
-    crate::paths::make_private(dir).map_err(|source| DaemonError::Io {
+    sandbox_base::paths::make_private(dir).map_err(|source| DaemonError::Io {
         what: "create the runtime directory",
         path: dir.to_path_buf(),
         source,

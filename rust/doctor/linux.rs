@@ -8,13 +8,10 @@ use std::{
 };
 
 use super::{Check, kvm};
-use crate::{
-    helper::{
-        driver::cgroup,
-        userns::{IdMapper, find_in_path, run_mapped},
-    },
-    hostsetup::{self, User, subid},
-};
+use sandbox_helper::driver::cgroup;
+use sandbox_userns::{IdMapper, find_in_path, run_mapped};
+
+use crate::hostsetup::{self, User, subid};
 
 /// The current user, `None` for root (whose helper needs no subordinate
 /// ids or delegation), or the check that says why there is none.
@@ -335,7 +332,7 @@ fn tun(user: Option<&User>) -> Check {
             if libc::unshare(libc::CLONE_NEWUSER) != 0 || libc::unshare(libc::CLONE_NEWNET) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            let req = crate::helper::driver::network::eth0_tun_request();
+            let req = sandbox_helper::driver::network::eth0_tun_request();
             let fd = libc::open(c"/dev/net/tun".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
             if fd < 0 || libc::ioctl(fd, libc::TUNSETIFF as _, &req) < 0 {
                 return Err(std::io::Error::last_os_error());

@@ -17,11 +17,9 @@ mod linux;
 
 use std::path::Path;
 
-use crate::{
-    image::ImageStore,
-    orchestrator::{Config, helper_client::HelperClient},
-    paths,
-};
+use sandbox_base::paths;
+use sandbox_image::ImageStore;
+use sandbox_orchestrator::{Config, helper_client::HelperClient};
 
 /// Below this much free space in the data dir, images and volumes may not fit.
 const MIN_FREE_BYTES: u64 = 5 << 30;
@@ -145,7 +143,7 @@ async fn helper(helper_bin: &Path) -> Check {
 }
 
 fn sandbox_ctl() -> Check {
-    match crate::orchestrator::ctl::host_binary() {
+    match sandbox_orchestrator::ctl::host_binary() {
         Some(p) => {
             Check::ok("sandbox-ctl", format!("{} (installed into sandboxes whose policy has inject_ctl)", p.display()))
         }

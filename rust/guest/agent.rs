@@ -35,8 +35,8 @@ pub fn port(name: &str) -> Result<PathBuf, GuestError> {
     }
 }
 
-/// The probe's answer on the agent port (see
-/// [`crate::helper::driver::qemu::probe`]).
+/// The probe's answer on the agent port (the helper's qemu driver probes
+/// whether KVM runs our kernel).
 pub fn answer_probe() -> Result<(), GuestError> {
     use std::io::Write as _;
     let port = port(AGENT_PORT)?;
@@ -44,8 +44,7 @@ pub fn answer_probe() -> Result<(), GuestError> {
         .write(true)
         .open(&port)
         .map_err(|e| GuestError::io(format!("open {}", port.display()), e))?;
-    f.write_all(crate::helper::driver::qemu::probe::PROBE_OK)
-        .map_err(|e| GuestError::io("write the probe answer", e))?;
+    f.write_all(super::PROBE_OK).map_err(|e| GuestError::io("write the probe answer", e))?;
     // Let the port drain before the power goes.
     std::thread::sleep(Duration::from_millis(100));
     Ok(())
@@ -76,7 +75,7 @@ const ENTERED: &[u8] = b"ok";
 /// hand-out), and it runs with the initramfs's libraries whatever libc the
 /// image has, as the exec'd agent did.
 pub fn start() -> Result<Agent, GuestError> {
-    if let Err(e) = crate::helper::driver::network::loopback_up() {
+    if let Err(e) = sandbox_net::setup::loopback_up() {
         eprintln!("guest-init: {e}");
     }
     let port = port(AGENT_PORT)?;
@@ -98,7 +97,7 @@ pub fn start() -> Result<Agent, GuestError> {
                 std::env::set_var("HOME", "/root");
             }
             std::thread::spawn(move || await_root(enter_r, entered_w));
-            let e = crate::agent::serve(crate::agent::listen::Address::Serial(port));
+            let e = sandbox_agent::serve(sandbox_agent::listen::Address::Serial(port));
             eprintln!("guest-init: the agent: {e}");
             std::process::exit(1);
         }
@@ -113,7 +112,7 @@ pub fn start() -> Result<Agent, GuestError> {
 /// sandbox's, through `/proc/1/root` (the initramfs's /proc stays mounted
 /// under the agent's old root, which the new root was only mounted over),
 /// and starts every process from then on in that group
-/// ([`crate::agent::group`]); the agent itself stays in init's group.
+/// ([`sandbox_agent::group`]); the agent itself stays in init's group.
 fn await_root(enter: std::os::fd::OwnedFd, entered: std::os::fd::OwnedFd) {
     use std::io::Write as _;
     let mut word = [0u8; 4096];
@@ -127,7 +126,7 @@ fn await_root(enter: std::os::fd::OwnedFd, entered: std::os::fd::OwnedFd) {
     let entering = nix::unistd::chroot("/proc/1/root")
         .and_then(|()| nix::unistd::chdir("/"))
         .map_err(|e| format!("enter the sandbox's root: {e}"))
-        .and_then(|()| crate::agent::group::confine_to(&group).map_err(|e| e.to_string()));
+        .and_then(|()| sandbox_agent::group::confine_to(&group).map_err(|e| e.to_string()));
     let answer = match entering {
         Ok(()) => ENTERED.to_vec(),
         Err(why) => why.into_bytes(),

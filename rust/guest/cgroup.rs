@@ -19,7 +19,7 @@
 //!   fork bomb at the limit must not keep the agent from starting its
 //!   threads, running the next exec or answering. The agent places every
 //!   process it starts in the group before it execs
-//!   ([`crate::agent::group`]); dockerd, started by init, stays outside.
+//!   ([`sandbox_agent::group`]); dockerd, started by init, stays outside.
 //!
 //! The guest's root can move a process out or raise a limit: the VM is the
 //! boundary, and its RAM and the host's cgroup around qemu bound it.

@@ -21,9 +21,9 @@ pub fn up() -> Result<(), GuestError> {
     if !Path::new(ETH0).exists() {
         return Ok(());
     }
-    let failed = |e: crate::helper::driver::DriverError| GuestError::Network(e.to_string());
-    crate::helper::driver::network::eth0_up(crate::helper::netstack::device::ETHERNET_MTU).map_err(failed)?;
-    crate::helper::driver::network::write_resolv_conf(Path::new(RESOLV)).map_err(failed)?;
+    let failed = |e: sandbox_net::setup::SetupError| GuestError::Network(e.to_string());
+    sandbox_net::setup::eth0_up(sandbox_net::plan::ETHERNET_MTU).map_err(failed)?;
+    sandbox_net::setup::write_resolv_conf(Path::new(RESOLV)).map_err(failed)?;
     let etc = Path::new("/etc/resolv.conf");
     // A symlink (to systemd-resolved's file, say) would send the bind to
     // a path that may not exist; the file itself replaces it.

@@ -1,6 +1,6 @@
 //! The helper's one connection to a running VM's agent: every Exec, copy,
 //! background request, dial and stats reading of that VM is a stream on it
-//! ([`crate::agent::mux`]).
+//! ([`sandbox_agent::mux`]).
 //!
 //! When the connection dies, every stream on it fails with the reason and
 //! the link is marked lost; the next request reconnects once through the
@@ -11,8 +11,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::error::HelperError;
-use crate::agent::mux::{Mux, MuxError, Stream};
-use crate::agent::protocol::Frame;
+use sandbox_agent::mux::{Mux, MuxError, Stream};
+use sandbox_agent::protocol::Frame;
 
 /// Opens a new connection to the agent (the driver's byte-stream transport).
 pub type Dialer = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = std::io::Result<Mux>> + Send>> + Send + Sync>;

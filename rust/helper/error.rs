@@ -2,8 +2,8 @@
 //! of the contract; `service::status` is the single place that maps them.
 use super::driver::DriverError;
 use super::vm::VmState;
-use crate::agent::protocol::FailKind;
-use crate::image::ImageError;
+use sandbox_agent::protocol::FailKind;
+use sandbox_image::ImageError;
 
 /// Everything a helper RPC can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -103,6 +103,13 @@ pub enum HelperError {
         /// The underlying error.
         source: std::io::Error,
     },
+}
+
+/// An id-map failure is the driver's, as when user namespaces lived in it.
+impl From<sandbox_userns::UserNsError> for HelperError {
+    fn from(e: sandbox_userns::UserNsError) -> Self {
+        HelperError::Driver(e.into())
+    }
 }
 
 impl HelperError {

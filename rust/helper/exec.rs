@@ -7,10 +7,10 @@
 //! client takes its process down with it.
 use super::agent_link::{AgentLink, agent_error};
 use super::error::HelperError;
-use crate::agent::mux::{StreamReceiver, StreamSender};
+use sandbox_agent::mux::{StreamReceiver, StreamSender};
 #[cfg(doc)]
-use crate::agent::protocol::FailKind;
-use crate::agent::protocol::{ExitStatus, Frame, StartSpec};
+use sandbox_agent::protocol::FailKind;
+use sandbox_agent::protocol::{ExitStatus, Frame, StartSpec};
 
 /// Client → process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,7 +54,7 @@ pub struct ExecSource {
 /// Starts the process in `vm` through its agent link. Returns its pid
 /// (inside the VM) once it runs; a process that cannot start is
 /// `ExecRejected`, or `Guest` with [`FailKind::ForkRefused`] when the
-/// kernel refused the fork ([`crate::helper::stats::fork_refused`] names
+/// kernel refused the fork ([`crate::stats::fork_refused`] names
 /// the limit).
 pub async fn start(vm: &str, link: &AgentLink, spec: StartSpec) -> Result<(i32, ExecSink, ExecSource), HelperError> {
     let stream = link.open(Frame::Start(spec)).await?;

@@ -4,8 +4,8 @@
 //! the agent's `Fail` frames become [`HelperError::Guest`].
 use super::agent_link::{AgentLink, agent_error};
 use super::error::HelperError;
-use crate::agent::mux::{Mux, MuxError, Stream, StreamReceiver, StreamSender};
-use crate::agent::protocol::{BackgroundReply, BackgroundRequest, ExitStatus, FailKind, Frame, GuestStats, StartSpec};
+use sandbox_agent::mux::{Mux, MuxError, Stream, StreamReceiver, StreamSender};
+use sandbox_agent::protocol::{BackgroundReply, BackgroundRequest, ExitStatus, FailKind, Frame, GuestStats, StartSpec};
 
 fn unexpected(what: &str, frame: Option<Frame>) -> HelperError {
     let got = match frame {

@@ -166,7 +166,7 @@ pub enum Writers {
 /// the host now, so the watcher's next measurement (its baseline) holds
 /// them, and only writes made after it count as growth.
 fn guest_kill() -> String {
-    use crate::guest::{CGROUP_ROOT as ROOT, SANDBOX_GROUP};
+    use sandbox_guest::{CGROUP_ROOT as ROOT, SANDBOX_GROUP};
     format!(
         r#"echo $$ > {ROOT}/cgroup.procs
 echo 1 > {ROOT}/{SANDBOX_GROUP}/cgroup.kill
@@ -538,7 +538,7 @@ fn charge(st: &FileStat) -> u64 {
 pub fn unlinked(pid1: i32, devs: &HashSet<u64>) -> u64 {
     let mut seen = HashSet::new();
     let mut total = 0;
-    let pids = std::iter::once(pid1).chain(crate::agent::tree::descendants(pid1).into_keys());
+    let pids = std::iter::once(pid1).chain(sandbox_agent::tree::descendants(pid1).into_keys());
     for pid in pids {
         let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
         for fd in fds.flatten() {
@@ -614,7 +614,7 @@ fn cap_file_size(pids: &[i32], limit: u64) {
 #[cfg(linux_host)]
 fn stop_processes(pid1: i32, agent: i32) {
     for _ in 0..KILL_ROUNDS {
-        let victims: Vec<i32> = crate::agent::tree::descendants(pid1).into_keys().filter(|&p| p != agent).collect();
+        let victims: Vec<i32> = sandbox_agent::tree::descendants(pid1).into_keys().filter(|&p| p != agent).collect();
         if victims.is_empty() {
             return;
         }

@@ -13,6 +13,8 @@ use std::io::Write as _;
 use std::os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, MetadataExt as _, OpenOptionsExt as _, lchown};
 use std::path::{Component, Path, PathBuf};
 
+use sandbox_userns::HandOver;
+
 use super::error::HelperError;
 use super::spec::is_normal_absolute;
 
@@ -58,19 +60,6 @@ pub fn validate(files: &[SeedFile]) -> Result<(), HelperError> {
         }
     }
     Ok(())
-}
-
-/// A directory made in the layer that belongs to other host ids than the
-/// helper's own: what an ordinary user's helper (the VM's root, not root of
-/// the host) can only hand over from inside the VM's id map.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HandOver {
-    /// The directory.
-    pub path: PathBuf,
-    /// The host uid it must get.
-    pub uid: u32,
-    /// The host gid it must get.
-    pub gid: u32,
 }
 
 /// Writes `files` into `upper`, a fresh writable layer over `layers` (top
@@ -265,7 +254,7 @@ fn make_parents(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::scratch_dir;
+    use sandbox_base::test_support::scratch_dir;
 
     fn file(path: &str, content: &str) -> SeedFile {
         SeedFile { path: path.into(), kind: SeedKind::File { content: content.into(), mode: 0 } }

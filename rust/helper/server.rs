@@ -19,8 +19,8 @@ use super::driver::swift::SwiftDriver;
 use super::error::HelperError;
 use super::service::HelperService;
 use super::vm::VmManager;
-use crate::image::ImageStore;
-use crate::proto::v1::vm_helper_server::VmHelperServer;
+use sandbox_contract::v1::vm_helper_server::VmHelperServer;
+use sandbox_image::ImageStore;
 
 /// Grace period for VMs when the helper itself is asked to stop.
 const SHUTDOWN_GRACE: Duration = Duration::from_millis(2000);
@@ -58,8 +58,8 @@ pub fn run(socket: Option<PathBuf>, drivers: Drivers) -> i32 {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .try_init();
-    let socket = socket.unwrap_or_else(crate::paths::helper_socket);
-    crate::paths::make_private_dirs();
+    let socket = socket.unwrap_or_else(sandbox_base::paths::helper_socket);
+    sandbox_base::paths::make_private_dirs();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -111,7 +111,7 @@ pub async fn serve(socket: &Path, drivers: Drivers) -> Result<(), HelperError> {
         Drivers::Bridged => vec![Arc::new(SwiftDriver::new())],
     };
     // Whichever drivers run the VMs, images are unpacked for one id map.
-    let vms = VmManager::new(super::userns::IdMapper::detect(), drivers, helper_store());
+    let vms = VmManager::new(sandbox_userns::IdMapper::detect(), drivers, helper_store());
     // Copies and references a helper killed mid-snapshot left behind; the
     // other helpers sharing the store keep theirs.
     vms.collect_layers().await;
@@ -121,7 +121,7 @@ pub async fn serve(socket: &Path, drivers: Drivers) -> Result<(), HelperError> {
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<VmHelperServer<HelperService>>().await;
     let reflection = |b: tonic_reflection::server::Builder<'static>| {
-        b.register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+        b.register_encoded_file_descriptor_set(sandbox_contract::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
     let reflection_v1 = reflection(tonic_reflection::server::Builder::configure())
@@ -168,7 +168,7 @@ pub async fn serve(socket: &Path, drivers: Drivers) -> Result<(), HelperError> {
 /// the other helpers sharing it. A store we cannot write to works without
 /// them: nobody can collect its layers then either.
 fn helper_store() -> ImageStore {
-    let store = ImageStore::new(crate::paths::image_store());
+    let store = ImageStore::new(sandbox_base::paths::image_store());
     match store.clone().with_holder() {
         Ok(held) => held,
         Err(e) => {
@@ -181,7 +181,11 @@ fn helper_store() -> ImageStore {
 /// The pid file that goes with `socket`: the default one for the default
 /// socket, else next to the socket.
 fn pid_file_for(socket: &Path) -> PathBuf {
-    if socket == crate::paths::helper_socket() { crate::paths::helper_pid_file() } else { socket.with_extension("pid") }
+    if socket == sandbox_base::paths::helper_socket() {
+        sandbox_base::paths::helper_pid_file()
+    } else {
+        socket.with_extension("pid")
+    }
 }
 
 async fn shutdown_signal() -> &'static str {

@@ -72,7 +72,7 @@ pub struct VmConfig {
     /// Network mode.
     pub network: Network,
     /// Egress rules (EGRESS only); the default policy when empty.
-    pub network_policy: crate::netpolicy::NetworkPolicy,
+    pub network_policy: sandbox_net::policy::NetworkPolicy,
     /// Client metadata, returned as given.
     pub labels: BTreeMap<String, String>,
     /// Id of a running VM whose writable layer the new VM starts from a copy

@@ -7,7 +7,7 @@
 use super::driver::HostFacts;
 use super::error::HelperError;
 use super::vm::RunHandles;
-use crate::agent::protocol::FailKind;
+use sandbox_agent::protocol::FailKind;
 
 /// One reading. Counters nobody has are 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -8,16 +8,16 @@ use std::path::{Path, PathBuf};
 
 use super::error::HelperError;
 use super::spec::VmConfig;
-use crate::image::ImageInfo;
+use sandbox_image::ImageInfo;
 
 /// The VM's directory: the overlay upper and work dirs, resolv.conf.
 pub fn vm_dir(id: &str) -> PathBuf {
-    crate::paths::state_dir().join("vms").join(id)
+    sandbox_base::paths::state_dir().join("vms").join(id)
 }
 
 /// The agent's socket: in the runtime dir, never inside the VM.
 pub fn agent_socket(id: &str) -> PathBuf {
-    crate::paths::runtime_dir().join("vms").join(format!("{id}.sock"))
+    sandbox_base::paths::runtime_dir().join("vms").join(format!("{id}.sock"))
 }
 
 /// Creates the VM's directory with empty layers owned by the image's
@@ -26,8 +26,7 @@ pub fn prepare_dir(dir: &Path, image: &ImageInfo) -> Result<(), HelperError> {
     use std::os::unix::fs::{DirBuilderExt as _, chown};
     if dir.exists() {
         // Left behind by an earlier helper: a new VM starts from the image.
-        crate::helper::userns::remove_tree(dir)
-            .map_err(|e| HelperError::io(format!("remove stale {}", dir.display()), e))?;
+        sandbox_userns::remove_tree(dir).map_err(|e| HelperError::io(format!("remove stale {}", dir.display()), e))?;
     }
     // 0711: the VM's root (when the helper is root, an unmapped "other"
     // here) must be able to pass through to its layers, but not list them.
@@ -105,7 +104,7 @@ pub fn record_launcher(dir: &Path, pid: u32) {
 /// the VM. Launchers of a live helper sharing the state dir are left alone.
 #[cfg(linux_host)]
 pub fn kill_leftovers() {
-    let root = crate::paths::state_dir().join("vms");
+    let root = sandbox_base::paths::state_dir().join("vms");
     for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
         let path = entry.path().join(LAUNCHER_FILE);
         let Ok(text) = std::fs::read_to_string(&path) else { continue };
@@ -121,11 +120,11 @@ pub fn kill_leftovers() {
         if parent_is_helper(pid) {
             continue;
         }
-        let Ok(fd) = crate::helper::driver::network::pidfd_open(pid as i32) else { continue };
+        let Ok(fd) = crate::driver::network::pidfd_open(pid as i32) else { continue };
         // Checked again through the pidfd's process: the signal cannot
         // reach a process that took the pid meanwhile.
         if start_time(pid).as_deref() == Some(start) {
-            crate::helper::driver::network::pidfd_kill(&fd, libc::SIGKILL);
+            crate::driver::network::pidfd_kill(&fd, libc::SIGKILL);
             tracing::warn!(vm = %entry.file_name().to_string_lossy(), launcher = pid, "killed a vm a dead helper left running");
         }
         let _ = std::fs::remove_file(&path);

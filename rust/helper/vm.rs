@@ -26,8 +26,8 @@ use super::quota;
 use super::seed::{self, SeedFile};
 use super::spec::{Network, VmConfig};
 use super::storage::{prepare_dir, share_mounts, vm_dir};
-use super::userns::IdMapper;
-use crate::image::{ImageError, ImageInfo, ImageStore};
+use sandbox_image::{ImageError, ImageInfo, ImageStore};
+use sandbox_userns::IdMapper;
 
 mod images;
 
@@ -263,12 +263,12 @@ impl VmManager {
             let placed = seed::place(&dir.join("upper"), &layers, owner, &files).and_then(|hand_over| {
                 match (hand_over.is_empty(), self.id_mapper()) {
                     #[cfg(linux_host)]
-                    (false, Ok(mapper)) => Ok(crate::helper::userns::chown_mapped(mapper, &hand_over)?),
+                    (false, Ok(mapper)) => Ok(sandbox_userns::chown_mapped(mapper, &hand_over)?),
                     _ => Ok(()),
                 }
             });
             if let Err(e) = placed {
-                let _ = crate::helper::userns::remove_tree(&dir);
+                let _ = sandbox_userns::remove_tree(&dir);
                 return Err(e);
             }
         }
@@ -289,7 +289,7 @@ impl VmManager {
             shell: image.shell.clone(),
             config,
             state: VmState::Created,
-            created_at_ms: crate::clock::unix_ms(),
+            created_at_ms: sandbox_base::clock::unix_ms(),
             started_at_ms: 0,
             stop_reason: String::new(),
             image_created_at_ms: image.created_at_ms,
@@ -362,7 +362,7 @@ impl VmManager {
             d.events = events;
             d.generation += 1;
             d.info.state = VmState::Running;
-            d.info.started_at_ms = crate::clock::unix_ms();
+            d.info.started_at_ms = sandbox_base::clock::unix_ms();
             d.info.stop_reason.clear();
             d.info.limits_not_enforced = limits_not_enforced;
             d.generation
@@ -514,7 +514,7 @@ impl VmManager {
 /// worker threads.
 async fn remove_vm_dir(dir: PathBuf) -> Result<(), HelperError> {
     let walk = dir.clone();
-    let removed = tokio::task::spawn_blocking(move || crate::helper::userns::remove_tree(&walk))
+    let removed = tokio::task::spawn_blocking(move || sandbox_userns::remove_tree(&walk))
         .await
         .unwrap_or_else(|e| Err(std::io::Error::other(e)));
     match removed {

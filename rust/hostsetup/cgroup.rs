@@ -13,7 +13,7 @@ use std::{
 };
 
 use super::{HostSetupError, Outcome, User};
-use crate::helper::driver::cgroup::{Mounts, delegated_name};
+use sandbox_helper::driver::cgroup::{Mounts, delegated_name};
 
 /// The files a delegatee must own in v1 to move processes into the group's children.
 const V1_FILES: [&str; 2] = ["tasks", "cgroup.procs"];
@@ -130,7 +130,7 @@ fn systemd_delegation(user: &User) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::helper::driver::cgroup::mountinfo::{HYBRID, V2};
+    use sandbox_helper::driver::cgroup::mountinfo::{HYBRID, V2};
 
     #[test]
     fn hybrid_delegates_each_v1_hierarchy() {

@@ -80,7 +80,7 @@ impl User {
 
     /// The command that sets this user up.
     pub fn setup_fix(&self) -> String {
-        crate::helper::driver::cgroup::delegation_fix(&self.name)
+        sandbox_helper::driver::cgroup::delegation_fix(&self.name)
     }
 }
 

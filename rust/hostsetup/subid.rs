@@ -4,6 +4,8 @@
 //! up, overlapping no other entry of either file.
 use std::path::Path;
 
+pub use sandbox_userns::subid::{Entry, parse};
+
 use super::{HostSetupError, Outcome, User};
 
 /// How many ids a user gets (useradd's SUB_UID_COUNT).
@@ -12,30 +14,6 @@ pub const COUNT: u64 = 65536;
 const MIN: u64 = 100_000;
 /// Where they end (useradd's SUB_UID_MAX).
 const MAX: u64 = 600_100_000;
-
-/// One `name:start:count` line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    /// A login name or a numeric uid.
-    pub owner: String,
-    /// First id.
-    pub start: u64,
-    /// Number of ids.
-    pub count: u64,
-}
-
-/// The entries of a subuid/subgid file; malformed lines and comments are skipped.
-pub fn parse(text: &str) -> Vec<Entry> {
-    text.lines()
-        .filter_map(|l| {
-            let mut f = l.trim().splitn(3, ':');
-            let owner = f.next().filter(|o| !o.is_empty() && !o.starts_with('#'))?;
-            let start = f.next()?.parse().ok()?;
-            let count = f.next()?.parse().ok()?;
-            Some(Entry { owner: owner.to_string(), start, count })
-        })
-        .collect()
-}
 
 /// The first range of `user` (by name or uid) with at least [`COUNT`] ids, as newuidmap reads it.
 pub fn find<'a>(entries: &'a [Entry], user: &User) -> Option<&'a Entry> {
@@ -83,7 +61,7 @@ pub fn ensure(user: &User, dry_run: bool) -> Result<Vec<Outcome>, HostSetupError
     }
     // The ranges are of no use without the setuid tools that map them.
     for tool in ["newuidmap", "newgidmap"] {
-        if crate::helper::userns::find_in_path(tool).is_none() {
+        if sandbox_userns::find_in_path(tool).is_none() {
             out.push(Outcome::Missing(format!("{tool} not found: apt-get install uidmap")));
         }
     }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use super::mmdebstrap::{self, Mode};
 use super::store::{INFO_FILE, ROOTFS_DIR, remove_tree, write_info};
 use super::{BuildRequest, DEFAULT_SUITE, ImageError, ImageInfo, ImageStore, inspect, package_list, unpack};
-use crate::helper::userns::IdMapper;
+use sandbox_userns::IdMapper;
 
 /// mmdebstrap's output in a build directory, removed once unpacked.
 const TARBALL: &str = "rootfs.tar";
@@ -64,7 +64,7 @@ impl ImageStore {
         let info = ImageInfo {
             name: req.name.clone(),
             size_bytes: inspect::disk_usage(&rootfs),
-            created_at_ms: crate::clock::unix_ms(),
+            created_at_ms: sandbox_base::clock::unix_ms(),
             shell: inspect::shell(&rootfs),
             package_manager: inspect::package_manager(&rootfs),
             id_map: mapper.id_map().clone(),

@@ -354,7 +354,7 @@ fn changed(rel: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::image::store::test_dir::TempDir;
+    use crate::store::test_dir::TempDir;
     use std::fs;
     use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 

@@ -58,7 +58,7 @@ pub fn disk_usage(root: &Path) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::image::store::test_dir::TempDir;
+    use crate::store::test_dir::TempDir;
     use std::os::unix::fs::symlink;
 
     #[test]

@@ -25,7 +25,7 @@ pub const MAX_LAYERS: usize = 128;
 const TMP_PREFIX: &str = ".tmp-";
 
 /// A layer being copied into the store: a path under `<store>/layers/` that
-/// [`crate::image::copy_tree`] fills. Removed on drop unless installed.
+/// [`crate::copy_tree`] fills. Removed on drop unless installed.
 #[derive(Debug)]
 pub struct StagedLayer {
     path: PathBuf,
@@ -232,8 +232,8 @@ pub(super) fn random_hex() -> Result<String, ImageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::image::IdMap;
-    use crate::image::store::test_dir::TempDir;
+    use crate::IdMap;
+    use crate::store::test_dir::TempDir;
 
     fn base(store: &ImageStore, name: &str) -> ImageInfo {
         let info = ImageInfo { name: name.into(), id_map: IdMap::shifted(100_000, 65_536), ..ImageInfo::default() };

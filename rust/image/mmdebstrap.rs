@@ -141,7 +141,7 @@ pub(super) fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::image::store::test_dir::TempDir;
+    use crate::store::test_dir::TempDir;
 
     #[test]
     fn host_sources_takes_list_and_sources_files_only() {

@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex};
 
 use super::refs::Holder;
 use super::{IdMap, ImageError, ImageInfo, validate_name};
-use crate::helper::userns;
 
 pub(super) const INFO_FILE: &str = "image.json";
 pub(super) const ROOTFS_DIR: &str = "rootfs";
@@ -28,7 +27,7 @@ pub struct ImageStore {
 }
 
 impl ImageStore {
-    /// A store rooted at `root` (usually [`crate::paths::image_store`]). The
+    /// A store rooted at `root` (usually [`sandbox_base::paths::image_store`]). The
     /// directory is created by the first build.
     pub fn new(root: PathBuf) -> Self {
         ImageStore { root, mutex: Arc::new(Mutex::new(())), holder: None }
@@ -112,7 +111,7 @@ impl ImageStore {
         }
         let info = ImageInfo {
             name: name.to_string(),
-            created_at_ms: crate::clock::unix_ms(),
+            created_at_ms: sandbox_base::clock::unix_ms(),
             shell: shell.to_string(),
             package_manager: package_manager.to_string(),
             reference: reference.to_string(),
@@ -134,7 +133,7 @@ impl ImageStore {
 /// only costs disk space, and the next build of that name (or the next layer
 /// collection) removes it if its process is gone.
 pub(super) fn remove_tree(path: &Path) {
-    if let Err(e) = userns::remove_tree(path) {
+    if let Err(e) = sandbox_userns::remove_tree(path) {
         tracing::warn!(path = %path.display(), error = %e, "cannot remove");
     }
 }
@@ -205,7 +204,7 @@ pub(super) mod tests {
     use super::test_dir::TempDir;
     use super::*;
 
-    pub(in crate::image) fn info(name: &str) -> ImageInfo {
+    pub(crate) fn info(name: &str) -> ImageInfo {
         ImageInfo {
             name: name.into(),
             size_bytes: 123,
@@ -217,7 +216,7 @@ pub(super) mod tests {
         }
     }
 
-    pub(in crate::image) fn put(store: &ImageStore, i: &ImageInfo) {
+    pub(crate) fn put(store: &ImageStore, i: &ImageInfo) {
         fs::create_dir_all(store.rootfs(&i.name)).unwrap();
         write_info(&store.root().join(&i.name).join(INFO_FILE), i).unwrap();
     }

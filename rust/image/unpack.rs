@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use super::ImageError;
-use crate::helper::userns::{IdMapper, pass_fds, run_mapped};
+use sandbox_userns::{IdMapper, pass_fds, run_mapped};
 
 /// Lines of tar's complaints kept in the error.
 const TAIL_LINES: usize = 10;
@@ -52,7 +52,7 @@ mod tests {
     use std::os::unix::fs::MetadataExt as _;
 
     use super::*;
-    use crate::image::store::test_dir::TempDir;
+    use crate::store::test_dir::TempDir;
 
     fn mapper() -> IdMapper {
         IdMapper::detect().expect("an id map for the test user")
@@ -82,7 +82,7 @@ mod tests {
         let (ruid, rgid) = map.host_root();
         assert_eq!(owner(&rootfs), (ruid, rgid, 0o755));
         assert_eq!(owner(&rootfs.join("root-file")), (ruid, rgid, 0o600));
-        let host = |ids: &[crate::helper::userns::IdExtent]| {
+        let host = |ids: &[sandbox_userns::IdExtent]| {
             ids.iter().find(|e| e.inside <= 42 && 42 - e.inside < e.count).map(|e| e.outside + 42 - e.inside).unwrap()
         };
         assert_eq!(owner(&rootfs.join("apt-file")), (host(&map.uids), host(&map.gids), 0o4750), "setuid kept");

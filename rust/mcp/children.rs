@@ -1,12 +1,12 @@
 //! Child sandbox tools: spawn, children, destroy_child. Policies and budgets
-//! live in the orchestrator's [`SpawnManager`](crate::orchestrator::spawn::SpawnManager);
+//! live in the orchestrator's [`SpawnManager`](sandbox_orchestrator::spawn::SpawnManager);
 //! this file maps parameters in and results to the reference's text.
-use crate::orchestrator::names;
 use rmcp::{handler::server::wrapper::Parameters, model::CallToolResult, schemars, tool, tool_router};
+use sandbox_orchestrator::names;
 use serde::Deserialize;
 
 use super::{SandboxServer, default_sandbox, fail, ok, reply};
-use crate::orchestrator::{OrchestratorError, Sandbox, spawn::SpawnRequest};
+use sandbox_orchestrator::{OrchestratorError, Sandbox, spawn::SpawnRequest};
 
 /// Parameters of `spawn`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]

@@ -16,7 +16,7 @@ use super::{
     progress::{CANCELLED, supervise},
     reply,
 };
-use crate::orchestrator::{Command, OrchestratorError, packages::parse_packages, text::render};
+use sandbox_orchestrator::{Command, OrchestratorError, packages::parse_packages, text::render};
 
 /// Longest timeout a call may ask for.
 const MAX_TIMEOUT_SECS: f64 = 3600.0;

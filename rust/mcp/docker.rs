@@ -1,7 +1,7 @@
 //! Docker tools for vm sandboxes: docker_build, docker_run, docker_exec,
 //! docker_logs, docker_compose, docker_ps, docker_images, docker_cleanup.
 //! Each turns its parameters into a request of
-//! [`crate::orchestrator::docker`], which validates them and builds the argv;
+//! [`sandbox_orchestrator::docker`], which validates them and builds the argv;
 //! results read like exec's, after the docker command line that ran.
 use std::collections::BTreeMap;
 
@@ -19,7 +19,7 @@ use super::{
     SandboxServer, default_sandbox, fail, format,
     progress::{CANCELLED, supervise},
 };
-use crate::orchestrator::docker::{self, DockerCommand};
+use sandbox_orchestrator::docker::{self, DockerCommand};
 
 fn yes() -> bool {
     true
@@ -214,7 +214,7 @@ impl SandboxServer {
         ctx: &RequestContext<RoleServer>,
         label: &str,
         sandbox: &str,
-        commands: Result<Vec<DockerCommand>, crate::orchestrator::OrchestratorError>,
+        commands: Result<Vec<DockerCommand>, sandbox_orchestrator::OrchestratorError>,
     ) -> Result<CallToolResult, rmcp::ErrorData> {
         let commands = match commands {
             Ok(c) => c,

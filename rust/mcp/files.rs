@@ -4,7 +4,7 @@ use rmcp::{handler::server::wrapper::Parameters, model::CallToolResult, schemars
 use serde::Deserialize;
 
 use super::{SandboxServer, default_sandbox, fail, format, reply};
-use crate::orchestrator::{OrchestratorError, text::render};
+use sandbox_orchestrator::{OrchestratorError, text::render};
 
 /// Parameters of `write_file`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]

@@ -1,7 +1,7 @@
 //! The text shapes of tool results, kept identical to the reference server's
 //! so prompts written for it keep working (`[exit code N]`, `(12.3ms)`, the
 //! status and history tables).
-use crate::orchestrator::names;
+use sandbox_orchestrator::names;
 use std::{
     borrow::Cow,
     time::{Duration, SystemTime},
@@ -9,7 +9,7 @@ use std::{
 
 use rmcp::{model::CallToolResult, schemars};
 
-use crate::orchestrator::{
+use sandbox_orchestrator::{
     Config, Sandbox,
     audit::AuditEntry,
     exec::{ExecResult, Outcome},
@@ -295,8 +295,8 @@ pub fn status_footer(c: &Config) -> Vec<String> {
 /// The `Port forwards:`, `Sync jobs:` and `Lost:` blocks of `status` (each
 /// only when it has entries).
 pub fn status_blocks(
-    forwards: &[crate::orchestrator::forward::ForwardInfo],
-    syncs: &[crate::orchestrator::sync::SyncInfo],
+    forwards: &[sandbox_orchestrator::forward::ForwardInfo],
+    syncs: &[sandbox_orchestrator::sync::SyncInfo],
     lost: &std::collections::BTreeMap<String, String>,
 ) -> Vec<String> {
     let mut lines = Vec::new();
@@ -380,7 +380,7 @@ pub fn env_list(sandbox: &str, env: &std::collections::BTreeMap<String, String>)
     if env.is_empty() {
         return "No persistent env vars set. Use env(action='set', key='FOO', value='bar').".to_string();
     }
-    format!("Persistent env vars in '{sandbox}':\n{}", crate::orchestrator::env::profile_script(env).trim_end())
+    format!("Persistent env vars in '{sandbox}':\n{}", sandbox_orchestrator::env::profile_script(env).trim_end())
 }
 
 /// The last lines of an install that say what was installed.
@@ -588,7 +588,7 @@ pub fn make_controls_visible(result: &mut CallToolResult) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::orchestrator::exec::Captured;
+    use sandbox_orchestrator::exec::Captured;
 
     #[test]
     fn terminal_controls_become_visible() {

@@ -24,7 +24,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::{SandboxServer, http_compat, http_token};
-use crate::orchestrator::{Config, Orchestrator};
+use sandbox_orchestrator::{Config, Orchestrator};
 
 /// Where the MCP endpoint is mounted.
 pub const MCP_PATH: &str = "/mcp";

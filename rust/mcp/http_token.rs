@@ -15,7 +15,7 @@ const MIN_TOKEN_LEN: usize = 16;
 
 /// Where the generated token is stored.
 pub fn token_path() -> PathBuf {
-    crate::paths::config_dir().join("http-token")
+    sandbox_base::paths::config_dir().join("http-token")
 }
 
 /// A token given explicitly, trimmed, if it is long enough and fits in a header.

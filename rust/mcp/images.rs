@@ -3,7 +3,7 @@
 //! reports each step as a progress notification and stops (removing its
 //! build VMs and intermediate images) when the client cancels; `pull_image`
 //! reports each layer's bytes and stops the helper's pull.
-use crate::orchestrator::names;
+use sandbox_orchestrator::names;
 use std::{
     collections::BTreeMap,
     time::{Duration, SystemTime},
@@ -24,7 +24,7 @@ use super::{
     SandboxServer, default_sandbox, fail, ok,
     progress::{Progress, supervise_with},
 };
-use crate::orchestrator::{
+use sandbox_orchestrator::{
     build::BuildSpec,
     helper_client::{ImageSummary, PullEvent},
     images::{ImagesError, KIND_LABEL, SOURCE_LABEL},

@@ -6,7 +6,7 @@ use rmcp::{handler::server::wrapper::Parameters, model::CallToolResult, schemars
 use serde::Deserialize;
 
 use super::{SandboxServer, default_sandbox, fail, format, ok, reply};
-use crate::orchestrator::{
+use sandbox_orchestrator::{
     config::Profile,
     hostguard::ExecBits,
     lease::iso_utc,

@@ -1,10 +1,10 @@
 //! Lifecycle and observability tools: status, list_all, destroy, reset, history.
-use crate::orchestrator::names;
 use rmcp::{handler::server::wrapper::Parameters, model::CallToolResult, schemars, tool, tool_router};
+use sandbox_orchestrator::names;
 use serde::Deserialize;
 
 use super::{SandboxServer, default_sandbox, fail, format, ok, ok_structured, reply};
-use crate::orchestrator::OrchestratorError;
+use sandbox_orchestrator::OrchestratorError;
 
 /// Parameters of `destroy`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -152,7 +152,7 @@ impl SandboxServer {
     async fn history(&self, Parameters(p): Parameters<HistoryParams>) -> Result<CallToolResult, rmcp::ErrorData> {
         let entries = match self.manager.get(&p.sandbox) {
             Ok(s) => s.history(p.limit as usize),
-            Err(crate::orchestrator::OrchestratorError::NoSuchSandbox(_)) => Vec::new(),
+            Err(sandbox_orchestrator::OrchestratorError::NoSuchSandbox(_)) => Vec::new(),
             Err(e) => return fail(e),
         };
         let text = if entries.is_empty() {

@@ -1,11 +1,11 @@
 //! Networking tools: expose, unexpose, network_info. Forwards live in the
-//! orchestrator's [`ForwardManager`](crate::orchestrator::forward::ForwardManager);
+//! orchestrator's [`ForwardManager`](sandbox_orchestrator::forward::ForwardManager);
 //! this file only maps parameters in and results to the reference's text.
 use rmcp::{handler::server::wrapper::Parameters, model::CallToolResult, schemars, tool, tool_router};
 use serde::Deserialize;
 
 use super::{SandboxServer, default_sandbox, fail, ok};
-use crate::orchestrator::{
+use sandbox_orchestrator::{
     forward::{Exposed, ForwardInfo},
     helper_client::{NetworkEvents, RefusedFlow},
     network::{DEFAULT_POLICY_TEXT, EventsView, Network, NetworkRow},
@@ -41,7 +41,7 @@ fn exposed_text(e: &Exposed) -> String {
         format!(
             "Forwarding localhost:{} -> '{}':{}",
             f.host_port,
-            crate::orchestrator::names::display(&f.sandbox),
+            sandbox_orchestrator::names::display(&f.sandbox),
             f.port
         ),
         format!("  URL:  http://localhost:{}", f.host_port),
@@ -57,7 +57,7 @@ fn unexposed_text(f: &ForwardInfo) -> String {
     format!(
         "Stopped forwarding localhost:{} -> '{}':{} ({} connections served)",
         f.host_port,
-        crate::orchestrator::names::display(&f.sandbox),
+        sandbox_orchestrator::names::display(&f.sandbox),
         f.port,
         f.connections
     )
@@ -203,7 +203,7 @@ mod tests {
 
     #[test]
     fn policies_and_refusals() {
-        use crate::orchestrator::network::EgressPolicy;
+        use sandbox_orchestrator::network::EgressPolicy;
         assert_eq!(policy_lines(&Network::None), ["  policy: loopback only"]);
         assert_eq!(
             policy_lines(&Network::default()),

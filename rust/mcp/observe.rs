@@ -3,7 +3,7 @@ use rmcp::{handler::server::wrapper::Parameters, model::CallToolResult, schemars
 use serde::Deserialize;
 
 use super::{SandboxServer, default_sandbox, fail, format, ok_structured, reply};
-use crate::orchestrator::OrchestratorError;
+use sandbox_orchestrator::OrchestratorError;
 
 /// Parameters of `stats`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]

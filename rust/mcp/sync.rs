@@ -1,5 +1,5 @@
 //! Sync tools: sync_start, sync_stop. Jobs live in the orchestrator's
-//! [`SyncManager`](crate::orchestrator::sync::SyncManager); this file only
+//! [`SyncManager`](sandbox_orchestrator::sync::SyncManager); this file only
 //! maps parameters in and results to the reference's text.
 use rmcp::{
     RoleServer, handler::server::wrapper::Parameters, model::CallToolResult, schemars, service::RequestContext, tool,
@@ -8,7 +8,7 @@ use rmcp::{
 use serde::Deserialize;
 
 use super::{SandboxServer, default_sandbox, fail, ok, progress::supervise};
-use crate::orchestrator::sync::{IGNORED_NAMES, SyncInfo};
+use sandbox_orchestrator::sync::{IGNORED_NAMES, SyncInfo};
 
 fn default_sandbox_dir() -> String {
     "/workspace".to_string()
@@ -39,7 +39,7 @@ fn started_text(job: &SyncInfo, initial: u64) -> String {
         "Sync started [{}]: {} -> {}:{}\nInitial sync: {initial} files\nWatching for changes (ignoring {}, plus .gitignore)",
         job.id,
         job.local.display(),
-        crate::orchestrator::names::display(&job.sandbox),
+        sandbox_orchestrator::names::display(&job.sandbox),
         job.dir,
         IGNORED_NAMES.join(", ")
     )
@@ -50,7 +50,7 @@ fn stopped_text(job: &SyncInfo) -> String {
         "Stopped sync [{}]: {} -> {}:{} ({} files synced total)",
         job.id,
         job.local.display(),
-        crate::orchestrator::names::display(&job.sandbox),
+        sandbox_orchestrator::names::display(&job.sandbox),
         job.dir,
         job.files_synced
     )

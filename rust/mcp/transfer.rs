@@ -10,7 +10,7 @@ use super::{
     SandboxServer, default_sandbox, fail, format, ok,
     progress::{CANCELLED, supervise},
 };
-use crate::orchestrator::{
+use sandbox_orchestrator::{
     hostguard::ExecBits,
     text::{human_size, render},
 };
@@ -150,7 +150,7 @@ impl SandboxServer {
             let sandbox = m.get_or_create(&p.sandbox).await?;
             let (dir, r) = m.git_clone(&sandbox, &p.repo, &p.branch, &p.token, &p.path, p.shallow).await?;
             let summary = if r.exit_code() == 0 { Some(m.clone_summary(&sandbox, &dir).await?) } else { None };
-            Ok::<_, crate::orchestrator::OrchestratorError>((dir, r, summary))
+            Ok::<_, sandbox_orchestrator::OrchestratorError>((dir, r, summary))
         };
         let Some(result) = supervise(&ctx, "git clone", result).await else {
             return fail(CANCELLED);

@@ -294,7 +294,7 @@ impl SandboxManager {
 /// The archive to copy in: `files` (root-owned, 0644) and [`BUNDLE`] as a
 /// symlink to [`SYSTEM`].
 fn archive(files: &[(&str, &[u8])]) -> std::io::Result<Vec<u8>> {
-    let now = crate::clock::unix_secs();
+    let now = sandbox_base::clock::unix_secs();
     let header = |kind: tar::EntryType, size: usize, mode: u32| {
         let mut h = tar::Header::new_gnu();
         h.set_entry_type(kind);

@@ -44,7 +44,7 @@ use std::{
     time::Duration,
 };
 
-use crate::image::oci::RegistryConfig;
+use sandbox_image::oci::RegistryConfig;
 use serde::{Deserialize, Serialize};
 use toml::Value;
 
@@ -221,7 +221,7 @@ fn network_from_toml(key: &str, value: &Value) -> Result<Network, OrchestratorEr
 fn apply(base: &Profile, f: &ProfileFile, key: &str) -> Result<Profile, OrchestratorError> {
     let mut p = base.clone();
     if let Some(i) = &f.image {
-        crate::image::validate_name(i).map_err(|e| invalid(&format!("{key}.image"), e))?;
+        sandbox_image::validate_name(i).map_err(|e| invalid(&format!("{key}.image"), e))?;
         p.image = i.clone();
     }
     if let Some(c) = f.cpus {
@@ -310,7 +310,7 @@ impl Config {
         source
             .var("SANDBOX_MCP_CONFIG")
             .map(PathBuf::from)
-            .unwrap_or_else(|| crate::paths::config_dir().join("config.toml"))
+            .unwrap_or_else(|| sandbox_base::paths::config_dir().join("config.toml"))
     }
 
     /// Load the file (if present) and apply this process's environment.
@@ -335,7 +335,7 @@ impl Config {
     fn from_file(file: ConfigFile, source: &ConfigSource) -> Result<Self, OrchestratorError> {
         let env = |key: &str| source.var(key);
         let builtin = Profile {
-            image: crate::image::DEFAULT_IMAGE.to_string(),
+            image: sandbox_image::DEFAULT_IMAGE.to_string(),
             cpus: 2,
             memory_bytes: 512 << 20,
             pids: DEFAULT_PIDS,
@@ -402,7 +402,7 @@ impl Config {
             profiles,
             idle_ttl: (idle_secs > 0).then(|| Duration::from_secs(idle_secs)),
             host_roots,
-            volumes_dir: crate::paths::volumes_dir(),
+            volumes_dir: sandbox_base::paths::volumes_dir(),
             limits: Limits::load(file.lease_ttl, file.max_lease_ttl, file.max_sandboxes, source)?,
             project: super::project::Project::of(&project_dir),
             project_dir,
@@ -549,7 +549,7 @@ mod tests {
         let c = Config::from_file(ConfigFile::default(), &source).unwrap();
         assert_eq!((c.project_dir.clone(), c.defaults().network.clone()), (PathBuf::from("/tmp"), Network::None));
         // An empty variable counts as unset.
-        assert_eq!(c.defaults().image, crate::image::DEFAULT_IMAGE);
+        assert_eq!(c.defaults().image, sandbox_image::DEFAULT_IMAGE);
         let bad = ConfigSource { vars: vars(&[("SANDBOX_MCP_NETWORK", "wifi")]), cwd: PathBuf::from("/tmp") };
         let e = Config::from_file(ConfigFile::default(), &bad).unwrap_err().to_string();
         assert!(e.contains("SANDBOX_MCP_NETWORK"), "{e}");

@@ -26,7 +26,7 @@ pub fn resolve(path: &str) -> Result<String, OrchestratorError> {
 
 /// Why a command that handles files failed, from its stderr.
 fn failure(result: &ExecResult) -> OrchestratorError {
-    let text = crate::orchestrator::text::render(&result.stderr);
+    let text = crate::text::render(&result.stderr);
     let text = text.trim_end();
     OrchestratorError::InvalidArgument(if text.is_empty() {
         format!("command failed with exit code {}", result.exit_code())

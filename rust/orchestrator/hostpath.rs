@@ -184,7 +184,7 @@ impl HostPath {
 impl HostRoots {
     /// Roots from explicit paths (each must exist; they are canonicalized).
     pub fn new(paths: &[PathBuf]) -> Result<Self, OrchestratorError> {
-        Self::with_own_dirs(paths, crate::paths::own_dirs())
+        Self::with_own_dirs(paths, sandbox_base::paths::own_dirs())
     }
 
     /// Roots that keep away from `own` (sandbox-mcp's own directories;

@@ -11,7 +11,7 @@ use std::{
 
 use tokio::sync::mpsc;
 
-use crate::image::oci::Reference;
+use sandbox_image::oci::Reference;
 
 use super::{
     error::OrchestratorError,
@@ -31,7 +31,7 @@ pub const SOURCE_LABEL: &str = "sandbox-mcp.source";
 /// a valid name, and not one in the snapshots' namespace, which would be
 /// listed, restored and deleted as a snapshot. The error names the problem.
 pub fn new_image_name(name: &str) -> Result<(), String> {
-    crate::image::validate_name(name).map_err(|e| e.to_string())?;
+    sandbox_image::validate_name(name).map_err(|e| e.to_string())?;
     if name.starts_with(SNAPSHOT_PREFIX) {
         return Err(format!("image names starting with '{SNAPSHOT_PREFIX}' are reserved for snapshots"));
     }

@@ -1,5 +1,5 @@
 //! A sandbox's network as the orchestrator configures it: the mode and, for
-//! `egress`, the policy the helper enforces ([`crate::netpolicy`] defines the
+//! `egress`, the policy the helper enforces ([`sandbox_net::policy`] defines the
 //! rule syntax). Parsed from the `network` key of the config file's
 //! `[defaults]` and profiles and of `.sandbox-mcp.toml`:
 //!
@@ -25,7 +25,7 @@ use super::{
     helper_client::{HelperError, NetworkEvents},
     sandbox::{Sandbox, SandboxManager},
 };
-use crate::netpolicy::NetworkPolicy;
+use sandbox_net::policy::NetworkPolicy;
 
 /// What `network_info` says of the default egress policy.
 pub const DEFAULT_POLICY_TEXT: &str = "default: public internet; never the host, loopback or private ranges";

@@ -167,7 +167,7 @@ impl ProjectConfig {
             let mut bad = |msg: String| problems.push(format!("{key}: {msg}"));
             match key.as_str() {
                 "image" => match value.as_str() {
-                    Some(s) => match crate::image::validate_name(s) {
+                    Some(s) => match sandbox_image::validate_name(s) {
                         Ok(()) => p.image = Some(s.to_string()),
                         Err(e) => bad(e.to_string()),
                     },

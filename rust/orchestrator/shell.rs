@@ -107,11 +107,11 @@ pub const MAX_COMMAND_BYTES: usize = 128 * 1024 - 1;
 
 /// Refuses a command line longer than [`MAX_COMMAND_BYTES`], naming the
 /// limit and what to do instead.
-pub fn check_length(line: &str) -> Result<(), crate::orchestrator::error::OrchestratorError> {
+pub fn check_length(line: &str) -> Result<(), crate::error::OrchestratorError> {
     if line.len() <= MAX_COMMAND_BYTES {
         return Ok(());
     }
-    Err(crate::orchestrator::error::OrchestratorError::InvalidArgument(format!(
+    Err(crate::error::OrchestratorError::InvalidArgument(format!(
         "command is {} bytes; a command may be at most {MAX_COMMAND_BYTES} bytes (Linux's limit on one \
          argument). Write a longer script to a file with write_file and run that file",
         line.len()

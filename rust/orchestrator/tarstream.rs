@@ -52,7 +52,7 @@ impl Write for ChunkWriter {
 /// relative to `/`), root-owned, all with `mode`: for writes that fit one
 /// CopyIn chunk (file tools, COPY steps, installing sandbox-ctl).
 pub fn files_archive<'a>(files: impl IntoIterator<Item = (&'a str, &'a [u8])>, mode: u32) -> io::Result<Vec<u8>> {
-    let now = crate::clock::unix_secs();
+    let now = sandbox_base::clock::unix_secs();
     let mut b = tar::Builder::new(Vec::new());
     for (path, data) in files {
         let mut h = tar::Header::new_gnu();
@@ -259,7 +259,7 @@ mod tests {
     use std::{collections::BTreeMap, sync::Arc};
 
     use super::*;
-    use crate::orchestrator::hostfs::OwnDirs;
+    use crate::hostfs::OwnDirs;
 
     #[test]
     fn walks_by_fd_and_leaves_out_what_it_must() {

@@ -336,7 +336,7 @@ impl SandboxManager {
         let script = r#"git -C "$1" log --oneline -1 && echo "$(git -C "$1" ls-files | wc -l) files""#;
         let cmd = Command::argv(["/bin/sh", "-c", script, "sh", dir], Duration::from_secs(30));
         let r = self.run_in(sandbox, cmd).await?;
-        Ok(crate::orchestrator::text::render(&r.stdout).trim_end().to_string())
+        Ok(crate::text::render(&r.stdout).trim_end().to_string())
     }
 }
 

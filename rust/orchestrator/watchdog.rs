@@ -22,7 +22,7 @@ pub struct Respawn {
 
 /// The time of day in UTC, for messages that say when something happened.
 pub(super) fn clock() -> String {
-    let secs = crate::clock::unix_secs();
+    let secs = sandbox_base::clock::unix_secs();
     format!("{:02}:{:02}:{:02} UTC", secs / 3600 % 24, secs / 60 % 60, secs % 60)
 }
 

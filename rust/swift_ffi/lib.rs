@@ -11,4 +11,4 @@
 
 // The bridge module is what makes the linker keep the exported symbols:
 // naming it here ties the archive to the helper crate's bridge.
-pub use sandbox_mcp::helper::driver::swift::bridge::ffi;
+pub use sandbox_helper::driver::swift::bridge::ffi;

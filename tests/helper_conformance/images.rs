@@ -298,7 +298,7 @@ async fn an_image_recorded_as_a_reference_is_listed_and_refused_by_a_driver_that
     };
     let name = unique(&h, "pulled");
     let reference = "docker.io/library/python:3.12-bookworm";
-    sandbox_mcp::image::ImageStore::new(store)
+    sandbox_image::ImageStore::new(store)
         .add_reference(&name, reference, "/bin/bash", "apt", false)
         .expect("record the reference");
     let listed = images(&mut h).await.into_iter().find(|i| i.name == name).expect("the record is listed");

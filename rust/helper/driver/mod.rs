@@ -4,7 +4,7 @@
 //! connected once at boot), stops, is killed, is waited for, and copies
 //! its writable layer. Everything else (exec, signals, background
 //! processes, copies, dial, usage) goes through the agent protocol
-//! ([`crate::agent::mux`]), the same on every driver.
+//! ([`sandbox_agent::mux`]), the same on every driver.
 //!
 //! - [`namespace`]: Linux namespaces, cgroups and seccomp around one kernel.
 //! - [`qemu`]: qemu microVMs with their own kernel (the `vm` driver's groundwork).
@@ -18,10 +18,10 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::agent::mux::Mux;
-use crate::helper::agent_link::Dialer;
-use crate::helper::netstack::events::Events;
-use crate::netpolicy::NetworkPolicy;
+use crate::agent_link::Dialer;
+use crate::netstack::events::Events;
+use sandbox_agent::mux::Mux;
+use sandbox_net::policy::NetworkPolicy;
 
 #[cfg(linux_host)]
 pub mod namespace;
@@ -37,25 +37,12 @@ pub use namespace::{cgroup, network};
 /// Why a driver could not start, stop or copy a VM.
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {
-    /// A system call failed.
-    #[error("{what}: {source}")]
-    Sys {
-        /// What was being done.
-        what: String,
-        /// The errno.
-        source: nix::errno::Errno,
-    },
-    /// File or process I/O failed.
-    #[error("{what}: {source}")]
-    Io {
-        /// What was being done.
-        what: String,
-        /// The underlying error.
-        source: std::io::Error,
-    },
-    /// The user namespace could not be mapped.
-    #[error("user namespace: {0}")]
-    UserNs(String),
+    /// A system call or file or process I/O failed.
+    #[error(transparent)]
+    Sys(#[from] sandbox_base::error::SysError),
+    /// The user namespace could not be mapped, or a mapped process run.
+    #[error(transparent)]
+    UserNs(#[from] sandbox_userns::UserNsError),
     /// A cgroup could not be created or configured.
     #[error("cgroup: {0}")]
     Cgroup(String),
@@ -71,7 +58,7 @@ pub enum DriverError {
     LauncherExited,
     /// The agent did not answer its first ping.
     #[error("agent: {0}")]
-    Agent(#[from] crate::agent::mux::MuxError),
+    Agent(#[from] sandbox_agent::mux::MuxError),
     /// A step did not finish in time.
     #[error("timed out waiting for {0}")]
     Timeout(&'static str),
@@ -89,7 +76,12 @@ pub enum DriverError {
 impl DriverError {
     /// An I/O error with context.
     pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
-        DriverError::Io { what: what.into(), source }
+        sandbox_base::error::SysError::io(what, source).into()
+    }
+
+    /// A failed system call with context.
+    pub fn sys(what: impl Into<String>, source: nix::errno::Errno) -> Self {
+        sandbox_base::error::SysError::sys(what, source).into()
     }
 }
 
@@ -156,7 +148,7 @@ pub enum Egress {
 
 /// A running VM's limits, usage and OOM kills: what the host's cgroup
 /// knows ([`Instance::host_facts`]), or a vm guest's own group, where the
-/// sandbox's processes are counted ([`crate::helper::stats`]).
+/// sandbox's processes are counted ([`crate::stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct HostFacts {
     /// Memory limit, 0 if none is enforced.
@@ -177,7 +169,7 @@ pub struct HostFacts {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GroupUsage {
     /// Working set: charged memory less the inactive file cache (see
-    /// [`crate::agent::group::working_set`]).
+    /// [`sandbox_agent::group::working_set`]).
     pub memory_used_bytes: u64,
     /// Tasks (processes and threads) in the group.
     pub pids: u64,
@@ -185,10 +177,10 @@ pub struct GroupUsage {
     pub cpu_usage_ns: u64,
 }
 
-impl From<crate::agent::protocol::GroupStats> for HostFacts {
+impl From<sandbox_agent::protocol::GroupStats> for HostFacts {
     /// A vm guest's group: its limits and counters (it has no CPU time;
     /// the guest's own sum covers the whole VM).
-    fn from(g: crate::agent::protocol::GroupStats) -> Self {
+    fn from(g: sandbox_agent::protocol::GroupStats) -> Self {
         HostFacts {
             memory_limit_bytes: g.memory_limit_bytes,
             pids_limit: g.pids_limit,
@@ -226,7 +218,7 @@ pub trait Instance: Send + Sync + std::fmt::Debug {
     fn take_exit(&self) -> Option<Exit>;
     /// Copies the writable layer `upper` to `dst` as it is now, with the
     /// guest paused while it is copied. Blocking: call off the runtime.
-    fn snapshot_layer(&self, upper: &Path, dst: &Path) -> Result<(), crate::helper::HelperError>;
+    fn snapshot_layer(&self, upper: &Path, dst: &Path) -> Result<(), crate::HelperError>;
     /// Limits and OOM kills as the host sees them.
     fn host_facts(&self) -> HostFacts;
     /// Why this run's limits are not enforced; empty when they are.

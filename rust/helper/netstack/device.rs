@@ -30,12 +30,7 @@ use tokio::io::unix::AsyncFd;
 
 use super::{DNS, GATEWAY, GATEWAY_MAC, GUEST, GUEST_MAC};
 
-/// The MTU of packet links: tun links are memory copies, so the largest
-/// packets cost the least per byte.
-pub const MTU: usize = 65520;
-/// The IP MTU of Ethernet links: virtio-net's default, which needs no
-/// offload or large-buffer negotiation with the guest's driver.
-pub const ETHERNET_MTU: usize = 1500;
+pub use sandbox_net::plan::{ETHERNET_MTU, MTU};
 /// The largest frame read from an Ethernet link: a maximal IPv4 packet in
 /// its Ethernet header. A longer length prefix (a guest that raised its MTU,
 /// or a corrupt stream) is skipped, never buffered.

@@ -94,7 +94,7 @@ impl Pins {
 pub fn query_name(query: &[u8]) -> Result<String, DnsError> {
     let packet = Packet::parse(query)?;
     let [q] = packet.questions.as_slice() else { return Err(DnsError::QuestionCount(packet.questions.len())) };
-    Ok(crate::netpolicy::normalize_name(&q.qname.to_string()))
+    Ok(sandbox_net::policy::normalize_name(&q.qname.to_string()))
 }
 
 /// A REFUSED answer to `query`.
@@ -132,7 +132,7 @@ pub fn filter_answer(answer: &[u8]) -> Result<Filtered, DnsError> {
     let v6 = |rd: &RData<'_>| matches!(rd, RData::AAAA(_) | RData::HTTPS(_) | RData::SVCB(_));
     packet.answers.retain(|rr| !v6(&rr.rdata));
     packet.additional_records.retain(|rr| !v6(&rr.rdata));
-    let norm = |n: &simple_dns::Name<'_>| crate::netpolicy::normalize_name(&n.to_string());
+    let norm = |n: &simple_dns::Name<'_>| sandbox_net::policy::normalize_name(&n.to_string());
     let mut names: Vec<String> = packet.questions.iter().map(|q| norm(&q.qname)).collect();
     for rr in &packet.answers {
         if let RData::CNAME(target) = &rr.rdata {

@@ -41,7 +41,7 @@ impl Events {
     /// Records a refusal (and logs it).
     pub fn refused(&self, protocol: &'static str, destination: String, name: Option<&str>, reason: String) {
         tracing::info!(protocol, %destination, name, %reason, "egress refused");
-        let at_ms = crate::clock::unix_ms();
+        let at_ms = sandbox_base::clock::unix_ms();
         let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         // A Vec ring: removing the oldest of 256 rare entries is cheap, and
         // the snapshot stays a plain clone.

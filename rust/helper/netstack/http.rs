@@ -311,7 +311,7 @@ fn strip_port(host: &str) -> &str {
 /// an IP address; None for anything else (a list, spaces, a URL), which a
 /// server might read differently than a rule matches it.
 pub fn host_name(name: &str) -> Option<String> {
-    let name = crate::netpolicy::normalize_name(name);
+    let name = sandbox_net::policy::normalize_name(name);
     let ok = !name.is_empty()
         && (name.parse::<std::net::IpAddr>().is_ok()
             || name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.'));

@@ -1,5 +1,5 @@
 //! The names a TCP flow's client bytes carry, read for flows whose verdict
-//! depends on a name ([`crate::netpolicy::NetworkPolicy::name_decides`]):
+//! depends on a name ([`sandbox_net::policy::NetworkPolicy::name_decides`]):
 //! the SNI of a TLS ClientHello ([`super::tls`]) or the Host of every HTTP/1
 //! request ([`super::http`]). Pure: the flow feeds it the client bytes it
 //! has not passed upstream yet and acts on each [`Step`].

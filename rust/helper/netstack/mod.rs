@@ -1,7 +1,7 @@
 //! Egress for EGRESS VMs: a user-mode TCP/IP stack in the helper, one tokio
 //! task per VM, on the VM's link: a namespace sandbox's tun device or a vm
 //! sandbox's virtio-net card (qemu's `-netdev stream`), see [`device`]. Every TCP flow and UDP datagram is
-//! re-dialled by the helper only after [`crate::netpolicy`] allows its real
+//! re-dialled by the helper only after [`sandbox_net::policy`] allows its real
 //! destination; the VM's DNS is answered here so domain rules can be pinned
 //! to the addresses this VM was given.
 //!
@@ -23,7 +23,7 @@
 //! [`inspect`] the names a flow's client bytes carry ([`tls`] SNI, [`http`]
 //! Host), [`events`] refusals and counters, [`wire`] the packets the stack
 //! writes itself.
-use std::net::Ipv4Addr;
+
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use smoltcp::wire::EthernetAddress;
 use tokio::task::JoinHandle;
 
-use crate::netpolicy::{HostAddrs, NetworkPolicy};
+use sandbox_net::policy::{HostAddrs, NetworkPolicy};
 
 pub mod device;
 pub mod dns;
@@ -44,14 +44,7 @@ pub mod tls;
 mod udp;
 pub mod wire;
 
-/// The VM's address.
-pub const GUEST: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 15);
-/// Its gateway (the stack).
-pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
-/// Its DNS server (the stack).
-pub const DNS: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 3);
-/// Its prefix length.
-pub const PREFIX: u8 = 24;
+pub use sandbox_net::plan::{DNS, GATEWAY, GUEST, PREFIX};
 /// The VM's MAC on an Ethernet link (qemu's OUI; set on its virtio-net card).
 pub const GUEST_MAC: EthernetAddress = EthernetAddress([0x52, 0x54, 0x00, 0x0a, 0x00, 0x0f]);
 /// The gateway's and the DNS address's MAC on an Ethernet link.

@@ -35,7 +35,7 @@ use super::events::Events;
 use super::tcp::{Flow, Key};
 use super::udp::Nat;
 use super::{DNS, GATEWAY, GUEST, wire};
-use crate::netpolicy::{NetworkPolicy, Verdict};
+use sandbox_net::policy::{NetworkPolicy, Verdict};
 
 /// A host connect that takes longer than this fails the flow (RST).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -5,9 +5,9 @@ use super::super::error::HelperError;
 use super::super::seed::{SeedFile, SeedKind};
 use super::super::spec::{MountSpec, Network, VmConfig, check_env_key};
 use super::super::vm::{VmInfo, VmManager, VmState};
-use crate::agent::protocol::{BackgroundRecord, ExitStatus, StartSpec};
-use crate::netpolicy::NetworkPolicy;
-use crate::proto::v1 as pb;
+use sandbox_agent::protocol::{BackgroundRecord, ExitStatus, StartSpec};
+use sandbox_contract::v1 as pb;
+use sandbox_net::policy::NetworkPolicy;
 use std::sync::Arc;
 
 /// Checks a process spec and turns it into what the agent runs, with the
@@ -24,10 +24,10 @@ pub(super) fn start_spec(
     for key in p.env.keys() {
         check_env_key(&format!("{field}.env"), key)?;
     }
-    if p.secret.len() > crate::agent::protocol::MAX_SECRET {
+    if p.secret.len() > sandbox_agent::protocol::MAX_SECRET {
         return Err(HelperError::invalid(
             format!("{field}.secret"),
-            format!("must be at most {} bytes", crate::agent::protocol::MAX_SECRET),
+            format!("must be at most {} bytes", sandbox_agent::protocol::MAX_SECRET),
         ));
     }
     if !(p.secret.is_empty() || p.secret_fd == 0 || (3..=255).contains(&p.secret_fd)) {
@@ -178,14 +178,8 @@ pub(super) fn vm_to_proto(vm: VmInfo) -> pb::Vm {
     }
 }
 
-impl From<pb::BuildImageRequest> for crate::image::BuildRequest {
-    fn from(r: pb::BuildImageRequest) -> Self {
-        crate::image::BuildRequest { name: r.name, suite: r.release, packages: r.packages, force: r.force }
-    }
-}
-
-impl From<crate::helper::netstack::events::Snapshot> for pb::NetworkEventsResponse {
-    fn from(s: crate::helper::netstack::events::Snapshot) -> Self {
+impl From<crate::netstack::events::Snapshot> for pb::NetworkEventsResponse {
+    fn from(s: crate::netstack::events::Snapshot) -> Self {
         pb::NetworkEventsResponse {
             refused: s
                 .refused
@@ -205,7 +199,7 @@ impl From<crate::helper::netstack::events::Snapshot> for pb::NetworkEventsRespon
 }
 
 /// A driver as GetInfo lists it; `is_default`: VMs boot with it.
-pub(super) fn driver_to_proto(d: &dyn crate::helper::driver::Driver, is_default: bool) -> pb::DriverInfo {
+pub(super) fn driver_to_proto(d: &dyn crate::driver::Driver, is_default: bool) -> pb::DriverInfo {
     let c = d.capabilities();
     let reason = d.unavailable_reason();
     pb::DriverInfo {

@@ -10,11 +10,11 @@ use super::super::error::HelperError;
 use super::super::vm::{CommitRequest, VmManager};
 use super::status;
 use super::streams::RpcStream;
-use crate::image::oci::Reference;
+use sandbox_contract::v1 as pb;
+use sandbox_image::oci::Reference;
 #[cfg(linux_host)]
-use crate::image::oci::{LayerState, OciError, PullProgress, RegistryConfig};
-use crate::image::{BuildRequest, ImageConfig, ImageError, ImageInfo};
-use crate::proto::v1 as pb;
+use sandbox_image::oci::{LayerState, OciError, PullProgress, RegistryConfig};
+use sandbox_image::{BuildRequest, ImageConfig, ImageError, ImageInfo};
 
 /// Build output lines buffered toward the client; a slow client slows the
 /// build's reader instead of growing memory.
@@ -31,36 +31,35 @@ pub(super) fn image_to_proto(i: ImageInfo) -> pb::Image {
         package_manager: i.package_manager,
         parent: i.parent,
         layer_count,
-        config: Some(pb::ImageConfig::from(i.config)),
+        config: Some(config_to_proto(i.config)),
         labels: i.labels.into_iter().collect(),
         reference: i.reference,
         source: i.source,
     }
 }
 
-impl From<ImageConfig> for pb::ImageConfig {
-    fn from(c: ImageConfig) -> Self {
-        pb::ImageConfig {
-            env: c.env.into_iter().collect(),
-            workdir: c.workdir,
-            user: c.user,
-            entrypoint: c.entrypoint,
-            cmd: c.cmd,
-            exposed_ports: c.exposed_ports,
-        }
+/// An image's config on the wire (both types are other crates': the
+/// orphan rule leaves a function, not `From`).
+fn config_to_proto(c: ImageConfig) -> pb::ImageConfig {
+    pb::ImageConfig {
+        env: c.env.into_iter().collect(),
+        workdir: c.workdir,
+        user: c.user,
+        entrypoint: c.entrypoint,
+        cmd: c.cmd,
+        exposed_ports: c.exposed_ports,
     }
 }
 
-impl From<pb::ImageConfig> for ImageConfig {
-    fn from(c: pb::ImageConfig) -> Self {
-        ImageConfig {
-            env: c.env.into_iter().collect(),
-            workdir: c.workdir,
-            user: c.user,
-            entrypoint: c.entrypoint,
-            cmd: c.cmd,
-            exposed_ports: c.exposed_ports,
-        }
+/// An image's config from the wire.
+fn config_from_proto(c: pb::ImageConfig) -> ImageConfig {
+    ImageConfig {
+        env: c.env.into_iter().collect(),
+        workdir: c.workdir,
+        user: c.user,
+        entrypoint: c.entrypoint,
+        cmd: c.cmd,
+        exposed_ports: c.exposed_ports,
     }
 }
 
@@ -76,7 +75,7 @@ pub(super) async fn commit(vms: &VmManager, req: pb::CommitVmRequest) -> Result<
     let req = CommitRequest {
         vm_id: req.vm_id,
         image: req.image,
-        config: req.config.map(ImageConfig::from),
+        config: req.config.map(config_from_proto),
         parent: req.parent,
         labels: req.labels.into_iter().collect(),
     };
@@ -90,7 +89,7 @@ pub(super) async fn build(
     vms: &VmManager,
     req: pb::BuildImageRequest,
 ) -> Result<Response<RpcStream<pb::BuildImageResponse>>, Status> {
-    let req = BuildRequest::from(req);
+    let req = BuildRequest { name: req.name, suite: req.release, packages: req.packages, force: req.force };
     req.check().map_err(|e| status(e.into()))?;
     build_checked(vms, req)
 }
@@ -146,7 +145,7 @@ pub(super) async fn pull(
     req: pb::PullImageRequest,
 ) -> Result<Response<RpcStream<pb::PullImageResponse>>, Status> {
     let reference = Reference::parse(&req.reference).map_err(|e| status(ImageError::from(e).into()))?;
-    crate::image::validate_name(&req.name).map_err(|e| status(e.into()))?;
+    sandbox_image::validate_name(&req.name).map_err(|e| status(e.into()))?;
     pull_checked(vms, reference, req)
 }
 
@@ -189,7 +188,7 @@ fn pull_checked(
             };
             let _ = tx.try_send(Ok(pb::PullImageResponse { msg: Some(Msg::Blob(blob)) }));
         };
-        let fetched = crate::image::oci::pull(&reference, &cfg, &blobs, &progress, &cancel).await;
+        let fetched = sandbox_image::oci::pull(&reference, &cfg, &blobs, &progress, &cancel).await;
         let installed = match fetched {
             Ok(_) if cancel.is_cancelled() => Err(ImageError::from(OciError::Cancelled)),
             Ok(image) => {

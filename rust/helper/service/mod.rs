@@ -13,10 +13,10 @@ use tonic::{Request, Response, Status, Streaming};
 use super::agent_link::AgentLink;
 use super::error::HelperError;
 use super::vm::VmManager;
-use crate::agent::protocol::{BackgroundRequest, FailKind};
-use crate::image::{ImageError, oci::OciError};
-use crate::proto::v1 as pb;
-use crate::proto::v1::vm_helper_server::VmHelper;
+use sandbox_agent::protocol::{BackgroundRequest, FailKind};
+use sandbox_contract::v1 as pb;
+use sandbox_contract::v1::vm_helper_server::VmHelper;
+use sandbox_image::{ImageError, oci::OciError};
 
 mod convert;
 mod images;
@@ -149,7 +149,7 @@ impl VmHelper for HelperService {
             driver: drivers.first().map(|d| d.name().to_string()).unwrap_or_default(),
             version: env!("CARGO_PKG_VERSION").into(),
             capabilities,
-            image_store: crate::paths::image_store().display().to_string(),
+            image_store: sandbox_base::paths::image_store().display().to_string(),
             warm_starts,
             cold_starts,
             drivers: drivers.iter().enumerate().map(|(i, d)| driver_to_proto(d.as_ref(), i == 0)).collect(),
@@ -281,7 +281,7 @@ impl VmHelper for HelperService {
         req: Request<pb::StartBackgroundRequest>,
     ) -> Result<Response<pb::StartBackgroundResponse>, Status> {
         let req = req.into_inner();
-        crate::agent::protocol::check_name(&req.name)
+        sandbox_agent::protocol::check_name(&req.name)
             .map_err(|e| status(HelperError::invalid("name", e.to_string())))?;
         let process = req.process.ok_or_else(|| status(HelperError::invalid("process", "required")))?;
         if process.tty {

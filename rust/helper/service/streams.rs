@@ -9,13 +9,13 @@ use tonic::{Response, Status, Streaming};
 
 use super::convert::{exited, start_spec};
 use super::status;
-use crate::agent::mux::{StreamReceiver, StreamSender};
-use crate::agent::protocol::Frame;
-use crate::helper::error::HelperError;
-use crate::helper::exec::{self, ExecInput, ExecOutput};
-use crate::helper::guest::{self, CopyIn, CopyOut, Dialed};
-use crate::helper::vm::VmManager;
-use crate::proto::v1 as pb;
+use crate::error::HelperError;
+use crate::exec::{self, ExecInput, ExecOutput};
+use crate::guest::{self, CopyIn, CopyOut, Dialed};
+use crate::vm::VmManager;
+use sandbox_agent::mux::{StreamReceiver, StreamSender};
+use sandbox_agent::protocol::Frame;
+use sandbox_contract::v1 as pb;
 
 /// A server stream of `T`.
 pub type RpcStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -32,16 +32,16 @@ fn stream_of<T: Send + 'static>(rx: mpsc::Receiver<Result<T, Status>>) -> Respon
 /// processes since `before`; else, for a process the file size cap killed
 /// (SIGXFSZ), what that cap is.
 fn quota_notice(
-    quota: Option<&crate::helper::quota::Watch>,
+    quota: Option<&crate::quota::Watch>,
     before: Option<u64>,
-    status: &crate::agent::protocol::ExitStatus,
+    status: &sandbox_agent::protocol::ExitStatus,
 ) -> Option<Vec<u8>> {
     let quota = quota?;
     if Some(quota.stops()) != before {
         return Some(format!("\n{}\n", quota.reading().exceeded).into_bytes());
     }
-    (*status == crate::agent::protocol::ExitStatus::Signal(libc::SIGXFSZ)).then(|| {
-        let cap = crate::helper::quota::size(quota.limit());
+    (*status == sandbox_agent::protocol::ExitStatus::Signal(libc::SIGXFSZ)).then(|| {
+        let cap = crate::quota::size(quota.limit());
         format!("\ndisk quota exceeded: a file reached {cap}, the whole quota and the most any one file may hold; delete files or raise disk in the profile\n")
             .into_bytes()
     })
@@ -50,13 +50,13 @@ fn quota_notice(
 /// `e`, naming the sandbox's task limit if that refused the process.
 pub async fn fork_refused(vms: &VmManager, vm_id: &str, e: HelperError) -> HelperError {
     match vms.run_handles(vm_id, "read stats of") {
-        Ok(run) => crate::helper::stats::fork_refused(&run, e).await,
+        Ok(run) => crate::stats::fork_refused(&run, e).await,
         Err(_) => e,
     }
 }
 
 fn vm_stopped(id: String) -> Status {
-    status(HelperError::WrongState { op: "exec in", id, state: crate::helper::vm::VmState::Stopped })
+    status(HelperError::WrongState { op: "exec in", id, state: crate::vm::VmState::Stopped })
 }
 
 /// Exec: start the process, then relay stdin/signals in and output out.

@@ -2,12 +2,12 @@
 //! layer as an image, creating a VM from a copy of another's layer
 //! (`clone_from`), and deleting images.
 //!
-//! Both copies freeze the source VM (see [`crate::helper::freeze`]) and hold
+//! Both copies freeze the source VM (see [`crate::freeze`]) and hold
 //! its lifecycle lock, so it can be neither stopped nor deleted meanwhile.
 use std::collections::BTreeMap;
 
 use super::{HelperError, RunHandles, Slot, VmConfig, VmInfo, VmManager, VmState, prepare_dir, share_mounts, vm_dir};
-use crate::image::{ImageConfig, ImageError, ImageInfo, MAX_LAYERS, disk_usage, validate_name};
+use sandbox_image::{ImageConfig, ImageError, ImageInfo, MAX_LAYERS, disk_usage, validate_name};
 
 /// What to commit.
 #[derive(Debug, Clone, Default)]
@@ -54,7 +54,7 @@ impl VmManager {
         let info = ImageInfo {
             name: req.image,
             size_bytes: base.size_bytes + size,
-            created_at_ms: crate::clock::unix_ms(),
+            created_at_ms: sandbox_base::clock::unix_ms(),
             shell: base.shell.clone(),
             package_manager: base.package_manager.clone(),
             id_map: base.id_map.clone(),
@@ -107,7 +107,7 @@ impl VmManager {
             self.register(config, driver, image, dir.clone())
         });
         if registered.is_err() {
-            let _ = crate::helper::userns::remove_tree(&dir);
+            let _ = sandbox_userns::remove_tree(&dir);
         }
         registered
     }

@@ -26,8 +26,8 @@ use super::confined::{self, Job, RESULT_PREFIX};
 use super::flatten::FlatLayer;
 use super::layers::{components, open_path_dir};
 use super::{BlobStore, FetchedImage, LayerRef, OciError, RunConfig, media};
-use crate::helper::userns::IdMapper;
-use crate::image::ImageStore;
+use crate::ImageStore;
+use sandbox_userns::IdMapper;
 
 /// Members up to this size are kept in memory by the first pass (index,
 /// manifests, configs); larger ones are only ever streamed.
@@ -485,7 +485,7 @@ pub fn export(
     dest: &Path,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(), OciError> {
-    let image_err = |e: crate::image::ImageError| OciError::malformed(format!("image '{name}'"), e.to_string());
+    let image_err = |e: crate::ImageError| OciError::malformed(format!("image '{name}'"), e.to_string());
     let info = store.get(name).map_err(image_err)?;
     info.check_id_map(mapper.id_map()).map_err(image_err)?;
     if !info.reference.is_empty() {

@@ -7,9 +7,9 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
 use super::*;
-use crate::image::oci::layers::tests::{E, tar_of};
-use crate::image::oci::unpack_image;
-use crate::image::store::test_dir::TempDir;
+use crate::oci::layers::tests::{E, tar_of};
+use crate::oci::unpack_image;
+use crate::store::test_dir::TempDir;
 
 fn mapper() -> IdMapper {
     IdMapper::detect().expect("an id map for the test user")
@@ -161,7 +161,7 @@ fn an_export_imports_back_to_the_same_tree_and_skopeo_reads_it() {
     let unpacked = t.path().join("unpacked");
     unpack(&back, &again_blobs, &unpacked);
     assert_eq!(tree(&unpacked), original, "the export holds the image's tree");
-    crate::helper::userns::remove_tree(&unpacked).unwrap();
+    sandbox_userns::remove_tree(&unpacked).unwrap();
 
     let skopeo = Path::new("/usr/bin/skopeo");
     if !skopeo.exists() {
@@ -182,7 +182,7 @@ fn an_export_imports_back_to_the_same_tree_and_skopeo_reads_it() {
     assert_eq!(from_docker.run.env, image.run.env);
     unpack(&from_docker, &again_blobs, &unpacked);
     assert_eq!(tree(&unpacked), original, "skopeo's docker-save archive holds the same tree");
-    crate::helper::userns::remove_tree(&unpacked).unwrap();
+    sandbox_userns::remove_tree(&unpacked).unwrap();
 }
 
 #[test]
@@ -230,7 +230,7 @@ fn an_old_docker_save_archive_imports() {
     let unpacked = t.path().join("unpacked");
     unpack(&image, &blobs, &unpacked);
     assert_eq!(fs::read(unpacked.join("hello")).unwrap(), b"world");
-    crate::helper::userns::remove_tree(&unpacked).unwrap();
+    sandbox_userns::remove_tree(&unpacked).unwrap();
 }
 
 /// The blobs left in a store.

@@ -118,7 +118,7 @@ fn decode(entry: &AuthEntry) -> Option<Credentials> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::image::store::test_dir::TempDir;
+    use crate::store::test_dir::TempDir;
 
     fn b64(s: &str) -> String {
         base64::engine::general_purpose::STANDARD.encode(s)

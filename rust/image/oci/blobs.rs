@@ -214,7 +214,7 @@ impl Drop for BlobWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::image::store::test_dir::TempDir;
+    use crate::store::test_dir::TempDir;
 
     #[test]
     fn a_blob_is_kept_only_when_it_matches_its_digest() {

@@ -21,7 +21,7 @@ use std::process::{Command, Stdio};
 use serde::{Deserialize, Serialize};
 
 use super::OciError;
-use crate::helper::userns::{IdMapper, pass_fds, run_mapped};
+use sandbox_userns::{IdMapper, pass_fds, run_mapped};
 
 /// First argument that makes `sandbox-mcp` and `sandbox-vm-helper` run the
 /// confined child instead of their command line.
@@ -193,7 +193,7 @@ fn child_command() -> Command {
 #[cfg(test)]
 fn child_command() -> Command {
     let mut cmd = Command::new("/proc/self/exe");
-    cmd.args(["--exact", "image::oci::confined::tests::confined_child", "--nocapture", "--test-threads=1", "-q"]);
+    cmd.args(["--exact", "oci::confined::tests::confined_child", "--nocapture", "--test-threads=1", "-q"]);
     cmd
 }
 

@@ -1,11 +1,11 @@
 //! Installing a fetched OCI image as an image of the store: its layers are
 //! unpacked (confined, through the sandbox's id map) into a build directory
 //! staged like an mmdebstrap build's, inspected, and renamed into place.
-use crate::helper::userns::IdMapper;
-use crate::image::build::BuildDir;
-use crate::image::layers::LAYERS_DIR;
-use crate::image::store::{BLOBS_DIR, INFO_FILE, ROOTFS_DIR, write_info};
-use crate::image::{ImageConfig, ImageError, ImageInfo, ImageStore, inspect, validate_name};
+use crate::build::BuildDir;
+use crate::layers::LAYERS_DIR;
+use crate::store::{BLOBS_DIR, INFO_FILE, ROOTFS_DIR, write_info};
+use crate::{ImageConfig, ImageError, ImageInfo, ImageStore, inspect, validate_name};
+use sandbox_userns::IdMapper;
 
 use std::fs::File;
 use std::io::Read as _;
@@ -52,7 +52,7 @@ impl ImageStore {
         let info = ImageInfo {
             name: name.to_string(),
             size_bytes: inspect::disk_usage(&rootfs),
-            created_at_ms: crate::clock::unix_ms(),
+            created_at_ms: sandbox_base::clock::unix_ms(),
             shell: inspect::shell(&rootfs),
             package_manager: inspect::package_manager(&rootfs),
             id_map: mapper.id_map().clone(),
@@ -82,7 +82,7 @@ impl ImageStore {
 
     /// `AlreadyExists` for a taken name without `force`; `HasChildren` for
     /// one images are committed on.
-    pub(crate) fn check_replaceable(&self, name: &str, force: bool) -> Result<(), ImageError> {
+    pub fn check_replaceable(&self, name: &str, force: bool) -> Result<(), ImageError> {
         match self.get(name) {
             Ok(_) if !force => Err(ImageError::AlreadyExists(name.to_string())),
             Ok(_) => self.refuse_with_children(name),
@@ -136,8 +136,8 @@ mod tests {
     use std::fs;
 
     use super::*;
-    use crate::image::oci::layers::tests::{E, image_of, tar_of};
-    use crate::image::store::test_dir::TempDir;
+    use crate::oci::layers::tests::{E, image_of, tar_of};
+    use crate::store::test_dir::TempDir;
 
     fn mapper() -> IdMapper {
         IdMapper::detect().expect("an id map for the test user")
@@ -225,7 +225,7 @@ mod tests {
         let t = TempDir::new("addocifail");
         let store = ImageStore::new(t.path().join("images"));
         let (mut image, blobs) = image_of(t.path(), &[tar_of(&[E::File("f", b"x", 0o644)], (0, 0))]);
-        image.layers[0].diff_id = crate::image::oci::blobs::sha256_of(b"else");
+        image.layers[0].diff_id = crate::oci::blobs::sha256_of(b"else");
         let err = store.add_oci("bad", &image, &blobs, &mapper(), false, &mut |_| {}).unwrap_err();
         assert!(matches!(err, ImageError::Oci(super::super::OciError::DigestMismatch { .. })), "{err}");
         assert!(matches!(store.get("bad"), Err(ImageError::NotFound(_))));

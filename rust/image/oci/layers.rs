@@ -30,7 +30,7 @@ use nix::unistd::{Gid, Uid, UnlinkatFlags, fchown, fchownat, linkat, symlinkat, 
 use super::blobs::HashingReader;
 use super::confined::{self, Job, LayerJob, PROGRESS_PREFIX};
 use super::{BlobStore, FetchedImage, OciError};
-use crate::helper::userns::{self, IdMapper};
+use sandbox_userns::IdMapper;
 
 /// Most entries an image's layers may hold together; a layer listing
 /// millions of empty files is refused before it exhausts the inodes.
@@ -130,7 +130,7 @@ pub fn unpack_image(
         Ok(())
     })();
     if result.is_err()
-        && let Err(e) = userns::remove_tree(rootfs)
+        && let Err(e) = sandbox_userns::remove_tree(rootfs)
     {
         tracing::warn!(path = %rootfs.display(), error = %e, "cannot remove a failed unpack");
     }

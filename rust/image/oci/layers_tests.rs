@@ -7,9 +7,9 @@ use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
 use super::*;
-use crate::image::oci::LayerRef;
-use crate::image::oci::blobs::sha256_of;
-use crate::image::store::test_dir::TempDir;
+use crate::oci::LayerRef;
+use crate::oci::blobs::sha256_of;
+use crate::store::test_dir::TempDir;
 
 /// One tar entry of a test layer.
 pub(crate) enum E {
@@ -364,7 +364,7 @@ fn mapper() -> IdMapper {
     IdMapper::detect().expect("an id map for the test user")
 }
 
-fn host_id(map: &[crate::helper::userns::IdExtent], inside: u32) -> u32 {
+fn host_id(map: &[sandbox_userns::IdExtent], inside: u32) -> u32 {
     map.iter()
         .find(|e| e.inside <= inside && inside - e.inside < e.count)
         .map(|e| e.outside + inside - e.inside)
@@ -401,7 +401,7 @@ fn the_confined_child_unpacks_through_the_id_map() {
     assert!(lines.iter().any(|l| l.contains("layer 2/2") && l.contains("2 entries applied")), "{lines:?}");
     assert!(!rootfs.join("root/secret").exists());
     s.host_untouched();
-    crate::helper::userns::remove_tree(&rootfs).unwrap();
+    sandbox_userns::remove_tree(&rootfs).unwrap();
 }
 
 #[test]
@@ -415,7 +415,7 @@ fn the_confined_child_keeps_hostile_layers_inside_and_cleans_up_on_failure() {
     unpack_image(&image, &blobs, &mapper(), &rootfs, &mut |_| {}).unwrap();
     assert_eq!(fs::read(rootfs.join("passwd")).unwrap(), b"x");
     s.host_untouched();
-    crate::helper::userns::remove_tree(&rootfs).unwrap();
+    sandbox_userns::remove_tree(&rootfs).unwrap();
 
     // A failing layer: the error crosses over typed, and no rootfs stays.
     for (bad, says) in [

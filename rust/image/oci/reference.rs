@@ -266,7 +266,7 @@ mod tests {
         assert_eq!(name(&format!("busybox:1@{digest}")), "busybox-abababababab");
         let long = format!("r/{}:{}", "a".repeat(60), "t".repeat(60));
         let got = name(&long);
-        assert!(got.len() == 63 && crate::image::validate_name(&got).is_ok(), "{got}");
+        assert!(got.len() == 63 && crate::validate_name(&got).is_ok(), "{got}");
     }
 
     fn parts(r: &str) -> (String, String, Option<String>, Option<String>, String) {

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::{BuildError, State};
-use crate::orchestrator::containerfile::{Instruction, Op, Source};
+use crate::containerfile::{Instruction, Op, Source};
 
 fn normalize(src: &str) -> String {
     src.trim_start_matches("./").trim_end_matches('/').to_string()
@@ -91,7 +91,7 @@ pub(super) fn resolve_copy(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::orchestrator::containerfile::Source;
+    use crate::containerfile::Source;
 
     #[test]
     fn copy_destinations() {

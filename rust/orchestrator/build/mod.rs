@@ -27,7 +27,7 @@ use super::{
 mod context;
 use context::{check_context, resolve_copy};
 
-use crate::image::oci::Reference;
+use sandbox_image::oci::Reference;
 
 /// The driver build VMs run on.
 const BUILD_ISOLATION: Isolation = Isolation::Namespaces;
@@ -120,7 +120,7 @@ struct State {
 }
 
 /// The PATH a RUN step has when the image sets none: the agent's default
-/// (`BASE_ENV` in `crate::agent::process`). `ENV PATH=/opt/bin:$PATH` must
+/// (`BASE_ENV` in `sandbox_agent::process`). `ENV PATH=/opt/bin:$PATH` must
 /// extend it, not replace it with `/opt/bin:`.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 

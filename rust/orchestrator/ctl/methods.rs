@@ -4,15 +4,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value, json};
 
+use sandbox_ctl::protocol::ErrorCode;
+
 use crate::{
-    ctl::protocol::ErrorCode,
-    orchestrator::{
-        error::OrchestratorError,
-        exec::{ExecResult, Outcome},
-        sandbox::{Command, Sandbox, WORKSPACE},
-        spawn::{SpawnError, SpawnManager, SpawnRequest},
-        text,
-    },
+    error::OrchestratorError,
+    exec::{ExecResult, Outcome},
+    sandbox::{Command, Sandbox, WORKSPACE},
+    spawn::{SpawnError, SpawnManager, SpawnRequest},
+    text,
 };
 
 /// Default exec/run timeout, seconds.
@@ -122,7 +121,7 @@ pub(super) async fn call(
     params: &Map<String, Value>,
 ) -> Result<Value, Failure> {
     match method {
-        "ping" => Ok(json!({"ok": true, "parent": crate::orchestrator::names::plain(parent)})),
+        "ping" => Ok(json!({"ok": true, "parent": crate::names::plain(parent)})),
         "spawn" => {
             let req = SpawnRequest {
                 image: string(params, "image")?,

@@ -3,7 +3,7 @@
 //! directory is mounted into the sandbox at `/run/sandbox-ctl`, so the
 //! socket identifies the parent; no credentials are involved. The CLI is
 //! copied in at creation. NDJSON, one request and one response per
-//! connection (internals §15, [`crate::ctl::protocol`]).
+//! connection (internals §15, [`sandbox_ctl::protocol`]).
 //!
 //! Connections: at most [`MAX_CONNECTIONS`] per parent are admitted at once;
 //! each gets [`READ_TIMEOUT`] for its request line, but one still waiting for
@@ -36,7 +36,7 @@ use super::{
     sandbox::{HookFuture, Sandbox, SandboxListener},
     spawn::SpawnManager,
 };
-use crate::ctl::protocol::{
+use sandbox_ctl::protocol::{
     ErrorCode, GUEST_BINARY, GUEST_SOCKET, GUEST_SOCKET_DIR, MAX_REQUEST_LINE, SOCKET_FILE, error_line, parse_request,
     result_line,
 };
@@ -67,7 +67,7 @@ pub fn host_binary() -> Option<PathBuf> {
 
 /// Host directory holding a parent's socket (mounted into the sandbox).
 pub fn socket_dir(parent: &str) -> PathBuf {
-    crate::paths::runtime_dir().join("ctl").join(parent)
+    sandbox_base::paths::runtime_dir().join("ctl").join(parent)
 }
 
 /// Per-parent listeners.
@@ -123,7 +123,7 @@ impl CtlServer {
         if listeners.get(parent).is_some_and(|h| !h.is_finished()) {
             return Ok(dir);
         }
-        let top = crate::paths::runtime_dir().join("ctl");
+        let top = sandbox_base::paths::runtime_dir().join("ctl");
         std::fs::create_dir_all(&top)?;
         std::fs::set_permissions(&top, std::fs::Permissions::from_mode(0o700))?;
         std::fs::create_dir_all(&dir)?;

@@ -8,7 +8,7 @@ use super::{
     MAX_SPAWN_GENERATION, SpawnError, SpawnManager, SpawnRequest, SpawnState,
     policy::{MIN_CHILD_MEMORY_MB, parse_child_memory},
 };
-use crate::orchestrator::{
+use crate::{
     isolation::Isolation,
     names::{self, ChildNameError, child_name},
     sandbox::Sandbox,

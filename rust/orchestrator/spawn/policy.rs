@@ -3,7 +3,7 @@
 //! file; a child allowed to spawn gets a derived, halved policy.
 use serde::{Deserialize, Serialize};
 
-use crate::orchestrator::{config::invalid, error::OrchestratorError, isolation::Isolation};
+use crate::{config::invalid, error::OrchestratorError, isolation::Isolation};
 
 /// Smallest child memory in MiB.
 pub const MIN_CHILD_MEMORY_MB: u64 = 64;
@@ -45,7 +45,7 @@ pub struct SpawnPolicy {
 /// `[spawn_policies.<name>]` as written; absent keys take the built-in values.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(in crate::orchestrator) struct SpawnPolicyFile {
+pub(crate) struct SpawnPolicyFile {
     max_concurrent: Option<u32>,
     max_total: Option<u64>,
     total_child_cpus: Option<u32>,
@@ -101,11 +101,7 @@ impl SpawnPolicy {
     }
 
     /// A policy from the config file, `key` naming it in errors.
-    pub(in crate::orchestrator) fn from_file(
-        f: &SpawnPolicyFile,
-        default_image: &str,
-        key: &str,
-    ) -> Result<Self, OrchestratorError> {
+    pub(crate) fn from_file(f: &SpawnPolicyFile, default_image: &str, key: &str) -> Result<Self, OrchestratorError> {
         let b = Self::builtin(default_image);
         let p = Self {
             max_concurrent: f.max_concurrent.unwrap_or(b.max_concurrent),
@@ -139,7 +135,7 @@ impl SpawnPolicy {
             Isolation::parse(isolation).map_err(|e| invalid(&at("allowed_isolation"), e))?;
         }
         for image in &p.allowed_images {
-            crate::image::validate_name(image).map_err(|e| invalid(&at("allowed_images"), e))?;
+            sandbox_image::validate_name(image).map_err(|e| invalid(&at("allowed_images"), e))?;
         }
         if !matches!(p.child_network_peers.as_str(), "none" | "family" | "all") {
             return Err(invalid(

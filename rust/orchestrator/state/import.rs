@@ -7,7 +7,7 @@ use rusqlite::Connection;
 use serde::Deserialize;
 
 use super::{AuditRecord, ForwardRecord, SandboxRecord, StateError, SyncRecord, ops};
-use crate::orchestrator::spawn::SpawnState;
+use crate::spawn::SpawnState;
 
 /// The whole file, as schema v2 wrote it.
 #[derive(Debug, Default, Deserialize)]

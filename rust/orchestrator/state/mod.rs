@@ -17,29 +17,32 @@
 //!   database thread.
 //! - [`import`]: the JSON state file of earlier versions, imported once.
 //! - [`seal`]: env values sealed at rest, and the key they are sealed with.
+//! - [`restore()`]: what the database holds, put back at start.
 pub mod import;
+mod restore;
 pub mod seal;
 pub mod store;
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeMap,
     future::Future,
     path::PathBuf,
     pin::Pin,
-    sync::{Arc, Mutex, OnceLock},
+    sync::{Mutex, OnceLock},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use rusqlite::{Connection, OptionalExtension as _, Transaction, TransactionBehavior};
 use serde::Deserialize;
 
-use super::{Orchestrator, audit::AuditEntry, sandbox::Sandbox, sandbox::SandboxManager, spawn::SpawnState};
+use super::{audit::AuditEntry, sandbox::Sandbox, sandbox::SandboxManager, spawn::SpawnState};
+pub use restore::restore;
 use seal::SealKey;
 pub use store::Store;
 
 /// Where the database lives.
 pub fn path() -> PathBuf {
-    crate::paths::state_dir().join("state.db")
+    sandbox_base::paths::state_dir().join("state.db")
 }
 
 /// The JSON state file earlier versions wrote beside it.
@@ -241,7 +244,7 @@ pub(crate) mod ops {
         Ok(())
     }
 
-    /// Append a history entry, keeping the newest [`AUDIT_LOG_SIZE`](crate::orchestrator::audit::AUDIT_LOG_SIZE).
+    /// Append a history entry, keeping the newest [`AUDIT_LOG_SIZE`](crate::audit::AUDIT_LOG_SIZE).
     pub fn add_history(c: &Connection, sandbox: &str, a: &AuditRecord) -> rusqlite::Result<()> {
         c.execute(
             "INSERT INTO history (sandbox, command, exit_code, duration_ms, at) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -250,7 +253,7 @@ pub(crate) mod ops {
         c.execute(
             "DELETE FROM history WHERE sandbox = ?1 AND id <= (
                  SELECT id FROM history WHERE sandbox = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)",
-            (sandbox, crate::orchestrator::audit::AUDIT_LOG_SIZE as i64),
+            (sandbox, crate::audit::AUDIT_LOG_SIZE as i64),
         )?;
         Ok(())
     }
@@ -327,14 +330,14 @@ pub(crate) mod ops {
     }
 
     /// Remember what a later use of a reaped child's name is told, keeping
-    /// the newest [`MAX_GONE_CHILDREN`](crate::orchestrator::sandbox::MAX_GONE_CHILDREN).
+    /// the newest [`MAX_GONE_CHILDREN`](crate::sandbox::MAX_GONE_CHILDREN).
     pub fn put_gone_child(c: &Connection, name: &str, message: &str) -> rusqlite::Result<()> {
         // REPLACE gives the row a new rowid: the newest has the highest.
         c.execute("INSERT OR REPLACE INTO gone_children (name, message) VALUES (?1, ?2)", (name, message))?;
         c.execute(
             "DELETE FROM gone_children WHERE rowid NOT IN (
                  SELECT rowid FROM gone_children ORDER BY rowid DESC LIMIT ?1)",
-            [crate::orchestrator::sandbox::MAX_GONE_CHILDREN as i64],
+            [crate::sandbox::MAX_GONE_CHILDREN as i64],
         )?;
         Ok(())
     }
@@ -671,215 +674,5 @@ impl SandboxManager {
     }
 }
 
-/// Open the database at `db` (importing an old `state.json` beside it once),
-/// and put what it holds back onto the freshly attached sandboxes: leases,
-/// history, env, lost sandboxes, destroys to finish, then forwards and sync
-/// jobs (which need their sandbox running). Problems are logged, and those
-/// the user must know of are shown by `status` and `health`; a forward whose
-/// port is now taken must not keep the others from coming back.
-pub async fn restore(o: &Orchestrator, db: PathBuf) {
-    let state = &o.sandboxes.state;
-    let opened = tokio::task::spawn_blocking(move || Store::open(&db).map(|s| (s, db))).await;
-    let (store, db) = match opened {
-        Ok(Ok(((store, set_aside), db))) => {
-            if let Some(aside) = set_aside {
-                state.set_notice(format!(
-                    "The state database was unreadable ({}) and was moved to {}; a new one was started, so leases, history and env saved before were not restored.",
-                    aside.reason,
-                    aside.moved_to.display()
-                ));
-            }
-            (store, db)
-        }
-        Ok(Err(e)) => {
-            state.set_notice(format!("State is not being saved: {e}"));
-            return;
-        }
-        Err(e) => {
-            state.set_notice(format!("State is not being saved: the database could not be opened: {e}"));
-            return;
-        }
-    };
-    let legacy = legacy_path(&db);
-    match store.call(move |c| Ok(import::import(c, &legacy))).await {
-        Ok(Ok(import::Imported::Done)) => tracing::info!("imported the old state file into {}", db.display()),
-        Ok(Ok(import::Imported::Nothing)) => {}
-        Ok(Err(e)) => state.set_notice(e.to_string()),
-        Err(e) => state.set_notice(e.to_string()),
-    }
-    let key = store.key().clone();
-    let snapshot = match store.call(move |c| load(c, &key)).await {
-        Ok(s) => s,
-        Err(e) => {
-            state.set_notice(format!("State is not being saved: reading the state database failed: {e}"));
-            return;
-        }
-    };
-    let _ = state.store.set(store);
-    apply(o, snapshot).await;
-    o.sandboxes.committed().await;
-}
-
-async fn apply(o: &Orchestrator, mut saved: Snapshot) {
-    let m = &o.sandboxes;
-    // A creation recorded just before its server died was finished.
-    m.settle_unfinished(|n| saved.sandboxes.iter().any(|(r, destroying)| r.name == n && !destroying)).await;
-    let attached: BTreeMap<String, Arc<Sandbox>> = m.list().into_iter().map(|s| (s.name.clone(), s)).collect();
-    let mut lost = saved.lost.clone();
-    let mut recorded = BTreeSet::new();
-    for (record, destroying) in &saved.sandboxes {
-        let name = &record.name;
-        recorded.insert(name.clone());
-        match (attached.get(name), destroying) {
-            // The server that was destroying it died first: finish the job.
-            (Some(_), true) => {
-                tracing::info!(sandbox = %name, "finishing a destroy cut short by a crash");
-                if let Err(e) = m.destroy(name).await {
-                    tracing::warn!(sandbox = %name, "could not finish destroying: {e}");
-                }
-            }
-            (None, true) => m.record_removed(name).in_background(),
-            (Some(s), false) => {
-                s.set_lease(record.expires_at.map(time));
-                let history = saved.history.remove(name).unwrap_or_default();
-                s.restore_audit(history.iter().map(AuditRecord::entry).collect());
-            }
-            (None, false) => {
-                let why = "its VM was gone when the server restarted (the VM helper stopped or the machine rebooted)";
-                let why = lost.entry(name.clone()).or_insert_with(|| why.into());
-                m.record_lost(name, why).in_background();
-            }
-        }
-    }
-    let attached: BTreeMap<String, Arc<Sandbox>> = m.list().into_iter().map(|s| (s.name.clone(), s)).collect();
-    for (name, s) in &attached {
-        match saved.env.remove(name) {
-            Some(env) => *s.env.lock().unwrap_or_else(|p| p.into_inner()) = env,
-            // Attached for the first time since this database exists: what
-            // the sandbox holds is the env.
-            None => {
-                let env = s.env();
-                let name = name.clone();
-                m.state
-                    .submit_sealed("a sandbox's env", move |c, key| ops::put_env(c, key, &name, &env))
-                    .in_background();
-            }
-        }
-        if !recorded.contains(name) {
-            m.record_sandbox(s).in_background();
-        }
-    }
-    for name in lost.keys().filter(|n| attached.contains_key(*n)) {
-        m.record_found(name).in_background();
-    }
-    lost.retain(|name, _| !attached.contains_key(name));
-    m.set_lost(lost);
-    saved.gone_children.retain(|name, _| !attached.contains_key(name));
-    m.set_gone_children(saved.gone_children);
-    o.spawns.import_state(saved.spawn);
-    for f in saved.forwards.iter().filter(|f| attached.contains_key(&f.sandbox)) {
-        if let Err(e) = o.forwards.expose(&f.sandbox, f.port.into(), f.host_port.into()).await {
-            tracing::warn!(sandbox = %f.sandbox, host_port = f.host_port, "could not restore port forward: {e}");
-        }
-    }
-    for j in saved.sync_jobs.iter().filter(|j| attached.contains_key(&j.sandbox)) {
-        if let Err(e) = o.syncs.resume(&j.id, &j.local, &j.dir, &j.sandbox, j.files_synced).await {
-            tracing::warn!(job = %j.id, sandbox = %j.sandbox, "could not resume sync job: {e}");
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::test_support::scratch_dir;
-
-    fn open(path: &std::path::Path) -> Connection {
-        let (store, _) = Store::open(path).unwrap();
-        drop(store);
-        Connection::open(path).unwrap()
-    }
-
-    fn key(db: &std::path::Path) -> SealKey {
-        SealKey::load_or_create(&seal::key_path(db)).unwrap()
-    }
-
-    #[test]
-    fn env_values_are_stored_sealed_and_read_back_opened() {
-        let dir = scratch_dir("state-env-sealed");
-        let db = dir.join("state.db");
-        let mut c = open(&db);
-        let key = key(&db);
-        let env = BTreeMap::from([("API_TOKEN".to_string(), "tok-sealed-42".to_string())]);
-        ops::put_env(&c, &key, "default", &env).unwrap();
-        ops::put_env(&c, &key, "other", &env).unwrap();
-        let stored: Vec<String> = c
-            .prepare("SELECT value FROM env")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
-        assert_eq!(stored.len(), 2);
-        assert!(stored.iter().all(|v| seal::is_sealed(v) && !v.contains("tok-sealed")), "{stored:?}");
-        assert_eq!(load(&mut c, &key).unwrap().env["default"], env);
-        // One sandbox's value moved into another's row does not open there:
-        // that sandbox's saved env is left out, the rest is read.
-        c.execute("UPDATE env SET value = ?1 WHERE sandbox = 'other'", [&stored[0]]).unwrap();
-        let s = load(&mut c, &key).unwrap();
-        assert_eq!(s.env["default"], env);
-        assert!(!s.env.contains_key("other"));
-        std::fs::remove_dir_all(dir).unwrap();
-    }
-
-    #[test]
-    fn history_keeps_the_newest_entries() {
-        let dir = scratch_dir("state-history");
-        let c = open(&dir.join("state.db"));
-        let n = crate::orchestrator::audit::AUDIT_LOG_SIZE + 5;
-        for i in 0..n {
-            let a = AuditRecord { command: format!("c{i}"), exit_code: 0, duration_ms: 1, at: i as f64 };
-            ops::add_history(&c, "default", &a).unwrap();
-        }
-        let mut c = c;
-        let s = load(&mut c, &key(&dir.join("state.db"))).unwrap();
-        let h = &s.history["default"];
-        assert_eq!(h.len(), crate::orchestrator::audit::AUDIT_LOG_SIZE);
-        assert_eq!(h.first().unwrap().command, "c5");
-        assert_eq!(h.last().unwrap().command, format!("c{}", n - 1));
-        std::fs::remove_dir_all(dir).unwrap();
-    }
-
-    #[test]
-    fn imports_a_v2_file_once_and_renames_it() {
-        let dir = scratch_dir("state-import");
-        let json = dir.join("state.json");
-        std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/state_v2.json"), &json).unwrap();
-        let mut c = open(&dir.join("state.db"));
-        assert_eq!(import::import(&mut c, &json).unwrap(), import::Imported::Done);
-        assert!(!json.exists() && dir.join("state.json.imported").exists());
-        assert_eq!(import::import(&mut c, &json).unwrap(), import::Imported::Nothing);
-        let s = load(&mut c, &key(&dir.join("state.db"))).unwrap();
-        let commands: Vec<&str> = s.history["default"].iter().map(|a| a.command.as_str()).collect();
-        assert_eq!(commands, ["echo imported-history-one", "echo imported-history-two"]);
-        assert_eq!(s.sandboxes[0].0.name, "default");
-        assert!(s.sandboxes[0].0.expires_at.is_some());
-        std::fs::remove_dir_all(dir).unwrap();
-    }
-
-    #[test]
-    fn an_unreadable_old_file_is_moved_aside_not_deleted() {
-        let dir = scratch_dir("state-badjson");
-        let json = dir.join("state.json");
-        let mut c = open(&dir.join("state.db"));
-        for text in ["{not json", r#"{"schema_version": 7}"#, r#"{"schema_version": 2, "sandboxes": 5}"#] {
-            std::fs::write(&json, text).unwrap();
-            let err = import::import(&mut c, &json).unwrap_err();
-            let StateError::Unimportable { moved_to, .. } = &err else { panic!("{err}") };
-            assert_eq!(std::fs::read_to_string(moved_to).unwrap(), text);
-            assert!(!json.exists());
-            assert!(err.to_string().contains("is ignored"), "{err}");
-        }
-        std::fs::remove_dir_all(dir).unwrap();
-    }
-}
+mod tests;

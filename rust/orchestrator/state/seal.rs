@@ -226,7 +226,7 @@ mod tests {
     use std::os::unix::fs::PermissionsExt as _;
 
     use super::*;
-    use crate::test_support::scratch_dir;
+    use sandbox_base::test_support::scratch_dir;
 
     #[test]
     fn values_round_trip_and_are_bound_to_their_place() {

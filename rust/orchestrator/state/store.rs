@@ -319,7 +319,7 @@ fn migrate(conn: &mut Connection) -> Result<(), Open> {
 /// `<name>.damaged-<unix seconds>-<pid>-<n>`, the first such name free: an
 /// earlier copy is never overwritten (a hard link fails if the name exists).
 fn set_aside(path: &Path) -> Result<PathBuf, StateError> {
-    let stamp = crate::clock::unix_secs();
+    let stamp = sandbox_base::clock::unix_secs();
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let io = |what, p: &Path| {
         let path = p.display().to_string();
@@ -350,7 +350,7 @@ fn set_aside(path: &Path) -> Result<PathBuf, StateError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::scratch_dir;
+    use sandbox_base::test_support::scratch_dir;
 
     fn key_beside(db: &Path) -> SealKey {
         SealKey::load_or_create(&seal::key_path(db)).unwrap()
@@ -377,7 +377,7 @@ mod tests {
         let dir = scratch_dir("store-v1");
         let path = dir.join("state.db");
         // Written by the build before projects: sandbox `default`, its env and history.
-        std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/state_v1.db"), &path).unwrap();
+        std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/state_v1.db"), &path).unwrap();
         // An env value changed twice as put_env did before sealing: each
         // change deleted the row and inserted it anew, without
         // secure_delete. The first value is long enough to spill into
@@ -439,7 +439,7 @@ mod tests {
     fn a_database_from_before_sealing_is_scrubbed_with_no_plaintext_row_left() {
         let dir = scratch_dir("store-v1-deleted");
         let path = dir.join("state.db");
-        std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/state_v1.db"), &path).unwrap();
+        std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/state_v1.db"), &path).unwrap();
         // Every env value was removed before the upgrade: nothing to seal,
         // but a removed value still lies in the file's free pages.
         let gone = "removed-plaintext-value-".repeat(300);

@@ -14,8 +14,8 @@
 use std::path::{Path, PathBuf};
 
 use super::DriverError;
-use crate::agent::group::{V2_INACTIVE, working_set};
-use crate::helper::driver::{GroupUsage, HostFacts};
+use crate::driver::{GroupUsage, HostFacts};
+use sandbox_agent::group::{V2_INACTIVE, working_set};
 
 const GROUP: &str = "sandbox-mcp";
 
@@ -33,7 +33,7 @@ const V2_LEAF: &str = "sandbox-mcp-procs";
 fn group_name() -> String {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    crate::paths::state_dir().hash(&mut h);
+    sandbox_base::paths::state_dir().hash(&mut h);
     format!("{GROUP}-{:08x}", h.finish() as u32)
 }
 
@@ -191,7 +191,7 @@ pub enum CgroupLayout {
     },
 }
 
-pub use crate::helper::driver::Limits;
+pub use crate::driver::Limits;
 
 /// Where the groups would go, from the mounts and this process's own
 /// cgroup (/proc/self/cgroup text); no file system access.
@@ -591,11 +591,11 @@ fn write(path: &Path, value: &str) -> Result<(), DriverError> {
     std::fs::write(path, value).map_err(|e| DriverError::Cgroup(format!("write {value} to {}: {e}", path.display())))
 }
 
-/// mountinfo of the two layouts, for this module's tests and host-setup's.
-#[cfg(test)]
-pub(crate) mod mountinfo {
+/// mountinfo of the two layouts, for this module's tests and host setup's
+/// (another crate's: so not `cfg(test)`, which holds only within one).
+pub mod mountinfo {
     /// v1 controllers plus an empty v2 mount, as on the CI machines.
-    pub(crate) const HYBRID: &str = "\
+    pub const HYBRID: &str = "\
 32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
 33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
 35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
@@ -603,7 +603,7 @@ pub(crate) mod mountinfo {
 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 ";
     /// Pure v2.
-    pub(crate) const V2: &str = "35 24 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
+    pub const V2: &str = "35 24 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n";
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::network::{pidfd_kill, pidfd_open};
-use crate::helper::error::HelperError;
+use crate::error::HelperError;
 
 /// Bound on waiting for SIGSTOP to take effect; a process in an
 /// uninterruptible sleep stops when it returns to user space.

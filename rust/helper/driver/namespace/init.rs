@@ -62,7 +62,7 @@ pub struct InitConfig {
     pub egress: bool,
 }
 
-pub use crate::helper::driver::BindMount;
+pub use crate::driver::BindMount;
 
 /// Entry point of `__vm-init`; `eth0`: create eth0's tun (the helper can
 /// serve EGRESS). Returns the process exit code.
@@ -80,7 +80,7 @@ pub fn run(eth0: bool) -> i32 {
 }
 
 fn launcher(control: &OwnedFd, eth0: bool) -> Result<i32, DriverError> {
-    let sys = |what: &'static str| move |source| DriverError::Sys { what: what.into(), source };
+    let sys = |what: &'static str| move |source| DriverError::sys(what, source);
     // The user namespace comes first and everything else is made inside it
     // (unshare makes the user namespace before the others it is given): an
     // ordinary user has no rights to make any other namespace, and root
@@ -145,7 +145,7 @@ fn launcher(control: &OwnedFd, eth0: bool) -> Result<i32, DriverError> {
                     Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(128 + sig as i32),
                     Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
                     Err(e) => {
-                        return Err(DriverError::Sys { what: "wait for PID 1".into(), source: e });
+                        return Err(DriverError::sys("wait for PID 1", e));
                     }
                 }
             }
@@ -169,7 +169,7 @@ fn hold_lifeline(control: &OwnedFd, pid1: Pid) -> Result<(), DriverError> {
             [PollFd::new(control.as_fd(), PollFlags::empty()), PollFd::new(pid1fd.as_fd(), PollFlags::POLLIN)];
         match poll(&mut fds, PollTimeout::NONE) {
             Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(DriverError::Sys { what: "poll for the helper and PID 1".into(), source: e }),
+            Err(e) => return Err(DriverError::sys("poll for the helper and PID 1", e)),
             Ok(_) => {}
         }
         if fds[1].revents().is_some_and(|r| !r.is_empty()) {
@@ -183,15 +183,15 @@ fn hold_lifeline(control: &OwnedFd, pid1: Pid) -> Result<(), DriverError> {
 }
 
 fn pid1(control: &OwnedFd, config: &InitConfig, listener: OwnedFd) -> Result<i32, DriverError> {
-    let sys = |what: &'static str| move |source| DriverError::Sys { what: what.into(), source };
+    let sys = |what: &'static str| move |source| DriverError::sys(what, source);
     // If the launcher dies, so does the sandbox.
     // SAFETY: prctl with integer arguments.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
     rootfs::setup(config)?;
     nix::unistd::sethostname(&config.hostname).map_err(sys("sethostname"))?;
-    super::network::loopback_up()?;
+    sandbox_net::setup::loopback_up()?;
     if config.egress {
-        super::network::eth0_up(crate::helper::netstack::device::MTU)?;
+        sandbox_net::setup::eth0_up(sandbox_net::plan::MTU)?;
     }
 
     let mut mask = SigSet::empty();
@@ -203,7 +203,7 @@ fn pid1(control: &OwnedFd, config: &InitConfig, listener: OwnedFd) -> Result<i32
 
     // SAFETY: prctl with integer arguments.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(DriverError::Sys { what: "no_new_privs".into(), source: nix::errno::Errno::last() });
+        return Err(DriverError::sys("no_new_privs", nix::errno::Errno::last()));
     }
     super::seccomp::install()?;
     quiet_stdio()?;
@@ -216,7 +216,7 @@ fn pid1(control: &OwnedFd, config: &InitConfig, listener: OwnedFd) -> Result<i32
             // SAFETY: closing our copy of the control socket; the agent has
             // no business with the helper's lifeline.
             unsafe { libc::close(CONTROL_FD) };
-            let _ = crate::agent::run(std::os::unix::net::UnixListener::from(listener));
+            let _ = sandbox_agent::run(std::os::unix::net::UnixListener::from(listener));
             std::process::exit(1);
         }
         ForkResult::Parent { child } => child,
@@ -239,7 +239,7 @@ fn reap(control: &OwnedFd, sigfd: &mut SignalFd, agent: Pid) -> Result<i32, Driv
             match poll(&mut fds, PollTimeout::NONE) {
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(e) => {
-                    return Err(DriverError::Sys { what: "poll".into(), source: e });
+                    return Err(DriverError::sys("poll", e));
                 }
                 Ok(_) => {}
             }
@@ -318,11 +318,11 @@ fn recv_go(control: &OwnedFd) -> Result<OwnedFd, DriverError> {
             MsgFlags::MSG_CMSG_CLOEXEC,
         ) {
             Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(DriverError::Sys { what: "read control socket".into(), source: e }),
+            Err(e) => return Err(DriverError::sys("read control socket", e)),
             Ok(msg) => msg,
         };
         let mut fds = Vec::new();
-        for c in msg.cmsgs().map_err(|e| DriverError::Sys { what: "read control socket".into(), source: e })? {
+        for c in msg.cmsgs().map_err(|e| DriverError::sys("read control socket", e))? {
             if let nix::sys::socket::ControlMessageOwned::ScmRights(rights) = c {
                 fds.extend(rights);
             }

@@ -17,12 +17,12 @@ use super::DriverError;
 use super::cgroup::{CgroupLayout, Limits, UsageFiles, VmCgroup};
 use super::init::{CONTROL_FD, InitConfig};
 use super::network::{pidfd_kill, pidfd_open};
-use crate::agent::mux::Mux;
-use crate::agent::protocol::Frame;
-use crate::helper::driver::Egress;
-use crate::helper::netstack::NetStack;
-use crate::helper::netstack::device::LinkKind;
-use crate::helper::userns::IdMapper;
+use crate::driver::Egress;
+use crate::netstack::NetStack;
+use crate::netstack::device::LinkKind;
+use sandbox_agent::mux::Mux;
+use sandbox_agent::protocol::Frame;
+use sandbox_userns::IdMapper;
 
 /// Generous bound on a start; a healthy one takes milliseconds, this only
 /// turns a wedged launcher into an error instead of a hung RPC.
@@ -78,7 +78,7 @@ pub struct Instance {
 
 impl Instance {
     /// Opens another connection to the agent (after the first one died).
-    pub fn agent_dialer(&self) -> crate::helper::agent_link::Dialer {
+    pub fn agent_dialer(&self) -> crate::agent_link::Dialer {
         let path = self.agent_socket.clone();
         std::sync::Arc::new(move || {
             let path = path.clone();
@@ -163,7 +163,7 @@ impl Spawner {
     /// depend on its VM.
     pub async fn prepare(&self) -> Result<Prepared, DriverError> {
         let (ours, theirs) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
-            .map_err(|source| DriverError::Sys { what: "control socketpair".into(), source })?;
+            .map_err(|source| DriverError::sys("control socketpair", source))?;
         let mut cmd = Command::new(&self.self_exe);
         // The launcher becomes the sandbox's PID 1, whose environment anything
         // inside can read (/proc/1/environ): it must not inherit the helper's,
@@ -198,7 +198,7 @@ impl Spawner {
         let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
         let stdin = child.stdin.take().ok_or_else(|| DriverError::InitFailed("the launcher has no stdin".into()))?;
         let set_nb = nix::fcntl::fcntl(&ours, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK));
-        set_nb.map_err(|source| DriverError::Sys { what: "control socket nonblocking".into(), source })?;
+        set_nb.map_err(|source| DriverError::sys("control socket nonblocking", source))?;
         // SAFETY: we own the fd and it stays open for as long as the AsyncFd.
         let control = unsafe { AsyncFd::register(ours) }
             .map_err(|e| DriverError::io("register control socket", std::io::Error::from(e)))?;
@@ -400,7 +400,7 @@ fn send_go(control: &AsyncFd<OwnedFd>, listener: &std::os::unix::net::UnixListen
     let cmsg = [ControlMessage::ScmRights(&fds)];
     let iov = [std::io::IoSlice::new(b"go")];
     sendmsg::<()>(control.get_ref().as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_DONTWAIT, None)
-        .map_err(|source| DriverError::Sys { what: "control socket send".into(), source })?;
+        .map_err(|source| DriverError::sys("control socket send", source))?;
     Ok(())
 }
 

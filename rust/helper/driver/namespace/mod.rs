@@ -12,10 +12,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{BootSpec, Capabilities, Driver, DriverError, Exit, HostFacts, HostProcesses, Instance};
-use crate::agent::mux::Mux;
-use crate::helper::HelperError;
-use crate::helper::agent_link::Dialer;
-use crate::helper::userns;
+use crate::HelperError;
+use crate::agent_link::Dialer;
+use sandbox_agent::mux::Mux;
 
 pub mod cgroup;
 pub mod freeze;
@@ -34,7 +33,7 @@ pub struct NamespaceDriver {
     self_exe: PathBuf,
     /// The id map every VM gets and how to install it, or why VMs cannot
     /// get a user namespace as this user.
-    ids: Result<userns::IdMapper, String>,
+    ids: Result<sandbox_userns::IdMapper, String>,
     cgroups: Option<cgroup::CgroupLayout>,
     /// Prepares VM launchers; `None` when VMs cannot run here (`ids`).
     launchers: Option<Arc<warm::Launchers>>,
@@ -62,7 +61,7 @@ impl NamespaceDriver {
                 Some(format!("/dev/net/tun: {e}"))
             }
         };
-        let ids = userns::IdMapper::detect();
+        let ids = sandbox_userns::IdMapper::detect();
         let launchers = ids.as_ref().ok().map(|mapper| {
             warm::Launchers::new(launch::Spawner {
                 self_exe: self_exe.clone(),
@@ -82,7 +81,7 @@ impl NamespaceDriver {
     ) -> Result<(launch::Instance, tokio::process::Child), DriverError> {
         // Launchers exist exactly when VMs have an id map (see `detect`).
         let Some(launchers) = &self.launchers else {
-            return Err(DriverError::UserNs(self.unavailable_reason().unwrap_or_default()));
+            return Err(sandbox_userns::UserNsError::Map(self.unavailable_reason().unwrap_or_default()).into());
         };
         let taken = launchers.take().await;
         launchers.refill();
@@ -108,7 +107,7 @@ impl NamespaceDriver {
 
     /// The id map of this helper's VMs (and of the images they can run),
     /// when it has one.
-    pub fn id_mapper(&self) -> Option<&userns::IdMapper> {
+    pub fn id_mapper(&self) -> Option<&sandbox_userns::IdMapper> {
         self.ids.as_ref().ok()
     }
 }
@@ -151,7 +150,7 @@ impl Driver for NamespaceDriver {
         let resolv_conf = match spec.egress {
             Some(_) => {
                 let path = spec.dir.join("resolv.conf");
-                network::write_resolv_conf(&path)?;
+                sandbox_net::setup::write_resolv_conf(&path)?;
                 Some(path)
             }
             None => None,
@@ -170,11 +169,11 @@ impl Driver for NamespaceDriver {
             },
             limits: spec.limits,
             egress: spec.egress.clone(),
-            agent_socket: crate::helper::storage::agent_socket(&spec.id),
+            agent_socket: crate::storage::agent_socket(&spec.id),
         };
         let (instance, child) = self.launch(&launch_spec).await?;
         if let Some(launcher) = child.id() {
-            crate::helper::storage::record_launcher(&spec.dir, launcher);
+            crate::storage::record_launcher(&spec.dir, launcher);
         }
         let limits_not_enforced =
             if instance.usage_files().is_some() { String::new() } else { self.no_limits.clone().unwrap_or_default() };
@@ -285,17 +284,17 @@ fn copy_layer(
     ns: &launch::VmNamespaces,
     src: &Path,
     dst: &Path,
-) -> Result<(), crate::image::ImageError> {
+) -> Result<(), sandbox_image::ImageError> {
     if nix::unistd::geteuid().is_root() {
-        return crate::image::copy_tree(src, dst);
+        return sandbox_image::copy_tree(src, dst);
     }
-    let failed = |detail: String| crate::image::ImageError::CopyFailed {
+    let failed = |detail: String| sandbox_image::ImageError::CopyFailed {
         what: format!("{} to {}", src.display(), dst.display()),
         detail,
     };
     let mut cmd = std::process::Command::new(self_exe);
     cmd.arg("__copy-layer").arg(src).arg(dst).env_clear().stdin(std::process::Stdio::null());
-    let out = userns::run_joined(&ns.user, cmd).map_err(|e| failed(e.to_string()))?;
+    let out = sandbox_userns::run_joined(&ns.user, cmd).map_err(|e| failed(e.to_string()))?;
     if out.status.success() {
         return Ok(());
     }

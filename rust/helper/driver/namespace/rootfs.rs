@@ -67,7 +67,7 @@ pub struct HostPaths {
 /// namespace it is mounted into.
 pub fn open_host_paths(config: &InitConfig) -> Result<HostPaths, DriverError> {
     let none: Option<&str> = None;
-    let sys = |what: &'static str| move |source| DriverError::Sys { what: what.into(), source };
+    let sys = |what: &'static str| move |source| DriverError::sys(what, source);
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).map_err(sys("unshare staging mount namespace"))?;
     mnt(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)?;
     let vm_dir = config
@@ -240,7 +240,7 @@ fn bind(source: &str, target: &Path, read_only: bool) -> Result<(), DriverError>
         // A remount inside a user namespace must keep the flags the source
         // mount was locked with, or the kernel refuses it.
         let locked = statvfs(target)
-            .map_err(|source| DriverError::Sys { what: format!("statvfs {}", target.display()), source })?
+            .map_err(|source| DriverError::sys(format!("statvfs {}", target.display()), source))?
             .flags();
         let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
         for (st, ms) in [
@@ -261,7 +261,7 @@ fn bind(source: &str, target: &Path, read_only: bool) -> Result<(), DriverError>
 }
 
 fn pivot(root: &Path) -> Result<(), DriverError> {
-    let sys = |what: &'static str| move |source| DriverError::Sys { what: what.into(), source };
+    let sys = |what: &'static str| move |source| DriverError::sys(what, source);
     nix::unistd::chdir(root).map_err(sys("chdir new root"))?;
     nix::unistd::pivot_root(".", ".").map_err(sys("pivot_root"))?;
     umount2(".", MntFlags::MNT_DETACH).map_err(sys("detach old root"))?;
@@ -324,9 +324,11 @@ fn mnt<P: AsRef<Path> + ?Sized>(
     flags: MsFlags,
     data: Option<&str>,
 ) -> Result<(), DriverError> {
-    mount(source, target.as_ref(), fstype, flags, data).map_err(|e| DriverError::Sys {
-        what: format!("mount {} on {}", source.or(fstype).unwrap_or("(remount)"), target.as_ref().display()),
-        source: e,
+    mount(source, target.as_ref(), fstype, flags, data).map_err(|e| {
+        DriverError::sys(
+            format!("mount {} on {}", source.or(fstype).unwrap_or("(remount)"), target.as_ref().display()),
+            e,
+        )
     })
 }
 

@@ -2,8 +2,8 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-use crate::guest::handshake::CONTROL_PORT;
-use crate::guest::{AGENT_PORT, LAYER_SERIAL};
+use sandbox_guest::handshake::CONTROL_PORT;
+use sandbox_guest::{AGENT_PORT, LAYER_SERIAL};
 
 /// The PCIe root port the writable disk is attached to, and `/workspace`'s.
 /// Both are there from the start, empty, so a VM restored from a memory
@@ -35,7 +35,7 @@ pub struct Machine {
     /// The socket the helper listens on for the agent's port.
     pub agent_socket: PathBuf,
     /// The socket the helper listens on for guest init's control port (the
-    /// "go" handshake, [`crate::guest::handshake`]); none for the probe.
+    /// "go" handshake, [`sandbox_guest::handshake`]); none for the probe.
     pub control_socket: Option<PathBuf>,
     /// The socket of the helper's network stack (EGRESS): the virtio-net
     /// card's frames go there.
@@ -58,7 +58,7 @@ pub struct Machine {
 /// after `--` go to init as arguments, `smcp_*=` ones as its environment.
 /// Only what every VM of the image shares is here (a memory snapshot of
 /// one serves them all); the sandbox's own parameters come in the "go"
-/// line ([`crate::guest::handshake::Go`]).
+/// line ([`sandbox_guest::handshake::Go`]).
 pub fn cmdline(layers: usize, probe: bool) -> String {
     let mut c = String::from(
         "console=ttyS0 quiet loglevel=3 tsc_early_khz=2600000 tsc=reliable panic=-1 cryptomgr.notests random.trust_cpu=on",
@@ -118,7 +118,7 @@ impl Machine {
             // Frames, each with its length, over the helper's socket; the
             // card's MAC is the one the stack sends to.
             push(&["-netdev", &format!("stream,id=net0,server=off,addr.type=unix,addr.path={}", path(sock))]);
-            let mac = crate::helper::netstack::GUEST_MAC.0.map(|b| format!("{b:02x}")).join(":");
+            let mac = crate::netstack::GUEST_MAC.0.map(|b| format!("{b:02x}")).join(":");
             push(&["-device", &format!("virtio-net-device,netdev=net0,mac={mac}")]);
         }
         push(&["-qmp", &format!("unix:{},server=on,wait=off", path(&self.qmp_socket))]);

@@ -23,7 +23,7 @@ pub struct Assets {
 pub fn vm_dir() -> PathBuf {
     match std::env::var_os("SANDBOX_MCP_VM_DIR") {
         Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => crate::paths::data_dir().join("vm"),
+        _ => sandbox_base::paths::data_dir().join("vm"),
     }
 }
 

@@ -19,12 +19,12 @@ use super::assets::{Assets, vm_dir};
 use super::instance::{Attach, Instance, Shape, Start};
 use super::template::Template;
 use super::{disks, probe};
-use crate::agent::mux::Mux;
-use crate::agent::protocol::{ExitStatus, Frame, StartSpec};
-use crate::guest::handshake::GuestLimits;
-use crate::helper::netstack::events::Events;
-use crate::helper::userns::IdMapper;
-use crate::netpolicy::NetworkPolicy;
+use crate::netstack::events::Events;
+use sandbox_agent::mux::Mux;
+use sandbox_agent::protocol::{ExitStatus, Frame, StartSpec};
+use sandbox_guest::handshake::GuestLimits;
+use sandbox_net::policy::NetworkPolicy;
+use sandbox_userns::IdMapper;
 
 /// The samples, in milliseconds and MiB.
 #[derive(Debug, Default, Serialize)]
@@ -213,7 +213,7 @@ async fn pong(mux: Mux) -> Result<Mux, QemuError> {
 async fn echo_hi(agent: &Mux) -> Result<(), QemuError> {
     let argv = ["sh", "-c", "echo hi"].map(String::from).to_vec();
     let mut s = agent.open(Frame::Start(StartSpec::plain(argv))).map_err(|e| failed("exec in the guest", e))?;
-    match tokio::time::timeout(Duration::from_secs(60), crate::helper::guest::finish(&mut s)).await {
+    match tokio::time::timeout(Duration::from_secs(60), crate::guest::finish(&mut s)).await {
         Ok(Ok(f)) if f.status == ExitStatus::Code(0) && f.stdout == b"hi\n" => Ok(()),
         other => Err(failed("exec sh -c 'echo hi' in the guest", format!("{other:?}"))),
     }

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::QemuError;
-use crate::helper::userns::{IdMapper, pass_fds, run_mapped};
+use sandbox_userns::{IdMapper, pass_fds, run_mapped};
 
 /// The cache file for `layer`: named by its path, inode and change time,
 /// so a layer rebuilt in place (an image built again) gets a new disk.
@@ -191,8 +191,8 @@ pub(super) fn run_mapped_with(
     mapper: &IdMapper,
     mut cmd: Command,
     files: &[&std::fs::File],
-) -> Result<std::process::Output, crate::helper::driver::DriverError> {
+) -> Result<std::process::Output, crate::driver::DriverError> {
     let paths = pass_fds(&mut cmd, files);
     cmd.args(paths).env_clear().env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin");
-    run_mapped(mapper, cmd)
+    Ok(run_mapped(mapper, cmd)?)
 }

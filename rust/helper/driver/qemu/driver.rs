@@ -1,4 +1,4 @@
-//! The `vm` driver behind the seam ([`crate::helper::driver::Driver`]):
+//! The `vm` driver behind the seam ([`crate::driver::Driver`]):
 //! boots a qemu microVM per sandbox and hands the helper the agent's
 //! multiplexed connection over the virtio-serial port.
 //!
@@ -17,7 +17,7 @@
 //! driver's layout), which bounds what the host gives the whole VM. The
 //! sandbox's task limit, and its memory limit where it is below the VM's
 //! RAM, hold inside the guest, on the cgroup its processes run in (the go
-//! line carries them, [`crate::guest::cgroup`]); its stats report that
+//! line carries them, [`sandbox_guest::cgroup`]); its stats report that
 //! group's figures.
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -29,16 +29,16 @@ use super::pool::Warm;
 use super::share::Share;
 use super::virtiofsd::VIRTIOFSD;
 use super::{Accel, QemuError, disks, probe, snapshot};
-use crate::agent::mux::Mux;
-use crate::agent::protocol::Frame;
-use crate::guest::handshake::GuestLimits;
-use crate::helper::agent_link::Dialer;
-use crate::helper::driver::cgroup::{CgroupLayout, VmCgroup};
-use crate::helper::driver::{
+use crate::agent_link::Dialer;
+use crate::driver::cgroup::{CgroupLayout, VmCgroup};
+use crate::driver::{
     BootSpec, Capabilities, Driver, DriverError, Egress, Exit, HostFacts, HostProcesses, Instance, Limits,
 };
-use crate::helper::netstack::NetStack;
-use crate::helper::userns::IdMapper;
+use crate::netstack::NetStack;
+use sandbox_agent::mux::Mux;
+use sandbox_agent::protocol::Frame;
+use sandbox_guest::handshake::GuestLimits;
+use sandbox_userns::IdMapper;
 
 /// How long a TCG boot may take to the agent's first Pong.
 const BOOT_WAIT: Duration = Duration::from_secs(300);
@@ -95,7 +95,7 @@ impl QemuDriver {
     /// from their own process).
     pub fn with_assets(assets: Result<Assets, String>) -> Self {
         let mapper = IdMapper::detect();
-        let run_root = crate::paths::runtime_dir().join("qemu");
+        let run_root = sandbox_base::paths::runtime_dir().join("qemu");
         let templates = super::assets::vm_dir().join("templates");
         QemuDriver {
             assets,
@@ -432,7 +432,7 @@ impl VmInstance {
     /// Runs argv in the guest and returns its stdout; a nonzero exit is an
     /// error carrying stderr.
     async fn output(&self, argv: Vec<String>) -> Result<Vec<u8>, String> {
-        crate::helper::guest::output(&self.mux, argv).await
+        crate::guest::output(&self.mux, argv).await
     }
 }
 
@@ -461,7 +461,7 @@ impl Instance for VmInstance {
         // caller's grace period bounds the whole.
         let (qmp, mux) = (self.qmp.clone(), self.mux.clone());
         tokio::spawn(async move {
-            if let Err(e) = crate::helper::guest::output(&mux, vec!["sync".into()]).await {
+            if let Err(e) = crate::guest::output(&mux, vec!["sync".into()]).await {
                 tracing::warn!(error = %e, "the vm's writable disk was not synced before its stop");
             }
             if let Ok(mut q) = super::qmp::Qmp::connect(&qmp, Duration::from_secs(5)).await {
@@ -483,23 +483,22 @@ impl Instance for VmInstance {
         Some(Box::pin(async move { vm.wait().await.to_string() }))
     }
 
-    fn snapshot_layer(&self, _upper: &Path, dst: &Path) -> Result<(), crate::helper::HelperError> {
+    fn snapshot_layer(&self, _upper: &Path, dst: &Path) -> Result<(), crate::HelperError> {
         // The writable layer lives on the guest's disk: the guest archives
         // it and the helper unpacks it as a store layer.
-        let failed = |detail: String| {
-            crate::helper::HelperError::io("snapshot the vm's writable layer", std::io::Error::other(detail))
-        };
+        let failed =
+            |detail: String| crate::HelperError::io("snapshot the vm's writable layer", std::io::Error::other(detail));
         let tar = tokio::runtime::Handle::current()
             .block_on(async {
                 self.output(vec!["sync".into()]).await?;
-                self.output(crate::guest::layer_archive::argv()).await
+                self.output(sandbox_guest::layer_archive::argv()).await
             })
             .map_err(|detail| {
                 // GNU tar's words for a file the guest changed mid-copy (the
                 // layer is frozen while it is read, so only a guest that
                 // thawed it itself gets there): the same answer as the
                 // namespace driver's copy gives.
-                if detail.contains(crate::guest::layer_archive::CHANGED) {
+                if detail.contains(sandbox_guest::layer_archive::CHANGED) {
                     failed("the writable layer changed while being copied (the sandbox modified it); retry".into())
                 } else {
                     failed(detail)

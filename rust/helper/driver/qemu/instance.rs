@@ -4,7 +4,7 @@
 //! to it as the virtio-serial port's host end (and again after the helper
 //! restarts and listens anew), so each accepted connection is one byte
 //! stream to the agent. A second port carries guest init's "go" handshake
-//! ([`crate::guest::handshake`]). A vm's files live in its run dir: the
+//! ([`sandbox_guest::handshake`]). A vm's files live in its run dir: the
 //! sockets, the console log, and (by default) its writable disk.
 //!
 //! A vm starts one of three ways ([`Start`]): cold (the kernel boots), as a
@@ -30,12 +30,12 @@ use super::network::{Connected, NetLink};
 use super::qmp::Qmp;
 use super::virtiofsd::Virtiofsd;
 use super::{Accel, QEMU, QemuError};
-use crate::agent::mux::Mux;
-use crate::agent::protocol::Frame;
-use crate::guest::handshake::{Go, GuestLimits, READY, ROOTED, SEED_BYTES};
-use crate::guest::{UPPER_SERIAL, WORKSPACE_TAG};
-use crate::helper::driver::cgroup::VmCgroup;
-use crate::helper::userns::IdMapper;
+use crate::driver::cgroup::VmCgroup;
+use sandbox_agent::mux::Mux;
+use sandbox_agent::protocol::Frame;
+use sandbox_guest::handshake::{Go, GuestLimits, READY, ROOTED, SEED_BYTES};
+use sandbox_guest::{UPPER_SERIAL, WORKSPACE_TAG};
+use sandbox_userns::IdMapper;
 
 /// How long qemu has to connect to the agent socket after it starts (it
 /// does so before the guest runs).

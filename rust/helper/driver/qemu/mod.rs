@@ -1,6 +1,6 @@
 //! The `vm` driver's qemu side: a sandbox as a qemu `-M microvm` guest
 //! booting Debian's cloud kernel (PVH) with our initramfs, whose init
-//! ([`crate::guest`]) builds the sandbox's root and starts the agent on a
+//! ([`sandbox_guest`]) builds the sandbox's root and starts the agent on a
 //! virtio-serial port. The port's host end is a Unix socket the helper
 //! listens on: that connection is the byte stream the agent protocol runs
 //! over.

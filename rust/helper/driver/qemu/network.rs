@@ -2,7 +2,7 @@
 //! `-netdev stream` client connected to a Unix socket the helper listens
 //! on, carrying length-prefixed Ethernet frames. The helper serves that
 //! connection with the same stack and policy as a namespace sandbox's tun
-//! ([`crate::helper::netstack`], [`LinkKind::EthernetStream`]).
+//! ([`crate::netstack`], [`LinkKind::EthernetStream`]).
 //!
 //! The helper listens before qemu starts and accepts exactly one
 //! connection: qemu connects while it sets up its devices, before the
@@ -23,10 +23,10 @@ use std::time::Duration;
 use tokio::net::{UnixListener, UnixStream};
 
 use super::QemuError;
-use crate::helper::netstack::NetStack;
-use crate::helper::netstack::device::LinkKind;
-use crate::helper::netstack::events::Events;
-use crate::netpolicy::NetworkPolicy;
+use crate::netstack::NetStack;
+use crate::netstack::device::LinkKind;
+use crate::netstack::events::Events;
+use sandbox_net::policy::NetworkPolicy;
 
 /// How long qemu has to connect its network card after the agent's port
 /// (both connect while qemu starts, before the guest runs).

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use super::instance::{Instance, Shape, Start};
 use super::template::Template;
-use crate::helper::driver::cgroup::{CgroupLayout, VmCgroup};
+use crate::driver::cgroup::{CgroupLayout, VmCgroup};
 
 /// The helper's setting for the pool's size per shape (default 1; 0: no
 /// pool, vms are restored from the template on demand).

@@ -15,8 +15,7 @@ use super::assets::Assets;
 use super::instance::spawn;
 use super::{Accel, QemuError};
 
-/// What guest-init writes on the agent port in probe mode.
-pub const PROBE_OK: &[u8] = b"sandbox-mcp probe ok\n";
+pub use sandbox_guest::PROBE_OK;
 /// How long a KVM boot may take: one second is typical, a stalled kernel
 /// never answers.
 pub const KVM_BOOT_TIMEOUT: Duration = Duration::from_secs(15);

@@ -1,9 +1,9 @@
 //! A vm's writable layer as a layer of the image store. The guest's
 //! overlay uses `userxattr`, so its upper dir (shown read-only at
-//! [`crate::guest::LAYER_VIEW`]) already has the store's format: whiteouts are 0/0
+//! [`sandbox_guest::LAYER_VIEW`]) already has the store's format: whiteouts are 0/0
 //! character devices and opaque directories carry `user.overlay.opaque`.
 //! The guest archives it with GNU tar, its filesystem frozen
-//! ([`crate::guest::layer_archive`]), the helper receives the archive like
+//! ([`sandbox_guest::layer_archive`]), the helper receives the archive like
 //! any Exec's stdout, and [`unpack_layer`] extracts it as root
 //! of a user namespace with the helper's id map, so every file gets the
 //! host ids the sandbox maps, as the namespace driver's layers have.
@@ -12,9 +12,9 @@ use std::process::Command;
 
 use super::QemuError;
 use super::disks::run_mapped_with;
-use crate::helper::userns::IdMapper;
+use sandbox_userns::IdMapper;
 
-/// Extracts `archive` (from [`crate::guest::layer_archive`]) into the new directory
+/// Extracts `archive` (from [`sandbox_guest::layer_archive`]) into the new directory
 /// `dest`, which must not exist.
 pub fn unpack_layer(archive: &Path, dest: &Path, mapper: &IdMapper) -> Result<(), QemuError> {
     let failed = |detail: String| QemuError::Disk { what: format!("layer {}", dest.display()), detail };

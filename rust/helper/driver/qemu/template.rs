@@ -21,7 +21,7 @@ use sha2::{Digest as _, Sha256};
 
 use super::instance::{Instance, READY_WAIT, Shape, Start};
 use super::{QemuError, disks};
-use crate::helper::driver::cgroup::VmCgroup;
+use crate::driver::cgroup::VmCgroup;
 
 /// Bumped when what a template holds changes meaning (the machine's
 /// devices, the handshake), so older states are stale.
@@ -219,7 +219,7 @@ fn verdict(root: &Path, dir: &Path, kernel: &Path, initramfs: &Path) -> Result<S
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::helper::driver::qemu::Accel;
+    use crate::driver::qemu::Accel;
 
     /// A directory removed when the test ends.
     struct Scratch(PathBuf);

@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::QemuError;
-use crate::helper::driver::cgroup::VmCgroup;
-use crate::helper::userns::{IdMapper, run_mapped};
+use crate::driver::cgroup::VmCgroup;
+use sandbox_userns::{IdMapper, run_mapped};
 
 /// Debian 12 ships virtiofsd with qemu (package qemu-system-common).
 pub const VIRTIOFSD: &str = "/usr/lib/qemu/virtiofsd";

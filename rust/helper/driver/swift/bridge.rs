@@ -1,7 +1,7 @@
 //! The swift-bridge contract between the shared Rust helper and a VM layer
 //! on the other side of the bridge (Swift on a Mac, on Apple's
 //! containerization; the Rust double on Linux). It mirrors the driver seam
-//! ([`crate::helper::driver`]) one to one and nothing more: everything
+//! ([`crate::driver`]) one to one and nothing more: everything
 //! else (exec, copies, dial to guest ports, stats) goes through the agent
 //! protocol on the stream `layer_dial_agent` hands back.
 //!
@@ -18,7 +18,7 @@
 
 #[swift_bridge::bridge]
 pub mod ffi {
-    // What the layer can do here ([`crate::helper::driver::Capabilities`]).
+    // What the layer can do here ([`crate::driver::Capabilities`]).
     #[swift_bridge(swift_repr = "struct")]
     pub struct LayerCapabilities {
         pub tty: bool,
@@ -67,7 +67,7 @@ pub mod ffi {
     }
 
     // Everything the layer needs to boot one VM
-    // ([`crate::helper::driver::BootSpec`]).
+    // ([`crate::driver::BootSpec`]).
     #[swift_bridge(swift_repr = "struct")]
     pub struct BootRequest {
         // The VM id every later call names.
@@ -96,7 +96,7 @@ pub mod ffi {
         pub image_reference: String,
     }
 
-    // A running VM's limits and OOM kills ([`crate::helper::driver::HostFacts`]).
+    // A running VM's limits and OOM kills ([`crate::driver::HostFacts`]).
     #[swift_bridge(swift_repr = "struct")]
     pub struct LayerHostFacts {
         pub memory_limit_bytes: u64,
@@ -107,7 +107,7 @@ pub mod ffi {
     // Where a VM's processes show on the host, -1 each when they do not (a
     // Mac's guests run their own kernel): the disk quota watcher stops the
     // writers there, sparing the agent
-    // ([`crate::helper::driver::HostProcesses`]).
+    // ([`crate::driver::HostProcesses`]).
     #[swift_bridge(swift_repr = "struct")]
     pub struct LayerHostProcesses {
         pub pid1: i32,

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::bridge::ffi;
-use crate::helper::driver::{BindMount, BootSpec, Capabilities, DriverError, HostFacts, HostProcesses, Limits};
+use crate::driver::{BindMount, BootSpec, Capabilities, DriverError, HostFacts, HostProcesses, Limits};
 
 /// Why a value cannot cross the bridge.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -36,10 +36,10 @@ pub enum ConvertError {
 }
 
 /// The card the helper's stack serves on frame socket `fd` (-1: no card):
-/// its MAC and addresses are the stack's ([`crate::helper::netstack`]), so
+/// its MAC and addresses are the stack's ([`crate::netstack`]), so
 /// the layer's guest is addressed as every Linux driver's is.
 pub fn network_card(fd: i32) -> ffi::LayerNetwork {
-    use crate::helper::netstack::{DNS, GATEWAY, GUEST, GUEST_MAC, PREFIX, device::ETHERNET_MTU};
+    use crate::netstack::{DNS, GATEWAY, GUEST, GUEST_MAC, PREFIX, device::ETHERNET_MTU};
     let mac = GUEST_MAC.0.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
     ffi::LayerNetwork {
         fd,
@@ -198,7 +198,7 @@ impl From<&Capabilities> for ffi::LayerCapabilities {
 
 impl From<ffi::LayerHostFacts> for HostFacts {
     /// The bridge carries limits only: a Mac's VMs are counted by their
-    /// guest's own group ([`crate::helper::stats`]), so the host's counters
+    /// guest's own group ([`crate::stats`]), so the host's counters
     /// would go unused there; across it they are unknown.
     fn from(f: ffi::LayerHostFacts) -> Self {
         HostFacts {
@@ -375,7 +375,7 @@ mod tests {
     fn host_facts_and_processes_cross_and_minus_one_is_none() {
         let facts = HostFacts { memory_limit_bytes: 7, pids_limit: 9, oom_killed: true, usage: None };
         assert_eq!(HostFacts::from(ffi::LayerHostFacts::from(facts)), facts);
-        let counted = HostFacts { usage: Some(crate::helper::driver::GroupUsage::default()), ..facts };
+        let counted = HostFacts { usage: Some(crate::driver::GroupUsage::default()), ..facts };
         assert_eq!(HostFacts::from(ffi::LayerHostFacts::from(counted)), facts, "counters do not cross");
         let p = HostProcesses { pid1: 10, agent: 11 };
         assert_eq!(Option::<HostProcesses>::from(ffi::LayerHostProcesses::from(Some(p))), Some(p));

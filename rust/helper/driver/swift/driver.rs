@@ -6,14 +6,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::bridge::ffi;
-use crate::agent::mux::Mux;
-use crate::agent::protocol::Frame;
-use crate::helper::HelperError;
-use crate::helper::agent_link::Dialer;
-use crate::helper::driver::{
-    BootSpec, Capabilities, Driver, DriverError, Egress, Exit, HostFacts, HostProcesses, Instance,
-};
-use crate::helper::netstack::{NetStack, device};
+use crate::HelperError;
+use crate::agent_link::Dialer;
+use crate::driver::{BootSpec, Capabilities, Driver, DriverError, Egress, Exit, HostFacts, HostProcesses, Instance};
+use crate::netstack::{NetStack, device};
+use sandbox_agent::mux::Mux;
+use sandbox_agent::protocol::Frame;
 
 /// The layer across the bridge, under the name it reports.
 #[derive(Debug)]
@@ -103,8 +101,8 @@ impl Driver for SwiftDriver {
 /// whose one end the stack serves under the sandbox's policy; the other
 /// end is the card's, for the layer. The policy never crosses the bridge.
 fn frame_socket(
-    policy: &crate::netpolicy::NetworkPolicy,
-    events: &Arc<crate::helper::netstack::events::Events>,
+    policy: &sandbox_net::policy::NetworkPolicy,
+    events: &Arc<crate::netstack::events::Events>,
 ) -> Result<(NetStack, OwnedFd), DriverError> {
     let (stack, card) = device::frame_socket().map_err(|e| DriverError::io("make the vm's frame socket", e))?;
     let stack = NetStack::start(stack, device::LinkKind::EthernetDatagrams, policy.clone(), events.clone())

@@ -21,7 +21,7 @@ enum Args {
 /// arguments, with clap's message on stderr).
 pub fn run(args: Vec<String>) -> i32 {
     match Args::try_parse_from(args) {
-        Ok(Args::Serve { socket }) => crate::helper::server::run(socket, crate::helper::server::Drivers::Bridged),
+        Ok(Args::Serve { socket }) => crate::server::run(socket, crate::server::Drivers::Bridged),
         Err(e) => {
             let _ = e.print();
             e.exit_code()

@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use swift_bridge::string::RustString;
 
 use super::bridge::ffi;
-use crate::helper::driver::namespace::NamespaceDriver;
-use crate::helper::driver::{BootSpec, Driver, Egress, Exit, Instance};
+use crate::driver::namespace::NamespaceDriver;
+use crate::driver::{BootSpec, Driver, Egress, Exit, Instance};
 
 /// The layer: its driver (or why there is none) and its running VMs.
 struct Layer {
@@ -109,7 +109,7 @@ extern "C" fn layer_info() -> ffi::__swift_bridge__LayerInfo {
         Err(why) => ffi::LayerInfo {
             name: "namespaces".into(),
             unavailable_reason: why.clone(),
-            capabilities: (&crate::helper::driver::Capabilities::default()).into(),
+            capabilities: (&crate::driver::Capabilities::default()).into(),
         },
     };
     info.into_ffi_repr()
@@ -219,7 +219,7 @@ async fn dial_agent(id: &str) -> Result<i32, ffi::LayerError> {
     if layer().instance(id).is_none() {
         return Err(ffi::LayerError::NotFound(id.to_owned()));
     }
-    let path = crate::helper::storage::agent_socket(id);
+    let path = crate::storage::agent_socket(id);
     let stream = tokio::net::UnixStream::connect(&path)
         .await
         .map_err(|e| ffi::LayerError::Failed(format!("connect {}: {e}", path.display())))?;
@@ -372,7 +372,7 @@ mod tests {
             memory_bytes: 1 << 28,
             pids: 64,
             disk_bytes: 1 << 28,
-            network: crate::helper::driver::swift::convert::network_card(-1),
+            network: crate::driver::swift::convert::network_card(-1),
             image_reference: String::new(),
         }
     }

@@ -28,12 +28,44 @@ use std::path::{Path, PathBuf};
 #[cfg(linux_host)]
 use std::process::Command;
 
+use sandbox_base::error::SysError;
 use serde::{Deserialize, Serialize};
 
 #[cfg(linux_host)]
-use crate::helper::driver::DriverError;
-#[cfg(linux_host)]
-use crate::hostsetup::subid::{Entry, parse as parse_ranges};
+use crate::subid::{Entry, parse as parse_ranges};
+
+pub mod subid;
+
+/// Why an id map could not be installed or a mapped process run.
+#[derive(Debug, thiserror::Error)]
+pub enum UserNsError {
+    /// A system call or I/O failed.
+    #[error(transparent)]
+    Sys(#[from] SysError),
+    /// The map itself could not be written or is not allowed.
+    #[error("user namespace: {0}")]
+    Map(String),
+}
+
+impl UserNsError {
+    /// An I/O error with context.
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        SysError::io(what, source).into()
+    }
+}
+
+/// A directory made for the VM that belongs to other host ids than the
+/// helper's own: what an ordinary user's helper (the VM's root, not root of
+/// the host) can only hand over from inside the VM's id map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandOver {
+    /// The directory.
+    pub path: PathBuf,
+    /// The host uid it must get.
+    pub uid: u32,
+    /// The host gid it must get.
+    pub gid: u32,
+}
 
 /// Where the subordinate ranges are listed.
 #[cfg(linux_host)]
@@ -238,7 +270,7 @@ impl IdMapper {
     /// Installs the map into the user namespace of `pid`, which must have
     /// unshared it and not yet changed its ids.
     #[cfg(linux_host)]
-    pub fn map(&self, pid: i32) -> Result<(), DriverError> {
+    pub fn map(&self, pid: i32) -> Result<(), UserNsError> {
         let tables = [("uid_map", &self.map.uids), ("gid_map", &self.map.gids)];
         match &self.tools {
             None => {
@@ -246,7 +278,7 @@ impl IdMapper {
                     let text: String =
                         extents.iter().map(|e| format!("{} {} {}\n", e.inside, e.outside, e.count)).collect();
                     let path = format!("/proc/{pid}/{file}");
-                    std::fs::write(&path, text).map_err(|e| DriverError::UserNs(format!("write {path}: {e}")))?;
+                    std::fs::write(&path, text).map_err(|e| UserNsError::Map(format!("write {path}: {e}")))?;
                 }
                 Ok(())
             }
@@ -259,9 +291,9 @@ impl IdMapper {
                     let out = Command::new(tool)
                         .args(&args)
                         .output()
-                        .map_err(|e| DriverError::UserNs(format!("run {}: {e}", tool.display())))?;
+                        .map_err(|e| UserNsError::Map(format!("run {}: {e}", tool.display())))?;
                     if !out.status.success() {
-                        return Err(DriverError::UserNs(format!(
+                        return Err(UserNsError::Map(format!(
                             "{} {} failed ({}): {}; /etc/subuid and /etc/subgid must list the range for this user \
                              ({FIX} NAME` as root)",
                             tool.display(),
@@ -304,7 +336,7 @@ pub fn pass_fds(cmd: &mut Command, files: &[&std::fs::File]) -> Vec<String> {
 /// the host ids a sandbox maps without chowning by host id, and how an
 /// ordinary user reaches files its sandboxes' other ids own.
 #[cfg(linux_host)]
-pub fn run_mapped(mapper: &IdMapper, mut cmd: Command) -> Result<std::process::Output, DriverError> {
+pub fn run_mapped(mapper: &IdMapper, mut cmd: Command) -> Result<std::process::Output, UserNsError> {
     let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|source| sys("pipe", source));
     let (pid_r, pid_w) = pipe()?;
     let (go_r, go_w) = pipe()?;
@@ -353,18 +385,18 @@ pub fn run_mapped(mapper: &IdMapper, mut cmd: Command) -> Result<std::process::O
     let got_pid = std::fs::File::from(pid_r).read_exact(&mut pid);
     let mapped = match got_pid {
         Ok(()) => mapper.map(i32::from_ne_bytes(pid)),
-        Err(e) => Err(DriverError::io("learn the pid of the mapped child", e)),
+        Err(e) => Err(UserNsError::io("learn the pid of the mapped child", e)),
     };
     let mut go = std::fs::File::from(go_w);
     let released = match &mapped {
-        Ok(()) => go.write_all(b"g").map_err(|e| DriverError::io("release the mapped child", e)),
+        Ok(()) => go.write_all(b"g").map_err(|e| UserNsError::io("release the mapped child", e)),
         Err(_) => Ok(()),
     };
     drop(go);
-    let output = spawner.join().map_err(|_| DriverError::UserNs("the spawning thread panicked".into()))?;
+    let output = spawner.join().map_err(|_| UserNsError::Map("the spawning thread panicked".into()))?;
     mapped?;
     released?;
-    output.map_err(|e| DriverError::io("run a command in a mapped user namespace", e))
+    output.map_err(|e| UserNsError::io("run a command in a mapped user namespace", e))
 }
 
 /// Runs `cmd` as root (0:0, no supplementary groups) of the existing user
@@ -373,7 +405,7 @@ pub fn run_mapped(mapper: &IdMapper, mut cmd: Command) -> Result<std::process::O
 /// outside the namespace. Only a single-threaded process may join a user
 /// namespace: the forked child does, before exec.
 #[cfg(linux_host)]
-pub fn run_joined(userns: &OwnedFd, mut cmd: Command) -> Result<std::process::Output, DriverError> {
+pub fn run_joined(userns: &OwnedFd, mut cmd: Command) -> Result<std::process::Output, UserNsError> {
     let fd = userns.as_raw_fd();
     // SAFETY: between fork and exec only async-signal-safe system calls on
     // an fd and integers.
@@ -393,18 +425,18 @@ pub fn run_joined(userns: &OwnedFd, mut cmd: Command) -> Result<std::process::Ou
             Ok(())
         });
     }
-    cmd.output().map_err(|e| DriverError::io("run a command in the vm's user namespace", e))
+    cmd.output().map_err(|e| UserNsError::io("run a command in the vm's user namespace", e))
 }
 
 /// Gives each directory of `dirs` its host owner, from inside a namespace
 /// with `mapper`'s map: how an ordinary user's helper, which is only the
 /// sandboxes' root, hands a directory to another of their ids.
 #[cfg(linux_host)]
-pub fn chown_mapped(mapper: &IdMapper, dirs: &[crate::helper::seed::HandOver]) -> Result<(), DriverError> {
+pub fn chown_mapped(mapper: &IdMapper, dirs: &[HandOver]) -> Result<(), UserNsError> {
     let map = mapper.id_map();
     for d in dirs {
         let (Some(uid), Some(gid)) = (inside_id(&map.uids, d.uid), inside_id(&map.gids, d.gid)) else {
-            return Err(DriverError::UserNs(format!(
+            return Err(UserNsError::Map(format!(
                 "{} should belong to host ids {}:{}, which this helper's map ({}) does not reach",
                 d.path.display(),
                 d.uid,
@@ -417,7 +449,7 @@ pub fn chown_mapped(mapper: &IdMapper, dirs: &[crate::helper::seed::HandOver]) -
         chown.stdin(std::process::Stdio::null());
         let out = run_mapped(mapper, chown)?;
         if !out.status.success() {
-            return Err(DriverError::UserNs(format!(
+            return Err(UserNsError::Map(format!(
                 "chown {uid}:{gid} {} inside the sandbox's id map: {}: {}",
                 d.path.display(),
                 out.status,
@@ -457,8 +489,8 @@ pub fn remove_tree(path: &Path) -> std::io::Result<()> {
 }
 
 #[cfg(linux_host)]
-fn sys(what: &str, source: nix::errno::Errno) -> DriverError {
-    DriverError::Sys { what: what.into(), source }
+fn sys(what: &str, source: nix::errno::Errno) -> UserNsError {
+    SysError::sys(what, source).into()
 }
 
 /// First executable called `name` on PATH.
@@ -599,7 +631,7 @@ mod tests {
         // process's own ids are not in its map).
         let (root_uid, root_gid) = mapper.id_map().host_root();
         std::os::unix::fs::chown(&dir, Some(root_uid), Some(root_gid)).unwrap();
-        let hand = |path: &Path, inside: u32| crate::helper::seed::HandOver {
+        let hand = |path: &Path, inside: u32| HandOver {
             path: path.to_path_buf(),
             uid: host_id(&mapper.id_map().uids, inside).unwrap(),
             gid: host_id(&mapper.id_map().gids, inside).unwrap(),
@@ -608,7 +640,7 @@ mod tests {
         chown_mapped(&mapper, std::slice::from_ref(&to_42)).unwrap();
         let md = std::fs::metadata(&dir).unwrap();
         assert_eq!((md.uid(), md.gid()), (to_42.uid, to_42.gid));
-        let unmapped = crate::helper::seed::HandOver { uid: 7, gid: 7, ..to_42.clone() };
+        let unmapped = HandOver { uid: 7, gid: 7, ..to_42.clone() };
         let err = chown_mapped(&mapper, &[unmapped]).unwrap_err().to_string();
         assert!(err.contains("host ids 7:7") && err.contains("does not reach"), "{err}");
         let gone = hand(&dir.join("gone"), 42);

@@ -33,7 +33,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::helper::userns::IdMap;
+pub use sandbox_userns::IdMap;
 
 #[cfg(linux_host)]
 mod build;

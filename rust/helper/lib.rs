@@ -18,8 +18,10 @@
 //!   the namespace driver (namespaces, cgroups, seccomp, rootfs, the VM's
 //!   network link), the qemu one, and the swift one (a VM layer across
 //!   swift-bridge).
-//! - [`userns`]: the id map every VM and image gets on Linux (user namespaces).
 //! - [`error`]: [`HelperError`], mapped to gRPC codes in `service::status`.
+//!
+//! The id map every VM and image gets on Linux is `sandbox_userns`'s; what
+//! PID 1 sets up in a sandbox's network, `sandbox_net::setup`.
 pub mod agent_link;
 pub mod driver;
 pub mod error;
@@ -33,7 +35,6 @@ pub mod service;
 pub mod spec;
 pub mod stats;
 pub mod storage;
-pub mod userns;
 pub mod vm;
 
 pub use error::HelperError;

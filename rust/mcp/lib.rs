@@ -33,7 +33,7 @@ use rmcp::{
     tool_handler,
 };
 
-use crate::orchestrator::{
+use sandbox_orchestrator::{
     Config, Orchestrator, OrchestratorError, SandboxManager, config, forward::ForwardManager, spawn::SpawnManager,
     sync::SyncManager,
 };

@@ -44,6 +44,11 @@ pub mod tree;
 #[cfg(linux_host)]
 pub mod user;
 
+/// Where a vm's sandbox root shows the VM's writable layer (read-only,
+/// mounted by guest init): a snapshot is the agent's tar of this directory,
+/// which has the format of a layer in the image store.
+pub const LAYER_VIEW: &str = "/run/sandbox-mcp-layer";
+
 /// Why the agent could not run a process or keep serving.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {

@@ -49,12 +49,12 @@ pub mod rootfs;
 pub const LIB_DIR: &str = "/lib/sandbox-mcp";
 /// [`LIB_DIR`] as the sandbox's root shows it.
 pub const AGENT_DIR: &str = "/run/sandbox-mcp";
-/// Where the sandbox's root shows the VM's writable layer (read-only): a
-/// snapshot is the agent's tar of this directory, which has the format of
-/// a layer in the image store.
-pub const LAYER_VIEW: &str = "/run/sandbox-mcp-layer";
+pub use sandbox_agent::LAYER_VIEW;
 /// The virtio-serial port the agent serves (qemu's `virtserialport` name).
 pub const AGENT_PORT: &str = "agent";
+/// What guest-init writes on the agent port in probe mode (the helper's
+/// KVM probe waits for it).
+pub const PROBE_OK: &[u8] = b"sandbox-mcp probe ok\n";
 /// Disk serials: `layer0` (the image's bottom layer) … and the VM's own
 /// writable disk.
 pub const LAYER_SERIAL: &str = "layer";

@@ -1,0 +1,9 @@
+//! What every crate of sandbox-mcp shares: where files live ([`paths`]:
+//! XDG dirs, sockets), wall-clock stamps ([`clock`]) and the error of a
+//! system step ([`error::SysError`]).
+#![warn(missing_docs)]
+
+pub mod clock;
+pub mod error;
+pub mod paths;
+pub mod test_support;

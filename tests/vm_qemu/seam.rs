@@ -1,0 +1,48 @@
+//! The vm driver behind the helper's driver seam: it boots, execs,
+//! snapshots and reports a kill, and refuses what it cannot do yet.
+use super::*;
+
+/// The vm driver behind the helper's seam: boots to a pinged agent, runs
+/// Exec on the guest kernel, snapshots the writable layer, and reports a
+/// kill through its exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_vm_driver_boots_execs_snapshots_and_reports_a_kill() {
+    let Some(assets) = assets() else { return };
+    let Some(layers) = test_image_layers() else { return };
+    let dir = TempDir::new("seam");
+    let driver = QemuDriver::with_assets(Ok(assets.clone())).with_warm(&dir.0, 0);
+    assert_eq!(driver.unavailable_reason(), None);
+    assert!(driver.capabilities().own_kernel);
+    let vm = driver.boot(&seam_spec(&dir.0, layers, Vec::new())).await.expect("boot through the seam");
+    let (code, release) = exec(&vm.connection(), &["uname", "-r"]).await;
+    assert_eq!((code, release.trim()), (0, assets.release.as_str()));
+    assert_eq!(exec(&vm.connection(), &["sh", "-c", "echo kept > /etc/kept"]).await.0, 0);
+    let dst = dir.0.join("layer");
+    let (snap_vm, snap_dst) = (vm.clone(), dst.clone());
+    tokio::task::spawn_blocking(move || snap_vm.snapshot_layer(Path::new("/unused"), &snap_dst))
+        .await
+        .unwrap()
+        .expect("snapshot the writable layer");
+    assert_eq!(std::fs::read_to_string(dst.join("etc/kept")).unwrap(), "kept\n");
+    let exit = vm.take_exit().expect("the exit, once");
+    assert!(vm.take_exit().is_none());
+    vm.kill();
+    let how = tokio::time::timeout(Duration::from_secs(30), exit).await.expect("the exit resolves");
+    assert!(how.starts_with("qemu was killed"), "{how}");
+    vm.cleanup();
+    // The template saved behind the boot is not left running.
+    driver.warm().idle().await;
+}
+
+/// What the vm driver cannot do yet is refused before anything boots.
+#[tokio::test]
+async fn the_vm_driver_refuses_shares_other_than_workspace() {
+    let Some(assets) = assets() else { return };
+    let driver = QemuDriver::with_assets(Ok(assets));
+    let dir = TempDir::new("refuse");
+    let mount = BindMount { host: dir.0.clone(), guest: "/data".into(), read_only: true };
+    let e = driver.boot(&seam_spec(&dir.0, Vec::new(), vec![mount])).await.unwrap_err().to_string();
+    assert!(e.contains("only a writable /workspace, not /data"), "{e}");
+    let unbuilt = QemuDriver::with_assets(Err("no vm kernel".into()));
+    assert_eq!(unbuilt.unavailable_reason().as_deref(), Some("no vm kernel"));
+}
