@@ -32,9 +32,11 @@ FAULT_ROUNDS ?= 40
 FUZZ_SECONDS ?= 20
 TEST_FUZZ_SECONDS ?= 10
 
-# The optional vm driver (qemu microVMs): `make install VM=1` also installs
-# qemu and builds the guest kernel and initramfs; the test setup always does.
-VM ?= 0
+# The vm driver (qemu microVMs, `isolation = "vm"`): `make install` also installs
+# qemu and builds the guest kernel and the installed helper's initramfs (idempotent:
+# nothing is fetched or rebuilt when current), so a vm sandbox answers after it;
+# `make install VM=0` leaves them out. The test setup always has them.
+VM ?= 1
 # TEST_TOOLS=1: `make deps` also installs what the OCI image tests run (a registry, skopeo, busybox).
 TEST_TOOLS ?= 0
 VM_DIR := $(CURDIR)/target/vm

@@ -6,7 +6,7 @@
 #   protobuf-compiler  protoc, needed by build.rs
 #   procps             ps: a Mac tells a live server by it (no /proc); a test runs it here
 #   python3-venv       the test venv (only if this python3 cannot make one)
-# With SANDBOX_MCP_VM=1 (`make vm`, `make install VM=1`, the test setup), also
+# With SANDBOX_MCP_VM=1 (`make install` unless VM=0, `make vm`, the test setup), also
 # what the optional vm driver needs (scripts/vm-kernel.sh, vm-initramfs.sh):
 #   qemu-system-x86    qemu-system-x86_64, and virtiofsd (qemu-system-common)
 #   e2fsprogs          mke2fs -d: the image layers' disks

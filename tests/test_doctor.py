@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 
 from conftest import required_env
 
 CHECKS = (
-    "helper", "userns", "subids", "cgroups", "seccomp", "overlayfs", "kvm", "tun", "apparmor", "image", "sandbox-ctl",
-    "disk", "quota",
+    "helper", "userns", "subids", "cgroups", "seccomp", "overlayfs", "kvm", "tun", "apparmor", "vm", "image",
+    "sandbox-ctl", "disk", "quota",
 )
 
 
@@ -42,6 +43,18 @@ def test_doctor_passes_here_with_one_line_per_check(env):
     assert checks["image"].startswith("ok") and required_env("SANDBOX_MCP_TEST_IMAGE") in checks["image"]
     for line in checks.values():
         assert line.startswith("ok") or "; fix: " in line, line
+    # make test built the guest kernel and this helper's initramfs: the vm driver is ready, and
+    # doctor says under which accelerator (KVM where a probe boot of the kernel passes, else TCG).
+    vm = checks["vm"]
+    assert re.match(r"ok +vm +ready: guest kernel \S+ under (KVM|TCG, qemu's software CPU)", vm), vm
+
+
+def test_missing_vm_assets_are_a_warning_naming_make_install(env, tmp_path):
+    out = run(env, "doctor", SANDBOX_MCP_VM_DIR=str(tmp_path))
+    vm = lines_by_check(out.stdout)["vm"]
+    assert out.returncode == 0, out.stdout
+    assert vm.startswith("WARN") and 'isolation = "vm" cannot run: no vm kernel in ' + str(tmp_path) in vm, vm
+    assert "fix: make install" in vm, vm
 
 
 def test_missing_default_image_fails_with_the_fix(env):

@@ -131,7 +131,9 @@ async fn boot_probe_reaches_guest_init_under_tcg() {
 async fn kvm_probe_says_why_kvm_is_unusable() {
     let Some(assets) = assets() else { return };
     let dir = TempDir::new("kvm");
-    match probe::detect(&assets, &dir.0).await {
+    let memo = dir.0.join("accel");
+    let accel = probe::detect(&assets, &dir.0, &memo).await;
+    match accel.clone() {
         Accel::Kvm => eprintln!("KVM boots the guest kernel on this host"),
         Accel::Tcg { kvm_unusable } => {
             eprintln!("KVM unusable: {kvm_unusable}");
@@ -143,6 +145,13 @@ async fn kvm_probe_says_why_kvm_is_unusable() {
     }
     // The probe vm is gone with its sockets.
     assert!(!dir.0.join("probe.sock").exists());
+    // The answer is remembered for this host boot and kernel, and served
+    // from there (no probe vm runs: its run dir is not even made).
+    let memo_text = std::fs::read_to_string(&memo).unwrap();
+    assert!(memo_text.contains(&format!("\n{}\n", assets.release)), "{memo_text}");
+    let elsewhere = dir.0.join("not-made");
+    assert_eq!(probe::detect(&assets, &elsewhere, &memo).await, accel);
+    assert!(!elsewhere.exists());
 }
 
 /// The test image's layers as disks and a fresh writable disk.

@@ -14,6 +14,8 @@
 pub mod kvm;
 #[cfg(linux_host)]
 mod linux;
+#[cfg(linux_host)]
+mod vm;
 
 use std::path::Path;
 
@@ -109,6 +111,8 @@ pub async fn run(helper_bin: &Path) -> Report {
     // has none of these to check, and the helper's GetInfo says what it can.
     #[cfg(linux_host)]
     linux::host_checks(user.as_ref(), helper_bin, &mut add);
+    #[cfg(linux_host)]
+    add(vm::check(helper_bin).await);
     add(default_image());
     add(sandbox_ctl());
     add(disk_space(&paths::data_dir()));

@@ -19,6 +19,10 @@ pub struct Assets {
     pub release: String,
 }
 
+/// The file in the vm dir that remembers whether KVM runs the guest here
+/// (`probe::detect`).
+pub const ACCEL_MEMO: &str = "accel";
+
 /// Where the vm assets live: `SANDBOX_MCP_VM_DIR`, else the data dir's `vm`.
 pub fn vm_dir() -> PathBuf {
     match std::env::var_os("SANDBOX_MCP_VM_DIR") {

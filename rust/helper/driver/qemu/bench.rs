@@ -85,7 +85,7 @@ fn rss_kib(proc_dir: &Path) -> u64 {
 pub async fn run(layers: &[PathBuf], runs: usize, work: &Path) -> Result<Figures, QemuError> {
     let assets = Assets::for_this_helper()?;
     let mapper = IdMapper::detect().map_err(|e| failed("the id map", e))?;
-    let accel = probe::detect(&assets, &work.join("probe")).await;
+    let accel = probe::detect(&assets, &work.join("probe"), &vm_dir().join(super::assets::ACCEL_MEMO)).await;
     let cache = vm_dir().join("disks");
     let layers = layers.iter().map(|l| disks::layer_disk(l, &cache, &mapper)).collect::<Result<Vec<_>, _>>()?;
     let plain = Shape {

@@ -307,8 +307,16 @@ impl QemuDriver {
 
     /// KVM or TCG, probed once.
     pub async fn accel(&self, assets: &Assets) -> &Accel {
-        let dir = self.run_root.join("probe");
-        self.accel.get_or_init(|| async move { probe::detect(assets, &dir).await }).await
+        // Of this process: doctor may probe while a helper does.
+        let dir = self.run_root.join(format!("probe-{}", std::process::id()));
+        let memo = super::assets::vm_dir().join(super::assets::ACCEL_MEMO);
+        self.accel
+            .get_or_init(|| async move {
+                let accel = probe::detect(assets, &dir, &memo).await;
+                let _ = std::fs::remove_dir_all(&dir);
+                accel
+            })
+            .await
     }
 }
 

@@ -21,13 +21,45 @@ pub use sandbox_guest::PROBE_OK;
 pub const KVM_BOOT_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// KVM if a probe vm boots under it (in `run_dir`), else TCG with the reason.
-pub async fn detect(assets: &Assets, run_dir: &Path) -> Accel {
-    match kvm_boots(assets, run_dir, KVM_BOOT_TIMEOUT).await {
+///
+/// The answer is kept in `memo` for this boot of the host and this guest
+/// kernel: where KVM stalls, the probe waits out [`KVM_BOOT_TIMEOUT`], which
+/// every new helper (a restart, an upgrade) and `doctor` would pay again. A
+/// reboot or another kernel probes afresh (a module loaded, a group joined).
+pub async fn detect(assets: &Assets, run_dir: &Path, memo: &Path) -> Accel {
+    let host_boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let key = format!("{}\n{}\n", host_boot.trim(), assets.release);
+    if let Some(accel) = std::fs::read_to_string(memo).ok().and_then(|text| remembered(&text, &key)) {
+        return accel;
+    }
+    let accel = match kvm_boots(assets, run_dir, KVM_BOOT_TIMEOUT).await {
         Ok(()) => Accel::Kvm,
         Err(kvm_unusable) => {
             tracing::info!(reason = %kvm_unusable, "KVM unusable for vm sandboxes; using TCG");
             Accel::Tcg { kvm_unusable }
         }
+    };
+    let text = match &accel {
+        Accel::Kvm => format!("{key}kvm\n"),
+        Accel::Tcg { kvm_unusable } => format!("{key}tcg\n{}\n", kvm_unusable.replace('\n', " ")),
+    };
+    // Replaced whole, so a helper and doctor probing at once never read half of it.
+    let tmp = memo.with_extension(format!("{}.tmp", std::process::id()));
+    if std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, memo)).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    accel
+}
+
+/// The accelerator `text` (a memo [`detect`] wrote) holds for `key`, if it
+/// was written for it.
+fn remembered(text: &str, key: &str) -> Option<Accel> {
+    let rest = text.strip_prefix(key)?;
+    let mut lines = rest.lines();
+    match (lines.next(), lines.next(), lines.next()) {
+        (Some("kvm"), None, None) => Some(Accel::Kvm),
+        (Some("tcg"), Some(why), None) if !why.is_empty() => Some(Accel::Tcg { kvm_unusable: why.to_string() }),
+        _ => None,
     }
 }
 
@@ -97,4 +129,29 @@ pub async fn boot_probe(assets: &Assets, run_dir: &Path, accel: &Accel, timeout:
         let _ = std::fs::remove_file(f);
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "3f1c\n6.1.0-57-cloud-amd64\n";
+
+    #[test]
+    fn a_memo_serves_only_its_own_host_boot_and_kernel() {
+        assert_eq!(remembered(&format!("{KEY}kvm\n"), KEY), Some(Accel::Kvm));
+        let tcg = remembered(&format!("{KEY}tcg\n/dev/kvm: stalled\n"), KEY);
+        assert_eq!(tcg, Some(Accel::Tcg { kvm_unusable: "/dev/kvm: stalled".into() }));
+        // Another boot or kernel, a torn or altered file: probe again.
+        for stale in [
+            "9e2a\n6.1.0-57-cloud-amd64\nkvm\n".to_string(),
+            format!("{KEY}kv"),
+            format!("{KEY}tcg\n"),
+            format!("{KEY}kvm\nextra\n"),
+            format!("{KEY}qemu\n"),
+            String::new(),
+        ] {
+            assert_eq!(remembered(&stale, KEY), None, "{stale:?}");
+        }
+    }
 }
