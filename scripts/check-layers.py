@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The workspace's structure, checked (issue 24; README, "The crates").
+"""The workspace's structure, checked (issue 27; README, "The crates").
 
 1. Each crate depends only on crates of lower layers (cargo already forbids
    circles between crates; this keeps the order: the agent never reaches the
