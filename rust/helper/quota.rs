@@ -676,7 +676,9 @@ mod tests {
     }
 
     #[tokio::test]
+    #[allow(clippy::await_holding_lock, reason = "held for the whole test, on its own runtime")]
     async fn the_tripwire_cuts_a_pause_short_when_the_filesystem_fills() {
+        let _serial = crate::driver::namespace::freeze::heavy_test();
         let dir = Scratch(std::env::temp_dir().join(format!("quota-trip-{}", std::process::id())));
         std::fs::create_dir_all(dir.path()).unwrap();
         let mut wire = Tripwire::new(&[Part { label: "scratch".into(), path: dir.path().to_path_buf() }]);
@@ -697,7 +699,9 @@ mod tests {
     }
 
     #[tokio::test]
+    #[allow(clippy::await_holding_lock, reason = "held for the whole test, on its own runtime")]
     async fn space_freed_beside_a_flood_of_empty_files_does_not_hide_it() {
+        let _serial = crate::driver::namespace::freeze::heavy_test();
         let dir = Scratch(std::env::temp_dir().join(format!("quota-trip-free-{}", std::process::id())));
         std::fs::create_dir_all(dir.path().join("flood")).unwrap();
         let big = dir.path().join("big");

@@ -148,6 +148,18 @@ fn all_pids() -> Result<Vec<i32>, HelperError> {
     Ok(entries.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
 }
 
+/// Taken for its whole run by each test that freezes processes or loads
+/// the host's disk: each freeze scans every host process under a 5 s bound,
+/// one test keeps four shells busy resuming each other, and the quota tests
+/// write hundreds of MiB; side by side on a 2-core machine a freeze missed
+/// its bound (make test). These tests are about what a freeze holds, not
+/// about sharing two cores with a busy neighbour.
+#[cfg(test)]
+pub(crate) fn heavy_test() -> std::sync::MutexGuard<'static, ()> {
+    static HEAVY: Mutex<()> = Mutex::new(());
+    HEAVY.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,6 +183,7 @@ mod tests {
             eprintln!("skipped: needs root for a pid namespace");
             return;
         }
+        let _serial = heavy_test();
         // A shell as PID 1 of its own pid namespace, with a child.
         let mut child = std::process::Command::new("unshare")
             .args(["--pid", "--fork", "--kill-child", "sh", "-c", "sleep 30 & while :; do sleep 0.01; done"])
@@ -199,6 +212,7 @@ mod tests {
             eprintln!("skipped: needs root for a pid namespace");
             return;
         }
+        let _serial = heavy_test();
         // Killed however the test ends: a panic must not leave it holding the harness's pipes.
         struct Namespace(std::process::Child);
         impl Drop for Namespace {
@@ -239,6 +253,7 @@ mod tests {
             eprintln!("skipped: needs root for a pid namespace");
             return;
         }
+        let _serial = heavy_test();
         let script = "for i in 1 2 3 4; do (while :; do kill -CONT -1 2>/dev/null; done) & done; wait";
         let mut child = std::process::Command::new("unshare")
             .args(["--pid", "--fork", "--kill-child", "sh", "-c", script])
