@@ -14,7 +14,7 @@
 //! once a second: more often near the quota, and never more than a tenth of
 //! the time, so a slow walk (a huge tree) costs a bounded share of a CPU.
 //! Between walks a [`Tripwire`] reads the free blocks and inodes of the
-//! parts' filesystems every [`TRIP_POLL`] (one `statfs`, no walk): a drop
+//! parts' filesystems every 25 ms (one `statfs`, no walk): a drop
 //! of half the VM's headroom walks at once, so a writer at any speed passes
 //! the quota by at most what it writes in one poll and one walk, not in a
 //! second. When a measurement is past the quota and above the previous one
@@ -33,27 +33,30 @@
 //!
 //! A vm (its own kernel) is watched the same way with the guest's figures
 //! for its writable disk, which is itself sized to the quota ([`Writers`]).
+#[cfg(linux_host)]
 use std::collections::HashSet;
-use std::ffi::CString;
-use std::os::fd::{AsFd, OwnedFd};
 #[cfg(linux_host)]
 use std::os::unix::fs::MetadataExt as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nix::NixPath;
-use nix::dir::Dir;
-use nix::fcntl::{AT_FDCWD, AtFlags, OFlag, openat};
 #[cfg(linux_host)]
 use nix::sys::signal::{Signal, kill};
-use nix::sys::stat::{FileStat, Mode, fstat, fstatat};
 #[cfg(linux_host)]
 use nix::unistd::Pid;
 
 use super::agent_link::AgentLink;
 use super::driver::Instance;
+
+mod tripwire;
+mod walk;
+
+use tripwire::Tripwire;
+pub use walk::allocated;
+#[cfg(linux_host)]
+pub use walk::unlinked;
 
 /// How often usage is measured, far from the quota.
 const INTERVAL: Duration = Duration::from_secs(1);
@@ -63,11 +66,6 @@ const NEAR_INTERVAL: Duration = Duration::from_millis(100);
 const NEAR: u64 = 80;
 /// A measurement may take at most this share of the time (1/N).
 const DUTY: u32 = 10;
-/// How often the [`Tripwire`] reads the parts' filesystems between walks.
-const TRIP_POLL: Duration = Duration::from_millis(25);
-/// The least drop of free space that trips it: below this an early walk
-/// is not worth its cost, even with no headroom left.
-const TRIP_MIN: u64 = 4 << 20;
 /// What every inode under a part costs at least, in bytes: one block, as
 /// ext4 and xfs allocate for a file with data. An empty file, a symlink or
 /// a whiteout allocates no block yet takes an inode of the host's
@@ -279,83 +277,6 @@ pub fn watch(limit: u64, parts: Vec<Part>, writers: Writers) -> (Arc<Watch>, tok
     (w, tokio_util::task::AbortOnDropHandle::new(task))
 }
 
-/// The free space of the filesystems a VM's parts live on, read with one
-/// `statfs` each: O(1), so it is read every [`TRIP_POLL`], where a walk of
-/// the tree may take a second. Those filesystems are the host's, so other
-/// writers move it too: one that fills it costs at most an early walk, and
-/// one that frees space (a test deleting a large file beside a sandbox
-/// making empty files) must not hide this VM's use, so blocks and inodes of
-/// each filesystem are counted apart, each down from the most seen free
-/// during the wait.
-struct Tripwire {
-    /// One path per filesystem among the parts.
-    filesystems: Vec<PathBuf>,
-}
-
-/// One filesystem's free space, as a walk charges it.
-#[derive(Debug, Clone, Copy, Default)]
-struct Free {
-    bytes: u64,
-    inodes: u64,
-}
-
-impl Tripwire {
-    fn new(parts: &[Part]) -> Self {
-        let mut devices = HashSet::new();
-        let filesystems = parts
-            .iter()
-            .filter(|p| {
-                std::fs::metadata(&p.path).is_ok_and(|m| devices.insert(std::os::unix::fs::MetadataExt::dev(&m)))
-            })
-            .map(|p| p.path.clone())
-            .collect();
-        Tripwire { filesystems }
-    }
-
-    /// Each filesystem's free bytes and inodes (zero for one that cannot be read).
-    fn free(&self) -> Vec<Free> {
-        self.filesystems
-            .iter()
-            .map(|p| {
-                nix::sys::statvfs::statvfs(p).map_or(Free::default(), |fs| Free {
-                    bytes: fs.blocks_free().saturating_mul(fs.fragment_size()),
-                    inodes: fs.files_free(),
-                })
-            })
-            .collect()
-    }
-
-    /// Sleeps for `pause`, or less once at least `least` has passed and the
-    /// filesystems lost half of `headroom` (the quota left at the last
-    /// walk) since the call began, each inode worth [`INODE_COST`]: then a
-    /// walk is due now, and the bytes they lost are returned. `None`: the
-    /// pause ran out.
-    async fn wait(&mut self, pause: Duration, least: Duration, headroom: u64) -> Option<u64> {
-        let started = tokio::time::Instant::now();
-        if self.filesystems.is_empty() {
-            tokio::time::sleep(pause).await;
-            return None;
-        }
-        let mut most = self.free();
-        let trip = (headroom / 2).max(TRIP_MIN);
-        while started.elapsed() < pause {
-            tokio::time::sleep(TRIP_POLL.min(pause.saturating_sub(started.elapsed()))).await;
-            let mut fell = 0u64;
-            for (most, now) in most.iter_mut().zip(self.free()) {
-                most.bytes = most.bytes.max(now.bytes);
-                most.inodes = most.inodes.max(now.inodes);
-                fell = fell
-                    .saturating_add(most.bytes - now.bytes)
-                    .saturating_add((most.inodes - now.inodes).saturating_mul(INODE_COST));
-            }
-            if started.elapsed() >= least && fell >= trip {
-                return Some(fell);
-            }
-        }
-        None
-    }
-}
-
 /// What resumes a VM whose processes were stopped for a measurement.
 #[cfg(linux_host)]
 type Held = Option<super::driver::namespace::freeze::Frozen>;
@@ -453,109 +374,6 @@ fn measure(parts: &[Part], pid1: i32) -> Vec<(String, u64)> {
     sizes
 }
 
-/// What the tree under `root` costs: st_blocks of every entry and at least
-/// [`INODE_COST`] each, hard-linked files once, without following symlinks
-/// below root or leaving its filesystem. Unreadable directories count as
-/// empty.
-///
-/// Walked by directory fds (`openat` on the parent's fd with `O_NOFOLLOW`),
-/// not by paths: a tree nested deeper than PATH_MAX is counted all the same,
-/// and a directory swapped for a symlink mid-walk is never followed. One fd
-/// is held per level of the directory being walked.
-pub fn allocated(root: &Path) -> u64 {
-    // The root is the host's (it may be a symlink to the workspace); only
-    // what lies below it is the VM's.
-    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
-    let Ok(fd) = openat(AT_FDCWD, root, flags, Mode::empty()) else { return 0 };
-    let Ok(top) = fstat(&fd) else { return 0 };
-    let mut walk = Walk { dev: top.st_dev, total: charge(&top), linked: HashSet::new() };
-    let subdirs = walk.level(&fd);
-    let mut stack = vec![(fd, subdirs)];
-    while let Some((parent, pending)) = stack.last_mut() {
-        let Some(name) = pending.pop() else {
-            stack.pop();
-            continue;
-        };
-        let Ok(fd) = open_dir(&*parent, name.as_c_str()) else { continue };
-        let subdirs = walk.level(&fd);
-        stack.push((fd, subdirs));
-    }
-    walk.total
-}
-
-/// The state of one [`allocated`] walk.
-struct Walk {
-    dev: libc::dev_t,
-    total: u64,
-    /// Inodes with several links, counted once.
-    linked: HashSet<u64>,
-}
-
-impl Walk {
-    /// Counts the entries of the directory `fd` and returns the names of its
-    /// subdirectories on the same filesystem.
-    fn level(&mut self, fd: &OwnedFd) -> Vec<CString> {
-        // A duplicate to read with, so the walk keeps `fd` for the *at calls.
-        let Some(dir) = fd.try_clone().ok().and_then(|dup| Dir::from_fd(dup).ok()) else { return Vec::new() };
-        let mut subdirs = Vec::new();
-        for entry in dir.into_iter().flatten() {
-            let name = entry.file_name();
-            if name == c"." || name == c".." {
-                continue;
-            }
-            let Ok(st) = fstatat(fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) else { continue };
-            if st.st_dev != self.dev {
-                continue;
-            }
-            let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
-            if st.st_nlink > 1 && !is_dir && !self.linked.insert(st.st_ino) {
-                continue;
-            }
-            self.total += charge(&st);
-            if is_dir {
-                subdirs.push(name.to_owned());
-            }
-        }
-        subdirs
-    }
-}
-
-fn open_dir<Fd: AsFd, P: ?Sized + NixPath>(at: Fd, path: &P) -> nix::Result<OwnedFd> {
-    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    openat(at, path, flags, Mode::empty())
-}
-
-/// An entry's cost against the quota: its blocks, at least [`INODE_COST`].
-fn charge(st: &FileStat) -> u64 {
-    (u64::try_from(st.st_blocks).unwrap_or(0) * 512).max(INODE_COST)
-}
-
-/// Bytes allocated to regular files that the VM's processes (PID 1 and every
-/// process below it) hold open after unlinking them: the walk cannot see
-/// them, yet they take the host's disk until closed. Counted when on one of
-/// `devs` (the parts' filesystems and the overlay root's), each inode once.
-#[cfg(linux_host)]
-pub fn unlinked(pid1: i32, devs: &HashSet<u64>) -> u64 {
-    let mut seen = HashSet::new();
-    let mut total = 0;
-    let pids = std::iter::once(pid1).chain(sandbox_agent::tree::descendants(pid1).into_keys());
-    for pid in pids {
-        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
-        for fd in fds.flatten() {
-            // Follows the fd's magic link: the open file itself, by no path.
-            let Ok(meta) = std::fs::metadata(fd.path()) else { continue };
-            if meta.nlink() == 0
-                && meta.is_file()
-                && devs.contains(&meta.dev())
-                && seen.insert((meta.dev(), meta.ino()))
-            {
-                total += meta.blocks() * 512;
-            }
-        }
-    }
-    total
-}
-
 /// `disk quota exceeded: 10.0 GiB used of 10 GiB (writable layer 8.1 GiB,
 /// /workspace 1.9 GiB); delete files or raise disk in the profile`.
 pub fn message(used: u64, limit: u64, parts: &[(String, u64)], done: &str) -> String {
@@ -626,7 +444,7 @@ fn stop_processes(pid1: i32, agent: i32) {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write as _;
+    use std::path::Path;
 
     use super::*;
 
@@ -642,127 +460,6 @@ mod tests {
             "disk quota exceeded: 10 GiB used of 10 GiB (writable layer 8.1 GiB, /workspace 1.9 GiB); its processes \
              were stopped; delete files or raise disk in the profile"
         );
-    }
-
-    #[test]
-    fn allocated_counts_blocks_and_hard_links_once() {
-        let root = std::env::temp_dir().join(format!("quota-test-{}", std::process::id()));
-        std::fs::create_dir_all(&root).unwrap();
-        let dir = Scratch(root);
-        let empty = allocated(dir.path());
-        let data = vec![1u8; 1 << 20];
-        std::fs::create_dir(dir.path().join("sub")).unwrap();
-        std::fs::write(dir.path().join("sub/a"), &data).unwrap();
-        std::fs::hard_link(dir.path().join("sub/a"), dir.path().join("b")).unwrap();
-        std::os::unix::fs::symlink("/usr", dir.path().join("link")).unwrap();
-        // Sparse: a large size with nothing allocated.
-        std::fs::File::create(dir.path().join("sparse")).unwrap().set_len(1 << 30).unwrap();
-        let grown = allocated(dir.path()) - empty;
-        assert!((1 << 20..(1 << 20) + (64 << 10)).contains(&grown), "{grown}");
-    }
-
-    #[test]
-    fn every_inode_costs_at_least_a_block() {
-        let dir = Scratch(std::env::temp_dir().join(format!("quota-inodes-{}", std::process::id())));
-        std::fs::create_dir_all(dir.path()).unwrap();
-        let empty = allocated(dir.path());
-        for i in 0..100 {
-            std::fs::File::create(dir.path().join(format!("e{i}"))).unwrap();
-        }
-        std::os::unix::fs::symlink("e0", dir.path().join("link")).unwrap();
-        let grown = allocated(dir.path()) - empty;
-        // 101 inodes, and what the directory itself grew by.
-        assert!((101 * INODE_COST..101 * INODE_COST + (64 << 10)).contains(&grown), "{grown}");
-    }
-
-    #[tokio::test]
-    #[allow(clippy::await_holding_lock, reason = "held for the whole test, on its own runtime")]
-    async fn the_tripwire_cuts_a_pause_short_when_the_filesystem_fills() {
-        let _serial = crate::driver::namespace::freeze::heavy_test();
-        let dir = Scratch(std::env::temp_dir().join(format!("quota-trip-{}", std::process::id())));
-        std::fs::create_dir_all(dir.path()).unwrap();
-        let mut wire = Tripwire::new(&[Part { label: "scratch".into(), path: dir.path().to_path_buf() }]);
-        assert_eq!(wire.filesystems.len(), 1);
-        let path = dir.path().join("fill");
-        // Written while the tripwire waits: 32 MiB, past half of a 16 MiB
-        // headroom. Nothing else ends an hour's pause.
-        let writer = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(100));
-            std::fs::write(&path, vec![1u8; 32 << 20]).unwrap();
-        });
-        let waited = tokio::time::timeout(
-            Duration::from_secs(60),
-            wire.wait(Duration::from_secs(3600), Duration::ZERO, 16 << 20),
-        );
-        assert!(waited.await.is_ok(), "the tripwire did not see 32 MiB written");
-        writer.join().unwrap();
-    }
-
-    #[tokio::test]
-    #[allow(clippy::await_holding_lock, reason = "held for the whole test, on its own runtime")]
-    async fn space_freed_beside_a_flood_of_empty_files_does_not_hide_it() {
-        let _serial = crate::driver::namespace::freeze::heavy_test();
-        let dir = Scratch(std::env::temp_dir().join(format!("quota-trip-free-{}", std::process::id())));
-        std::fs::create_dir_all(dir.path().join("flood")).unwrap();
-        let big = dir.path().join("big");
-        std::fs::write(&big, vec![1u8; 256 << 20]).unwrap();
-        let mut wire = Tripwire::new(&[Part { label: "scratch".into(), path: dir.path().to_path_buf() }]);
-        // Another writer on the host frees 256 MiB, then this VM makes
-        // 4096 empty files (16 MiB of quota, past half of a 16 MiB
-        // headroom): the freed blocks must not cancel the inodes.
-        let flood = dir.path().join("flood");
-        let writer = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(100));
-            std::fs::remove_file(&big).unwrap();
-            std::thread::sleep(Duration::from_millis(100));
-            for i in 0..4096 {
-                std::fs::File::create(flood.join(i.to_string())).unwrap();
-            }
-        });
-        let waited = tokio::time::timeout(
-            Duration::from_secs(60),
-            wire.wait(Duration::from_secs(3600), Duration::ZERO, 16 << 20),
-        );
-        assert!(waited.await.is_ok(), "the tripwire did not see 4096 files made after 256 MiB were freed");
-        writer.join().unwrap();
-    }
-
-    #[test]
-    fn allocated_counts_a_tree_deeper_than_path_max() {
-        let dir = Scratch(std::env::temp_dir().join(format!("quota-deep-{}", std::process::id())));
-        std::fs::create_dir_all(dir.path()).unwrap();
-        let empty = allocated(dir.path());
-        // 25 levels of 200-character names: 5000 bytes, past PATH_MAX, so
-        // made relative to each level's fd.
-        let name = "d".repeat(200);
-        let mut fd = open_dir(AT_FDCWD, dir.path()).unwrap();
-        for _ in 0..25 {
-            nix::sys::stat::mkdirat(&fd, name.as_str(), Mode::from_bits_truncate(0o755)).unwrap();
-            fd = open_dir(&fd, name.as_str()).unwrap();
-        }
-        let file = openat(&fd, "f", OFlag::O_WRONLY | OFlag::O_CREAT, Mode::from_bits_truncate(0o644)).unwrap();
-        std::fs::File::from(file).write_all(&vec![1u8; 1 << 20]).unwrap();
-        let grown = allocated(dir.path()) - empty;
-        assert!(grown >= 1 << 20, "{grown}");
-        // Scratch's remove_dir_all walks by fds too, so it removes this.
-    }
-
-    #[test]
-    fn unlinked_counts_open_deleted_files_once() {
-        let dir = Scratch(std::env::temp_dir().join(format!("quota-unlinked-{}", std::process::id())));
-        std::fs::create_dir_all(dir.path()).unwrap();
-        let dev = std::fs::metadata(dir.path()).unwrap().dev();
-        let me = i32::try_from(std::process::id()).unwrap();
-        let before = unlinked(me, &HashSet::from([dev]));
-        let path = dir.path().join("x");
-        let mut f = std::fs::File::create(&path).unwrap();
-        let _again = std::fs::File::open(&path).unwrap();
-        f.write_all(&vec![1u8; 1 << 20]).unwrap();
-        f.sync_all().unwrap();
-        std::fs::remove_file(&path).unwrap();
-        let grown = unlinked(me, &HashSet::from([dev])) - before;
-        assert!((1 << 20..(1 << 20) + (64 << 10)).contains(&grown), "{grown}");
-        assert_eq!(unlinked(me, &HashSet::new()), 0);
     }
 
     #[test]
@@ -786,10 +483,10 @@ mod tests {
     }
 
     /// A directory removed when the test ends.
-    struct Scratch(PathBuf);
+    pub(super) struct Scratch(pub(super) PathBuf);
 
     impl Scratch {
-        fn path(&self) -> &Path {
+        pub(super) fn path(&self) -> &Path {
             &self.0
         }
     }
