@@ -92,19 +92,33 @@ pub(super) fn process_spec(vm_id: &str, p: ProcessConfig) -> pb::ProcessSpec {
     }
 }
 
-pub(super) fn image_config_to_proto(c: ImageConfig) -> pb::ImageConfig {
-    pb::ImageConfig {
-        env: c.env,
-        workdir: c.workdir,
-        user: c.user,
-        entrypoint: c.entrypoint,
-        cmd: c.cmd,
-        exposed_ports: c.exposed_ports,
+impl From<ImageConfig> for pb::ImageConfig {
+    fn from(c: ImageConfig) -> Self {
+        pb::ImageConfig {
+            env: c.env,
+            workdir: c.workdir,
+            user: c.user,
+            entrypoint: c.entrypoint,
+            cmd: c.cmd,
+            exposed_ports: c.exposed_ports,
+        }
+    }
+}
+
+impl From<pb::ImageConfig> for ImageConfig {
+    fn from(c: pb::ImageConfig) -> Self {
+        ImageConfig {
+            env: c.env,
+            workdir: c.workdir,
+            user: c.user,
+            entrypoint: c.entrypoint,
+            cmd: c.cmd,
+            exposed_ports: c.exposed_ports,
+        }
     }
 }
 
 pub(super) fn image_summary(i: pb::Image) -> ImageSummary {
-    let c = i.config.unwrap_or_default();
     ImageSummary {
         name: i.name,
         package_manager: i.package_manager,
@@ -113,14 +127,7 @@ pub(super) fn image_summary(i: pb::Image) -> ImageSummary {
         parent: i.parent,
         layer_count: i.layer_count,
         labels: i.labels,
-        config: ImageConfig {
-            env: c.env,
-            workdir: c.workdir,
-            user: c.user,
-            entrypoint: c.entrypoint,
-            cmd: c.cmd,
-            exposed_ports: c.exposed_ports,
-        },
+        config: i.config.unwrap_or_default().into(),
         reference: i.reference,
         source: i.source,
     }

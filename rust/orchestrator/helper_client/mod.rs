@@ -23,7 +23,7 @@ mod convert;
 mod running;
 mod types;
 
-use convert::{image_config_to_proto, image_summary, process_spec, vm_info};
+use convert::{image_summary, process_spec, vm_info};
 
 pub use running::{CopyOutReader, DialReader, DialWriter};
 pub use types::{
@@ -341,7 +341,7 @@ impl HelperClient {
         let req = pb::CommitVmRequest {
             vm_id: vm_id.into(),
             image: c.image,
-            config: c.config.map(image_config_to_proto),
+            config: c.config.map(pb::ImageConfig::from),
             parent: c.parent,
             labels: c.labels,
         };
