@@ -23,14 +23,15 @@ pub(super) async fn check(helper_bin: &Path) -> Check {
         Ok(None) => return Check::warn("vm", format!("{} has no GNU build id", helper_bin.display()), FIX),
         Err(e) => return Check::warn("vm", e.to_string(), FIX),
     };
-    let assets = Assets::locate(&vm_dir(), &id).map_err(|e| e.to_string());
-    let driver = QemuDriver::with_assets(assets.clone());
-    if let Some(reason) = driver.unavailable_reason() {
-        return Check::warn("vm", format!("isolation = \"vm\" cannot run: {reason}"), FIX);
-    }
-    let Ok(assets) = assets else {
-        return Check::warn("vm", "isolation = \"vm\" cannot run: no vm assets", FIX);
+    let unable = |reason: String| Check::warn("vm", format!("isolation = \"vm\" cannot run: {reason}"), FIX);
+    let assets = match Assets::locate(&vm_dir(), &id) {
+        Ok(assets) => assets,
+        Err(e) => return unable(e.to_string()),
     };
+    let driver = QemuDriver::with_assets(Ok(assets.clone()));
+    if let Some(reason) = driver.unavailable_reason() {
+        return unable(reason);
+    }
     let kernel = &assets.release;
     match driver.accel(&assets).await {
         Accel::Kvm => Check::ok("vm", format!("ready: guest kernel {kernel} under KVM")),
