@@ -228,6 +228,22 @@ async fn no_one_file_outgrows_the_quota_and_the_agent_outlives_a_copy_that_tries
     assert!(refused(m), "{e:?}");
     let o = h.sh(&id, "ls -A /tmp; echo alive").await;
     assert_eq!(o.out(), "alive\n", "{o:?}");
+    // Root in the sandbox cannot lift the cap, on itself or on the
+    // sandbox's PID 1: raising a hard limit takes CAP_SYS_RESOURCE in the
+    // host's user namespace. A driver with a kernel of its own sets no cap
+    // (its guest's disk is sized to the quota).
+    let lift = "import resource as r\n\
+                for pid in (0, 1):\n\
+                \x20   hard = r.prlimit(pid, r.RLIMIT_FSIZE)[1]\n\
+                \x20   if hard == r.RLIM_INFINITY: print(pid, 'uncapped'); continue\n\
+                \x20   try: r.prlimit(pid, r.RLIMIT_FSIZE, (r.RLIM_INFINITY, r.RLIM_INFINITY)); print(pid, 'lifted')\n\
+                \x20   except (ValueError, OSError): print(pid, 'refused', hard)\n";
+    let o = h.run(process(&id, &["python3", "-c", lift]), b"").await.unwrap();
+    let info = h.client.get_info(pb::GetInfoRequest {}).await.unwrap().into_inner();
+    let own_kernel =
+        info.drivers.iter().find(|d| d.is_default).and_then(|d| d.capabilities.as_ref()).is_some_and(|c| c.own_kernel);
+    let capped = format!("0 refused {QUOTA}\n1 refused {QUOTA}\n");
+    assert!(o.out() == capped || (own_kernel && o.out() == "0 uncapped\n1 uncapped\n"), "{o:?}");
 }
 
 #[tokio::test]
