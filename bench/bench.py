@@ -22,9 +22,10 @@ Measures, on an isolated server (fresh XDG dirs, helper stopped at the end):
       `sandbox-vm-helper vm-bench` on the bench image, from qemu's start to the agent's first
       Pong: cold boot, restore from the memory snapshot (target p50 <= 300 ms under TCG), a
       vm handed out by the warm pool (target p50 <= 150 ms), both again for an EGRESS vm (a
-      network card, its stack started at hand-out), the RSS of qemu + virtiofsd
-      per idle vm, and warm exec on a booted vm (`sh -c 'echo hi'` through its agent, printed
-      beside the namespace driver's warm exec);
+      network card, its stack started at hand-out), the RSS of qemu + virtiofsd per idle
+      vm, the PSS per vm of 4 and of 16 idle vms together (target <= 64 MiB, qemu), and warm
+      exec on a booted vm (`sh -c 'echo hi'` through its agent, printed beside the namespace
+      driver's warm exec);
   (e) sync latency: with sync_start running, a new file written on the host until it exists
       in the sandbox, SYNC_SAMPLES times (p50/p90). A python3 loop inside the sandbox polls for
       the file and prints the time it saw it (same clock as the host), so exec round trips do
@@ -439,6 +440,8 @@ def bench_vm() -> list[str]:
         row(VM_EXEC_LABEL, f["warm_exec_ms"]) + "  (through the agent, TCG)",
         f"{'vm host RSS per idle vm':<34} {len(f['idle_rss_mib']):>5} {statistics.median(f['idle_rss_mib']):>9.1f}"
         "             (MiB: qemu + virtiofsd)",
+        *(f"{'vm PSS per idle vm, ' + str(d['vms']) + ' idle':<34} {d['vms']:>5} {d['qemu_pss_mib']:>9.1f}"
+          f"             (MiB, qemu; target <= 64; {d['total_pss_mib']:.1f} with virtiofsd)" for d in f["density"]),
     ]
 
 

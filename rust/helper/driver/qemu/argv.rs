@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use sandbox_guest::handshake::CONTROL_PORT;
 use sandbox_guest::{AGENT_PORT, LAYER_SERIAL};
 
+use super::ram::Backing;
+
 /// The PCIe root port the writable disk is attached to, and `/workspace`'s.
 /// Both are there from the start, empty, so a VM restored from a memory
 /// snapshot taken before either existed can get them (microvm has no
@@ -24,6 +26,8 @@ pub struct Machine {
     pub cpus: u32,
     /// `-m`, MiB.
     pub memory_mib: u64,
+    /// What holds the guest's RAM ([`Backing`]).
+    pub memory: Backing,
     /// The PVH ELF kernel.
     pub kernel: PathBuf,
     /// The initramfs.
@@ -77,9 +81,9 @@ impl Machine {
     pub fn argv(&self) -> Vec<OsString> {
         let mut a: Vec<OsString> = Vec::new();
         let mut push = |parts: &[&str]| a.extend(parts.iter().map(OsString::from));
-        // vhost-user (virtiofsd) maps the guest's memory, so it must be a
-        // shared memfd, always: a memory snapshot restores into the same
-        // backend, and `/workspace` may be attached after the restore. The
+        // vhost-user (virtiofsd) maps the guest's memory, so it must be
+        // shared, always (see super::ram): `/workspace` may be attached
+        // after a restore. The
         // RTC stays: the guest's clock is set from it at boot. PCIe carries
         // the devices attached after a restore (see [`UPPER_PORT`]).
         let machine = "microvm,x-option-roms=off,pit=off,pic=off,pcie=on,memory-backend=mem";
@@ -90,7 +94,7 @@ impl Machine {
         push(&["-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"]);
         push(&["-smp", &self.cpus.max(1).to_string(), "-m", &format!("{}M", self.memory_mib)]);
         push(&["-global", "virtio-mmio.force-legacy=false"]);
-        push(&["-object", &format!("memory-backend-memfd,id=mem,size={}M,share=on", self.memory_mib)]);
+        push(&["-object", &self.memory.object(self.memory_mib)]);
         let path = |p: &PathBuf| p.to_string_lossy().replace(',', ",,");
         push(&["-kernel", &path(&self.kernel), "-initrd", &path(&self.initramfs), "-append", &self.cmdline]);
         push(&["-serial", &format!("file:{}", path(&self.console_log))]);
@@ -141,6 +145,7 @@ mod tests {
             accel: "tcg",
             cpus: 2,
             memory_mib: 512,
+            memory: Backing::Memfd,
             kernel: "/k/vmlinux".into(),
             initramfs: "/k/initramfs.cpio.gz".into(),
             cmdline: cmdline(2, false),

@@ -5,7 +5,8 @@
 //! (restored ahead and its agent pinged, untimed; then only attach, "go" and the Pong), the
 //! two restores also for a shape with a network card (EGRESS; its stack started at hand-out, as
 //! the driver does). Also the
-//! host memory of an idle vm (the RSS of its qemu and virtiofsd) and warm
+//! host memory of an idle vm (the RSS of its qemu and virtiofsd), the PSS
+//! per vm of 4 and of 16 idle vms together, and warm
 //! exec on a booted vm: `sh -c 'echo hi'` through its agent, from the
 //! stream's open to the exit status.
 use std::path::{Path, PathBuf};
@@ -42,9 +43,28 @@ pub struct Figures {
     pub egress_pool_ms: Vec<f64>,
     /// RSS of qemu and virtiofsd per idle vm.
     pub idle_rss_mib: Vec<f64>,
+    /// Host memory per idle vm with several idle at once (PSS: pages
+    /// they share, qemu's binary and libraries, counted once), one entry
+    /// per count in [`DENSITY`].
+    pub density: Vec<Density>,
     /// Warm `sh -c 'echo hi'` through the agent of a booted vm.
     pub warm_exec_ms: Vec<f64>,
 }
+
+/// The PSS of one count of idle vms, each restored as the pool does and
+/// given a sandbox (its writable disk, `/workspace` and virtiofsd).
+#[derive(Debug, Default, Serialize)]
+pub struct Density {
+    /// How many vms were idle at once.
+    pub vms: usize,
+    /// Mean PSS of a vm's qemu, MiB.
+    pub qemu_pss_mib: f64,
+    /// Mean PSS of a vm's qemu and virtiofsd together, MiB.
+    pub total_pss_mib: f64,
+}
+
+/// The counts of idle vms whose memory is measured together.
+const DENSITY: [usize; 2] = [4, 16];
 
 /// How many warm execs are timed (after [`EXEC_WARMUP`] untimed ones).
 const EXEC_RUNS: usize = 50;
@@ -56,26 +76,35 @@ fn failed(what: &str, e: impl std::fmt::Display) -> QemuError {
     QemuError::io(what.to_string(), std::io::Error::other(e.to_string()))
 }
 
-/// The RSS of the processes whose command line contains `needle`, in KiB.
-fn rss_kib_matching(needle: &str) -> u64 {
-    let Ok(procs) = std::fs::read_dir("/proc") else { return 0 };
+/// The pids' /proc directories of the processes whose command line contains `needle`.
+fn procs_matching(needle: &str) -> Vec<PathBuf> {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
     procs
         .flatten()
+        .map(|p| p.path())
         .filter(|p| {
-            std::fs::read(p.path().join("cmdline"))
+            std::fs::read(p.join("cmdline"))
                 .is_ok_and(|c| String::from_utf8_lossy(&c).replace('\0', " ").contains(needle))
         })
-        .map(|p| rss_kib(&p.path()))
-        .sum()
+        .collect()
 }
 
 fn rss_kib(proc_dir: &Path) -> u64 {
-    std::fs::read_to_string(proc_dir.join("status"))
+    kib_field(&proc_dir.join("status"), "VmRSS:")
+}
+
+/// The PSS of the process at `proc_dir`, in KiB.
+fn pss_kib(proc_dir: &Path) -> u64 {
+    kib_field(&proc_dir.join("smaps_rollup"), "Pss:")
+}
+
+/// The "`field` N kB" line of a /proc file, in KiB (0 if unreadable).
+fn kib_field(file: &Path, field: &str) -> u64 {
+    std::fs::read_to_string(file)
         .ok()
         .and_then(|s| {
-            s.lines().find_map(|l| {
-                l.strip_prefix("VmRSS:").and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            })
+            s.lines()
+                .find_map(|l| l.strip_prefix(field).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()))
         })
         .unwrap_or(0)
 }
@@ -116,12 +145,7 @@ pub async fn run(layers: &[PathBuf], runs: usize, work: &Path) -> Result<Figures
     for (i, (sample, shape)) in plan.into_iter().enumerate() {
         let state = &states[usize::from(shape.network)];
         let dir = work.join(format!("vm{i}"));
-        std::fs::create_dir_all(dir.join("ws")).map_err(|e| QemuError::io("create the bench's workspace", e))?;
-        let (uid, gid) = mapper.id_map().host_root();
-        let _ = nix::unistd::chown(&dir.join("ws"), Some(uid.into()), Some(gid.into()));
-        let upper = dir.join("upper.ext4");
-        disks::upper_disk(&upper, 1 << 30)?;
-        let ws = dir.join("ws");
+        let (upper, ws) = sandbox_disks(&dir, &mapper)?;
         let attach = Attach {
             hostname: "bench",
             upper: &upper,
@@ -166,7 +190,7 @@ pub async fn run(layers: &[PathBuf], runs: usize, work: &Path) -> Result<Figures
             // An idle restored vm, settled.
             tokio::time::sleep(Duration::from_secs(1)).await;
             let qemu = vm.pid().map_or(0, |p| rss_kib(&PathBuf::from(format!("/proc/{p}"))));
-            let virtiofsd = rss_kib_matching(&format!("source={}", ws.display()));
+            let virtiofsd: u64 = procs_matching(&format!("source={}", ws.display())).iter().map(|p| rss_kib(p)).sum();
             figures.idle_rss_mib.push((qemu + virtiofsd) as f64 / 1024.0);
         }
         if first && sample == Sample::Pool && !shape.network {
@@ -181,7 +205,65 @@ pub async fn run(layers: &[PathBuf], runs: usize, work: &Path) -> Result<Figures
         vm.kill().await;
         let _ = std::fs::remove_dir_all(&dir);
     }
+    for vms in DENSITY {
+        let dir = work.join(format!("density{vms}"));
+        figures.density.push(density(&plain, &states[0], vms, &dir, &mapper).await?);
+    }
     Ok(figures)
+}
+
+/// A sandbox's writable disk and `/workspace` under `dir`.
+fn sandbox_disks(dir: &Path, mapper: &IdMapper) -> Result<(PathBuf, PathBuf), QemuError> {
+    let ws = dir.join("ws");
+    std::fs::create_dir_all(&ws).map_err(|e| QemuError::io("create the bench's workspace", e))?;
+    let (uid, gid) = mapper.id_map().host_root();
+    let _ = nix::unistd::chown(&ws, Some(uid.into()), Some(gid.into()));
+    let upper = dir.join("upper.ext4");
+    disks::upper_disk(&upper, 1 << 30)?;
+    Ok((upper, ws))
+}
+
+/// `vms` vms of `shape` restored from `state` as the pool does, each handed
+/// to a sandbox and pinged, then left idle together: their mean PSS.
+async fn density(
+    shape: &Shape,
+    state: &Path,
+    vms: usize,
+    work: &Path,
+    mapper: &IdMapper,
+) -> Result<Density, QemuError> {
+    let mut running = Vec::new();
+    let measured = async {
+        for i in 0..vms {
+            let dir = work.join(format!("vm{i}"));
+            let (upper, ws) = sandbox_disks(&dir, mapper)?;
+            let mut vm = Instance::start(shape, &dir.join("run"), Start::Restore(state), None).await?;
+            vm.warm_agent().await?;
+            let limits = GuestLimits::default();
+            let attach =
+                Attach { hostname: "bench", upper: &upper, workspace: Some(&ws), mapper, cgroup: None, limits };
+            let mux = vm.go(attach, false).await;
+            running.push((vm, ws));
+            pong(mux?).await?;
+        }
+        // Idle and settled: the last one's hand-out is over.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (mut qemu, mut total) = (0u64, 0u64);
+        for (vm, ws) in &running {
+            let q = vm.pid().map_or(0, |p| pss_kib(&PathBuf::from(format!("/proc/{p}"))));
+            let v: u64 = procs_matching(&format!("source={}", ws.display())).iter().map(|p| pss_kib(p)).sum();
+            qemu += q;
+            total += q + v;
+        }
+        let mean = |kib: u64| kib as f64 / 1024.0 / vms as f64;
+        Ok::<_, QemuError>(Density { vms, qemu_pss_mib: mean(qemu), total_pss_mib: mean(total) })
+    }
+    .await;
+    for (mut vm, _) in running {
+        vm.kill().await;
+    }
+    let _ = std::fs::remove_dir_all(work);
+    measured
 }
 
 /// One create figure: how its vm starts and what the clock covers.

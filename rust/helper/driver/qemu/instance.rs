@@ -14,6 +14,7 @@
 //! are attached over QMP on PCIe root ports, then the guest gets its "go".
 //! A shape with a network card has it from the start on every way, its
 //! host end connected to the vm's own socket ([`super::network`]).
+use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -28,6 +29,7 @@ use super::argv::{Machine, UPPER_PORT, WORKSPACE_PORT, cmdline};
 use super::assets::Assets;
 use super::network::{Connected, NetLink};
 use super::qmp::Qmp;
+use super::ram::Backing;
 use super::virtiofsd::Virtiofsd;
 use super::{Accel, QEMU, QemuError};
 use crate::driver::cgroup::VmCgroup;
@@ -90,10 +92,11 @@ pub struct Attach<'a> {
 pub enum Start<'a> {
     /// The kernel boots; CPUs stopped until [`Instance::go`].
     Cold,
-    /// The kernel boots to guest init's handshake, to be saved.
-    Template,
-    /// The memory state in this file is loaded; CPUs stopped until
-    /// [`Instance::go`].
+    /// The kernel boots to guest init's handshake, to be saved; its RAM
+    /// lives in this file ([`super::ram`]).
+    Template(&'a Path),
+    /// The memory state in this file is loaded, its RAM copied from the
+    /// template's RAM file beside it; CPUs stopped until [`Instance::go`].
     Restore(&'a Path),
 }
 
@@ -239,6 +242,29 @@ impl Instance {
                 .map(|l| (l, path.clone()))
                 .map_err(|e| QemuError::io(format!("bind {}", path.display()), e))
         };
+        // A restore holds its state locked shared from here on: the
+        // template collector leaves a state in use alone (see
+        // super::template). Its RAM starts as the template's, copied.
+        let restore = match how {
+            Start::Restore(state) => {
+                let file =
+                    std::fs::File::open(state).map_err(|e| QemuError::io(format!("open {}", state.display()), e))?;
+                let file = Flock::lock(file, FlockArg::LockShared)
+                    .map_err(|(_, e)| QemuError::io(format!("lock {}", state.display()), e.into()))?;
+                let ram = super::template::ram_of(state);
+                let size = shape.memory_mib << 20;
+                let ram = tokio::task::spawn_blocking(move || super::ram::from_template(&ram, size))
+                    .await
+                    .map_err(|e| QemuError::io("copy the template's memory", std::io::Error::other(e)))??;
+                Some((file, ram))
+            }
+            Start::Cold | Start::Template(_) => None,
+        };
+        let memory = match (how, &restore) {
+            (_, Some((_, ram))) => Backing::File(format!("/dev/fd/{}", ram.as_raw_fd()).into()),
+            (Start::Template(ram), _) => Backing::File(ram.to_path_buf()),
+            _ => Backing::Memfd,
+        };
         let (listener, agent_socket) = bind("agent.sock")?;
         let (control_listener, control_socket) = bind("control.sock")?;
         let net_link = if shape.network { Some(NetLink::listen(dir)?) } else { None };
@@ -246,6 +272,7 @@ impl Instance {
             accel: shape.accel.name(),
             cpus: shape.cpus,
             memory_mib: shape.memory_mib,
+            memory,
             kernel: shape.kernel.clone(),
             initramfs: shape.initramfs.clone(),
             cmdline: cmdline(shape.layers.len(), false),
@@ -256,9 +283,9 @@ impl Instance {
             qmp_socket: dir.join("qmp.sock"),
             console_log: dir.join("console.log"),
             incoming: matches!(how, Start::Restore(_)),
-            paused: !matches!(how, Start::Template),
+            paused: !matches!(how, Start::Template(_)),
         };
-        let (child, listener) = spawn(&machine, listener, cgroup)?;
+        let (child, listener) = spawn(&machine, listener, cgroup, restore.as_ref().map(|(_, ram)| ram))?;
         let qemu_log = qemu_log(&machine);
         let mut vm = Instance {
             child,
@@ -286,15 +313,11 @@ impl Instance {
             if let Some(link) = net_link {
                 vm.net = Some(link.accept().await?);
             }
-            if let Start::Restore(state) = how {
-                let file =
-                    std::fs::File::open(state).map_err(|e| QemuError::io(format!("open {}", state.display()), e))?;
-                // Held shared while the state loads: the template collector
-                // leaves a state in use alone (see super::template).
-                let file = Flock::lock(file, FlockArg::LockShared)
-                    .map_err(|(_, e)| QemuError::io(format!("lock {}", state.display()), e.into()))?;
+            if let Some((state, ram)) = restore {
+                // qemu holds its own copy of the RAM's fd now.
+                drop(ram);
                 let mut qmp = vm.qmp().await?;
-                qmp.migrate_from_file(&file).await?;
+                qmp.migrate_from_file(&state).await?;
                 vm.qmp_conn = Some(qmp);
             }
             Ok(())
@@ -574,8 +597,23 @@ pub fn spawn(
     machine: &Machine,
     listener: UnixListener,
     cgroup: Option<&VmCgroup>,
+    ram: Option<&OwnedFd>,
 ) -> Result<(tokio::process::Child, UnixListener), QemuError> {
     let mut cmd = tokio::process::Command::new(QEMU);
+    if let Some(ram) = ram {
+        // qemu opens it as /dev/fd/N (machine.memory): it stays open
+        // across the exec in the child only.
+        let fd = ram.as_raw_fd();
+        // SAFETY: only fcntl, async-signal-safe, between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
     cmd.args(machine.argv())
         .env_clear()
         .stdin(Stdio::null())

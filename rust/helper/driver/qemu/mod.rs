@@ -8,6 +8,7 @@
 //! - [`assets`]: the kernel and the initramfs made for this helper binary.
 //! - [`argv`]: qemu's command line.
 //! - [`qmp`]: the QMP client (stop, cont, migrate to a file, quit).
+//! - [`ram`]: guest memory, and the copy of a template's a restored vm starts from.
 //! - [`probe`]: whether KVM really boots our kernel, else TCG, with the reason.
 //! - [`disks`]: the image's layers as read-only ext4 disks and the VM's
 //!   writable disk.
@@ -34,6 +35,7 @@ pub mod network;
 pub mod pool;
 pub mod probe;
 pub mod qmp;
+pub mod ram;
 pub mod share;
 pub mod snapshot;
 pub mod template;

@@ -90,6 +90,7 @@ pub async fn boot_probe(assets: &Assets, run_dir: &Path, accel: &Accel, timeout:
         accel: accel.name(),
         cpus: 1,
         memory_mib: 256,
+        memory: super::ram::Backing::Memfd,
         kernel: assets.kernel.clone(),
         initramfs: assets.initramfs.clone(),
         cmdline: cmdline(0, true),
@@ -102,7 +103,7 @@ pub async fn boot_probe(assets: &Assets, run_dir: &Path, accel: &Accel, timeout:
         incoming: false,
         paused: false,
     };
-    let (mut child, listener) = spawn(&machine, listener, None)?;
+    let (mut child, listener) = spawn(&machine, listener, None, None)?;
     let answered = async {
         let (mut stream, _) = listener.accept().await.map_err(|e| QemuError::io("accept the probe's port", e))?;
         let mut got = Vec::new();

@@ -165,10 +165,14 @@ impl Qmp {
         self.answer("getfd").await.map(drop)
     }
 
-    /// Pauses the guest and writes its whole state (memory and devices) to
-    /// `file`, waiting until the migration ends; the guest stays paused.
+    /// Pauses the guest and writes its state to `file`, waiting until the
+    /// migration ends; the guest stays paused. Shared RAM (the guest's
+    /// memory, a file of its own: see super::ram) is left out
+    /// (`x-ignore-shared`): the state holds the devices and what little
+    /// other RAM the machine has.
     pub async fn migrate_to_file(&mut self, file: &std::fs::File) -> Result<(), QemuError> {
         self.stop().await?;
+        self.ignore_shared_ram().await?;
         self.send_fd("smcp-state", file).await?;
         self.execute("migrate", Some(json!({ "uri": "fd:smcp-state" }))).await?;
         loop {
@@ -184,10 +188,18 @@ impl Qmp {
         }
     }
 
+    /// Both ends of a migration agree to leave shared RAM out of the
+    /// stream (its contents are already where the other end maps them).
+    async fn ignore_shared_ram(&mut self) -> Result<(), QemuError> {
+        let caps = json!({ "capabilities": [{ "capability": "x-ignore-shared", "state": true }] });
+        self.execute("migrate-set-capabilities", Some(caps)).await.map(drop)
+    }
+
     /// Loads a state written by [`migrate_to_file`](Self::migrate_to_file)
     /// into a qemu started with `-incoming defer`; the guest stays paused
     /// until [`cont`](Self::cont).
     pub async fn migrate_from_file(&mut self, file: &std::fs::File) -> Result<(), QemuError> {
+        self.ignore_shared_ram().await?;
         self.send_fd("smcp-state", file).await?;
         self.execute("migrate-incoming", Some(json!({ "uri": "fd:smcp-state" }))).await?;
         loop {

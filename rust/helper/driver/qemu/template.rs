@@ -5,7 +5,10 @@
 //! A template is a vm started with [`Start::Template`] (no writable disk,
 //! no `/workspace`: qemu 7.2 refuses to save or load a vm with a
 //! vhost-user-fs device), saved with QMP `migrate` to a file once guest
-//! init says it is ready, then ended. A shape with a network card
+//! init says it is ready, then ended. Its guest RAM is a file beside the
+//! state (`vm.ram`, sparse where the guest never wrote), left out of the
+//! state; a restore starts from a copy of its written pages
+//! ([`super::ram`]). A shape with a network card
 //! (EGRESS) is saved with it: its host end is the build's own socket,
 //! accepted and left unread until the build's vm ends (guest init brings
 //! eth0 up only after its "go", so the card is idle until then), and each
@@ -25,7 +28,7 @@ use crate::driver::cgroup::VmCgroup;
 
 /// Bumped when what a template holds changes meaning (the machine's
 /// devices, the handshake), so older states are stale.
-const FORMAT: &str = "smcp-vm-template-1";
+const FORMAT: &str = "smcp-vm-template-2";
 
 fn hex(digest: &[u8]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
@@ -69,6 +72,11 @@ impl Template {
         self.dir.join("vm.state")
     }
 
+    /// The guest's RAM file ([`ram_of`] the state).
+    fn ram(&self) -> PathBuf {
+        ram_of(&self.state())
+    }
+
     /// The shape itself, so a helper that starts can fill its pool
     /// ([`Template::collect`]'s `current`).
     fn shape_file(&self) -> PathBuf {
@@ -83,7 +91,7 @@ impl Template {
     /// The state file, if it was saved for this very shape.
     pub fn current(&self) -> Option<PathBuf> {
         let key = std::fs::read_to_string(self.key_file()).ok()?;
-        (key.trim() == self.key && self.state().is_file()).then(|| self.state())
+        (key.trim() == self.key && self.state().is_file() && self.ram().is_file()).then(|| self.state())
     }
 
     /// Why there is no usable state (for the cold boot's reason).
@@ -93,7 +101,8 @@ impl Template {
             Ok(k) if k.trim() != self.key => {
                 "the memory snapshot is stale (kernel, initramfs, helper or image changed)".into()
             }
-            Ok(_) => format!("{} is missing", self.state().display()),
+            Ok(_) if !self.state().is_file() => format!("{} is missing", self.state().display()),
+            Ok(_) => format!("{} is missing", self.ram().display()),
         }
     }
 
@@ -147,7 +156,15 @@ impl Template {
         std::fs::create_dir_all(&self.dir).map_err(|e| QemuError::io(format!("create {}", self.dir.display()), e))?;
         let lock = self.lock_file();
         let _held = super::lock_exclusive(&lock)?;
-        let mut vm = Instance::start(shape, run_dir, Start::Template, cgroup).await?;
+        let ram = self.dir.join(format!("vm.ram.{}", std::process::id()));
+        let _ = std::fs::remove_file(&ram);
+        let mut vm = match Instance::start(shape, run_dir, Start::Template(&ram), cgroup).await {
+            Ok(vm) => vm,
+            Err(e) => {
+                let _ = std::fs::remove_file(&ram);
+                return Err(e);
+            }
+        };
         let tmp = self.dir.join(format!("vm.state.{}", std::process::id()));
         let saved = async {
             vm.wait_ready(READY_WAIT).await?;
@@ -160,9 +177,11 @@ impl Template {
         let _ = std::fs::remove_dir_all(run_dir);
         if let Err(e) = saved {
             let _ = std::fs::remove_file(&tmp);
+            let _ = std::fs::remove_file(&ram);
             return Err(e);
         }
         let _ = std::fs::remove_file(self.key_file());
+        std::fs::rename(&ram, self.ram()).map_err(|e| QemuError::io(format!("rename {}", ram.display()), e))?;
         std::fs::rename(&tmp, self.state()).map_err(|e| QemuError::io(format!("rename {}", tmp.display()), e))?;
         let shape_json = serde_json::to_vec(shape).map_err(|e| QemuError::io("describe the shape", e.into()))?;
         std::fs::write(self.shape_file(), shape_json)
@@ -170,6 +189,12 @@ impl Template {
         std::fs::write(self.key_file(), &self.key)
             .map_err(|e| QemuError::io(format!("write {}", self.key_file().display()), e))
     }
+}
+
+/// The guest RAM file of the template whose state is `state`: the memory
+/// the state leaves out (see super::ram).
+pub fn ram_of(state: &Path) -> PathBuf {
+    state.with_file_name("vm.ram")
 }
 
 /// Locks on `dir`'s build lock and state file, taken only if nobody holds
@@ -236,6 +261,7 @@ mod tests {
         let t = Template::of(root, shape);
         std::fs::create_dir_all(&t.dir).unwrap();
         std::fs::write(t.state(), b"state").unwrap();
+        std::fs::write(t.ram(), b"ram").unwrap();
         std::fs::write(t.shape_file(), serde_json::to_vec(shape).unwrap()).unwrap();
         std::fs::write(t.key_file(), t.key()).unwrap();
         assert!(t.current().is_some());
