@@ -191,9 +191,9 @@ async fn keep_warm_removes_templates_of_another_helper_build() {
     assert!(dir.0.join("templates").is_dir());
 }
 
-/// A state file that is stale (another kernel, helper or image) or corrupt
-/// is not restored: the vm boots cold and says why, and a corrupt one is
-/// discarded to be saved anew.
+/// A state file that is stale (another kernel, helper or image) or corrupt,
+/// or a RAM file cut short, is not restored: the vm boots cold and says
+/// why, and a corrupt one is discarded to be saved anew.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_or_corrupt_state_file_falls_back_to_a_cold_boot() {
     let Some(assets) = assets() else { return };
@@ -225,5 +225,21 @@ async fn a_stale_or_corrupt_state_file_falls_back_to_a_cold_boot() {
     vm.cleanup();
     driver.warm().idle().await;
     assert!(template.current().is_some(), "the corrupt state was replaced");
+    // A RAM file cut short (a disk that filled while it was written) is
+    // refused by its size, and the template is saved anew.
+    let ram = sandbox_helper::driver::qemu::template::ram_of(&template.state());
+    std::fs::File::options().write(true).open(&ram).unwrap().set_len(1 << 20).unwrap();
+    let (spec, ws) = sandbox(&dir.0, "short", &layers, &mapper);
+    let vm = driver.boot_vm(&spec).await.expect("a cold boot");
+    match vm.origin() {
+        Origin::Cold { reason } => assert!(reason.contains("holds 1048576 bytes of RAM"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    assert_own_volume_and_layer(&vm, &ws, "short").await;
+    vm.kill();
+    vm.cleanup();
+    driver.warm().idle().await;
+    assert!(template.current().is_some(), "the short RAM file was replaced");
+    assert_eq!(std::fs::metadata(&ram).unwrap().len(), shape.memory_mib << 20);
     driver.release().await;
 }

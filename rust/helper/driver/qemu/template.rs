@@ -142,10 +142,11 @@ impl Template {
         swept
     }
 
-    /// Removes the state (it failed to load).
+    /// Removes the state and its RAM (they failed to load).
     pub fn discard(&self) {
         let _ = std::fs::remove_file(self.key_file());
         let _ = std::fs::remove_file(self.state());
+        let _ = std::fs::remove_file(self.ram());
     }
 
     /// Boots a vm of `shape` to guest init's handshake in `run_dir`, saves
