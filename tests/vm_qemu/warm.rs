@@ -2,6 +2,7 @@
 //! clocked and their own, the pool refills, its vms wait in limited cgroups,
 //! and templates or state files that do not fit are not restored.
 use super::*;
+use sandbox_helper::driver::qemu::template::{Template, ram_of};
 
 async fn sh(vm: &VmInstance, script: &str) -> String {
     let (code, out) = exec(&vm.connection(), &["sh", "-c", script]).await;
@@ -48,6 +49,8 @@ async fn restores_from_one_snapshot_are_reseeded_clocked_and_their_own() {
     cold.kill();
     cold.cleanup();
     driver.warm().idle().await;
+    let template = driver.warm().template(&seam_shape(&driver, &assets, &layers, &mapper).await);
+    let saved = digest_of(&[template.state(), ram_of(&template.state())]);
     // The snapshot's own clock stands still while it is saved: let it fall
     // behind the host's, so a restore that did not set the clock shows.
     tokio::time::sleep(Duration::from_secs(8)).await;
@@ -60,6 +63,13 @@ async fn restores_from_one_snapshot_are_reseeded_clocked_and_their_own() {
         assert_clock_is_the_hosts(&vm).await;
         assert_own_volume_and_layer(&vm, &ws, name).await;
         assert_eq!(sh(&vm, "hostname").await.trim(), "seam");
+        // The attacker in the first restore fills RAM (a RAM-backed file,
+        // a process) with its marks; the second restore starts from the
+        // template, not from what the first one wrote.
+        let marks = "ls /dev/shm/poison 2>/dev/null; grep -l poison-mark[e]r /proc/[0-9]*/cmdline 2>/dev/null; true";
+        assert_eq!(sh(&vm, marks).await, "", "{name}: another restore's RAM");
+        sh(&vm, "mkdir -p /dev/shm && head -c 8388608 /dev/zero | tr '\\0' p > /dev/shm/poison && (setsid python3 -c 'import time; time.sleep(1000)' poison-marker >/dev/null 2>&1 &)").await;
+        assert_ne!(sh(&vm, marks).await, "", "{name}: the marks were made");
         vm.kill();
         vm.cleanup();
         seen.push(ids);
@@ -67,7 +77,27 @@ async fn restores_from_one_snapshot_are_reseeded_clocked_and_their_own() {
     let (a, b): (Vec<&str>, Vec<&str>) = (seen[0].lines().collect(), seen[1].lines().collect());
     assert_ne!(a[0], b[0], "random uuids after two restores of one snapshot");
     assert_ne!(a[1], b[1], "boot ids after two restores of one snapshot");
+    assert_eq!(digest_of(&[template.state(), ram_of(&template.state())]), saved, "the restores changed their template");
     driver.release().await;
+}
+
+/// A digest of the files' bytes, to see that none of them changed.
+fn digest_of(files: &[PathBuf]) -> u64 {
+    use std::hash::Hasher as _;
+    use std::io::Read as _;
+    let mut hasher = std::hash::DefaultHasher::new();
+    for file in files {
+        let mut f = std::fs::File::open(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = f.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            hasher.write(&buf[..n]);
+        }
+    }
+    hasher.finish()
 }
 
 /// With a pool, the next boot takes a restored vm from it and the pool
@@ -206,40 +236,41 @@ async fn a_stale_or_corrupt_state_file_falls_back_to_a_cold_boot() {
     std::fs::create_dir_all(template.state().parent().unwrap()).unwrap();
     std::fs::write(template.state(), b"not a vm state").unwrap();
     std::fs::write(template.key_file(), "an older kernel's key").unwrap();
-    let (spec, _) = sandbox(&dir.0, "stale", &layers, &mapper);
-    let vm = driver.boot_vm(&spec).await.expect("a cold boot");
-    assert!(matches!(vm.origin(), Origin::Cold { reason } if reason.contains("stale")), "{:?}", vm.origin());
-    vm.kill();
-    vm.cleanup();
-    driver.warm().idle().await;
-    assert!(template.current().is_some(), "a current template was saved behind the cold boot");
+    let stale = |reason: &str| reason.contains("stale");
+    boots_cold_and_renews(&driver, &template, &dir.0, "stale", &layers, &mapper, stale).await;
     std::fs::write(template.state(), b"corrupt").unwrap();
-    let (spec, ws) = sandbox(&dir.0, "corrupt", &layers, &mapper);
-    let vm = driver.boot_vm(&spec).await.expect("a cold boot");
-    match vm.origin() {
-        Origin::Cold { reason } => assert!(reason.contains("restoring") && reason.contains("failed"), "{reason}"),
-        other => panic!("{other:?}"),
-    }
-    assert_own_volume_and_layer(&vm, &ws, "corrupt").await;
-    vm.kill();
-    vm.cleanup();
-    driver.warm().idle().await;
-    assert!(template.current().is_some(), "the corrupt state was replaced");
+    let cold = |reason: &str| reason.contains("restoring") && reason.contains("failed");
+    boots_cold_and_renews(&driver, &template, &dir.0, "corrupt", &layers, &mapper, cold).await;
     // A RAM file cut short (a disk that filled while it was written) is
-    // refused by its size, and the template is saved anew.
-    let ram = sandbox_helper::driver::qemu::template::ram_of(&template.state());
+    // refused by its size.
+    let ram = ram_of(&template.state());
     std::fs::File::options().write(true).open(&ram).unwrap().set_len(1 << 20).unwrap();
-    let (spec, ws) = sandbox(&dir.0, "short", &layers, &mapper);
-    let vm = driver.boot_vm(&spec).await.expect("a cold boot");
-    match vm.origin() {
-        Origin::Cold { reason } => assert!(reason.contains("holds 1048576 bytes of RAM"), "{reason}"),
-        other => panic!("{other:?}"),
-    }
-    assert_own_volume_and_layer(&vm, &ws, "short").await;
-    vm.kill();
-    vm.cleanup();
-    driver.warm().idle().await;
-    assert!(template.current().is_some(), "the short RAM file was replaced");
+    let short = |reason: &str| reason.contains("holds 1048576 bytes of RAM");
+    boots_cold_and_renews(&driver, &template, &dir.0, "short", &layers, &mapper, short).await;
     assert_eq!(std::fs::metadata(&ram).unwrap().len(), shape.memory_mib << 20);
     driver.release().await;
+}
+
+/// The next boot, of a sandbox named `name`, is cold for a reason `why`
+/// accepts and is its own; the template is saved anew behind it.
+async fn boots_cold_and_renews(
+    driver: &QemuDriver,
+    template: &Template,
+    dir: &Path,
+    name: &str,
+    layers: &[PathBuf],
+    mapper: &IdMapper,
+    why: impl Fn(&str) -> bool,
+) {
+    let (spec, ws) = sandbox(dir, name, layers, mapper);
+    let vm = driver.boot_vm(&spec).await.expect("a cold boot");
+    match vm.origin() {
+        Origin::Cold { reason } => assert!(why(reason), "{name}: {reason}"),
+        other => panic!("{name}: {other:?}"),
+    }
+    assert_own_volume_and_layer(&vm, &ws, name).await;
+    vm.kill();
+    vm.cleanup();
+    driver.warm().idle().await;
+    assert!(template.current().is_some(), "{name}: the template was saved anew");
 }

@@ -146,14 +146,6 @@ pub async fn run(layers: &[PathBuf], runs: usize, work: &Path) -> Result<Figures
         let state = &states[usize::from(shape.network)];
         let dir = work.join(format!("vm{i}"));
         let (upper, ws) = sandbox_disks(&dir, &mapper)?;
-        let attach = Attach {
-            hostname: "bench",
-            upper: &upper,
-            workspace: Some(&ws),
-            mapper: &mapper,
-            cgroup: None,
-            limits: GuestLimits::default(),
-        };
         let run_dir = dir.join("run");
         let (mut vm, t) = match sample {
             Sample::Cold | Sample::Snapshot => {
@@ -161,14 +153,9 @@ pub async fn run(layers: &[PathBuf], runs: usize, work: &Path) -> Result<Figures
                 let t = Instant::now();
                 (Instance::start(shape, &run_dir, how, None).await?, t)
             }
-            Sample::Pool => {
-                let mut vm = Instance::start(shape, &run_dir, Start::Restore(state), None).await?;
-                // As the pool does before a vm waits there.
-                vm.warm_agent().await?;
-                (vm, Instant::now())
-            }
+            Sample::Pool => (pooled(shape, state, &run_dir).await?, Instant::now()),
         };
-        let mux = vm.go(attach, sample == Sample::Cold).await?;
+        let mux = vm.go(attach(&upper, &ws, &mapper), sample == Sample::Cold).await?;
         // As the driver does at hand-out: the card's stack, with a policy.
         let _net = match vm.take_network() {
             Some(card) => Some(
@@ -223,6 +210,19 @@ fn sandbox_disks(dir: &Path, mapper: &IdMapper) -> Result<(PathBuf, PathBuf), Qe
     Ok((upper, ws))
 }
 
+/// A vm of `shape` restored from `state` and its agent pinged, as the pool
+/// keeps it until a sandbox takes it.
+async fn pooled(shape: &Shape, state: &Path, run_dir: &Path) -> Result<Instance, QemuError> {
+    let mut vm = Instance::start(shape, run_dir, Start::Restore(state), None).await?;
+    vm.warm_agent().await?;
+    Ok(vm)
+}
+
+/// What a bench sandbox hands its vm: its disk and `/workspace`, no cgroup.
+fn attach<'a>(upper: &'a Path, ws: &'a Path, mapper: &'a IdMapper) -> Attach<'a> {
+    Attach { hostname: "bench", upper, workspace: Some(ws), mapper, cgroup: None, limits: GuestLimits::default() }
+}
+
 /// `vms` vms of `shape` restored from `state` as the pool does, each handed
 /// to a sandbox and pinged, then left idle together: their mean PSS.
 async fn density(
@@ -237,12 +237,8 @@ async fn density(
         for i in 0..vms {
             let dir = work.join(format!("vm{i}"));
             let (upper, ws) = sandbox_disks(&dir, mapper)?;
-            let mut vm = Instance::start(shape, &dir.join("run"), Start::Restore(state), None).await?;
-            vm.warm_agent().await?;
-            let limits = GuestLimits::default();
-            let attach =
-                Attach { hostname: "bench", upper: &upper, workspace: Some(&ws), mapper, cgroup: None, limits };
-            let mux = vm.go(attach, false).await;
+            let mut vm = pooled(shape, state, &dir.join("run")).await?;
+            let mux = vm.go(attach(&upper, &ws, mapper), false).await;
             running.push((vm, ws));
             pong(mux?).await?;
         }
