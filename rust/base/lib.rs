@@ -4,6 +4,7 @@
 #![warn(missing_docs)]
 
 pub mod clock;
+pub mod disk;
 pub mod error;
 pub mod paths;
 pub mod test_support;

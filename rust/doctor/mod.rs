@@ -188,10 +188,8 @@ fn default_image() -> Check {
 
 fn disk_space(dir: &Path) -> Check {
     // The data dir may not exist yet: measure the filesystem it will live on.
-    let existing = dir.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
-    match nix::sys::statvfs::statvfs(existing) {
-        Ok(st) => {
-            let free = st.blocks_available() * st.fragment_size();
+    match sandbox_base::disk::free_bytes(dir) {
+        Some(free) => {
             let detail = format!("{} GiB free for {}", free >> 30, dir.display());
             if free < MIN_FREE_BYTES {
                 Check::warn("disk", detail, "free space there or set XDG_DATA_HOME to a larger disk (want >= 5 GiB)")
@@ -199,7 +197,9 @@ fn disk_space(dir: &Path) -> Check {
                 Check::ok("disk", detail)
             }
         }
-        Err(e) => Check::warn("disk", format!("statvfs {}: {e}", existing.display()), "check the data dir"),
+        None => {
+            Check::warn("disk", format!("cannot measure the free space for {}", dir.display()), "check the data dir")
+        }
     }
 }
 

@@ -27,6 +27,8 @@ pub mod driver;
 pub mod error;
 pub mod exec;
 pub mod guest;
+#[cfg(linux_host)]
+pub mod leftovers;
 pub mod netstack;
 pub mod quota;
 pub mod seed;

@@ -106,6 +106,7 @@ pub async fn serve(socket: &Path, drivers: Drivers) -> Result<(), HelperError> {
         Drivers::Local => {
             let namespaces = Arc::new(NamespaceDriver::detect()?);
             let vm = QemuDriver::detect().with_cgroups(namespaces.cgroup_layout());
+            vm.kill_leftovers();
             vec![namespaces, Arc::new(vm)]
         }
         Drivers::Bridged => vec![Arc::new(SwiftDriver::new())],

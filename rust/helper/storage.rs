@@ -85,71 +85,24 @@ pub fn share_mounts(config: &VmConfig, image: &ImageInfo) {
 const LAUNCHER_FILE: &str = "launcher";
 
 /// Records `pid` as the launcher of the VM whose directory is `dir`; see
-/// [`kill_leftovers`]. Not fatal: the record only matters if the helper dies
-/// and the VM does not die with it.
+/// [`kill_leftovers`].
 #[cfg(linux_host)]
 pub fn record_launcher(dir: &Path, pid: u32) {
-    let Some(start) = start_time(pid) else { return };
-    let path = dir.join(LAUNCHER_FILE);
-    if let Err(e) = std::fs::write(&path, format!("{pid} {start}\n")) {
-        tracing::warn!(path = %path.display(), error = %e, "cannot record the vm's launcher");
-    }
+    crate::leftovers::record(&dir.join(LAUNCHER_FILE), pid);
 }
 
-/// At helper start: kills every launcher recorded under the state dir that
-/// still runs without a helper as its parent. Its helper died, and its VM
-/// did not go along (a helper from before launchers watched their helper,
-/// with the VM frozen by a snapshot; or the launcher itself stopped).
-/// Killing the launcher kills PID 1 (its parent-death signal), and with it
-/// the VM. Launchers of a live helper sharing the state dir are left alone.
+/// At helper start: kills every launcher recorded under the state dir
+/// whose helper died and whose VM did not go along (a helper from before
+/// launchers watched their helper, with the VM frozen by a snapshot; or the
+/// launcher itself stopped). Killing the launcher kills PID 1 (its
+/// parent-death signal), and with it the VM. Launchers of a live helper
+/// sharing the state dir are left alone.
 #[cfg(linux_host)]
 pub fn kill_leftovers() {
     let root = sandbox_base::paths::state_dir().join("vms");
     for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
-        let path = entry.path().join(LAUNCHER_FILE);
-        let Ok(text) = std::fs::read_to_string(&path) else { continue };
-        let Some((pid, start)) = text.split_once(' ').and_then(|(p, s)| Some((p.parse::<u32>().ok()?, s.trim())))
-        else {
-            continue;
-        };
-        if start_time(pid).as_deref() != Some(start) {
-            // Gone (the usual case), or the pid now names another process.
-            let _ = std::fs::remove_file(&path);
-            continue;
-        }
-        if parent_is_helper(pid) {
-            continue;
-        }
-        let Ok(fd) = crate::driver::network::pidfd_open(pid as i32) else { continue };
-        // Checked again through the pidfd's process: the signal cannot
-        // reach a process that took the pid meanwhile.
-        if start_time(pid).as_deref() == Some(start) {
-            crate::driver::network::pidfd_kill(&fd, libc::SIGKILL);
+        if let crate::leftovers::Reaped::Killed(pid) = crate::leftovers::reap(&entry.path().join(LAUNCHER_FILE)) {
             tracing::warn!(vm = %entry.file_name().to_string_lossy(), launcher = pid, "killed a vm a dead helper left running");
         }
-        let _ = std::fs::remove_file(&path);
-    }
-}
-
-/// Field 22 of /proc/<pid>/stat (start time in clock ticks since boot).
-#[cfg(linux_host)]
-fn start_time(pid: u32) -> Option<String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.split_whitespace().nth(19).map(String::from)
-}
-
-/// The parent of `pid` runs the same binary as `pid` (a launcher is an
-/// exec of its helper's): it is the helper, not init or a subreaper that
-/// adopted an orphan. When that cannot be told, it counts as a helper.
-#[cfg(linux_host)]
-fn parent_is_helper(pid: u32) -> bool {
-    let parent = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse::<u32>().ok());
-    let Some(parent) = parent.filter(|p| *p > 1) else { return false };
-    let exe = |p: u32| std::fs::read_link(format!("/proc/{p}/exe"));
-    match (exe(pid), exe(parent)) {
-        (Ok(launcher), Ok(parent)) => launcher == parent,
-        _ => true,
     }
 }

@@ -5,7 +5,6 @@
 //! Leases live in the orchestrator's memory: a sandbox attached after a
 //! restart starts a fresh default lease (if one is configured).
 use std::{
-    path::Path,
     sync::{
         Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
@@ -154,14 +153,6 @@ fn mem_available() -> Option<u64> {
     Some(kb << 10)
 }
 
-/// Free bytes for unprivileged use on the filesystem holding `dir` (or its
-/// nearest existing ancestor: the volumes dir is created lazily).
-fn free_disk(dir: &Path) -> Option<u64> {
-    let existing = dir.ancestors().find(|p| p.exists())?;
-    let st = nix::sys::statvfs::statvfs(existing).ok()?;
-    Some(st.blocks_available() as u64 * st.fragment_size() as u64)
-}
-
 impl SandboxManager {
     /// Refuse to create `name` when the sandbox count, available memory or
     /// free disk would go past the limits; nothing is created before this.
@@ -202,7 +193,7 @@ impl SandboxManager {
             )));
         }
         let volumes = &self.config().volumes_dir;
-        if let Some(free) = free_disk(volumes).filter(|f| *f < limits.min_free_disk) {
+        if let Some(free) = sandbox_base::disk::free_bytes(volumes).filter(|f| *f < limits.min_free_disk) {
             return Err(refuse(format!(
                 "only {} MiB free disk in {}, needs {} MiB",
                 free >> 20,
@@ -358,6 +349,8 @@ mod tests {
     #[test]
     fn host_probes_read_real_values() {
         assert!(mem_available().is_some_and(|m| m > 0));
-        assert!(free_disk(&std::env::temp_dir().join("does/not/exist/yet")).is_some_and(|f| f > 0));
+        assert!(
+            sandbox_base::disk::free_bytes(&std::env::temp_dir().join("does/not/exist/yet")).is_some_and(|f| f > 0)
+        );
     }
 }

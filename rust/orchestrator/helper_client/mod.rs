@@ -113,6 +113,16 @@ impl From<tonic::Status> for HelperError {
             Code::InvalidArgument => Self::InvalidArgument(msg),
             Code::FailedPrecondition => Self::FailedPrecondition(msg),
             Code::ResourceExhausted => Self::Exhausted(msg),
+            // No answer at all (a transport error is the status's source):
+            // the helper died, and the watchdog starts it again within a
+            // few seconds. Whether the call reached it is unknown.
+            Code::Unavailable if std::error::Error::source(&s).is_some() => Self::Unavailable {
+                socket: PathBuf::new(),
+                reason: format!(
+                    "the VM helper did not answer ({msg}); it is being started again: retry in a few seconds \
+                     (a call cut off mid-way may or may not have run)"
+                ),
+            },
             Code::Unavailable => Self::Unavailable { socket: PathBuf::new(), reason: msg },
             Code::Internal => Self::Internal(msg),
             Code::PermissionDenied | Code::DataLoss => Self::Refused(msg),

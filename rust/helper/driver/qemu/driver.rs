@@ -132,6 +132,26 @@ impl QemuDriver {
         self
     }
 
+    /// At helper start: kills the qemu of every vm a dead helper left
+    /// running (sandboxes' and the pool's; virtiofsd ends with its qemu's
+    /// connection) and removes their run dirs. A vm of a live helper
+    /// sharing the run dirs is left alone. A sandbox whose vm this killed
+    /// is lost to the orchestrator, its writable disk kept.
+    pub fn kill_leftovers(&self) {
+        use crate::leftovers::{Reaped, reap};
+        for entry in std::fs::read_dir(&self.run_root).into_iter().flatten().flatten() {
+            let dir = entry.path();
+            match reap(&dir.join(super::instance::QEMU_RECORD)) {
+                Reaped::Owned => continue,
+                Reaped::Killed(pid) => {
+                    tracing::warn!(vm = %entry.file_name().to_string_lossy(), qemu = pid, "killed a vm a dead helper left running");
+                }
+                Reaped::Gone => {}
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+
     /// Templates and the pool.
     pub fn warm(&self) -> &Arc<Warm> {
         &self.warm

@@ -39,6 +39,8 @@ use sandbox_guest::handshake::{Go, GuestLimits, READY, ROOTED, SEED_BYTES};
 use sandbox_guest::{UPPER_SERIAL, WORKSPACE_TAG};
 use sandbox_userns::IdMapper;
 
+/// The record of a vm's qemu in its run dir ([`crate::leftovers`]).
+pub const QEMU_RECORD: &str = "qemu.pid";
 /// How long qemu has to connect to the agent socket after it starts (it
 /// does so before the guest runs).
 const CONNECT_WAIT: Duration = Duration::from_secs(30);
@@ -286,6 +288,11 @@ impl Instance {
             paused: !matches!(how, Start::Template(_)),
         };
         let (child, listener) = spawn(&machine, listener, cgroup, restore.as_ref().map(|(_, ram)| ram))?;
+        if let Some(pid) = child.id() {
+            // qemu outlives a helper killed outright: the next one kills it
+            // by this record (QemuDriver::kill_leftovers).
+            crate::leftovers::record(&dir.join(QEMU_RECORD), pid);
+        }
         let qemu_log = qemu_log(&machine);
         let mut vm = Instance {
             child,
@@ -600,19 +607,32 @@ pub fn spawn(
     ram: Option<&OwnedFd>,
 ) -> Result<(tokio::process::Child, UnixListener), QemuError> {
     let mut cmd = tokio::process::Command::new(QEMU);
-    if let Some(ram) = ram {
-        // qemu opens it as /dev/fd/N (machine.memory): it stays open
-        // across the exec in the child only.
-        let fd = ram.as_raw_fd();
-        // SAFETY: only fcntl, async-signal-safe, between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+    // qemu opens it as /dev/fd/N (machine.memory): it stays open across
+    // the exec in the child only.
+    let ram = ram.map(|r| r.as_raw_fd());
+    let helper = std::process::id() as libc::pid_t;
+    // SAFETY: only prctl, getppid and fcntl, async-signal-safe, between
+    // fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            // qemu dies with the helper, as a namespace sandbox does with
+            // its launcher. The signal follows the thread that forks: this
+            // runs on a runtime worker, which lives as long as the helper.
+            // A qemu that outlives a helper anyway (one started by an older
+            // build) is killed by the next helper (QEMU_RECORD).
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != helper {
+                return Err(std::io::Error::other("the helper exited while qemu started"));
+            }
+            if let Some(fd) = ram
+                && libc::fcntl(fd, libc::F_SETFD, 0) == -1
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
     cmd.args(machine.argv())
         .env_clear()

@@ -14,6 +14,9 @@ use super::QemuError;
 use super::disks::run_mapped_with;
 use sandbox_userns::IdMapper;
 
+/// strerror(ENOSPC).
+const NO_SPACE: &str = "No space left on device";
+
 /// Extracts `archive` (from [`sandbox_guest::layer_archive`]) into the new directory
 /// `dest`, which must not exist.
 pub fn unpack_layer(archive: &Path, dest: &Path, mapper: &IdMapper) -> Result<(), QemuError> {
@@ -32,6 +35,14 @@ pub fn unpack_layer(archive: &Path, dest: &Path, mapper: &IdMapper) -> Result<()
         .arg("-C");
     let out = run_mapped_with(mapper, cmd, &[&dir]).map_err(|e| failed(e.to_string()))?;
     if !out.status.success() {
+        // tar words a full disk per file it could not write (`Cannot
+        // write: No space left on device`, `Wrote only 1024 of 10240
+        // bytes`): the one cause is enough.
+        let store = dest.parent().unwrap_or(dest);
+        let needed = std::fs::metadata(archive).map_or(0, |m| m.len());
+        if sandbox_base::disk::free_bytes(store).is_some_and(|free| free < needed) {
+            return Err(failed(format!("{NO_SPACE} in {}: free some and snapshot again", store.display())));
+        }
         return Err(failed(format!("tar: {}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim())));
     }
     Ok(())

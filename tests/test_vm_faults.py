@@ -1,0 +1,103 @@
+"""Faults on the vm driver (issue 24): `kill -9` of one qemu, of the helper with vms up, and a full disk while a
+vm is snapshotted. Each gives a clear answer, leaves no qemu, virtiofsd or run dir behind, and the other vms keep
+working. The vm driver's assets are needed as in test_vm_isolation (else these skip, saying which is missing)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import pids_of, sandbox_key
+from test_persistence import exited, helper_pid
+from test_vm_isolation import VM_CALL_TIMEOUT, VM_PROJECT, needs_vm, qemu_pids, run, vm_server
+from waiting import poll, wait_for
+
+pytestmark = needs_vm
+
+
+def vm_processes(key: str) -> list[int]:
+    """The qemu and virtiofsd of the sandbox keyed `key`."""
+    return qemu_pids(key) + pids_of("virtiofsd", arg=key)
+
+
+def run_dirs(env: dict[str, str]) -> list[str]:
+    """The vm driver's run dirs (sockets, console logs) of the helper in `env`."""
+    root = Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / "qemu"
+    return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+
+
+def test_kill9_of_a_qemu_and_of_the_helper_leaves_no_vm_behind(front_end, roots, env):
+    (roots / ".sandbox-mcp.toml").write_text(VM_PROJECT)
+    client = vm_server(front_end, roots, SANDBOX_MCP_VM_POOL="0")
+    names = ("a", "b", "c")
+    for name in names:
+        assert run(client, f"echo {name} > /workspace/mark; echo up", sandbox=name) == "up\n"
+    keys = {name: sandbox_key(name, roots) for name in names}
+    assert all(len(qemu_pids(k)) == 1 for k in keys.values()), {n: qemu_pids(k) for n, k in keys.items()}
+
+    # One qemu killed: its sandbox says so, the others answer, its virtiofsd ends.
+    os.kill(qemu_pids(keys["a"])[0], signal.SIGKILL)
+    lost = poll(lambda: client.tool("exec", _timeout=VM_CALL_TIMEOUT, command="true", sandbox="a"),
+                lambda r: r[1] and "qemu was killed" in r[0], timeout=30)
+    assert lost, client.tool("exec", command="true", sandbox="a")
+    for name in ("b", "c"):
+        assert run(client, "cat /workspace/mark", sandbox=name) == f"{name}\n"
+    assert poll(lambda: vm_processes(keys["a"]), lambda p: p == [], timeout=30) == [], vm_processes(keys["a"])
+
+    # The helper killed with two vms up: their qemu and virtiofsd go with it at once (not at the next start).
+    old = helper_pid(env)
+    os.kill(old, signal.SIGKILL)
+    assert wait_for(lambda: exited(old), timeout=30)
+    left = poll(lambda: [p for k in keys.values() for p in vm_processes(k)], lambda p: p == [], timeout=30)
+    assert left == [], f"vm processes outlived their helper: {left}"
+    # The next call starts a helper, which removes the dead one's run dirs. The sandbox's vm is gone: it says
+    # so and keeps its /workspace (issue 25 brings it back on its own).
+    answers = []
+
+    def answer():
+        answers.append(client.tool("exec", _timeout=VM_CALL_TIMEOUT, command="true", sandbox="b"))
+        return answers[-1]
+
+    lost = poll(answer, lambda r: r[1] and "was lost" in r[0], timeout=30)
+    assert lost, answers[-1]
+    # Before the helper is back, a call says so and how to go on, not a bare socket error. (Between the new
+    # helper's start and the watchdog's next look, about a second, a call may still meet the helper's own
+    # "not found" for the vm: issue 25 makes the next call bring the sandbox back instead.)
+    for text, err in answers[:-1]:
+        assert err, text
+        if "Connection refused" in text or "os error" in text:
+            assert "the VM helper did not answer" in text and "retry in a few seconds" in text, text
+    assert helper_pid(env) != old
+    assert run_dirs(env) == [], run_dirs(env)
+    text, err = client.tool("reset", _timeout=VM_CALL_TIMEOUT, sandbox="b")
+    assert not err, text
+    assert run(client, "cat /workspace/mark", sandbox="b") == "b\n"
+
+
+def test_a_full_disk_while_a_vm_is_snapshotted_is_reported_and_leaves_nothing(front_end, roots, image_store):
+    if os.geteuid() != 0:
+        pytest.skip("a small filesystem for the image store's layers needs root to mount")
+    layers = Path(image_store) / "layers"
+    layers.mkdir(exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(layers)], check=True)
+    try:
+        (roots / ".sandbox-mcp.toml").write_text(VM_PROJECT)
+        client = vm_server(front_end, roots, SANDBOX_MCP_VM_POOL="0", SANDBOX_MCP_IMAGE_STORE=image_store)
+        # More than the layers' filesystem holds, written by the guest into its writable layer.
+        assert run(client, "head -c 24M /dev/urandom > /var/big && echo written") == "written\n"
+        text, err = client.tool("snapshot", _timeout=VM_CALL_TIMEOUT, snapshot_name="full")
+        assert err and f"No space left on device in {layers}: free some and snapshot again" in text, text
+        assert "Cannot write" not in text, "tar's line per file"
+        assert not (Path(image_store) / "mcp-snap-full").exists(), "a snapshot that failed was kept"
+        assert [p.name for p in layers.iterdir()] == [], "a half-written layer was left in the store"
+        text, err = client.tool("restore", _timeout=VM_CALL_TIMEOUT, snapshot_name="full", sandbox="back")
+        assert err and "full" in text, text
+        # The vm keeps working; with room again, the snapshot is taken.
+        assert run(client, "rm /var/big; echo small > /var/small; cat /var/small") == "small\n"
+        text, err = client.tool("snapshot", _timeout=VM_CALL_TIMEOUT, snapshot_name="fits")
+        assert not err and text.startswith("Snapshot 'fits' saved"), text
+    finally:
+        subprocess.run(["umount", "-l", str(layers)], check=False)
