@@ -4,7 +4,7 @@
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use super::{
-    helper_client::{HelperClient, VmState},
+    helper_client::{HelperClient, VmInfo, VmState},
     sandbox::SandboxManager,
 };
 
@@ -32,6 +32,14 @@ impl SandboxManager {
     /// created, reset or destroyed right now are left to that operation.
     pub async fn reconcile(&self, why_missing: &str) -> Result<(), super::OrchestratorError> {
         let vms = self.helper.list_vms().await?;
+        self.lose_missing(&vms, why_missing).await;
+        self.remove_cut_short_late(&vms).await;
+        self.free_unfreed().await;
+        Ok(())
+    }
+
+    /// Marks lost each sandbox whose VM is not running among `vms`.
+    async fn lose_missing(&self, vms: &[VmInfo], why_missing: &str) {
         for sandbox in self.list() {
             let vm = vms.iter().find(|v| v.id == sandbox.name);
             if vm.is_some_and(|v| v.state == VmState::Running) {
@@ -59,9 +67,6 @@ impl SandboxManager {
             self.destroy_subtree(&sandbox.name).await;
             self.mark_lost(&sandbox.name, &why);
         }
-        self.remove_cut_short_late(&vms).await;
-        self.free_unfreed().await;
-        Ok(())
     }
 
     /// Check the helper every [`TICK`] until the manager is dropped; start
@@ -85,11 +90,18 @@ impl SandboxManager {
                     continue;
                 }
                 tracing::warn!("the VM helper stopped answering; starting it again");
+                let why = format!("the VM helper stopped and was restarted at {}", clock());
+                if HelperClient::connect(&respawn.socket).await.is_err() {
+                    // Nothing answers on its socket: the helper died, and its
+                    // VMs with it (on every driver). They are lost before a
+                    // new helper starts, so that no call reaches the new one
+                    // first and hears that it knows no such VM.
+                    manager.lose_missing(&[], &why).await;
+                }
                 // The channel inside the manager dials the socket again by
                 // itself: starting the helper is all it takes.
                 match HelperClient::connect_or_spawn(&respawn.socket, &respawn.binary).await {
                     Ok(_) => {
-                        let why = format!("the VM helper stopped and was restarted at {}", clock());
                         if let Err(e) = manager.reconcile(&why).await {
                             tracing::warn!("the restarted VM helper does not answer yet: {e}");
                         }
