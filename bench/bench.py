@@ -23,7 +23,8 @@ Measures, on an isolated server (fresh XDG dirs, helper stopped at the end):
       Pong: cold boot, restore from the memory snapshot (target p50 <= 300 ms under TCG), a
       vm handed out by the warm pool (target p50 <= 150 ms), both again for an EGRESS vm (a
       network card, its stack started at hand-out), the RSS of qemu + virtiofsd per idle
-      vm, the PSS per vm of 4 and of 16 idle vms together (target <= 64 MiB, qemu), and warm
+      vm, the PSS per vm of 4 and of 16 idle vms together (target <= 64 MiB, qemu; printed after the
+      PSS a namespace sandbox adds, its processes under the helper, over 4 idle ones), and warm
       exec on a booted vm (`sh -c 'echo hi'` through its agent, printed beside the namespace
       driver's warm exec);
   (e) sync latency: with sync_start running, a new file written on the host until it exists
@@ -405,6 +406,53 @@ def helper_rss_kib(env: dict[str, str]) -> int:
     return 0
 
 
+def helper_descendants(env: dict[str, str]) -> list[int]:
+    """The pids under the helper (its sandboxes' launchers and everything they run)."""
+    helper = int((Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / "helper.pid").read_text().strip())
+    parents: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        try:
+            parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (ValueError, OSError, IndexError):
+            continue
+    found, frontier = [], [helper]
+    while frontier:
+        pid = frontier.pop()
+        children = [c for c, p in parents.items() if p == pid]
+        found.extend(children)
+        frontier.extend(children)
+    return found
+
+
+def pss_kib(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        total += next((int(line.split()[1]) for line in text.splitlines() if line.startswith("Pss:")), 0)
+    return total
+
+
+DENSITY_SANDBOXES = 4
+
+
+def bench_namespace_density(client: McpClient, env: dict[str, str]) -> list[str]:
+    """Host memory per idle namespace sandbox: the PSS of every process under the helper (launcher, the
+    sandbox's init and agent) that DENSITY_SANDBOXES idle sandboxes add, per sandbox; beside the vm's."""
+    before = pss_kib(helper_descendants(env))
+    names = [f"density{i}" for i in range(DENSITY_SANDBOXES)]
+    for name in names:
+        checked(client, "exec", timeout=CREATE_TIMEOUT, command="true", sandbox=name)
+    time.sleep(2)
+    per = (pss_kib(helper_descendants(env)) - before) / DENSITY_SANDBOXES / 1024
+    for name in names:
+        checked(client, "destroy", sandbox=name)
+    return [f"{'namespace PSS per idle sandbox':<34} {DENSITY_SANDBOXES:>5} {per:>9.1f}"
+            "             (MiB: its launcher, init and agent; beside the vm's)"]
+
+
 def egress_vm(env: dict[str, str], vm_id: str, allow: list[str]) -> None:
     image = env.get("SANDBOX_MCP_DEFAULT_IMAGE", "mcp-dev")
     spec = {"id": vm_id, "image": image, "network": "NETWORK_MODE_EGRESS", "network_policy": {"allow": allow}}
@@ -664,6 +712,7 @@ def main() -> int:
                 spread_row("sync host write -> in sandbox", bench_sync(client, env["SANDBOX_MCP_HOST_ROOTS"])),
                 *bench_lifecycle(client),
                 *bench_egress(env),
+                *bench_namespace_density(client, env),
                 *bench_vm(),
                 *bench_oci(binary, env, client),
             ]
