@@ -1,6 +1,7 @@
 """What a freshly installed sandbox-mcp must do for the user who installed it (`make test-install`): the MCP
 client registration `sandbox-mcp config cursor` prints is started exactly as a client would start it, and a
-sandbox is created, used and destroyed through the real MCP client (tests/mcp_client.py).
+sandbox is created, used and destroyed through the real MCP client (tests/mcp_client.py), then a vm sandbox
+(`isolation = "vm"`, from a profile this adds to the user's config.toml): `make install` set the vm driver up.
     python install-smoke.py /abs/path/to/installed/sandbox-mcp
 Prints one line per step; exits non-zero on the first failure."""
 from __future__ import annotations
@@ -15,6 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from mcp_client import McpClient  # noqa: E402
+
+
+VM_PROFILE = "[profiles.vmsmoke]"
 
 
 def step(what: str, ok: bool, detail: str) -> None:
@@ -34,6 +38,11 @@ def main() -> None:
     # volume is keyed `<first 6 hex of SHA-256 of the project path>-<name>`.
     project = os.path.realpath(Path.home())
     key = f"{hashlib.sha256(project.encode()).hexdigest()[:6]}-smoke"
+    config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "sandbox-mcp" / "config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    if VM_PROFILE not in (config.read_text() if config.exists() else ""):
+        with config.open("a") as f:
+            f.write(f'\n{VM_PROFILE}\nisolation = "vm"\nnetwork = "none"\n')
     with McpClient(server["command"], server["args"], env=dict(os.environ), stderr_path=str(log), cwd=project) as client:
         out, err = client.call("exec", sandbox="smoke", command="id -u; cat /etc/debian_version")
         step("exec (creates the sandbox)", not err and out.startswith("0\n"), out)
@@ -54,6 +63,11 @@ def main() -> None:
         step("destroy", not err, out)
         out, err = client.call("list_all")
         step("gone after destroy", "smoke" not in out, out)
+        # The vm's first boot is cold under TCG (seconds) and builds the image's layer disk.
+        out, err = client.call("exec", sandbox="vmsmoke", command="uname -r", call_timeout=600)
+        step("a vm sandbox answers (its own kernel)", not err and out.split("\n")[0] != os.uname().release, out)
+        out, err = client.call("destroy", sandbox="vmsmoke", call_timeout=300)
+        step("destroy the vm sandbox", not err, out)
 
 
 if __name__ == "__main__":
