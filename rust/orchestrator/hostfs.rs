@@ -38,6 +38,7 @@ use std::{
 use std::sync::atomic::AtomicBool;
 
 use super::hostguard::{ExecBits, HostGuard, Refusal, Refused};
+use super::text::escaped_path;
 use nix::{
     errno::Errno,
     fcntl::{AtFlags, OFlag, openat, readlinkat, renameat},
@@ -115,15 +116,15 @@ pub enum HostFsError {
 
 impl HostFsError {
     fn io(path: &Path, e: impl Into<io::Error>) -> Self {
-        Self::Io { path: path.display().to_string(), source: e.into() }
+        Self::Io { path: escaped_path(path), source: e.into() }
     }
 
     /// The same error naming `path` (the whole path the caller asked for)
     /// where it named a directory on the way.
     pub fn naming(self, path: &Path) -> Self {
         match self {
-            Self::Missing(_) => Self::Missing(path.display().to_string()),
-            Self::OwnData { dir, .. } => Self::OwnData { path: path.display().to_string(), dir },
+            Self::Missing(_) => Self::Missing(escaped_path(path)),
+            Self::OwnData { dir, .. } => Self::OwnData { path: escaped_path(path), dir },
             other => other,
         }
     }
@@ -180,7 +181,7 @@ impl Kind {
 
     /// The error for finding this where a regular file was wanted.
     pub fn not_a_file(self, path: &Path) -> HostFsError {
-        let shown = path.display().to_string();
+        let shown = escaped_path(path);
         match self {
             Self::Dir => HostFsError::IsADirectory(shown),
             Self::Symlink => HostFsError::Symlink(shown),
@@ -191,8 +192,8 @@ impl Kind {
     /// The error for finding this where a directory was wanted.
     fn not_a_dir(self, path: &Path) -> HostFsError {
         match self {
-            Self::Symlink => HostFsError::Symlink(path.display().to_string()),
-            _ => HostFsError::NotADirectory(path.display().to_string()),
+            Self::Symlink => HostFsError::Symlink(escaped_path(path)),
+            _ => HostFsError::NotADirectory(escaped_path(path)),
         }
     }
 }
@@ -332,7 +333,7 @@ fn forced_fallback() -> bool {
 fn component<'a>(name: &'a OsStr, at: &Path) -> Result<&'a OsStr, HostFsError> {
     let bytes = name.as_bytes();
     if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') || bytes.contains(&0) {
-        return Err(HostFsError::BadComponent(name.to_string_lossy().into_owned(), at.display().to_string()));
+        return Err(HostFsError::BadComponent(name.to_string_lossy().into_owned(), escaped_path(at)));
     }
     Ok(name)
 }
@@ -389,7 +390,7 @@ impl Dir {
     /// [`Self::may_write`] as the error a write fails with.
     fn check_write(&self, name: &OsStr) -> Result<(), HostFsError> {
         self.may_write(Path::new(name))
-            .map_err(|refusal| HostFsError::Refused { path: self.path.join(name).display().to_string(), refusal })
+            .map_err(|refusal| HostFsError::Refused { path: escaped_path(&self.path.join(name)), refusal })
     }
 
     /// Where this directory is (for messages).
@@ -399,9 +400,7 @@ impl Dir {
 
     fn check_own(&self, st: &Stat) -> Result<(), HostFsError> {
         match self.own.find(st) {
-            Some(dir) => {
-                Err(HostFsError::OwnData { path: self.path.display().to_string(), dir: dir.display().to_string() })
-            }
+            Some(dir) => Err(HostFsError::OwnData { path: escaped_path(&self.path), dir: escaped_path(dir) }),
             None => Ok(()),
         }
     }
@@ -428,12 +427,12 @@ impl Dir {
         let path = self.path.join(name);
         let fd = match open_component(&self.fd, name, DIR_HANDLE | OFlag::O_DIRECTORY, Mode::empty()) {
             Ok(fd) => fd,
-            Err(Errno::ENOENT) => return Err(HostFsError::Missing(path.display().to_string())),
-            Err(Errno::ELOOP) => return Err(HostFsError::Symlink(path.display().to_string())),
+            Err(Errno::ENOENT) => return Err(HostFsError::Missing(escaped_path(&path))),
+            Err(Errno::ELOOP) => return Err(HostFsError::Symlink(escaped_path(&path))),
             Err(Errno::ENOTDIR) => {
                 return Err(match self.child(name)? {
                     Some(st) => st.kind.not_a_dir(&path),
-                    None => HostFsError::Missing(path.display().to_string()),
+                    None => HostFsError::Missing(escaped_path(&path)),
                 });
             }
             Err(e) => return Err(HostFsError::io(&path, e)),
@@ -457,7 +456,7 @@ impl Dir {
                 Component::CurDir => {}
                 other => {
                     let shown = other.as_os_str().to_string_lossy().into_owned();
-                    return Err(HostFsError::BadComponent(shown, rel.display().to_string()));
+                    return Err(HostFsError::BadComponent(shown, escaped_path(rel)));
                 }
             }
         }
@@ -497,7 +496,7 @@ impl Dir {
                 Component::CurDir => {}
                 other => {
                     let shown = other.as_os_str().to_string_lossy().into_owned();
-                    return Err(HostFsError::BadComponent(shown, rel.display().to_string()));
+                    return Err(HostFsError::BadComponent(shown, escaped_path(rel)));
                 }
             }
         }
@@ -511,15 +510,15 @@ impl Dir {
     pub fn open_file(&self, name: &OsStr) -> Result<(File, Stat), HostFsError> {
         let path = self.path.join(name);
         match self.child(name)? {
-            None => return Err(HostFsError::Missing(path.display().to_string())),
+            None => return Err(HostFsError::Missing(escaped_path(&path))),
             Some(st) if st.kind != Kind::File => return Err(st.kind.not_a_file(&path)),
             Some(_) => {}
         }
         let flags = OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY;
         let fd = match open_component(&self.fd, name, flags, Mode::empty()) {
             Ok(fd) => fd,
-            Err(Errno::ENOENT) => return Err(HostFsError::Missing(path.display().to_string())),
-            Err(Errno::ELOOP) => return Err(HostFsError::Symlink(path.display().to_string())),
+            Err(Errno::ENOENT) => return Err(HostFsError::Missing(escaped_path(&path))),
+            Err(Errno::ELOOP) => return Err(HostFsError::Symlink(escaped_path(&path))),
             Err(e) => return Err(HostFsError::io(&path, e)),
         };
         let st = Stat::from(fstat(&fd).map_err(|e| HostFsError::io(&path, e))?);
@@ -589,7 +588,7 @@ impl Dir {
         drop(file);
         let renamed = written.and_then(|n| match renameat(&self.fd, temp.as_os_str(), &self.fd, name) {
             Ok(()) => Ok(n),
-            Err(Errno::EISDIR) => Err(HostFsError::IsADirectory(path.display().to_string())),
+            Err(Errno::EISDIR) => Err(HostFsError::IsADirectory(escaped_path(&path))),
             Err(e) => Err(HostFsError::io(&path, e)),
         });
         if renamed.is_err() {

@@ -31,7 +31,7 @@
 //!
 //! Files from a sandbox also lose their exec bits unless the call asks for
 //! them ([`ExecBits`]), and never keep setuid, setgid or sticky bits.
-use super::text::escaped_bytes;
+use super::text::escaped_path as escaped;
 use std::{
     collections::HashMap,
     fmt,
@@ -563,11 +563,6 @@ fn matched_prefix(path: &Path, rule: &Rule) -> Option<PathBuf> {
     let start = plain.windows(n).position(|w| w.iter().zip(&rule.parts).all(|((_, c), p)| wildcard(p, c)))?;
     let end = plain[start + n - 1].0;
     Some(all[..=end].iter().collect())
-}
-
-/// `path` for a message: names come from the sandbox (see [`escaped_bytes`]).
-fn escaped(path: &Path) -> String {
-    escaped_bytes(path.as_os_str().as_encoded_bytes())
 }
 
 impl fmt::Display for Refused {

@@ -25,6 +25,7 @@ use super::{
     error::OrchestratorError,
     hostfs::{Dir, HostFsError, Kind, OwnDirs, Stat},
     hostguard::{HostGuard, Refusal},
+    text::escaped_path,
 };
 
 /// The directories host-side file tools may use.
@@ -133,7 +134,7 @@ impl HostPath {
     /// opened or created for it.
     pub fn check_write(&self) -> Result<(), HostFsError> {
         self.may_write(Path::new(""))
-            .map_err(|refusal| HostFsError::Refused { path: self.shown.display().to_string(), refusal })
+            .map_err(|refusal| HostFsError::Refused { path: escaped_path(&self.shown), refusal })
     }
 
     /// Open the existing file or directory.
@@ -237,8 +238,8 @@ impl HostRoots {
             }
         }
         let Some((root, spelled)) = best else {
-            let roots: Vec<String> = self.roots.iter().map(|r| r.display().to_string()).collect();
-            return Err(HostFsError::Denied { path: shown.display().to_string(), roots: roots.join(", ") });
+            let roots: Vec<String> = self.roots.iter().map(|r| escaped_path(r)).collect();
+            return Err(HostFsError::Denied { path: escaped_path(&shown), roots: roots.join(", ") });
         };
         let rel = shown.strip_prefix(spelled).unwrap_or(Path::new("")).to_path_buf();
         Ok(HostPath {

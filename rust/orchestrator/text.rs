@@ -49,6 +49,12 @@ pub fn human_size(n: u64) -> String {
     }
 }
 
+/// A path for a message: its names may come from a sandbox (see
+/// [`escaped_bytes`]).
+pub fn escaped_path(path: &std::path::Path) -> String {
+    escaped_bytes(path.as_os_str().as_encoded_bytes())
+}
+
 /// Text that came from a sandbox or an image, for a message: control
 /// characters (a newline would start a line of its own in the agent's text),
 /// bidirectional and invisible format characters, and bytes that are not

@@ -206,3 +206,27 @@ fn lists_from_the_fd() {
     assert_eq!(a.read_link(OsStr::new("l")).unwrap(), PathBuf::from("/etc"));
     std::fs::remove_dir_all(d).unwrap();
 }
+
+/// Names a sandbox made reach messages escaped: a fifo, a symlink and a
+/// missing entry named with a terminal escape and a newline cannot paint
+/// the agent's screen or forge a line of the message.
+#[test]
+fn sandbox_made_names_are_escaped_in_messages() {
+    let d = tmp("escaped");
+    let (fifo, link) = (OsStr::new("p\x1b[2Jq"), OsStr::new("l\nERROR: forged"));
+    nix::unistd::mkfifo(&d.join("root").join(fifo), Mode::from_bits_truncate(0o644)).unwrap();
+    symlink("a", d.join("root").join(link)).unwrap();
+    let root = open(&d);
+    let messages = [
+        root.open_file(fifo).unwrap_err().to_string(),
+        root.open_file(link).unwrap_err().to_string(),
+        root.open_dir(fifo).unwrap_err().to_string(),
+        root.open_file(OsStr::new("gone\x07")).unwrap_err().to_string(),
+    ];
+    for m in &messages {
+        assert!(!m.chars().any(char::is_control), "{m:?}");
+    }
+    assert!(messages[0].contains("p\\u{1b}[2Jq is a fifo"), "{}", messages[0]);
+    assert!(messages[1].contains("l\\nERROR: forged is a symlink"), "{}", messages[1]);
+    std::fs::remove_dir_all(d).unwrap();
+}
