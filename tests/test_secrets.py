@@ -247,3 +247,30 @@ def _env_rows(env: dict[str, str]) -> list[tuple[str]]:
         return db.execute("SELECT value FROM env").fetchall()
     finally:
         db.close()
+
+
+def test_a_lost_env_key_keeps_the_sandboxs_copy_and_env_set_works(server_factory, env):
+    """The key file deleted between two servers (a restore from a backup without it): the saved values cannot
+    be opened; the sandbox's own copy of its env is used, a later `env set` works (the values are sealed again
+    with the new key), and `health` says what happened instead of a log line only."""
+    srv = server_factory()
+    text, err = srv.tool("env", action="set", key="KEPT", value="kept-1")
+    assert not err, text
+    stop_daemon(env)
+    (Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "state.key").unlink()
+    srv = server_factory()
+    out, _, code = sh(srv, "printenv KEPT")
+    assert code == 0 and out.strip() == "kept-1", out
+    text, err = srv.tool("env", action="set", key="AFTER", value="after-1")
+    assert not err, text
+    out, _, code = sh(srv, "printenv KEPT; printenv AFTER")
+    assert code == 0 and out.split() == ["kept-1", "after-1"], out
+    text, _ = srv.tool("health")
+    assert "state.key" in text and "could not be opened" in text, text
+    # The next server opens what was sealed again.
+    stop_daemon(env)
+    srv = server_factory()
+    out, _, code = sh(srv, "printenv KEPT; printenv AFTER")
+    assert code == 0 and out.split() == ["kept-1", "after-1"], out
+    text, _ = srv.tool("health")
+    assert "could not be opened" not in text, text

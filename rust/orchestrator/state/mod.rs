@@ -356,6 +356,8 @@ struct Snapshot {
     sandboxes: Vec<(SandboxRecord, bool)>,
     history: BTreeMap<String, Vec<AuditRecord>>,
     env: BTreeMap<String, BTreeMap<String, String>>,
+    /// Sandboxes whose saved env did not open with this key.
+    unopened_env: Vec<String>,
     forwards: Vec<ForwardRecord>,
     sync_jobs: Vec<SyncRecord>,
     lost: BTreeMap<String, String>,
@@ -406,7 +408,8 @@ fn load(c: &mut Connection, key: &SealKey) -> rusqlite::Result<Snapshot> {
                 // Left out, the sandbox's own copy of its env is used and
                 // saved again (`apply`).
                 Err(rusqlite::Error::FromSqlConversionFailure(_, _, e)) => {
-                    tracing::warn!(sandbox = %name, "the saved env is not used: {e}; the sandbox's own copy is")
+                    tracing::warn!(sandbox = %name, "the saved env is not used: {e}; the sandbox's own copy is");
+                    s.unopened_env.push(name);
                 }
                 Err(e) => return Err(e),
             }

@@ -51,6 +51,15 @@ pub async fn restore(o: &Orchestrator, db: PathBuf) {
             return;
         }
     };
+    if !snapshot.unopened_env.is_empty() {
+        let names: Vec<String> = snapshot.unopened_env.iter().map(|n| crate::names::display(n)).collect();
+        state.set_notice(format!(
+            "The env saved for {} could not be opened: {} was replaced or damaged since it was sealed. A running \
+             sandbox's own copy of its env is used and saved again; a sandbox that is not running lost its saved env.",
+            names.join(", "),
+            super::seal::key_path(&db).display()
+        ));
+    }
     let _ = state.store.set(store);
     apply(o, snapshot).await;
     o.sandboxes.committed().await;
