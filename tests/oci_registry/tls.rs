@@ -367,3 +367,35 @@ async fn a_plain_loopback_registry_is_tried_over_https_first_then_plain_http() {
     let firsts = tap.firsts();
     assert!(firsts.len() > before && firsts[before..].iter().all(|&b| b == b'G'), "{firsts:?}");
 }
+
+/// A host without any CA certificate (an empty bundle and no directory):
+/// no client can be made, for a plain loopback registry too (the HTTP
+/// library loads them for every client); the pull says so and how to fix it,
+/// and nothing is stored.
+#[tokio::test]
+async fn no_ca_certificates_at_all_is_an_error_naming_the_fix() {
+    if !tools() {
+        return;
+    }
+    let reg = Registry::start(None);
+    let (dir, _) = layout("noca", false);
+    push(&format!("oci:{}:v1", dir.path().display()), &format!("{}/test/img:v1", reg.host()), &[]);
+    let t = TempDir::new("store");
+    let empty = t.path().join("empty.pem");
+    std::fs::write(&empty, "").unwrap();
+    std::fs::create_dir(t.path().join("no-certs")).unwrap();
+    let store = BlobStore::new(t.path().join("blobs"));
+    let mut env = EnvGuard::lock().await;
+    env.set("SSL_CERT_FILE", Some(empty.as_os_str()));
+    env.set("SSL_CERT_DIR", Some(t.path().join("no-certs").as_os_str()));
+    let reference = format!("{}/test/img:v1", reg.host());
+    match pull_collect(&reference, &RegistryConfig::default(), &store, &CancellationToken::new()).await.0 {
+        Err(e @ OciError::Registry { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains("this host has no CA certificates"), "{text}");
+            assert!(text.contains("ca-certificates") && text.contains("SSL_CERT_FILE"), "{text}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(stored(&store).is_empty(), "nothing stored");
+}

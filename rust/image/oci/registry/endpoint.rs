@@ -100,6 +100,18 @@ pub(super) fn new_client(host: &str, protocol: ClientProtocol) -> Result<Client,
         no_proxy: is_loopback(host).then(|| "*,0.0.0.0/0,::/0".to_string()),
         ..ClientConfig::default()
     };
-    // reqwest's rustls verifier loads the host's CA store here, each time.
-    Client::try_from(config).map_err(|e| OciError::Registry { registry: host.to_string(), why: clean(&chain(&e)) })
+    // reqwest's rustls verifier loads the host's CA store here, each time,
+    // for a plain HTTP client too: with no CA certificate at all, no client
+    // can be made (reqwest: "No CA certificates were loaded from the
+    // system"), and the words say what to do.
+    Client::try_from(config).map_err(|e| {
+        let why = clean(&chain(&e));
+        let why = if why.contains("No CA certificates") { NO_CA.to_string() } else { why };
+        OciError::Registry { registry: host.to_string(), why }
+    })
 }
+
+/// Why no client could be made on a host without CA certificates.
+const NO_CA: &str = "this host has no CA certificates to verify registries with (even a plain HTTP one: the \
+                     HTTP library loads them for every client): install Debian's ca-certificates, or set \
+                     SSL_CERT_FILE to a CA bundle";
