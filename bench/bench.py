@@ -69,6 +69,8 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from mcp_client import McpClient  # noqa: E402
+from test_crash_safety import _descendants  # noqa: E402
+from test_persistence import helper_pid  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import oci_image  # noqa: E402
@@ -399,29 +401,10 @@ def grpcurl(env: dict[str, str], method: str, data: object) -> str:
 
 
 def helper_rss_kib(env: dict[str, str]) -> int:
-    pid = (Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / "helper.pid").read_text().strip()
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+    for line in Path(f"/proc/{helper_pid(env)}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
-
-
-def helper_descendants(env: dict[str, str]) -> list[int]:
-    """The pids under the helper (its sandboxes' launchers and everything they run)."""
-    helper = int((Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / "helper.pid").read_text().strip())
-    parents: dict[int, int] = {}
-    for d in Path("/proc").iterdir():
-        try:
-            parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (ValueError, OSError, IndexError):
-            continue
-    found, frontier = [], [helper]
-    while frontier:
-        pid = frontier.pop()
-        children = [c for c, p in parents.items() if p == pid]
-        found.extend(children)
-        frontier.extend(children)
-    return found
 
 
 def pss_kib(pids: list[int]) -> int:
@@ -441,12 +424,12 @@ DENSITY_SANDBOXES = 4
 def bench_namespace_density(client: McpClient, env: dict[str, str]) -> list[str]:
     """Host memory per idle namespace sandbox: the PSS of every process under the helper (launcher, the
     sandbox's init and agent) that DENSITY_SANDBOXES idle sandboxes add, per sandbox; beside the vm's."""
-    before = pss_kib(helper_descendants(env))
+    before = pss_kib(list(_descendants(helper_pid(env))))
     names = [f"density{i}" for i in range(DENSITY_SANDBOXES)]
     for name in names:
         checked(client, "exec", timeout=CREATE_TIMEOUT, command="true", sandbox=name)
     time.sleep(2)
-    per = (pss_kib(helper_descendants(env)) - before) / DENSITY_SANDBOXES / 1024
+    per = (pss_kib(list(_descendants(helper_pid(env)))) - before) / DENSITY_SANDBOXES / 1024
     for name in names:
         checked(client, "destroy", sandbox=name)
     return [f"{'namespace PSS per idle sandbox':<34} {DENSITY_SANDBOXES:>5} {per:>9.1f}"

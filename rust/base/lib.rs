@@ -7,4 +7,5 @@ pub mod clock;
 pub mod disk;
 pub mod error;
 pub mod paths;
+pub mod proc;
 pub mod test_support;

@@ -5,6 +5,8 @@
 //! running; what a live helper sharing the directories runs is left alone.
 use std::path::Path;
 
+use sandbox_base::proc::{parent, start_time};
+
 /// What [`reap`] found behind a record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reaped {
@@ -61,20 +63,11 @@ pub fn reap(file: &Path) -> Reaped {
     if killed { Reaped::Killed(pid) } else { Reaped::Gone }
 }
 
-/// Field 22 of /proc/<pid>/stat (start time in clock ticks since boot).
-fn start_time(pid: u32) -> Option<String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.split_whitespace().nth(19).map(String::from)
-}
-
 /// The parent of `pid` runs the same binary as `pid` (a launcher is an
 /// exec of its helper's): it is the helper, not init or a subreaper that
 /// adopted an orphan. When that cannot be told, it counts as a helper.
 fn parent_is_helper(pid: u32) -> bool {
-    let parent = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse::<u32>().ok());
-    let Some(parent) = parent.filter(|p| *p > 1) else { return false };
+    let Some(parent) = parent(pid).filter(|p| *p > 1) else { return false };
     let exe = |p: u32| std::fs::read_link(format!("/proc/{p}/exe"));
     match (exe(pid), exe(parent)) {
         (Ok(launcher), Ok(parent)) => launcher == parent,

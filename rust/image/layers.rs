@@ -215,10 +215,7 @@ fn running(pid: &str) -> bool {
     if pid == std::process::id().to_string() {
         return true;
     }
-    let Ok(stat) = fs::read_to_string(Path::new("/proc").join(pid).join("stat")) else { return false };
-    stat.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().next())
-        .is_some_and(|state| !matches!(state, "Z" | "X"))
+    pid.parse().ok().and_then(sandbox_base::proc::state).is_some_and(|state| !matches!(state, 'Z' | 'X'))
 }
 
 pub(super) fn random_hex() -> Result<String, ImageError> {

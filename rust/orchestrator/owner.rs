@@ -11,12 +11,7 @@ fn identity(pid: u32) -> Option<String> {
 
 /// In clock ticks since boot, from /proc.
 #[cfg(linux_host)]
-fn start_time(pid: u32) -> Option<String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Field 22 (starttime), counted after the parenthesised command name,
-    // which may itself contain spaces.
-    Some(stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.to_string())
-}
+use sandbox_base::proc::start_time;
 
 #[cfg(not(linux_host))]
 fn start_time(pid: u32) -> Option<String> {

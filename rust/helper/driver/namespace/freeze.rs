@@ -109,7 +109,8 @@ fn stop_all(mut frozen: Frozen, wait: Duration) -> Result<Frozen, HelperError> {
             if pid_ns(pid).ok().as_deref() != Some(ns.as_str()) {
                 continue;
             }
-            let running = match state(pid) {
+            let st = state(pid);
+            let running = match st {
                 None | Some('Z' | 'X') => continue,
                 Some('T' | 't') => false,
                 Some(_) => true,
@@ -118,7 +119,7 @@ fn stop_all(mut frozen: Frozen, wait: Duration) -> Result<Frozen, HelperError> {
             // or exits; the child is of the namespace, scanned and stopped
             // like any other, so the parent is as good as stopped (it takes
             // its SIGSTOP once the child goes on, after the thaw).
-            all_stopped &= !running || in_vfork_wait(pid);
+            all_stopped &= !running || in_vfork_wait(pid, st);
             if seen.insert(pid) {
                 let Ok(fd) = pidfd_open(pid) else { continue };
                 pidfd_kill(&fd, libc::SIGSTOP);
@@ -137,12 +138,12 @@ fn stop_all(mut frozen: Frozen, wait: Duration) -> Result<Frozen, HelperError> {
     Ok(frozen)
 }
 
-/// Whether `pid` waits in the kernel for its vfork() child (shells and
-/// `posix_spawn` use it): uninterruptible, yet running none of its code.
-/// The kernel's own name for where it sleeps: `kernel_clone` since 5.10,
-/// `_do_fork` before.
-fn in_vfork_wait(pid: i32) -> bool {
-    state(pid) == Some('D')
+/// Whether `pid`, in state `st`, waits in the kernel for its vfork() child
+/// (shells and `posix_spawn` use it): uninterruptible, yet running none of
+/// its code. The kernel's own name for where it sleeps: `kernel_clone`
+/// since 5.10, `_do_fork` before.
+fn in_vfork_wait(pid: i32, st: Option<char>) -> bool {
+    st == Some('D')
         && std::fs::read_to_string(format!("/proc/{pid}/wchan"))
             .is_ok_and(|w| matches!(w.trim(), "kernel_clone" | "wait_for_vfork_done" | "_do_fork"))
 }
@@ -151,10 +152,9 @@ fn pid_ns(pid: i32) -> std::io::Result<String> {
     Ok(std::fs::read_link(format!("/proc/{pid}/ns/pid"))?.to_string_lossy().into_owned())
 }
 
-/// The one-letter state of `pid` from /proc/<pid>/stat; `None` if gone.
+/// The one-letter state of `pid`; `None` if gone.
 fn state(pid: i32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
+    sandbox_base::proc::state(pid as u32)
 }
 
 fn all_pids() -> Result<Vec<i32>, HelperError> {
@@ -208,7 +208,8 @@ mod tests {
     /// Stopped, or parked in vfork() under a stopped child: it runs none
     /// of its code.
     fn held(pid: i32) -> bool {
-        matches!(state(pid), Some('T' | 't')) || in_vfork_wait(pid)
+        let st = state(pid);
+        matches!(st, Some('T' | 't')) || in_vfork_wait(pid, st)
     }
 
     /// The PID 1 (host pid) of the pid namespace `unshare --pid --fork` made.
