@@ -164,7 +164,7 @@ def status_names(client: McpClient) -> tuple[set[str], set[str]]:
     """(sandboxes `status` lists as live, those it lists as lost)."""
     text = ok(client, "status")
     live = set(re.findall(r"^  (\S+) .*  shell:", text, re.M))
-    lost_block = text.split("Lost (reset or destroy to acknowledge):", 1)
+    lost_block = text.split("Lost (the next call on one starts it again; destroy forgets it):", 1)
     lost = set(re.findall(r"^  (\S+):", lost_block[1], re.M)) if len(lost_block) == 2 else set()
     return live, lost
 
@@ -301,32 +301,27 @@ class Round:
         until(lambda: _restarted(s.env, old), f"{self.where} the helper restarted")
         keeper_pid, keeper_start = s.keeper
         assert _survivors({keeper_pid: keeper_start}) == {}, f"{self.where} the background process outlived its helper"
-        # Every sandbox of the dead helper is lost, never silently re-created:
-        # reset acknowledges it (its /workspace is kept), or destroy (the
-        # round's own; a child).
+        # Every sandbox of the dead helper was lost (the watchdog marks them
+        # before it starts a helper) and comes back on its next call, which
+        # never errors, with its /workspace, env, history, lease, forwards
+        # and sync jobs: the ledger stands. A child does not come back:
+        # destroy_child forgets it.
         client = s.clients.first
-        for name in sorted(existing):
+        for name in sorted(n for n in existing if ".." not in n):
+            text = ok(client, "exec", command="true", sandbox=name)
+            assert "was lost and was started again" in text or name not in status_names(client)[1], \
+                f"{self.where} {name}: {text}"
+        for name in sorted(n for n in existing if ".." in n):
             until(lambda: name in status_names(client)[1] or name not in status_names(client)[0],
-                  f"{self.where} {name} reported lost")
-        lost = status_names(client)[1]
-        for name in sorted(lost):
-            if name in SHARED:
-                ok(client, "reset", sandbox=name)
-            elif ".." in name:
-                ok(client, "destroy_child", name=name)
-            else:
-                ok(client, "destroy", sandbox=name)
-        # A lost sandbox is as good as destroyed: its children, forwards and
-        # sync jobs went with it. A reset starts a fresh one, whose env and
-        # history start over; only /workspace stays.
+                  f"{self.where} child {name} reported lost")
+        for name in sorted(status_names(client)[1]):
+            assert ".." in name, f"{self.where} {name} still lost after a call on it"
+            ok(client, "destroy_child", name=name)
         with s.ledger.lock:
-            s.ledger.created -= lost
-            s.ledger.files = {k: v for k, v in s.ledger.files.items() if k[0] in SHARED or k[0] not in lost}
-            s.ledger.env.clear()
-            s.ledger.history.clear()
             s.ledger.children.clear()
+            # The forward to `fa`'s web server is back, the server (not
+            # marked to restart) is not: setup starts another.
             s.ledger.forwards.clear()
-            s.ledger.syncs.clear()
         s.setup()
 
 

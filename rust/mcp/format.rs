@@ -326,7 +326,7 @@ pub fn status_blocks(
         }));
     }
     if !lost.is_empty() {
-        lines.push("Lost (reset or destroy to acknowledge):".to_string());
+        lines.push("Lost (the next call on one starts it again; destroy forgets it):".to_string());
         lines.extend(lost.iter().map(|(name, why)| format!("  {}: {why}", names::display(name))));
     }
     lines
@@ -567,6 +567,26 @@ pub fn visible_controls(text: &str) -> Cow<'_, str> {
         }
     }
     Cow::Owned(out)
+}
+
+/// Put the notices of sandboxes a call brought back (see
+/// `SandboxManager::revive`) into its answer's text.
+pub fn add_notices(result: &mut CallToolResult, notices: &[String]) {
+    if notices.is_empty() {
+        return;
+    }
+    let notice = notices.join("\n");
+    // An answer's first line stays where clients look for it ("Error: …"
+    // on a failure); a success leads with the notice.
+    let failed = result.is_error == Some(true);
+    match result.content.iter_mut().find_map(|b| match b {
+        rmcp::model::ContentBlock::Text(t) => Some(t),
+        _ => None,
+    }) {
+        Some(t) if failed => t.text = format!("{}\n{notice}", t.text.trim_end()),
+        Some(t) => t.text = format!("{notice}\n{}", t.text),
+        None => result.content.insert(0, rmcp::model::ContentBlock::text(notice)),
+    }
 }
 
 /// Apply [`visible_controls`] to every text block of a tool result: the one

@@ -118,6 +118,7 @@ impl ServerHandler for SandboxServer {
         context: rmcp::service::RequestContext<rmcp::RoleServer>,
     ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
         let _in_progress = self.calls.read().await;
+        let mut notices = Vec::new();
         // Arguments first fit the tool's schema, so a mistake reads `Error: argument …`.
         if let Some(tool) = self.tool_router.get(&request.name) {
             let mut arguments = request.arguments.take().unwrap_or_default();
@@ -127,12 +128,17 @@ impl ServerHandler for SandboxServer {
             if let Err(e) = self.resolve_names(&request.name, &tool.input_schema, &mut arguments) {
                 return fail(e).map(Into::into);
             }
+            match config::with_session(self.session.clone(), self.revive_named(&request.name, &arguments)).await {
+                Ok(found) => notices = found,
+                Err(e) => return fail(e).map(Into::into),
+            }
             request.arguments = Some(arguments);
         }
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
         let mut response = config::with_session(self.session.clone(), self.tool_router.call(tcc)).await?;
         if let rmcp::model::CallToolResponse::Complete(result) = &mut response {
             args::prefix_decode_error(result);
+            format::add_notices(result, &notices);
             format::make_controls_visible(result);
         }
         Ok(response)
@@ -176,6 +182,27 @@ impl SandboxServer {
             args.insert(arg.to_string(), serde_json::Value::String(key));
         }
         Ok(())
+    }
+}
+
+/// Tools that act on a lost sandbox as lost: they list it, forget it or
+/// replace it. Every other tool naming one brings it back first.
+const KEEP_LOST: [&str; 6] = ["destroy", "reset", "status", "health", "list_all", "destroy_child"];
+
+impl SandboxServer {
+    /// Bring back the lost sandboxes a call names (see
+    /// [`SandboxManager::revive`]); what each lost, one line each.
+    async fn revive_named(&self, tool: &str, args: &rmcp::model::JsonObject) -> Result<Vec<String>, OrchestratorError> {
+        let mut notices = Vec::new();
+        if KEEP_LOST.contains(&tool) {
+            return Ok(notices);
+        }
+        for arg in SANDBOX_ARGUMENTS {
+            if let Some(serde_json::Value::String(key)) = args.get(arg) {
+                notices.extend(self.manager.revive(key).await?.map(|c| c.notice()));
+            }
+        }
+        Ok(notices)
     }
 }
 

@@ -22,6 +22,10 @@ pub struct BgParams {
     /// Working directory (created if missing).
     #[serde(default = "default_workdir")]
     pub workdir: String,
+    /// Start it again when the sandbox comes back after a loss (a reboot,
+    /// a crash of the VM); kill() ends that.
+    #[serde(default)]
+    pub restart: bool,
     /// Sandbox name.
     #[serde(default = "default_sandbox")]
     pub sandbox: String,
@@ -53,14 +57,14 @@ pub struct KillParams {
 #[tool_router(router = process_router, vis = "pub(super)")]
 impl SandboxServer {
     #[tool(
-        description = "Start a long-running command (server, watcher) in the background. The sandbox owns it: it keeps running and keeps its output (last 1 MiB) across MCP server restarts. Returns its id for logs/kill.",
+        description = "Start a long-running command (server, watcher) in the background. The sandbox owns it: it keeps running and keeps its output (last 1 MiB) across MCP server restarts; with restart=true it also starts again when the sandbox comes back after a loss (reboot, crash). Returns its id for logs/kill.",
         annotations(destructive_hint = false, idempotent_hint = false, open_world_hint = true)
     )]
     async fn bg(&self, Parameters(p): Parameters<BgParams>) -> Result<CallToolResult, rmcp::ErrorData> {
         let m = &self.manager;
         let result = async {
             let sandbox = m.get_or_create(&p.sandbox).await?;
-            let info = m.start_background(&sandbox, &p.name, &p.command, &p.workdir).await?;
+            let info = m.start_background(&sandbox, &p.name, &p.command, &p.workdir, p.restart).await?;
             Ok(format!(
                 "Started [{0}] PID {1}\nUse logs('{0}') to read output, kill('{0}') to stop.",
                 info.name, info.pid

@@ -10,13 +10,16 @@ use super::{
 
 impl SandboxManager {
     /// Start `command` (a shell line) in the background under `name`
-    /// (generated as `bg-<6 hex>` when empty).
+    /// (generated as `bg-<6 hex>` when empty). With `restart`, it starts
+    /// again when the sandbox comes back after a loss (a reboot, a crash);
+    /// without, a mark an earlier process of that name had goes.
     pub async fn start_background(
         &self,
         sandbox: &Sandbox,
         name: &str,
         command: &str,
         workdir: &str,
+        restart: bool,
     ) -> Result<BackgroundInfo, OrchestratorError> {
         let name = if name.is_empty() { format!("bg-{}", random_hex(6)) } else { name.to_string() };
         validate_process_name(&name)?;
@@ -37,6 +40,16 @@ impl SandboxManager {
             other => other.into(),
         })?;
         sandbox.record(&format!("bg[{name}]: {command}"), 0, std::time::Duration::ZERO);
+        let mark = restart.then_some((command, workdir));
+        self.record_restart(&sandbox.name, &name, mark).await.map_err(|source| OrchestratorError::NotSaved {
+            source: Box::new(source),
+            done: format!("Started [{name}] PID {}", info.pid),
+            after_restart: if restart {
+                "it does not start again when the sandbox comes back after a loss".into()
+            } else {
+                "an earlier process of this name marked to restart still would".into()
+            },
+        })?;
         Ok(info)
     }
 
@@ -74,10 +87,20 @@ impl SandboxManager {
         sandbox: &Sandbox,
         name: &str,
     ) -> Result<(BackgroundInfo, Vec<u8>), OrchestratorError> {
-        match self.helper.stop_background(&sandbox.name, name, 20).await {
-            Ok(r) => Ok(r),
-            Err(e) => Err(self.no_such_process(sandbox, name, e).await),
-        }
+        let stopped = self.helper.stop_background(&sandbox.name, name, 20).await;
+        // Killed on purpose (or not running: one marked to restart that did
+        // not come back): it does not come back with the sandbox.
+        let unmarked = self.record_restart(&sandbox.name, name, None).await;
+        let stopped = match stopped {
+            Ok(r) => r,
+            Err(e) => return Err(self.no_such_process(sandbox, name, e).await),
+        };
+        unmarked.map_err(|source| OrchestratorError::NotSaved {
+            source: Box::new(source),
+            done: format!("Stopped [{name}]"),
+            after_restart: "it starts again if the sandbox comes back after a loss".into(),
+        })?;
+        Ok(stopped)
     }
 
     /// Every background process record of a sandbox.

@@ -59,6 +59,19 @@ impl SandboxManager {
         Ok(())
     }
 
+    /// Make `env` the sandbox's env (a sandbox that came back after a loss):
+    /// written inside it and adopted in memory; the caller saves it.
+    pub(crate) async fn adopt_env(
+        &self,
+        sandbox: &Sandbox,
+        env: BTreeMap<String, String>,
+    ) -> Result<(), OrchestratorError> {
+        let _turn = sandbox.ops.lock().await;
+        self.mirror_env(sandbox, &env).await?;
+        *sandbox.env.lock().unwrap_or_else(|p| p.into_inner()) = env;
+        Ok(())
+    }
+
     /// The env's copies inside the sandbox.
     async fn mirror_env(&self, sandbox: &Sandbox, env: &BTreeMap<String, String>) -> Result<(), OrchestratorError> {
         let json = serde_json::to_vec_pretty(env)

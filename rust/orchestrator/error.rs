@@ -124,6 +124,8 @@ fn lost_hint(name: &str) -> String {
     if super::names::is_child_name(name) {
         format!("destroy_child(name='{name}') forgets it; spawn a new child for a fresh one")
     } else {
-        format!("reset(sandbox='{name}') starts a fresh one, destroy('{name}') forgets it")
+        format!(
+            "any call on it but status starts it again with its /workspace, env and history; destroy('{name}') forgets it"
+        )
     }
 }

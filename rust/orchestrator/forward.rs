@@ -209,8 +209,10 @@ impl ForwardManager {
         }
     }
 
-    /// Stop every forward into `sandbox` (call when it is destroyed or reaped).
-    pub async fn sandbox_gone(&self, sandbox: &str) -> Vec<ForwardInfo> {
+    /// Stop every forward into `sandbox` (call when it is destroyed or
+    /// reaped). With `keep`, the state database keeps them for the
+    /// sandbox's comeback after a loss.
+    pub async fn sandbox_gone(&self, sandbox: &str, keep: bool) -> Vec<ForwardInfo> {
         let gone: Vec<(u16, Forward)> = {
             let mut forwards = self.lock();
             let ports: Vec<u16> = forwards.iter().filter(|(_, f)| f.sandbox == sandbox).map(|(hp, _)| *hp).collect();
@@ -218,7 +220,9 @@ impl ForwardManager {
         };
         let mut stopped = Vec::new();
         for (hp, f) in gone {
-            self.sandboxes.record_unforward(hp).in_background();
+            if !keep {
+                self.sandboxes.record_unforward(hp).in_background();
+            }
             stopped.push(stop(hp, f).await);
         }
         stopped

@@ -131,12 +131,41 @@ struct FollowSandboxes {
     syncs: Arc<SyncManager>,
 }
 
-impl SandboxListener for FollowSandboxes {
-    fn destroyed(&self, name: &str) {
+impl FollowSandboxes {
+    fn stop(&self, name: &str, keep: bool) {
         let (forwards, syncs, name) = (self.forwards.clone(), self.syncs.clone(), name.to_string());
         tokio::spawn(async move {
-            forwards.sandbox_gone(&name).await;
-            syncs.stop_for(&name).await;
+            forwards.sandbox_gone(&name, keep).await;
+            syncs.stop_for(&name, keep).await;
         });
+    }
+}
+
+impl SandboxListener for FollowSandboxes {
+    fn destroyed(&self, name: &str) {
+        self.stop(name, false);
+    }
+
+    fn lost(&self, name: &str) {
+        self.stop(name, true);
+    }
+
+    fn came_back<'a>(&'a self, sandbox: &'a Arc<Sandbox>, kept: &'a state::kept::Kept) -> sandbox::NotesFuture<'a> {
+        Box::pin(async move {
+            let mut notes = Vec::new();
+            for f in &kept.forwards {
+                match self.forwards.expose(&sandbox.name, f.port.into(), f.host_port.into()).await {
+                    Ok(_) => notes.push(Ok(format!("port forward localhost:{} -> {}", f.host_port, f.port))),
+                    Err(e) => notes.push(Err(format!("port forward localhost:{} -> {} ({e})", f.host_port, f.port))),
+                }
+            }
+            for j in &kept.syncs {
+                match self.syncs.resume(&j.id, &j.local, &j.dir, &sandbox.name, j.files_synced).await {
+                    Ok(_) => notes.push(Ok(format!("sync job {}", j.id))),
+                    Err(e) => notes.push(Err(format!("sync job {} ({e})", j.id))),
+                }
+            }
+            notes
+        })
     }
 }

@@ -319,7 +319,7 @@ impl SandboxManager {
             self.set_env(sandbox, k, v).await?;
         }
         for (i, command) in project.services.iter().enumerate() {
-            self.start_background(sandbox, &service_name(i + 1), command, WORKSPACE).await?;
+            self.start_background(sandbox, &service_name(i + 1), command, WORKSPACE, false).await?;
         }
         Ok(())
     }

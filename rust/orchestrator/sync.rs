@@ -332,7 +332,9 @@ impl SyncManager {
     }
 
     /// Stop every job into `sandbox` (call when it is destroyed or reaped).
-    pub async fn stop_for(&self, sandbox: &str) -> Vec<SyncInfo> {
+    /// With `keep`, the state database keeps them for the sandbox's
+    /// comeback after a loss.
+    pub async fn stop_for(&self, sandbox: &str, keep: bool) -> Vec<SyncInfo> {
         let gone: Vec<Job> = {
             let mut jobs = lock(&self.jobs);
             let ids: Vec<String> =
@@ -341,7 +343,9 @@ impl SyncManager {
         };
         let mut stopped = Vec::new();
         for job in gone {
-            self.sandboxes.record_unsync(&job.spec.id).in_background();
+            if !keep {
+                self.sandboxes.record_unsync(&job.spec.id).in_background();
+            }
             stopped.push(end(job).await);
         }
         stopped

@@ -38,8 +38,10 @@ impl SandboxManager {
         Ok(())
     }
 
-    /// Marks lost each sandbox whose VM is not running among `vms`.
-    async fn lose_missing(&self, vms: &[VmInfo], why_missing: &str) {
+    /// Marks lost each sandbox whose VM is not running among `vms`; returns
+    /// the names lost.
+    async fn lose_missing(&self, vms: &[VmInfo], why_missing: &str) -> Vec<String> {
+        let mut lost = Vec::new();
         for sandbox in self.list() {
             let vm = vms.iter().find(|v| v.id == sandbox.name);
             if vm.is_some_and(|v| v.state == VmState::Running) {
@@ -66,7 +68,9 @@ impl SandboxManager {
             // live parent's budget, and a reset of the name would adopt them.
             self.destroy_subtree(&sandbox.name).await;
             self.mark_lost(&sandbox.name, &why);
+            lost.push(sandbox.name.clone());
         }
+        lost
     }
 
     /// Check the helper every [`TICK`] until the manager is dropped; start
@@ -91,12 +95,13 @@ impl SandboxManager {
                 }
                 tracing::warn!("the VM helper stopped answering; starting it again");
                 let why = format!("the VM helper stopped and was restarted at {}", clock());
+                let mut lost = Vec::new();
                 if HelperClient::connect(&respawn.socket).await.is_err() {
                     // Nothing answers on its socket: the helper died, and its
                     // VMs with it (on every driver). They are lost before a
                     // new helper starts, so that no call reaches the new one
                     // first and hears that it knows no such VM.
-                    manager.lose_missing(&[], &why).await;
+                    lost = manager.lose_missing(&[], &why).await;
                 }
                 // The channel inside the manager dials the socket again by
                 // itself: starting the helper is all it takes.
@@ -105,6 +110,8 @@ impl SandboxManager {
                         if let Err(e) = manager.reconcile(&why).await {
                             tracing::warn!("the restarted VM helper does not answer yet: {e}");
                         }
+                        // What they served comes back without waiting for a call.
+                        manager.revive_serving(lost);
                     }
                     Err(e) => tracing::warn!("could not restart the VM helper: {e}"),
                 }

@@ -249,6 +249,7 @@ impl SandboxManager {
         let lock = self.lifecycle_lock(name);
         let _guard = lock.lock().await;
         let sandbox = self.get(name)?;
+        self.drop_comeback_notice(name);
         // Durable before anything is destroyed: a crash from here on never
         // brings the sandbox back as lost. A full disk does not stop a
         // destroy (it frees space); the answer says what a restart believes.

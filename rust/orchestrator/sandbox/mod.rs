@@ -24,6 +24,8 @@ use super::{
 mod create;
 mod registry;
 mod reset;
+mod revive;
+pub use revive::Comeback;
 mod run;
 
 /// Label on every VM the orchestrator creates, holding the sandbox name.
@@ -305,11 +307,26 @@ pub struct Origin {
 pub type HookFuture<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), OrchestratorError>> + Send + 'a>>;
 
+/// What a [`SandboxListener`] put back onto a sandbox that came back after
+/// a loss, one item each: what is back, or what is not and why.
+pub type NotesFuture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Vec<Result<String, String>>> + Send + 'a>>;
+
 /// Told when a sandbox is created, goes away or is replaced, so what hangs
 /// off it (port forwards, sync jobs, the sandbox-ctl socket) follows.
 pub trait SandboxListener: Send + Sync {
     /// The sandbox was destroyed or reaped.
     fn destroyed(&self, name: &str);
+    /// The sandbox's VM went away on its own; what hangs off it may come
+    /// back with it ([`Self::came_back`]). As destroyed unless overridden.
+    fn lost(&self, name: &str) {
+        self.destroyed(name);
+    }
+    /// A lost sandbox was booted again on its next use, with what the
+    /// state database `kept` for it.
+    fn came_back<'a>(&'a self, _sandbox: &'a Arc<Sandbox>, _kept: &'a crate::state::kept::Kept) -> NotesFuture<'a> {
+        Box::pin(async { Vec::new() })
+    }
     /// The sandbox was replaced by a fresh VM of the same name (reset, restore).
     fn replaced(&self, _name: &str) {}
     /// Host directories to mount into a sandbox about to be created:
@@ -339,9 +356,12 @@ pub struct SandboxManager {
     /// The state database every change is recorded in.
     pub(super) state: super::state::StateHandle,
     /// Sandboxes whose VM went away without being destroyed, with why. A
-    /// lost name is never silently re-created: tools report it until
-    /// `reset` or `destroy` acknowledges the loss.
+    /// lost name is never silently re-created: the next call on it brings
+    /// it back and says so ([`Self::revive`]); `destroy` forgets it.
     lost: Mutex<BTreeMap<String, String>>,
+    /// What the loss of a sandbox brought back without a call (see
+    /// [`Self::revive_serving`]) cost: told by the next call on it.
+    comeback_notices: Mutex<BTreeMap<String, revive::Comeback>>,
     /// Child sandboxes the reaper destroyed, with what happened. A child's
     /// name is never created by first use, so a later use says why it is
     /// gone and how to get a new one rather than just "no such sandbox"

@@ -30,6 +30,7 @@ impl SandboxManager {
             creating: AtomicUsize::new(0),
             state: Default::default(),
             lost: Mutex::default(),
+            comeback_notices: Mutex::default(),
             gone_children: Mutex::default(),
             unfreed: Mutex::default(),
             unfinished: Mutex::default(),
@@ -234,7 +235,7 @@ impl SandboxManager {
         }
         tracing::warn!(sandbox = %name, "sandbox lost: {why}");
         self.lost.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), why.to_string());
-        self.notify(|l| l.destroyed(name));
+        self.notify(|l| l.lost(name));
         self.record_lost(name, why).in_background();
     }
 
@@ -242,7 +243,7 @@ impl SandboxManager {
     /// was not lost.
     pub(crate) fn forget_lost(&self, name: &str) -> Option<Pending> {
         let removed = self.lost.lock().unwrap_or_else(|p| p.into_inner()).remove(name).is_some();
-        removed.then(|| self.record_found(name))
+        removed.then(|| self.record_forgotten(name))
     }
 
     /// Acknowledge a lost sandbox (see [`Self::forget_lost`]) and free the

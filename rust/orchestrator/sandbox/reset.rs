@@ -98,6 +98,7 @@ impl SandboxManager {
         // old one still runs: a broken project file, a missing image or a
         // full host must not cost it its processes and root filesystem.
         let slot = self.check_replacement(name, origin).await?;
+        self.drop_comeback_notice(name);
         // The new sandbox's row replaces the loss (`record_created`).
         if let Some(found) = self.forget_lost(name) {
             found.in_background();

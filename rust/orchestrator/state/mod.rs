@@ -18,7 +18,10 @@
 //! - [`import`]: the JSON state file of earlier versions, imported once.
 //! - [`seal`]: env values sealed at rest, and the key they are sealed with.
 //! - [`restore()`]: what the database holds, put back at start.
+//! - [`kept`]: what a lost sandbox keeps for its comeback, and background
+//!   processes marked to restart.
 pub mod import;
+pub mod kept;
 mod restore;
 pub mod seal;
 pub mod store;
@@ -177,7 +180,7 @@ fn secs(t: SystemTime) -> f64 {
     t.duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 
-fn time(secs: f64) -> SystemTime {
+pub(crate) fn time_of(secs: f64) -> SystemTime {
     UNIX_EPOCH + Duration::try_from_secs_f64(secs).unwrap_or_default()
 }
 
@@ -191,12 +194,12 @@ impl AuditRecord {
         }
     }
 
-    fn entry(&self) -> AuditEntry {
+    pub(crate) fn entry(&self) -> AuditEntry {
         AuditEntry {
             command: self.command.clone(),
             exit_code: self.exit_code,
             duration: Duration::from_millis(self.duration_ms),
-            at: time(self.at),
+            at: time_of(self.at),
         }
     }
 }
@@ -276,16 +279,22 @@ pub(crate) mod ops {
         Ok(())
     }
 
-    /// Record a lost sandbox; what was kept for it goes (a lost sandbox is
-    /// reset or destroyed, never brought back).
+    /// Record a lost sandbox. Its row, history, env, forwards, sync jobs and
+    /// restartable background processes stay: its next use brings it back
+    /// with them ([`kept`](super::kept)).
     pub fn put_lost(c: &Connection, name: &str, why: &str) -> rusqlite::Result<()> {
         c.execute("INSERT OR REPLACE INTO lost (name, reason) VALUES (?1, ?2)", (name, why))?;
-        forget_sandbox(c, name)
+        Ok(())
     }
 
-    /// Forget a sandbox's row, history and env.
+    /// Forget a sandbox's row, history, env and restartable background
+    /// processes.
     pub fn forget_sandbox(c: &Connection, name: &str) -> rusqlite::Result<()> {
-        for table in ["DELETE FROM sandboxes WHERE name = ?1", "DELETE FROM history WHERE sandbox = ?1"] {
+        for table in [
+            "DELETE FROM sandboxes WHERE name = ?1",
+            "DELETE FROM history WHERE sandbox = ?1",
+            "DELETE FROM bg_restart WHERE sandbox = ?1",
+        ] {
             c.execute(table, [name])?;
         }
         forget_env(c, name)
@@ -601,7 +610,19 @@ impl SandboxManager {
         self.state.submit("a lost sandbox", move |c| ops::put_lost(c, &name, &why))
     }
 
-    /// A loss was acknowledged.
+    /// A lost sandbox was destroyed or reset: nothing it kept for a
+    /// comeback stays (its forwards and sync jobs neither).
+    pub(super) fn record_forgotten(&self, name: &str) -> Pending {
+        let name = name.to_string();
+        self.state.submit("an acknowledged loss", move |c| {
+            c.execute("DELETE FROM lost WHERE name = ?1", [&name])?;
+            c.execute("DELETE FROM forwards WHERE sandbox = ?1", [&name])?;
+            c.execute("DELETE FROM sync_jobs WHERE sandbox = ?1", [&name])?;
+            ops::forget_sandbox(c, &name)
+        })
+    }
+
+    /// A sandbox reported lost was found running after all.
     pub(super) fn record_found(&self, name: &str) -> Pending {
         let name = name.to_string();
         self.state

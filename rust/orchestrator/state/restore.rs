@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::{AuditRecord, Snapshot, Store, import, legacy_path, load, ops, time};
+use super::{AuditRecord, Snapshot, Store, import, legacy_path, load, ops, time_of};
 use crate::{Orchestrator, Sandbox};
 
 /// Open the database at `db` (importing an old `state.json` beside it once),
@@ -85,7 +85,7 @@ async fn apply(o: &Orchestrator, mut saved: Snapshot) {
             }
             (None, true) => m.record_removed(name).in_background(),
             (Some(s), false) => {
-                s.set_lease(record.expires_at.map(time));
+                s.set_lease(record.expires_at.map(time_of));
                 let history = saved.history.remove(name).unwrap_or_default();
                 s.restore_audit(history.iter().map(AuditRecord::entry).collect());
             }
@@ -118,7 +118,9 @@ async fn apply(o: &Orchestrator, mut saved: Snapshot) {
         m.record_found(name).in_background();
     }
     lost.retain(|name, _| !attached.contains_key(name));
+    let serving_maybe = lost.keys().cloned().collect();
     m.set_lost(lost);
+    m.revive_serving(serving_maybe);
     saved.gone_children.retain(|name, _| !attached.contains_key(name));
     m.set_gone_children(saved.gone_children);
     o.spawns.import_state(saved.spawn);

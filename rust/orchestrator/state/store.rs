@@ -73,6 +73,15 @@ const MIGRATIONS: &[&str] = &[
     // an older sandbox-mcp, which would hand `sealed:v1:…` to commands as
     // the value, from using the file.
     "",
+    // 5: background processes to start again when their sandbox comes back
+    // after a loss (`bg(restart=true)`); the command is sealed like env.
+    "CREATE TABLE bg_restart (
+         sandbox TEXT NOT NULL,
+         name TEXT NOT NULL,
+         command TEXT NOT NULL,
+         workdir TEXT NOT NULL,
+         PRIMARY KEY (sandbox, name)
+     );",
 ];
 
 /// How long a writer waits for another process's transaction to end.
