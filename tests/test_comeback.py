@@ -18,7 +18,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from conftest import WAIT_SCALE, required_env, sandbox_key, write_config
+import pytest
+
+from conftest import ON_VM, WAIT_SCALE, required_env, sandbox_key, write_config
 from mcp_client import McpClient
 from test_crash_safety import _descendants
 from test_daemon import daemon_pid
@@ -140,21 +142,18 @@ def test_kill9_of_the_helper_then_of_the_daemon_keeps_the_servers_answering(fron
         until(lambda: _get(f"http://127.0.0.1:{port}/keep"), f"{name}'s server back after the helper crash",
               timeout=60 * WAIT_SCALE)
     check_back(client, "s1")
-    client.close()
     daemon = daemon_pid(env)
     assert daemon
     before = _descendants(helper_pid(env))
     os.kill(daemon, signal.SIGKILL)
     until(lambda: exited(daemon), "the daemon gone")
     # A daemon crash takes no sandbox along: the servers never stop (the
-    # same processes go on), and the next front-end's daemon listens on
-    # their forwards again.
-    assert all(not exited(p) for p in before), "a sandbox process ended with the daemon"
-    again = front_end()
+    # same processes go on). The open front-end starts a new daemon at once,
+    # which listens on their forwards again; its session goes on.
     for name, port in ports.items():
         body = until(lambda: _get(f"http://127.0.0.1:{port}/keep"), f"{name}'s forward back with the new daemon")
         assert body.strip() == f"kept-{name}", body
-        text = ok(again, "exec", command="cat /workspace/keep", sandbox=name)
+        text = ok(client, "exec", command="cat /workspace/keep", sandbox=name)
         assert NOTICE not in text and text.splitlines()[0] == f"kept-{name}", text
     assert all(not exited(p) for p in before), "a sandbox process ended with the daemon"
 
@@ -259,3 +258,95 @@ def test_a_sandbox_that_cannot_come_back_says_why_and_stays_lost(front_end, env)
     ok(again, "destroy", sandbox="other")
     text = ok(again, "exec", command="cat /workspace/keep", sandbox="big")
     assert text.startswith(f"Note: sandbox 'big' {NOTICE}") and "still-here" in text, text
+
+
+def _init_of(marker: str) -> int | None:
+    """The host pid of the sandbox init above the process running `sleep <marker>`."""
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and (d / "cmdline").read_bytes() == f"sleep\0{marker}\0".encode():
+                pid = d.name
+                while pid not in ("0", "1"):
+                    pid = (Path("/proc") / pid / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                    if (Path("/proc") / pid / "cmdline").read_bytes().startswith(b"sandbox-vm-init"):
+                        return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def test_a_sandbox_whose_vm_stops_on_its_own_waits_for_a_call(front_end, env):
+    """A sandbox that brings its own VM down (here its init killed from the
+    host, as a crash would) must not be started again in a loop: even with a
+    forward and a restartable job it waits for a call, which says why."""
+    if ON_VM:
+        pytest.skip("the namespace driver's init is found by its host pid; test_vm_isolation kills a qemu")
+    port = free_port()
+    client = front_end()
+    serve(client, "crashy", port)
+    ok(client, "bg", command="sleep 4245", name="marker", sandbox="crashy")
+    init = until(lambda: _init_of("4245"), "the sandbox's init")
+    os.kill(init, signal.SIGKILL)
+    until(lambda: "crashy" in status_lost(client), "the sandbox reported lost")
+    time.sleep(3)
+    assert "crashy" in status_lost(client), "started again without a call"
+    assert _get(f"http://127.0.0.1:{port}/keep") is None
+    text = ok(client, "exec", command="cat /workspace/keep", sandbox="crashy")
+    assert text.startswith(f"Note: sandbox 'crashy' {NOTICE}") and "stopped on its own" in text, text
+    until(lambda: _get(f"http://127.0.0.1:{port}/keep"), "the forward back after the call")
+
+
+def test_a_destroy_racing_a_comeback_leaves_nothing_behind(front_end, env):
+    client = front_end()
+    other = front_end()
+    for round_ in range(4):
+        name = f"race{round_}"
+        ok(client, "exec", command="true", sandbox=name)
+        ok(client, "env", action="set", key="K", value="v", sandbox=name)
+        # Half serve something (they come back without a call, racing the
+        # destroy from the start), half wait for the exec.
+        ok(client, "bg", command="sleep 1000", name="job", restart=round_ % 2 == 0, sandbox=name)
+    client.close()
+    other.close()
+    kill_everything(env)
+    a, b = front_end(), front_end()
+    for round_ in range(4):
+        name = f"race{round_}"
+        with ThreadPoolExecutor(2) as pool:
+            came = pool.submit(a.tool, "exec", command="echo here", sandbox=name)
+            gone = pool.submit(b.tool, "destroy", sandbox=name)
+            (text, err), (dtext, derr) = came.result(), gone.result()
+        # Either order is fine. The exec fails only when the destroy ended
+        # the sandbox under it (as it would a live one's), and a destroy that
+        # came second is an ordinary destroy.
+        assert (not err and "here" in text) or (err and not derr), (text, dtext)
+        assert not derr or "no active sandbox" in dtext, dtext
+        if not derr and NOTICE not in text:
+            # The destroy came first (it forgot the lost sandbox, or
+            # destroyed the one that came back on its own): the exec made a
+            # fresh one.
+            assert "Forgot sandbox" in dtext or "Destroyed sandbox" in dtext, (text, dtext)
+        ok(a, "destroy", sandbox=name) if name in ok(a, "status") else None
+        key = sandbox_key(name)
+        for table, column in (("bg_restart", "sandbox"), ("env", "sandbox"), ("lost", "name"), ("sandboxes", "name")):
+            assert rows(env, f"SELECT 1 FROM {table} WHERE {column} = ?", key) == [], (table, name)
+    assert not status_lost(a)
+
+
+def test_the_saved_env_wins_over_a_tampered_copy_in_a_snapshot(front_end, env, image_store):
+    """Root inside a sandbox can rewrite the env copy in its root filesystem;
+    a snapshot carries it. A comeback from that snapshot uses the env the
+    state database saved, never the sandbox's own file."""
+    client = front_end(SANDBOX_MCP_IMAGE_STORE=image_store)
+    ok(client, "env", action="set", key="WHO", value="saved")
+    ok(client, "exec", command="echo '{\"WHO\": \"planted\", \"LD_PRELOAD\": \"/tmp/x.so\"}' > /etc/sandbox-mcp/env.json")
+    ok(client, "snapshot", snapshot_name="tampered")
+    ok(client, "restore", snapshot_name="tampered")
+    ok(client, "env", action="set", key="WHO", value="saved")
+    ok(client, "env", action="unset", key="LD_PRELOAD")
+    client.close()
+    kill_everything(env)
+    again = front_end(SANDBOX_MCP_IMAGE_STORE=image_store)
+    text = ok(again, "exec", command="printenv WHO; printenv LD_PRELOAD || echo none")
+    assert text.startswith(f"Note: sandbox 'default' {NOTICE} from image") and "tampered" in text.splitlines()[0], text
+    assert text.splitlines()[1:3] == ["saved", "none"], text

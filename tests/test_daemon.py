@@ -176,7 +176,10 @@ def test_a_stale_socket_is_replaced(front_end, env):
     assert daemon_pid(env) not in (None, old)
 
 
-def test_the_daemon_dying_mid_session_ends_the_front_end_cleanly(front_end, env):
+def test_the_daemon_dying_mid_session_moves_the_session_to_a_new_daemon(front_end, env):
+    """A daemon killed under a session: the call in flight is answered with
+    an error saying so (never left hanging), and the same session goes on
+    with a new daemon, which has the sandboxes as they were."""
     client = front_end()
     client.tool("exec", command="echo kept > /workspace/k")
     outcome: list[BaseException | None] = []
@@ -192,14 +195,56 @@ def test_the_daemon_dying_mid_session_ends_the_front_end_cleanly(front_end, env)
     t.start()
     until(lambda: "sleep 50" in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout,
           "the command runs")
-    os.kill(daemon_pid(env), signal.SIGKILL)
+    old = daemon_pid(env)
+    os.kill(old, signal.SIGKILL)
     t.join(timeout=100)
     assert outcome and outcome[0] is not None, "the call in flight was answered by a dead daemon?"
-    assert "no answer within" not in str(outcome[0]), outcome[0]
-    assert "closed the connection mid-session" in Path(client.stderr_path).read_text()
-    # The next front-end starts a new daemon, which re-attaches the sandbox.
-    text, err = front_end().tool("exec", command="cat /workspace/k")
+    assert "daemon stopped while this request ran" in str(outcome[0]) and "retry" in str(outcome[0]), outcome[0]
+    assert "moving the session to a new one" in Path(client.stderr_path).read_text()
+    # The same session, on a new daemon that re-attached the sandbox.
+    text, err = client.tool("exec", command="cat /workspace/k")
     assert not err and text.splitlines()[0] == "kept", text
+    assert daemon_pid(env) not in (None, old)
+    assert any(t.name == "exec" for t in client.list_tools())
+
+
+def test_a_daemon_that_keeps_dying_ends_the_session_saying_so(front_end, env):
+    client = front_end()
+    assert not client.tool("exec", command="true")[1]
+    for _ in range(4):
+        pid = daemon_pid(env)
+        os.kill(pid, signal.SIGKILL)
+        until(lambda: exited(pid), "the daemon gone")
+        try:
+            until(lambda: daemon_pid(env) not in (None, pid), "a new daemon", timeout=15)
+        except AssertionError:
+            break
+    with pytest.raises(McpError):
+        client.tool("exec", command="true", _timeout=20)
+    assert "each new one went away too" in Path(client.stderr_path).read_text()
+    # A new front-end starts over.
+    assert not front_end().tool("exec", command="true")[1]
+
+
+def test_an_http_front_end_outlives_its_daemon(http_server, env):
+    server = http_server()
+    first = server.client()
+    assert not first.tool("exec", command="echo kept > /workspace/k")[1]
+    old = daemon_pid(env)
+    os.kill(old, signal.SIGKILL)
+    until(lambda: daemon_pid(env) not in (None, old), "a new daemon for the HTTP front-end")
+    # The same address serves new sessions (an old session id is unknown to
+    # the new daemon, and clients start a new session, as the spec says).
+    again = until(lambda: _client_or_none(server), "the address serves again")
+    text, err = again.tool("exec", command="cat /workspace/k")
+    assert not err and text.splitlines()[0] == "kept", text
+
+
+def _client_or_none(server):
+    try:
+        return server.client()
+    except McpError:
+        return None
 
 
 def test_each_session_runs_under_its_own_start_directory_and_environment(front_end, tmp_path):

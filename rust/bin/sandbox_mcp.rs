@@ -10,7 +10,7 @@ use sandbox_image::{self as image, BuildRequest};
 #[cfg(linux_host)]
 use sandbox_mcp::hostsetup;
 use sandbox_mcp::{
-    daemon::{frontend, hello::Mode, server},
+    daemon::{frontend, hello::Mode, relay, server},
     doctor,
 };
 use sandbox_mcp_tools::{
@@ -209,14 +209,14 @@ async fn serve(args: ServeArgs) -> Result<(), String> {
     let source = ConfigSource::current();
     Config::load_from(&source).map_err(|e| e.to_string())?;
     let Some(addr) = args.http else {
-        let conn = frontend::open(source, Mode::Stdio).await.map_err(|e| e.to_string())?;
-        return frontend::relay_stdio(conn).await.map_err(|e| e.to_string());
+        let conn = frontend::open(source.clone(), Mode::Stdio).await.map_err(|e| e.to_string())?;
+        return relay::relay_stdio(conn, source).await.map_err(|e| e.to_string());
     };
     let options = HttpOptions { addr, token: args.token, no_auth: args.no_auth, allowed_hosts: args.allowed_hosts };
     let listen = options.resolve().map_err(|e| e.to_string())?;
     let token_required = listen.token.is_some();
-    let conn = frontend::open(source, Mode::Http(listen)).await.map_err(|e| e.to_string())?;
-    frontend::hold_http(conn, token_required).await.map_err(|e| e.to_string())
+    let conn = frontend::open(source.clone(), Mode::Http(listen.clone())).await.map_err(|e| e.to_string())?;
+    frontend::hold_http(conn, token_required, source, listen).await.map_err(|e| e.to_string())
 }
 
 /// Logs of the daemon: its log file, and stderr too when run by hand from a

@@ -10,10 +10,10 @@
 //! (an idle exit or a drain caught it mid-connect): the front-end waits for
 //! it to exit and reaches the next one, started anew if need be.
 //!
-//! If the daemon goes away mid-session, the stdio front-end says so on
-//! stderr and exits non-zero: the client sees its server end (requests in
-//! flight get no answer) and restarting the server starts a new daemon,
-//! which re-attaches the sandboxes.
+//! If the daemon goes away mid-session, the stdio front-end moves the
+//! session to a new daemon ([`super::relay`]), and an HTTP front-end has a
+//! new daemon listen on the same address (its clients' sessions start over:
+//! the spec's answer to an unknown session id).
 use std::{
     fs::OpenOptions,
     os::unix::{fs::OpenOptionsExt, process::CommandExt},
@@ -23,7 +23,7 @@ use std::{
 };
 
 use tokio::{
-    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader},
+    io::{AsyncReadExt, AsyncWriteExt, BufReader},
     net::{
         UnixStream,
         unix::{OwnedReadHalf, OwnedWriteHalf},
@@ -52,8 +52,8 @@ const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
 /// An open, handshaken connection to the daemon.
 pub struct Connection {
-    read: BufReader<OwnedReadHalf>,
-    write: OwnedWriteHalf,
+    pub(super) read: BufReader<OwnedReadHalf>,
+    pub(super) write: OwnedWriteHalf,
     /// The daemon's answer.
     pub reply: Reply,
 }
@@ -213,56 +213,38 @@ fn log_tail(log: &Path) -> String {
     lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
 }
 
-/// Relays MCP between stdin/stdout and the daemon until the client closes
-/// stdin (then the daemon's last answers are still delivered) or the daemon
-/// goes away ([`DaemonError::Gone`]).
-pub async fn relay_stdio(conn: Connection) -> Result<(), DaemonError> {
-    let Connection { mut read, mut write, .. } = conn;
-    let up = async {
-        let _ = pump(&mut tokio::io::stdin(), &mut write).await;
-        // Half-close: the daemon sees the client's end of input.
-        let _ = write.shutdown().await;
-    };
-    let mut stdout = tokio::io::stdout();
-    let down = pump(&mut read, &mut stdout);
-    tokio::pin!(up, down);
-    tokio::select! {
-        _ = &mut up => {
-            let _ = down.await;
-            Ok(())
-        }
-        _ = &mut down => Err(DaemonError::Gone(paths::daemon_log_file())),
-    }
-}
-
-/// Copies `from` to `to` until end of input, flushing after every read so a
-/// message is passed on as soon as it arrives.
-async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(from: &mut R, to: &mut W) -> std::io::Result<()> {
-    let mut buf = vec![0; 64 << 10];
-    loop {
-        let n = from.read(&mut buf).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        to.write_all(&buf[..n]).await?;
-        to.flush().await?;
-    }
-}
-
 /// Holds an HTTP listener open: announces it, then waits for SIGTERM/SIGINT
 /// (closing the connection stops the listener; the daemon closes its end
-/// once the listener is down) or for the daemon to go away.
-pub async fn hold_http(conn: Connection, token_required: bool) -> Result<(), DaemonError> {
+/// once the listener is down). A daemon that goes away is replaced by one
+/// listening on the same address, up to [`super::relay::MAX_RESTARTS`] times
+/// a minute.
+pub async fn hold_http(
+    conn: Connection,
+    token_required: bool,
+    source: ConfigSource,
+    listen: http::HttpListen,
+) -> Result<(), DaemonError> {
     let Connection { mut read, mut write, reply } = conn;
     let addr = reply.http_addr.ok_or_else(|| DaemonError::Protocol("the daemon named no HTTP address".into()))?;
     http::announce(addr, token_required);
     let mut rest = Vec::new();
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Connection)?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-        _ = read.read_to_end(&mut rest) => return Err(DaemonError::Gone(paths::daemon_log_file())),
+    let mut restarts = super::relay::Restarts::default();
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            _ = read.read_to_end(&mut rest) => {
+                restarts.another()?;
+                tracing::warn!(%addr, "the sandbox-mcp daemon went away; a new one listens on the same address");
+                // The same address: the port is ours again once the dead
+                // daemon's listener is gone.
+                let again = http::HttpListen { addr, ..listen.clone() };
+                let conn = open(source.clone(), Mode::Http(again)).await?;
+                (read, write) = (conn.read, conn.write);
+            }
+        }
     }
     let _ = write.shutdown().await;
     // The listener is closed once the daemon closes its end.

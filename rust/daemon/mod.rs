@@ -9,6 +9,7 @@
 //!   to the daemon (starting it under a lock), hand over the context, relay.
 pub mod frontend;
 pub mod hello;
+pub mod relay;
 pub mod server;
 pub mod socket;
 
@@ -51,10 +52,12 @@ pub enum DaemonError {
     /// The daemon refused the session (e.g. its configuration is invalid).
     #[error("{0}")]
     Refused(String),
-    /// The daemon went away while the session was open.
+    /// The daemon went away while the session was open, and kept going
+    /// away when replaced.
     #[error(
-        "the sandbox-mcp daemon closed the connection mid-session (it exited or was killed; see {0}); \
-         restart the MCP client's server to start a new daemon: sandboxes and their state are kept"
+        "the sandbox-mcp daemon closed the connection mid-session and each new one went away too (it exited \
+         or was killed; see {0}); restart the MCP client's server to start a new daemon: sandboxes and their \
+         state are kept"
     )]
     Gone(PathBuf),
     /// Starting the orchestrator failed.

@@ -185,9 +185,11 @@ impl SandboxServer {
     }
 }
 
-/// Tools that act on a lost sandbox as lost: they list it, forget it or
-/// replace it. Every other tool naming one brings it back first.
-const KEEP_LOST: [&str; 6] = ["destroy", "reset", "status", "health", "list_all", "destroy_child"];
+/// Tools that act on a lost sandbox as lost: they list or forget it. Every
+/// other tool naming one brings it back first (`reset` and `restore` too,
+/// so its forwards and sync jobs follow the new sandbox as they would a
+/// live one's).
+const KEEP_LOST: [&str; 5] = ["destroy", "status", "health", "list_all", "destroy_child"];
 
 impl SandboxServer {
     /// Bring back the lost sandboxes a call names (see

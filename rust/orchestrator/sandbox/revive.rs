@@ -161,11 +161,13 @@ impl SandboxManager {
     async fn put_back(&self, sandbox: &Arc<Sandbox>, mut kept: Kept, comeback: &mut Comeback) {
         let env = kept.env.take();
         match &env {
-            Some(env) if !env.is_empty() => match self.adopt_env(sandbox, env.clone()).await {
+            // The saved env is the truth, also when empty: not the copy a
+            // restored snapshot's root filesystem carries.
+            Some(env) => match self.adopt_env(sandbox, env.clone()).await {
+                Ok(()) if env.is_empty() => {}
                 Ok(()) => comeback.kept.push(format!("env ({})", count(env.len(), "key"))),
                 Err(e) => comeback.not_back.push(format!("env ({e})")),
             },
-            Some(_) => {}
             None if kept.record.is_some() => comeback.not_back.push("env (its saved copy does not open)".into()),
             None => {}
         }
