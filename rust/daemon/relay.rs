@@ -67,6 +67,12 @@ impl Head {
     }
 }
 
+/// A request id as the relay keeps it: its JSON text, so `1` and `"1"`
+/// stay apart.
+fn key(id: &serde_json::Value) -> String {
+    id.to_string()
+}
+
 /// What the relay must know to move a session to a new daemon.
 #[derive(Default)]
 struct Session {
@@ -84,7 +90,7 @@ impl Session {
         let Some(head) = Head::of(line) else { return };
         match (&head.id, head.method.as_deref()) {
             (Some(id), Some(method)) => {
-                let id = id.to_string();
+                let id = key(id);
                 if method == "initialize" {
                     self.initialize = Some((line.to_vec(), id.clone()));
                 }
@@ -98,7 +104,7 @@ impl Session {
     /// A line from the daemon, on its way to the client.
     fn down(&mut self, line: &[u8]) {
         if let Some(Head { id: Some(id), method: None }) = Head::of(line) {
-            self.in_flight.remove(&id.to_string());
+            self.in_flight.remove(&key(&id));
         }
     }
 
@@ -262,7 +268,7 @@ async fn replay(
                 return Err(DaemonError::Gone(paths::daemon_log_file()));
             }
             match Head::of(&line) {
-                Some(Head { id: Some(got), method: None }) if got.to_string() == id => return Ok(()),
+                Some(Head { id: Some(got), method: None }) if key(&got) == id => return Ok(()),
                 // Anything else the new daemon says before it is the client's.
                 _ => {
                     let _ = stdout.write_all(&line).await;
