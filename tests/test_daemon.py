@@ -221,7 +221,8 @@ def test_a_daemon_that_keeps_dying_ends_the_session_saying_so(front_end, env):
             break
     with pytest.raises(McpError):
         client.tool("exec", command="true", _timeout=20)
-    assert "each new one went away too" in Path(client.stderr_path).read_text()
+    log = Path(client.stderr_path).read_text()
+    assert "each new one went away too" in log or "the sandbox-mcp daemon did not start" in log, log
     # A new front-end starts over.
     assert not front_end().tool("exec", command="true")[1]
 

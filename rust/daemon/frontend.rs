@@ -2,7 +2,8 @@
 //! serve`, `serve --http`). It finds the user's daemon, starting it when none
 //! runs (under a lock, so concurrent front-ends start one), hands over the
 //! session's context, and then stays out of the way: a stdio front-end
-//! splices bytes between its stdin/stdout and the daemon connection; an HTTP
+//! relays messages between its stdin/stdout and the daemon connection
+//! ([`super::relay`]); an HTTP
 //! front-end holds the connection open for as long as the listener should
 //! live.
 //!
@@ -197,13 +198,23 @@ fn spawn_daemon(log: &Path) -> std::io::Result<Child> {
         std::fs::create_dir_all(dir)?;
     }
     let out = OpenOptions::new().create(true).append(true).mode(0o600).open(log)?;
-    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    let mut cmd = std::process::Command::new(installed_exe()?);
     cmd.arg("daemon").stdin(Stdio::null()).stdout(out.try_clone()?).stderr(out);
     // SAFETY: setsid is async-signal-safe.
     unsafe {
         cmd.pre_exec(|| nix::unistd::setsid().map(|_| ()).map_err(std::io::Error::from));
     }
     cmd.spawn()
+}
+
+/// This binary's path, to start a daemon from. A front-end whose binary an
+/// upgrade replaced (installed by rename: the kernel then names the old one
+/// `<path> (deleted)`) starts the binary installed at its path now, which
+/// is the new build.
+fn installed_exe() -> std::io::Result<std::path::PathBuf> {
+    let exe = std::env::current_exe()?;
+    let replaced = exe.to_str().and_then(|p| p.strip_suffix(" (deleted)")).map(std::path::PathBuf::from);
+    Ok(replaced.filter(|p| p.exists()).unwrap_or(exe))
 }
 
 /// The last lines of the daemon's log, for a start failure.
@@ -231,17 +242,26 @@ pub async fn hold_http(
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Connection)?;
     let mut restarts = super::relay::Restarts::default();
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
     loop {
         tokio::select! {
             _ = term.recv() => break,
-            _ = tokio::signal::ctrl_c() => break,
+            _ = &mut interrupted => break,
             _ = read.read_to_end(&mut rest) => {
-                restarts.another()?;
-                tracing::warn!(%addr, "the sandbox-mcp daemon went away; a new one listens on the same address");
                 // The same address: the port is ours again once the dead
-                // daemon's listener is gone.
-                let again = http::HttpListen { addr, ..listen.clone() };
-                let conn = open(source.clone(), Mode::Http(again)).await?;
+                // daemon's listener is gone. A new daemon that goes away
+                // too is another try, counted.
+                let conn = loop {
+                    restarts.another()?;
+                    tracing::warn!(%addr, "the sandbox-mcp daemon went away; a new one listens on the same address");
+                    let again = http::HttpListen { addr, ..listen.clone() };
+                    match open(source.clone(), Mode::Http(again)).await {
+                        Ok(conn) => break conn,
+                        Err(DaemonError::Connection(_) | DaemonError::Closed) => continue,
+                        Err(e) => return Err(e),
+                    }
+                };
                 (read, write) = (conn.read, conn.write);
             }
         }

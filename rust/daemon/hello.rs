@@ -1,5 +1,5 @@
 //! The front-end ↔ daemon handshake: one JSON line each way, then (for a
-//! stdio session) MCP bytes, relayed unchanged.
+//! stdio session) MCP messages, relayed unchanged.
 //!
 //! The front-end sends a [`Hello`] with the session's context (its `SANDBOX_MCP_*`
 //! environment and start directory) and what it wants; the daemon answers

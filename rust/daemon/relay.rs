@@ -59,11 +59,22 @@ struct Head {
     id: Option<serde_json::Value>,
     #[serde(default)]
     method: Option<String>,
+    /// Read for `requestId` only: the rest of a request's parameters (a
+    /// file's content) is skipped, not copied.
+    #[serde(default)]
+    params: Option<Params>,
+}
+
+#[derive(Deserialize)]
+struct Params {
+    #[serde(default, rename = "requestId")]
+    request_id: Option<serde_json::Value>,
 }
 
 impl Head {
     fn of(line: &[u8]) -> Option<Self> {
-        serde_json::from_slice(line).ok()
+        // The server accepts a line that starts with a byte order mark.
+        serde_json::from_slice(line.strip_prefix("\u{feff}".as_bytes()).unwrap_or(line)).ok()
     }
 }
 
@@ -89,6 +100,12 @@ impl Session {
     fn up(&mut self, line: &[u8]) {
         let Some(head) = Head::of(line) else { return };
         match (&head.id, head.method.as_deref()) {
+            // A cancelled request gets no answer (MCP's cancellation).
+            (None, Some("notifications/cancelled")) => {
+                if let Some(id) = head.params.and_then(|p| p.request_id) {
+                    self.in_flight.remove(&key(&id));
+                }
+            }
             (Some(id), Some(method)) => {
                 let id = key(id);
                 if method == "initialize" {
@@ -103,7 +120,7 @@ impl Session {
 
     /// A line from the daemon, on its way to the client.
     fn down(&mut self, line: &[u8]) {
-        if let Some(Head { id: Some(id), method: None }) = Head::of(line) {
+        if let Some(Head { id: Some(id), method: None, .. }) = Head::of(line) {
             self.in_flight.remove(&key(&id));
         }
     }
@@ -152,8 +169,12 @@ pub async fn relay_stdio(conn: Connection, source: ConfigSource) -> Result<(), D
         }
         let initializing = session.initializing();
         answer_in_flight(&mut session, &mut stdout).await;
+        let mut failed = None;
         conn = loop {
-            restarts.another()?;
+            if let Err(gone) = restarts.another() {
+                // A new daemon's failure to start says more, when it was that.
+                return Err(failed.unwrap_or(gone));
+            }
             tracing::warn!(
                 log = %paths::daemon_log_file().display(),
                 "the sandbox-mcp daemon went away mid-session; moving the session to a new one"
@@ -165,8 +186,10 @@ pub async fn relay_stdio(conn: Connection, source: ConfigSource) -> Result<(), D
             };
             match moved.await {
                 Ok(conn) => break conn,
-                // The new daemon went away too: another try, counted.
-                Err(DaemonError::Connection(_) | DaemonError::Gone(_) | DaemonError::Closed) => continue,
+                // The new daemon went away too (or was killed starting):
+                // another try, counted.
+                Err(e @ DaemonError::Start { .. }) => failed = Some(e),
+                Err(DaemonError::Connection(_) | DaemonError::Gone(_) | DaemonError::Closed) => failed = None,
                 Err(e) => return Err(e),
             }
         };
@@ -182,8 +205,11 @@ async fn relay_one(
 ) -> Ended {
     let Connection { mut read, mut write, .. } = conn;
     let mut client_open = true;
+    // One buffer across turns: a read the other branch interrupts keeps
+    // what it had (tokio's `read_until` appends), so a long answer racing a
+    // client message is never torn in two.
+    let mut line = Vec::new();
     loop {
-        let mut line = Vec::new();
         tokio::select! {
             up = from_client.recv(), if client_open => match up {
                 Some(line) => {
@@ -201,12 +227,15 @@ async fn relay_one(
                 }
             },
             down = read.read_until(b'\n', &mut line) => match down {
-                Ok(n) if n > 0 => {
+                // A whole message: passed on. The end of a daemon that died
+                // mid-message is not: its request is answered as in flight.
+                Ok(n) if n > 0 && line.ends_with(b"\n") => {
                     session.down(&line);
                     if stdout.write_all(&line).await.is_err() || stdout.flush().await.is_err() {
                         // The client is gone: nothing is left to relay to.
                         return Ended::ClientClosed;
                     }
+                    line.clear();
                 }
                 _ if client_open => return Ended::DaemonGone,
                 _ => return Ended::ClientClosed,
@@ -228,9 +257,9 @@ async fn answer_in_flight(session: &mut Session, stdout: &mut tokio::io::Stdout)
             "error": {
                 "code": -32000,
                 "message": format!(
-                    "the sandbox-mcp daemon stopped while this request ran (see {}); a new daemon serves this \
-                     session now, with the sandboxes as they are: retry the request (a command it carried may \
-                     or may not have run)",
+                    "the sandbox-mcp daemon stopped while this request ran (see {}); the session moves to a new \
+                     daemon, with the sandboxes as they are: retry the request (a command it carried may or may \
+                     not have run)",
                     log.display()
                 ),
             },
@@ -268,7 +297,7 @@ async fn replay(
                 return Err(DaemonError::Gone(paths::daemon_log_file()));
             }
             match Head::of(&line) {
-                Some(Head { id: Some(got), method: None }) if key(&got) == id => return Ok(()),
+                Some(Head { id: Some(got), method: None, .. }) if key(&got) == id => return Ok(()),
                 // Anything else the new daemon says before it is the client's.
                 _ => {
                     let _ = stdout.write_all(&line).await;

@@ -575,17 +575,14 @@ pub fn add_notices(result: &mut CallToolResult, notices: &[String]) {
     if notices.is_empty() {
         return;
     }
+    // A block of its own, never merged into the tool's text (a file's
+    // content, a command's output). A success leads with it; a failure
+    // keeps its `Error: …` first, where clients look for it.
     let notice = notices.join("\n");
-    // An answer's first line stays where clients look for it ("Error: …"
-    // on a failure); a success leads with the notice.
-    let failed = result.is_error == Some(true);
-    match result.content.iter_mut().find_map(|b| match b {
-        rmcp::model::ContentBlock::Text(t) => Some(t),
-        _ => None,
-    }) {
-        Some(t) if failed => t.text = format!("{}\n{notice}", t.text.trim_end()),
-        Some(t) => t.text = format!("{notice}\n{}", t.text),
-        None => result.content.insert(0, rmcp::model::ContentBlock::text(notice)),
+    if result.is_error == Some(true) {
+        result.content.push(rmcp::model::ContentBlock::text(format!("\n{notice}")));
+    } else {
+        result.content.insert(0, rmcp::model::ContentBlock::text(format!("{notice}\n")));
     }
 }
 

@@ -125,12 +125,19 @@ impl ServerHandler for SandboxServer {
             if let Err(e) = args::conform(&tool.input_schema, &mut arguments) {
                 return fail(e).map(Into::into);
             }
-            if let Err(e) = self.resolve_names(&request.name, &tool.input_schema, &mut arguments) {
-                return fail(e).map(Into::into);
-            }
-            match config::with_session(self.session.clone(), self.revive_named(&request.name, &arguments)).await {
-                Ok(found) => notices = found,
+            let named = match self.resolve_names(&request.name, &tool.input_schema, &mut arguments) {
+                Ok(named) => named,
                 Err(e) => return fail(e).map(Into::into),
+            };
+            match config::with_session(self.session.clone(), self.revive_named(&request.name, &named)).await {
+                Ok(found) => notices = found,
+                Err(e) => {
+                    // The reason can quote a VM's console: shown like any
+                    // other sandbox-made text.
+                    let mut result = CallToolResult::error(vec![ContentBlock::text(format!("Error: {e}"))]);
+                    format::make_controls_visible(&mut result);
+                    return Ok(result.into());
+                }
             }
             request.arguments = Some(arguments);
         }
@@ -158,18 +165,20 @@ impl SandboxServer {
     /// Turn the sandbox names in a call's arguments into the orchestrator's
     /// keys, in this session's project (see [`SandboxManager::resolve`]),
     /// once here for every tool: no tool can reach another project's
-    /// sandbox by a plain name. An absent `sandbox` is `default`.
+    /// sandbox by a plain name. An absent `sandbox` is `default`. Returns
+    /// the keys, by argument.
     fn resolve_names(
         &self,
         tool: &str,
         schema: &rmcp::model::JsonObject,
         args: &mut rmcp::model::JsonObject,
-    ) -> Result<(), OrchestratorError> {
+    ) -> Result<Vec<(&'static str, String)>, OrchestratorError> {
+        let mut named = Vec::new();
         let Some(properties) = schema.get("properties").and_then(serde_json::Value::as_object) else {
-            return Ok(());
+            return Ok(named);
         };
-        let named = SANDBOX_ARGUMENTS.into_iter().chain((tool == "destroy_child").then_some("name"));
-        for arg in named.filter(|a| properties.contains_key(*a)) {
+        let arguments = SANDBOX_ARGUMENTS.into_iter().chain((tool == "destroy_child").then_some("name"));
+        for arg in arguments.filter(|a| properties.contains_key(*a)) {
             let default = properties[arg].get("default").and_then(serde_json::Value::as_str);
             let given = match (args.get(arg), default) {
                 (Some(serde_json::Value::String(s)), _) => s.clone(),
@@ -179,9 +188,10 @@ impl SandboxServer {
                 _ => continue,
             };
             let key = self.manager.resolve(&self.session.project, arg, &given)?;
-            args.insert(arg.to_string(), serde_json::Value::String(key));
+            args.insert(arg.to_string(), serde_json::Value::String(key.clone()));
+            named.push((arg, key));
         }
-        Ok(())
+        Ok(named)
     }
 }
 
@@ -190,18 +200,25 @@ impl SandboxServer {
 /// so its forwards and sync jobs follow the new sandbox as they would a
 /// live one's).
 const KEEP_LOST: [&str; 5] = ["destroy", "status", "health", "list_all", "destroy_child"];
+/// Tools that replace the sandbox anyway: when it cannot come back as it
+/// was, they go on and make a fresh one.
+const REPLACE_LOST: [&str; 2] = ["reset", "restore"];
 
 impl SandboxServer {
-    /// Bring back the lost sandboxes a call names (see
-    /// [`SandboxManager::revive`]); what each lost, one line each.
-    async fn revive_named(&self, tool: &str, args: &rmcp::model::JsonObject) -> Result<Vec<String>, OrchestratorError> {
+    /// Bring back the lost sandboxes a call names, by the keys
+    /// [`Self::resolve_names`] resolved (see [`SandboxManager::revive`]);
+    /// what each lost, one line each. `target` names a sandbox to be made
+    /// (clone) or no sandbox at all (a Dockerfile stage): never brought back.
+    async fn revive_named(&self, tool: &str, named: &[(&str, String)]) -> Result<Vec<String>, OrchestratorError> {
         let mut notices = Vec::new();
         if KEEP_LOST.contains(&tool) {
             return Ok(notices);
         }
-        for arg in SANDBOX_ARGUMENTS {
-            if let Some(serde_json::Value::String(key)) = args.get(arg) {
-                notices.extend(self.manager.revive(key).await?.map(|c| c.notice()));
+        for (_, key) in named.iter().filter(|(arg, _)| *arg != "target") {
+            match self.manager.revive(key).await {
+                Ok(comeback) => notices.extend(comeback.map(|c| c.notice())),
+                Err(e) if REPLACE_LOST.contains(&tool) => tracing::info!(sandbox = %key, "{e}; replacing it afresh"),
+                Err(e) => return Err(e),
             }
         }
         Ok(notices)

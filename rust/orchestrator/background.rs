@@ -23,6 +23,13 @@ impl SandboxManager {
     ) -> Result<BackgroundInfo, OrchestratorError> {
         let name = if name.is_empty() { format!("bg-{}", random_hex(6)) } else { name.to_string() };
         validate_process_name(&name)?;
+        if restart && sandbox.parent.is_some() {
+            return Err(OrchestratorError::InvalidArgument(format!(
+                "restart=true is for top-level sandboxes: a child ('{}') never comes back after a loss; its parent \
+                 spawns a new one",
+                sandbox.shown()
+            )));
+        }
         super::shell::check_length(command)?;
         let process = ProcessConfig {
             argv: vec![sandbox.shell.clone(), "-c".into(), command.into()],

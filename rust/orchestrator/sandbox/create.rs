@@ -162,7 +162,7 @@ impl SandboxManager {
         sandbox.set_lease(lease.map(|t| SystemTime::now() + t));
         // Saved before anyone can use it: a sandbox a restart would not know
         // is not created.
-        if let Err(e) = self.record_created(&sandbox).saved().await {
+        if let Err(e) = self.record_created(&sandbox, origin.comeback.clone()).saved().await {
             self.discard_vm(name).await;
             return Err(e.into());
         }

@@ -301,6 +301,9 @@ pub struct Origin {
     /// Isolation instead of the profile's (spawn); a child without one
     /// takes its parent's.
     pub isolation: Option<Isolation>,
+    /// A lost sandbox coming back: what the state database kept for it,
+    /// recorded with its new row in one transaction.
+    pub comeback: Option<Arc<crate::state::kept::Kept>>,
 }
 
 /// A future returned by a [`SandboxListener`] hook.

@@ -234,6 +234,7 @@ impl SandboxManager {
             return;
         }
         tracing::warn!(sandbox = %name, "sandbox lost: {why}");
+        self.drop_comeback_notice(name);
         self.lost.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), why.to_string());
         self.notify(|l| l.lost(name));
         self.record_lost(name, why).in_background();
@@ -243,6 +244,7 @@ impl SandboxManager {
     /// was not lost.
     pub(crate) fn forget_lost(&self, name: &str) -> Option<Pending> {
         let removed = self.lost.lock().unwrap_or_else(|p| p.into_inner()).remove(name).is_some();
+        self.drop_comeback_notice(name);
         removed.then(|| self.record_forgotten(name))
     }
 
@@ -251,6 +253,14 @@ impl SandboxManager {
     /// the helper running now deletes by the VM's id. False if it was not
     /// lost.
     pub async fn acknowledge_lost(&self, name: &str) -> Result<bool, OrchestratorError> {
+        // Under the name's lock: a comeback in progress finishes first (and
+        // then the name is no longer lost), and none starts until the
+        // writable layer is deleted.
+        let lock = self.lifecycle_lock(name);
+        let _guard = lock.lock().await;
+        if self.lock_map().contains_key(name) {
+            return Ok(false);
+        }
         let Some(saved) = self.forget_lost(name) else { return Ok(false) };
         // Acknowledged when the caller hears so: a crash from here on must
         // not report the sandbox lost again.

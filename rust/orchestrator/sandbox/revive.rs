@@ -50,6 +50,19 @@ impl Comeback {
     }
 }
 
+/// `text` on one line and at most [`MAX_REASON`] characters: a loss's reason
+/// can quote a VM's console, which the sandbox wrote.
+fn one_line(text: &str) -> String {
+    let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match flat.char_indices().nth(MAX_REASON) {
+        Some((at, _)) => format!("{}…", &flat[..at]),
+        None => flat,
+    }
+}
+
+/// See [`one_line`].
+const MAX_REASON: usize = 400;
+
 /// `n thing` or `n things`.
 fn count(n: usize, thing: &str) -> String {
     if n == 1 { format!("1 {thing}") } else { format!("{n} {thing}s") }
@@ -86,15 +99,17 @@ impl SandboxManager {
         if self.lock_map().contains_key(name) {
             return Ok(None);
         }
+        let why = one_line(&why);
         let could_not = |e: OrchestratorError| {
             OrchestratorError::NotPermitted(format!(
-                "sandbox '{}' was lost ({why}) and could not be started again: {e}. Its /workspace is kept; \
+                "sandbox '{}' was lost ({why}) and could not be started again: {}. Its /workspace is kept; \
                  destroy('{0}') forgets it",
-                names::display(name)
+                names::display(name),
+                one_line(&e.to_string())
             ))
         };
-        let kept = self.kept(name).await.map_err(|e| could_not(e.into()))?;
-        let mut origin = Origin::default();
+        let kept = Arc::new(self.kept(name).await.map_err(|e| could_not(e.into()))?);
+        let mut origin = Origin { comeback: Some(kept.clone()), ..Origin::default() };
         let mut image_note = None;
         if let Some(record) = &kept.record {
             let images = self.helper.list_images().await.map_err(|e| could_not(e.into()))?;
@@ -107,16 +122,18 @@ impl SandboxManager {
             origin.memory_bytes = Some(record.memory_mb << 20);
         }
         let sandbox = self.create_locked(name, &origin, None).await.map_err(could_not)?;
-        self.lost.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
         let mut comeback = Comeback {
             name: name.to_string(),
             image: sandbox.image.clone(),
-            why,
+            why: why.clone(),
             kept: vec!["/workspace".into()],
             back: Vec::new(),
             not_back: image_note.into_iter().collect(),
         };
-        self.put_back(&sandbox, kept, &mut comeback).await;
+        self.put_back(&sandbox, &kept, &mut comeback).await;
+        // Only now: a call that finds the name no longer lost runs on a
+        // sandbox with its env and history back.
+        self.lost.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
         tracing::info!(sandbox = %name, "a lost sandbox came back");
         if stash {
             self.comeback_notices.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), comeback);
@@ -132,9 +149,9 @@ impl SandboxManager {
     }
 
     /// Bring back at once, without waiting for a call, those of the lost
-    /// sandboxes `names` that serve something: a background process marked
-    /// to restart, or a port forward. Their notice waits for the next call
-    /// on them. Called for losses the sandbox did not cause (its helper
+    /// sandboxes `names` that serve something (a background process marked
+    /// to restart, or a port forward) and belong to the daemon's project.
+    /// Their notice waits for the next call on them. Called for losses the sandbox did not cause (its helper
     /// died, the machine restarted), so a sandbox that crashes its own VM
     /// is not started again in a loop.
     pub fn revive_serving(self: &Arc<Self>, names: Vec<String>) {
@@ -142,6 +159,13 @@ impl SandboxManager {
         tokio::spawn(async move {
             for name in names {
                 let Some(manager) = me.upgrade() else { return };
+                // No call brings it back, so no session says which project's
+                // settings it takes: only the daemon's own project's
+                // sandboxes come back here; another project's wait for a
+                // call from that project.
+                if names::split_key(&name).0 != manager.config.project.tag {
+                    continue;
+                }
                 match manager.kept(&name).await {
                     Ok(kept) if !kept.restart.is_empty() || !kept.forwards.is_empty() => {}
                     _ => continue,
@@ -157,16 +181,16 @@ impl SandboxManager {
     }
 
     /// Put back onto a sandbox that came back what the database kept for
-    /// it, noting in `comeback` what is back and what is not.
-    async fn put_back(&self, sandbox: &Arc<Sandbox>, mut kept: Kept, comeback: &mut Comeback) {
-        let env = kept.env.take();
-        match &env {
+    /// it (already saved with its new row), noting in `comeback` what is
+    /// back and what is not.
+    async fn put_back(&self, sandbox: &Arc<Sandbox>, kept: &Kept, comeback: &mut Comeback) {
+        match &kept.env {
             // The saved env is the truth, also when empty: not the copy a
             // restored snapshot's root filesystem carries.
             Some(env) => match self.adopt_env(sandbox, env.clone()).await {
                 Ok(()) if env.is_empty() => {}
                 Ok(()) => comeback.kept.push(format!("env ({})", count(env.len(), "key"))),
-                Err(e) => comeback.not_back.push(format!("env ({e})")),
+                Err(e) => comeback.not_back.push(format!("env ({})", one_line(&e.to_string()))),
             },
             None if kept.record.is_some() => comeback.not_back.push("env (its saved copy does not open)".into()),
             None => {}
@@ -181,21 +205,21 @@ impl SandboxManager {
             sandbox.set_lease(Some(ends.max(SystemTime::now())));
             self.record_sandbox(sandbox).in_background();
         }
-        let (history, restart) = (std::mem::take(&mut kept.history), std::mem::take(&mut kept.restart));
-        if let Err(e) = self.save_kept(&sandbox.name, Kept { history, env, ..Kept::default() }).await {
-            comeback.not_back.push(format!("a saved record of its env and history ({e})"));
-        }
-        for job in restart {
+        // A job that does not start keeps its mark: it is tried again at
+        // the next comeback.
+        for job in &kept.restart {
             match self.start_background(sandbox, &job.name, &job.command, &job.workdir, true).await {
                 Ok(_) => comeback.back.push(format!("background process '{}'", job.name)),
-                Err(e) => comeback.not_back.push(format!("background process '{}' ({e})", job.name)),
+                Err(e) => {
+                    comeback.not_back.push(format!("background process '{}' ({})", job.name, one_line(&e.to_string())))
+                }
             }
         }
         for l in self.listeners() {
-            for item in l.came_back(sandbox, &kept).await {
+            for item in l.came_back(sandbox, kept).await {
                 match item {
                     Ok(back) => comeback.back.push(back),
-                    Err(not) => comeback.not_back.push(not),
+                    Err(not) => comeback.not_back.push(one_line(&not)),
                 }
             }
         }

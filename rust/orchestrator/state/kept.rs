@@ -21,7 +21,7 @@ pub struct RestartJob {
 }
 
 /// What the database kept of one sandbox.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Kept {
     /// Its row: image, size, lease. `None` when the database never saw it.
     pub record: Option<SandboxRecord>,
@@ -117,15 +117,42 @@ fn read(c: &mut Connection, key: &SealKey, name: &str) -> rusqlite::Result<Kept>
     Ok(kept)
 }
 
-/// Put back, in one transaction, the history and env a comeback restored
-/// (its new row's creation cleared them).
-fn write_back(c: &Connection, key: &SealKey, name: &str, kept: &Kept) -> rusqlite::Result<()> {
+/// Put back what a comeback keeps (history, env, restart marks) in the
+/// transaction that records its new row, which cleared them; `fresh` is the
+/// env it started with, saved when none was kept.
+pub(super) fn write_back(
+    c: &Connection,
+    key: &SealKey,
+    name: &str,
+    kept: &Kept,
+    fresh: &BTreeMap<String, String>,
+) -> rusqlite::Result<()> {
     for entry in &kept.history {
         ops::add_history(c, name, entry)?;
     }
-    if let Some(env) = &kept.env {
-        ops::put_env(c, key, name, env)?;
+    ops::put_env(c, key, name, kept.env.as_ref().unwrap_or(fresh))?;
+    for job in &kept.restart {
+        put_restart(c, key, name, &job.name, &job.command, &job.workdir)?;
     }
+    Ok(())
+}
+
+/// Mark a background process to restart (replacing an earlier mark).
+fn put_restart(
+    c: &Connection,
+    key: &SealKey,
+    sandbox: &str,
+    job: &str,
+    command: &str,
+    workdir: &str,
+) -> rusqlite::Result<()> {
+    let sealed = key
+        .seal(sandbox, &sealed_name(job), command)
+        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+    c.execute(
+        "INSERT OR REPLACE INTO bg_restart (sandbox, name, command, workdir) VALUES (?1, ?2, ?3, ?4)",
+        (sandbox, job, sealed, workdir),
+    )?;
     Ok(())
 }
 
@@ -135,15 +162,6 @@ impl SandboxManager {
         let Some(store) = self.state.store.get() else { return Ok(Kept::default()) };
         let (name, key) = (name.to_string(), store.key().clone());
         store.call(move |c| read(c, &key, &name)).await
-    }
-
-    /// Save the history and env a comeback put back.
-    pub(crate) async fn save_kept(&self, name: &str, kept: Kept) -> Result<(), StateError> {
-        let name = name.to_string();
-        self.state
-            .submit_sealed("a sandbox that came back", move |c, key| write_back(c, key, &name, &kept))
-            .saved()
-            .await
     }
 
     /// Mark (`Some`) or unmark a background process to start again when
@@ -157,18 +175,11 @@ impl SandboxManager {
         let (sandbox, job) = (sandbox.to_string(), job.to_string());
         let restart = restart.map(|(command, workdir)| (command.to_string(), workdir.to_string()));
         self.state
-            .submit_sealed("a background process to restart", move |c, key| {
-                c.execute("DELETE FROM bg_restart WHERE sandbox = ?1 AND name = ?2", (&sandbox, &job))?;
-                if let Some((command, workdir)) = restart {
-                    let sealed = key
-                        .seal(&sandbox, &sealed_name(&job), &command)
-                        .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
-                    c.execute(
-                        "INSERT INTO bg_restart (sandbox, name, command, workdir) VALUES (?1, ?2, ?3, ?4)",
-                        (&sandbox, &job, sealed, workdir),
-                    )?;
+            .submit_sealed("a background process to restart", move |c, key| match restart {
+                Some((command, workdir)) => put_restart(c, key, &sandbox, &job, &command, &workdir),
+                None => {
+                    c.execute("DELETE FROM bg_restart WHERE sandbox = ?1 AND name = ?2", (&sandbox, &job)).map(drop)
                 }
-                Ok(())
             })
             .saved()
             .await

@@ -284,6 +284,13 @@ pub(crate) mod ops {
     /// with them ([`kept`](super::kept)).
     pub fn put_lost(c: &Connection, name: &str, why: &str) -> rusqlite::Result<()> {
         c.execute("INSERT OR REPLACE INTO lost (name, reason) VALUES (?1, ?2)", (name, why))?;
+        // A child never comes back (its parent's spawn made it): nothing is
+        // kept for it.
+        if crate::names::is_child_name(name) {
+            c.execute("DELETE FROM forwards WHERE sandbox = ?1", [name])?;
+            c.execute("DELETE FROM sync_jobs WHERE sandbox = ?1", [name])?;
+            forget_sandbox(c, name)?;
+        }
         Ok(())
     }
 
@@ -564,15 +571,20 @@ impl SandboxManager {
     }
 
     /// A sandbox was created (or replaced by reset/restore): a new row, no
-    /// history, its env as it starts, no loss.
-    pub(super) fn record_created(&self, s: &Sandbox) -> Pending {
+    /// history, its env as it starts, no loss. A lost sandbox coming back
+    /// keeps, in the same transaction, what was `kept` for it: a crash can
+    /// leave it lost or back, never back without its env and history.
+    pub(super) fn record_created(&self, s: &Sandbox, kept: Option<std::sync::Arc<kept::Kept>>) -> Pending {
         let (r, env) = (SandboxRecord::of(s), s.env());
         self.state.submit_sealed("a new sandbox", move |c, key| {
             ops::forget_sandbox(c, &r.name)?;
             c.execute("DELETE FROM lost WHERE name = ?1", [&r.name])?;
             c.execute("DELETE FROM gone_children WHERE name = ?1", [&r.name])?;
             ops::put_sandbox(c, &r)?;
-            ops::put_env(c, key, &r.name, &env)
+            match &kept {
+                Some(kept) => kept::write_back(c, key, &r.name, kept, &env),
+                None => ops::put_env(c, key, &r.name, &env),
+            }
         })
     }
 

@@ -68,10 +68,20 @@ pub async fn restore(o: &Orchestrator, db: PathBuf) {
 async fn apply(o: &Orchestrator, mut saved: Snapshot) {
     let m = &o.sandboxes;
     // A creation recorded just before its server died was finished.
-    m.settle_unfinished(|n| saved.sandboxes.iter().any(|(r, destroying)| r.name == n && !destroying)).await;
+    // A lost sandbox's row is kept for its comeback: a VM whose comeback the
+    // crash cut short (its marker left, the loss not yet cleared) was not.
+    m.settle_unfinished(|n| {
+        saved.sandboxes.iter().any(|(r, destroying)| r.name == n && !destroying) && !saved.lost.contains_key(n)
+    })
+    .await;
     let attached: BTreeMap<String, Arc<Sandbox>> = m.list().into_iter().map(|s| (s.name.clone(), s)).collect();
     let mut lost = saved.lost.clone();
     let mut recorded = BTreeSet::new();
+    // Lost at this start (the machine restarted, the helper died with the
+    // last daemon): the ones that serve something come back at once. A loss
+    // recorded before had its chance then; one whose VM stopped on its own
+    // waits for a call, so no daemon start restarts it in a loop.
+    let mut lost_now = Vec::new();
     for (record, destroying) in &saved.sandboxes {
         let name = &record.name;
         recorded.insert(name.clone());
@@ -90,6 +100,9 @@ async fn apply(o: &Orchestrator, mut saved: Snapshot) {
                 s.restore_audit(history.iter().map(AuditRecord::entry).collect());
             }
             (None, false) => {
+                if !lost.contains_key(name) {
+                    lost_now.push(name.clone());
+                }
                 let why = "its VM was gone when the server restarted (the VM helper stopped or the machine rebooted)";
                 let why = lost.entry(name.clone()).or_insert_with(|| why.into());
                 m.record_lost(name, why).in_background();
@@ -118,9 +131,8 @@ async fn apply(o: &Orchestrator, mut saved: Snapshot) {
         m.record_found(name).in_background();
     }
     lost.retain(|name, _| !attached.contains_key(name));
-    let serving_maybe = lost.keys().cloned().collect();
     m.set_lost(lost);
-    m.revive_serving(serving_maybe);
+    m.revive_serving(lost_now);
     saved.gone_children.retain(|name, _| !attached.contains_key(name));
     m.set_gone_children(saved.gone_children);
     o.spawns.import_state(saved.spawn);
