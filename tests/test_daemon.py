@@ -211,14 +211,13 @@ def test_the_daemon_dying_mid_session_moves_the_session_to_a_new_daemon(front_en
 def test_a_daemon_that_keeps_dying_ends_the_session_saying_so(front_end, env):
     client = front_end()
     assert not client.tool("exec", command="true")[1]
-    for _ in range(4):
+    # Three new daemons within a minute are taken; the fourth death ends it.
+    for death in range(4):
         pid = daemon_pid(env)
         os.kill(pid, signal.SIGKILL)
         until(lambda: exited(pid), "the daemon gone")
-        try:
-            until(lambda: daemon_pid(env) not in (None, pid), "a new daemon", timeout=15)
-        except AssertionError:
-            break
+        if death < 3:
+            until(lambda: daemon_pid(env) not in (None, pid), f"new daemon {death + 1}", timeout=40)
     with pytest.raises(McpError):
         client.tool("exec", command="true", _timeout=20)
     log = Path(client.stderr_path).read_text()

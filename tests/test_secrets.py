@@ -214,6 +214,7 @@ def test_env_values_are_sealed_at_rest_yet_survive_a_restart_and_a_clone(server_
     assert len(_env_rows(env)) == 4
 
     # kill -9 of the server: the next one opens what the database holds.
+    srv.close()
     kill9_server(env)
     srv = server_factory()
     for sandbox in ("default", "copy"):
@@ -224,7 +225,9 @@ def test_env_values_are_sealed_at_rest_yet_survive_a_restart_and_a_clone(server_
     assert token not in text, text
 
     # A value stored in plaintext (by a version before sealing) is used,
-    # and sealed in place when the next server opens the database.
+    # and sealed in place when the next server opens the database. (An open
+    # front-end would start a new daemon at once: it is closed first.)
+    srv.close()
     stop_daemon(env)
     old = f"old-{secrets.token_hex(12)}"
     with sqlite3.connect(_db(env), timeout=10) as db:
@@ -256,6 +259,8 @@ def test_a_lost_env_key_keeps_the_sandboxs_copy_and_env_set_works(server_factory
     srv = server_factory()
     text, err = srv.tool("env", action="set", key="KEPT", value="kept-1")
     assert not err, text
+    # An open front-end would start a new daemon at once: closed first.
+    srv.close()
     stop_daemon(env)
     (Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "state.key").unlink()
     srv = server_factory()
@@ -268,6 +273,7 @@ def test_a_lost_env_key_keeps_the_sandboxs_copy_and_env_set_works(server_factory
     text, _ = srv.tool("health")
     assert "state.key" in text and "could not be opened" in text, text
     # The next server opens what was sealed again.
+    srv.close()
     stop_daemon(env)
     srv = server_factory()
     out, _, code = sh(srv, "printenv KEPT; printenv AFTER")

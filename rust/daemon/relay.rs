@@ -167,6 +167,11 @@ pub async fn relay_stdio(conn: Connection, source: ConfigSource) -> Result<(), D
             Ended::ClientClosed => return Ok(()),
             Ended::DaemonGone => {}
         }
+        // Logged before the client hears of it: its log says why first.
+        tracing::warn!(
+            log = %paths::daemon_log_file().display(),
+            "the sandbox-mcp daemon went away mid-session; moving the session to a new one"
+        );
         let initializing = session.initializing();
         answer_in_flight(&mut session, &mut stdout).await;
         let mut failed = None;
@@ -175,10 +180,6 @@ pub async fn relay_stdio(conn: Connection, source: ConfigSource) -> Result<(), D
                 // A new daemon's failure to start says more, when it was that.
                 return Err(failed.unwrap_or(gone));
             }
-            tracing::warn!(
-                log = %paths::daemon_log_file().display(),
-                "the sandbox-mcp daemon went away mid-session; moving the session to a new one"
-            );
             let moved = async {
                 let mut conn = frontend::open(source.clone(), Mode::Stdio).await?;
                 replay(&mut conn, &mut session, initializing, &mut stdout).await?;
