@@ -22,6 +22,7 @@ import pytest
 
 from conftest import ON_VM, WAIT_SCALE, required_env, sandbox_key, write_config
 from mcp_client import McpClient
+from test_children import _vm_init_above
 from test_crash_safety import _descendants
 from test_daemon import daemon_pid
 from test_persistence import _get, _restarted, exited, free_port, helper_pid, rows, until
@@ -260,19 +261,14 @@ def test_a_sandbox_that_cannot_come_back_says_why_and_stays_lost(front_end, env)
     assert text.startswith(f"Note: sandbox 'big' {NOTICE}") and "still-here" in text, text
 
 
-def _init_of(marker: str) -> int | None:
-    """The host pid of the sandbox init above the process running `sleep <marker>`."""
-    for d in Path("/proc").iterdir():
-        try:
-            if d.name.isdigit() and (d / "cmdline").read_bytes() == f"sleep\0{marker}\0".encode():
-                pid = d.name
-                while pid not in ("0", "1"):
-                    pid = (Path("/proc") / pid / "stat").read_text().rsplit(")", 1)[1].split()[1]
-                    if (Path("/proc") / pid / "cmdline").read_bytes().startswith(b"sandbox-vm-init"):
-                        return int(pid)
-        except OSError:
-            continue
-    return None
+def crash_own_vm(client: McpClient, name: str, port: int, marker: str) -> None:
+    """A serving sandbox whose VM goes down on its own (its init killed from
+    the host, as a crash would), until status lists it lost."""
+    serve(client, name, port)
+    ok(client, "bg", command=f"sleep {marker}", name="marker", sandbox=name)
+    init = until(lambda: _vm_init_above(marker), "the sandbox's init")
+    os.kill(init, signal.SIGKILL)
+    until(lambda: name in status_lost(client), "the sandbox reported lost")
 
 
 def test_a_sandbox_whose_vm_stops_on_its_own_waits_for_a_call(front_end, env):
@@ -283,11 +279,7 @@ def test_a_sandbox_whose_vm_stops_on_its_own_waits_for_a_call(front_end, env):
         pytest.skip("the namespace driver's init is found by its host pid; test_vm_isolation kills a qemu")
     port = free_port()
     client = front_end()
-    serve(client, "crashy", port)
-    ok(client, "bg", command="sleep 4245", name="marker", sandbox="crashy")
-    init = until(lambda: _init_of("4245"), "the sandbox's init")
-    os.kill(init, signal.SIGKILL)
-    until(lambda: "crashy" in status_lost(client), "the sandbox reported lost")
+    crash_own_vm(client, "crashy", port, "4245")
     time.sleep(3)
     assert "crashy" in status_lost(client), "started again without a call"
     assert _get(f"http://127.0.0.1:{port}/keep") is None

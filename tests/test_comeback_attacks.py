@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ON_VM, WAIT_SCALE, sandbox_key, write_config
-from test_comeback import CALL, NOTICE, _init_of, kill_everything, ok, serve, status_lost
+from test_children import _vm_init_above
+from test_comeback import CALL, NOTICE, crash_own_vm, kill_everything, ok, serve, status_lost
 from test_daemon import daemon_pid
 from test_persistence import _get, exited, free_port, rows, until
 from test_projects import projects  # noqa: F401  (fixture: two project dirs)
@@ -86,7 +87,7 @@ def _lose_twice(front_end, env, name: str, port: int, marker: str):
     kill_everything(env)
     again = front_end()
     until(lambda: _get(f"http://127.0.0.1:{port}/keep"), "back on its own", timeout=60 * WAIT_SCALE)
-    init = until(lambda: _init_of(marker), "the comeback's init")
+    init = until(lambda: _vm_init_above(marker), "the comeback's init")
     os.kill(init, signal.SIGKILL)
     until(lambda: name in status_lost(again), "lost a second time")
     return again
@@ -127,11 +128,7 @@ def test_a_sandbox_that_stopped_on_its_own_is_not_restarted_by_the_next_daemon(f
         pytest.skip("the namespace driver's init is found by its host pid")
     port = free_port()
     client = front_end()
-    serve(client, "crashy", port)
-    ok(client, "bg", command="sleep 4247", name="marker", sandbox="crashy")
-    init = until(lambda: _init_of("4247"), "the sandbox's init")
-    os.kill(init, signal.SIGKILL)
-    until(lambda: "crashy" in status_lost(client), "the sandbox reported lost")
+    crash_own_vm(client, "crashy", port, "4247")
     old = daemon_pid(env)
     os.kill(old, signal.SIGKILL)
     until(lambda: exited(old), "the daemon gone")

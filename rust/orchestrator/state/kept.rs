@@ -49,22 +49,9 @@ fn read(c: &mut Connection, key: &SealKey, name: &str) -> rusqlite::Result<Kept>
     let mut kept = Kept {
         record: tx
             .query_row(
-                "SELECT name, image, parent, created_at, expires_at, cpus, memory_mb, generation, project \
-                 FROM sandboxes WHERE name = ?1 AND destroying = 0",
+                &format!("SELECT {} FROM sandboxes WHERE name = ?1 AND destroying = 0", SandboxRecord::COLUMNS),
                 [name],
-                |r| {
-                    Ok(SandboxRecord {
-                        name: r.get(0)?,
-                        image: r.get(1)?,
-                        parent: r.get(2)?,
-                        created_at: r.get(3)?,
-                        expires_at: r.get(4)?,
-                        cpus: r.get(5)?,
-                        memory_mb: r.get::<_, i64>(6)? as u64,
-                        generation: r.get(7)?,
-                        project: r.get(8)?,
-                    })
-                },
+                SandboxRecord::read,
             )
             .optional()?,
         // A value sealed under another key is not handed back: the sandbox

@@ -205,6 +205,24 @@ impl AuditRecord {
 }
 
 impl SandboxRecord {
+    /// The columns [`Self::read`] reads, in its order.
+    const COLUMNS: &'static str = "name, image, parent, created_at, expires_at, cpus, memory_mb, generation, project";
+
+    /// A row selected with [`Self::COLUMNS`] first.
+    fn read(r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            name: r.get(0)?,
+            image: r.get(1)?,
+            parent: r.get(2)?,
+            created_at: r.get(3)?,
+            expires_at: r.get(4)?,
+            cpus: r.get(5)?,
+            memory_mb: r.get::<_, i64>(6)? as u64,
+            generation: r.get(7)?,
+            project: r.get(8)?,
+        })
+    }
+
     fn of(s: &Sandbox) -> Self {
         Self {
             name: s.name.clone(),
@@ -385,26 +403,8 @@ fn load(c: &mut Connection, key: &SealKey) -> rusqlite::Result<Snapshot> {
     let tx = c.transaction()?;
     let mut s = Snapshot::default();
     {
-        let mut q = tx.prepare(
-            "SELECT name, image, parent, created_at, expires_at, cpus, memory_mb, generation, destroying, project \
-             FROM sandboxes",
-        )?;
-        let rows = q.query_map([], |r| {
-            Ok((
-                SandboxRecord {
-                    name: r.get(0)?,
-                    image: r.get(1)?,
-                    parent: r.get(2)?,
-                    created_at: r.get(3)?,
-                    expires_at: r.get(4)?,
-                    cpus: r.get(5)?,
-                    memory_mb: r.get::<_, i64>(6)? as u64,
-                    generation: r.get(7)?,
-                    project: r.get(9)?,
-                },
-                r.get::<_, bool>(8)?,
-            ))
-        })?;
+        let mut q = tx.prepare(&format!("SELECT {}, destroying FROM sandboxes", SandboxRecord::COLUMNS))?;
+        let rows = q.query_map([], |r| Ok((SandboxRecord::read(r)?, r.get::<_, bool>(9)?)))?;
         s.sandboxes = rows.collect::<rusqlite::Result<_>>()?;
         let mut q = tx.prepare("SELECT sandbox, command, exit_code, duration_ms, at FROM history ORDER BY id")?;
         let mut rows = q.query([])?;
