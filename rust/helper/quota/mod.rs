@@ -15,9 +15,10 @@
 //! the time, so a slow walk (a huge tree) costs a bounded share of a CPU.
 //! Between walks a [`Tripwire`] reads the free blocks and inodes of the
 //! parts' filesystems every 25 ms (one `statfs`, no walk): a drop
-//! of half the VM's headroom walks at once, so a writer at any speed passes
-//! the quota by at most what it writes in one poll and one walk, not in a
-//! second. When a measurement is past the quota and above the previous one
+//! of half the VM's headroom walks at once, and a VM writing fast enough to
+//! pass its quota before that walk has counted is stopped until it has, so
+//! a writer at any speed passes the quota by about what it writes in one
+//! poll, however long a walk takes on a busy host. When a measurement is past the quota and above the previous one
 //! (something is writing), every process of the VM but its PID 1 and agent
 //! is killed and the reason recorded: Stats reports it, and an Exec whose
 //! process died of it gets it on stderr. Deleting files is never stopped
@@ -191,11 +192,12 @@ pub fn watch(limit: u64, parts: Vec<Part>, writers: Writers) -> (Arc<Watch>, tok
         let mut wire = Tripwire::new(&parts);
         let mut previous: Option<u64> = None;
         let mut phase = Phase::Normal;
-        // Whether the next walk stops the VM's processes while it counts.
-        let mut hold = false;
+        // The VM's processes, stopped for the next walk to count.
+        let mut held: Held = None;
         loop {
             let started = tokio::time::Instant::now();
-            let Some((sizes, held)) = measure_writers(&parts, &writers, hold).await else {
+            let Some(sizes) = measure_writers(&parts, &writers).await else {
+                drop(held.take());
                 tokio::time::sleep(INTERVAL).await;
                 continue;
             };
@@ -254,7 +256,7 @@ pub fn watch(limit: u64, parts: Vec<Part>, writers: Writers) -> (Arc<Watch>, tok
                 }
             }
             // Resumed only after the kill: a held writer gets no moment to write on.
-            drop(held);
+            drop(held.take());
             let grew = previous.map_or(0, |p| used.saturating_sub(p));
             previous = Some(used);
             let near = used.saturating_mul(100) >= limit.saturating_mul(NEAR);
@@ -263,15 +265,23 @@ pub fn watch(limit: u64, parts: Vec<Part>, writers: Writers) -> (Arc<Watch>, tok
             // watcher spends at most half its time walking, however busy
             // the host's filesystem is.
             let headroom = limit.saturating_sub(used);
-            let fell = wire.wait(pause.max(took * DUTY), took, headroom).await;
-            // The host lost the whole headroom while this VM was writing fast
-            // (its last interval's growth at least an eighth of what is
-            // left): it may be past its quota already, and a walk of a large
-            // tree takes long enough (a second for 260,000 files) for a fast
-            // writer to go far past it meanwhile, so its processes wait for
-            // the count. A slow writer near its quota is not held for what
-            // other writers on the host's filesystem do.
-            hold = grew > 0 && grew.saturating_mul(8) >= headroom && fell.is_some_and(|f| f >= headroom);
+            let trip = wire.wait(pause.max(took * DUTY), took, headroom).await;
+            // This VM is writing fast (its last interval's growth at least
+            // an eighth of what is left) and, at the pace the host's
+            // filesystems fall, passes its quota before the next walk has
+            // counted (one as long as the last, twice over: a tree grows
+            // while it is walked): its processes wait for the count. A walk
+            // of a large tree takes long enough (a second for 260,000 files
+            // on an idle host, several on a busy one) for a fast writer to go
+            // far past its quota meanwhile. A slow writer near its quota is
+            // not held for what other writers on the host do.
+            let grew = grew > 0 && grew.saturating_mul(8) >= headroom;
+            if let Some(trip) = trip {
+                if grew && trip.reaches(headroom, took * 2) {
+                    held = hold_writers(&writers).await;
+                }
+                tokio::time::sleep(took.saturating_sub(trip.waited)).await;
+            }
         }
     });
     (w, tokio_util::task::AbortOnDropHandle::new(task))
@@ -285,25 +295,33 @@ type Held = Option<super::driver::namespace::freeze::Frozen>;
 #[cfg(not(linux_host))]
 type Held = Option<Box<dyn Send>>;
 
+/// Stops a host VM's processes until the returned guard drops (a VM that
+/// will not stop within [`HOLD_WAIT`] runs on). A vm's guest is never held:
+/// its writable disk is sized to the quota.
+async fn hold_writers(writers: &Writers) -> Held {
+    match writers {
+        #[cfg(linux_host)]
+        Writers::Host { pid1, .. } => {
+            let pid1 = *pid1;
+            tokio::task::spawn_blocking(move || super::driver::namespace::freeze::try_freeze(pid1, HOLD_WAIT))
+                .await
+                .ok()
+                .flatten()
+        }
+        Writers::Guest { .. } => None,
+    }
+}
+
 /// One measurement of the parts and what the writers hold beside them;
 /// `None` if none could be made this time (a guest's agent that did not
-/// answer: the run's end aborts the watcher). With `hold`, a host VM's
-/// processes are stopped first and stay stopped until the returned guard
-/// drops (a VM that will not stop is measured running). A vm's guest is
-/// never held: its writable disk is sized to the quota.
-#[cfg_attr(not(linux_host), allow(unused_variables))]
-async fn measure_writers(parts: &[Part], writers: &Writers, hold: bool) -> Option<(Vec<(String, u64)>, Held)> {
+/// answer: the run's end aborts the watcher).
+async fn measure_writers(parts: &[Part], writers: &Writers) -> Option<Vec<(String, u64)>> {
     let walk = parts.to_vec();
     match writers {
         #[cfg(linux_host)]
         Writers::Host { pid1, .. } => {
             let pid1 = *pid1;
-            tokio::task::spawn_blocking(move || {
-                let held = hold.then(|| super::driver::namespace::freeze::try_freeze(pid1, HOLD_WAIT)).flatten();
-                (measure(&walk, pid1), held)
-            })
-            .await
-            .ok()
+            tokio::task::spawn_blocking(move || measure(&walk, pid1)).await.ok()
         }
         Writers::Guest { agent, .. } => {
             let layer = super::guest::stats(agent).await.ok()?.disk_used_bytes;
@@ -312,7 +330,7 @@ async fn measure_writers(parts: &[Part], writers: &Writers, hold: bool) -> Optio
             })
             .await
             .ok()?;
-            Some((std::iter::once(("writable layer".to_string(), layer)).chain(shares).collect(), None))
+            Some(std::iter::once(("writable layer".to_string(), layer)).chain(shares).collect())
         }
     }
 }

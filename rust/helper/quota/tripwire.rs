@@ -59,12 +59,13 @@ impl Tripwire {
             .collect()
     }
 
-    /// Sleeps for `pause`, or less once at least `least` has passed and the
-    /// filesystems lost half of `headroom` (the quota left at the last
-    /// walk) since the call began, each inode worth [`INODE_COST`]: then a
-    /// walk is due now, and the bytes they lost are returned. `None`: the
-    /// pause ran out.
-    pub(super) async fn wait(&mut self, pause: Duration, least: Duration, headroom: u64) -> Option<u64> {
+    /// Sleeps for `pause`, or less: once at least `least` has passed and
+    /// the filesystems lost half of `headroom` (the quota left at the last
+    /// walk) since the call began, each inode worth [`INODE_COST`], or at
+    /// once when they lost all of it (the VM may be past its quota: the
+    /// watcher decides whether to hold it while the rest of `least` runs).
+    /// `None`: the pause ran out.
+    pub(super) async fn wait(&mut self, pause: Duration, least: Duration, headroom: u64) -> Option<Trip> {
         let started = tokio::time::Instant::now();
         if self.filesystems.is_empty() {
             tokio::time::sleep(pause).await;
@@ -82,11 +83,30 @@ impl Tripwire {
                     .saturating_add(most.bytes - now.bytes)
                     .saturating_add((most.inodes - now.inodes).saturating_mul(INODE_COST));
             }
-            if started.elapsed() >= least && fell >= trip {
-                return Some(fell);
+            let waited = started.elapsed();
+            if (waited >= least && fell >= trip) || fell >= headroom.max(TRIP_MIN) {
+                return Some(Trip { fell, waited });
             }
         }
         None
+    }
+}
+
+/// What ended a [`Tripwire::wait`] early: the filesystems lost `fell`
+/// bytes (inodes at [`INODE_COST`]) in `waited`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Trip {
+    pub(super) fell: u64,
+    pub(super) waited: Duration,
+}
+
+impl Trip {
+    /// Whether, at the pace it fell, the filesystems lose `headroom` within
+    /// `more` from now: a writer that fast passes its quota while a walk
+    /// that long counts.
+    pub(super) fn reaches(&self, headroom: u64, more: Duration) -> bool {
+        let pace = self.fell as f64 / self.waited.as_secs_f64().max(TRIP_POLL.as_secs_f64());
+        self.fell as f64 + pace * more.as_secs_f64() >= headroom as f64
     }
 }
 
@@ -147,5 +167,17 @@ mod tests {
         );
         assert!(waited.await.is_ok(), "the tripwire did not see 4096 files made after 256 MiB were freed");
         writer.join().unwrap();
+    }
+
+    #[test]
+    fn a_writer_is_held_when_its_pace_passes_the_headroom_within_the_next_walk() {
+        // 100 MiB in half a second: 200 MiB/s.
+        let trip = Trip { fell: 100 << 20, waited: Duration::from_millis(500) };
+        assert!(trip.reaches(100 << 20, Duration::ZERO), "the whole headroom is gone already");
+        assert!(trip.reaches(300 << 20, Duration::from_secs(1)), "200 MiB more in a 1 s walk");
+        assert!(!trip.reaches(400 << 20, Duration::from_secs(1)), "a 1 s walk ends 100 MiB short");
+        // A trip on the first poll is paced over a poll, not over no time.
+        let at_once = Trip { fell: 8 << 20, waited: Duration::ZERO };
+        assert!(!at_once.reaches(1 << 30, Duration::from_secs(1)));
     }
 }
