@@ -18,7 +18,7 @@ from typing import Iterator
 from conftest import isolated_env, new_env_dir, remove_env_dir, required_env, sandbox_key, stop_servers
 from mcp_client import McpClient, McpError
 from test_daemon import daemon_pid
-from test_persistence import _lost, _restarted, helper_pid, until
+from test_persistence import _lost, _restarted, helper_pid, kill_helper_with_sandboxes, until
 from waiting import wait_for
 
 # Seeds of the moments, after the snapshot froze the sandbox, at which the
@@ -174,8 +174,7 @@ def test_destroy_of_a_lost_sandbox_frees_its_writable_layer(server_factory, env)
     assert not err, text
     vm_dir = Path(env["XDG_STATE_HOME"]) / "sandbox-mcp" / "vms" / sandbox_key("gone")
     assert vm_dir.is_dir()
-    old = helper_pid(env)
-    os.kill(old, signal.SIGKILL)
+    old = kill_helper_with_sandboxes(env)
     until(lambda: _restarted(env, old), "helper restarted")
     until(lambda: _lost(srv, "gone"), "lost")
     assert vm_dir.is_dir(), "the writable layer stays until the loss is acknowledged"

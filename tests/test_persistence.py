@@ -85,6 +85,19 @@ def helper_pid(env: dict[str, str]) -> int:
     return int((Path(env["XDG_RUNTIME_DIR"]) / "sandbox-mcp" / "helper.pid").read_text().strip())
 
 
+def kill_helper_with_sandboxes(env: dict[str, str]) -> int:
+    """A helper crash that takes its sandboxes along, as on the vm driver
+    (a namespace sandbox's launcher would keep it for the next helper): the
+    helper and every process under it, killed at once. Returns its pid."""
+    from test_crash_safety import _descendants  # noqa: PLC0415 (it imports this module)
+
+    old = helper_pid(env)
+    for pid in [old, *_descendants(old)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return old
+
+
 def test_kill9_mid_operation_then_restart_restores_everything(server_factory, env, roots):
     first = server_factory(SANDBOX_MCP_HOST_ROOTS=str(roots))
     text, err = first.tool("exec", command="echo one > /workspace/f; echo hello-history")
@@ -204,8 +217,7 @@ def test_helper_crash_is_noticed_restarted_and_a_lost_sandbox_comes_back_on_its_
     srv = server_factory()
     text, err = srv.tool("exec", command="echo keep > /workspace/k")
     assert not err, text
-    old = helper_pid(env)
-    os.kill(old, signal.SIGKILL)
+    old = kill_helper_with_sandboxes(env)
     until(lambda: _restarted(env, old), "helper restarted by the server")
     text = until(lambda: _lost(srv), "sandbox reported lost")
     assert "default: the VM helper stopped and was restarted at" in text, text
@@ -229,8 +241,7 @@ def test_helper_crash_is_noticed_restarted_and_a_lost_sandbox_comes_back_on_its_
 def test_destroy_forgets_a_lost_sandbox(server_factory, env):
     srv = server_factory()
     srv.tool("exec", command="true", sandbox="gone")
-    old = helper_pid(env)
-    os.kill(old, signal.SIGKILL)
+    old = kill_helper_with_sandboxes(env)
     until(lambda: _restarted(env, old), "helper restarted")
     until(lambda: _lost(srv, "gone"), "lost")
     text, err = srv.tool("destroy", sandbox="gone")

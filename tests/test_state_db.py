@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from conftest import stop_daemon
-from test_persistence import _lost, _restarted, _swallow, db_path, helper_pid, kill9_server, rows, until
+from test_persistence import _lost, _restarted, _swallow, db_path, kill9_server, kill_helper_with_sandboxes, rows, until
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SEED = 11
@@ -93,8 +93,7 @@ def test_kill9_during_destroy_never_brings_the_sandbox_back_as_lost(server_facto
 def test_acknowledging_a_lost_sandbox_is_committed_before_the_answer(server_factory, env):
     srv = server_factory()
     assert not srv.tool("exec", command="true", sandbox="gone")[1]
-    old = helper_pid(env)
-    os.kill(old, signal.SIGKILL)
+    old = kill_helper_with_sandboxes(env)
     until(lambda: _restarted(env, old), "helper restarted")
     until(lambda: _lost(srv, "gone"), "lost")
     # The acknowledgement cannot be written until the lock goes; an answer

@@ -28,34 +28,51 @@ pub fn record(file: &Path, pid: u32) {
     }
 }
 
-/// Kills the process recorded in `file` if the helper that started it is
-/// gone; see [`Reaped`].
-pub fn reap(file: &Path) -> Reaped {
-    let Ok(text) = std::fs::read_to_string(file) else { return Reaped::Gone };
+/// The process recorded in `file`: its pid and start time, and whether a
+/// live helper runs it.
+struct Record {
+    pid: u32,
+    start: String,
+    owned: bool,
+}
+
+/// `None`: no record, a garbled one (removed), or its process is gone or
+/// its pid names another process now (removed: the usual case).
+fn read_record(file: &Path) -> Option<Record> {
+    let text = std::fs::read_to_string(file).ok()?;
     let fields: Vec<&str> = text.split_whitespace().collect();
-    let Some(pid) = fields.first().and_then(|p| p.parse::<u32>().ok()) else {
-        let _ = std::fs::remove_file(file);
-        return Reaped::Gone;
-    };
     let running = |pid: u32, start: Option<&&str>| start.is_some_and(|s| start_time(pid).as_deref() == Some(*s));
-    if !running(pid, fields.get(1)) {
-        // Gone (the usual case), or the pid now names another process.
+    let Some(pid) = fields.first().and_then(|p| p.parse::<u32>().ok()).filter(|p| running(*p, fields.get(1))) else {
         let _ = std::fs::remove_file(file);
-        return Reaped::Gone;
-    }
+        return None;
+    };
     let owned = match fields.get(2).and_then(|o| o.parse::<u32>().ok()) {
         Some(owner) => running(owner, fields.get(3)),
         // A record of a helper from before owners were recorded: only
         // launchers, run by their helper's own binary.
         None => parent_is_helper(pid),
     };
-    if owned {
+    Some(Record { pid, start: fields[1].to_string(), owned })
+}
+
+/// The pid of the process recorded in `file` if it runs and the helper
+/// that started it is gone: one a new helper may adopt.
+pub fn orphan(file: &Path) -> Option<u32> {
+    read_record(file).filter(|r| !r.owned).map(|r| r.pid)
+}
+
+/// Kills the process recorded in `file` if the helper that started it is
+/// gone; see [`Reaped`].
+pub fn reap(file: &Path) -> Reaped {
+    let Some(record) = read_record(file) else { return Reaped::Gone };
+    if record.owned {
         return Reaped::Owned;
     }
+    let pid = record.pid;
     let Ok(fd) = crate::driver::network::pidfd_open(pid as i32) else { return Reaped::Gone };
     // Checked again through the pidfd's process: the signal cannot reach a
     // process that took the pid meanwhile.
-    let killed = running(pid, fields.get(1));
+    let killed = start_time(pid).as_deref() == Some(record.start.as_str());
     if killed {
         crate::driver::network::pidfd_kill(&fd, libc::SIGKILL);
     }

@@ -99,8 +99,6 @@ pub async fn serve(socket: &Path, drivers: Drivers) -> Result<(), HelperError> {
         .map_err(io(format!("write {}", pid_file.display())))?;
 
     raise_nofile_limit();
-    #[cfg(linux_host)]
-    super::storage::kill_leftovers();
     let drivers: Vec<Arc<dyn Driver>> = match drivers {
         #[cfg(linux_host)]
         Drivers::Local => {
@@ -113,6 +111,11 @@ pub async fn serve(socket: &Path, drivers: Drivers) -> Result<(), HelperError> {
     };
     // Whichever drivers run the VMs, images are unpacked for one id map.
     let vms = VmManager::new(sandbox_userns::IdMapper::detect(), drivers, helper_store());
+    // What a helper that died left running: kept where its driver can, the
+    // rest killed.
+    vms.adopt_left().await;
+    #[cfg(linux_host)]
+    super::storage::kill_leftovers();
     // Copies and references a helper killed mid-snapshot left behind; the
     // other helpers sharing the store keep theirs.
     vms.collect_layers().await;

@@ -31,7 +31,7 @@ static HOSTNAME_RE: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,62})$").expect("static regex"));
 
 /// How a VM reaches the network.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Network {
     /// Loopback only.
     None,
@@ -40,7 +40,7 @@ pub enum Network {
 }
 
 /// A host directory shared into the VM.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MountSpec {
     /// Absolute host directory.
     pub host_path: PathBuf,
@@ -50,8 +50,9 @@ pub struct MountSpec {
     pub read_only: bool,
 }
 
-/// A VM spec with defaults applied. Immutable once created.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A VM spec with defaults applied. Immutable once created. Kept beside a
+/// running VM (see `VmManager::adopt_left`) as JSON.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct VmConfig {
     /// Client-chosen id.
     pub id: String,
@@ -72,6 +73,7 @@ pub struct VmConfig {
     /// Network mode.
     pub network: Network,
     /// Egress rules (EGRESS only); the default policy when empty.
+    #[serde(with = "policy_rules")]
     pub network_policy: sandbox_net::policy::NetworkPolicy,
     /// Client metadata, returned as given.
     pub labels: BTreeMap<String, String>,
@@ -83,6 +85,28 @@ pub struct VmConfig {
     /// The driver it runs on, by name; empty until the helper resolves its
     /// default (see `VmManager::create`).
     pub driver: String,
+}
+
+/// A network policy as its rules' text, parsed again when read.
+mod policy_rules {
+    use sandbox_net::policy::NetworkPolicy;
+    use serde::{Deserialize as _, Deserializer, Serialize as _, Serializer};
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Rules {
+        allow: Vec<String>,
+        deny: Vec<String>,
+    }
+
+    pub fn serialize<S: Serializer>(policy: &NetworkPolicy, s: S) -> Result<S::Ok, S::Error> {
+        let text = |rules: &[sandbox_net::policy::Rule]| rules.iter().map(ToString::to_string).collect();
+        Rules { allow: text(policy.allow()), deny: text(policy.deny()) }.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<NetworkPolicy, D::Error> {
+        let rules = Rules::deserialize(d)?;
+        NetworkPolicy::parse(&rules.allow, &rules.deny).map_err(serde::de::Error::custom)
+    }
 }
 
 impl VmConfig {

@@ -20,6 +20,12 @@ pub fn agent_socket(id: &str) -> PathBuf {
     sandbox_base::paths::runtime_dir().join("vms").join(format!("{id}.sock"))
 }
 
+/// Where a namespace VM's launcher keeps it for the next helper (see the
+/// driver's `keep`): beside the agent's socket.
+pub fn keeper_socket(id: &str) -> PathBuf {
+    sandbox_base::paths::runtime_dir().join("vms").join(format!("{id}.keep"))
+}
+
 /// Creates the VM's directory with empty layers owned by the image's
 /// mapped root; a directory left by an earlier helper is replaced.
 pub fn prepare_dir(dir: &Path, image: &ImageInfo) -> Result<(), HelperError> {
@@ -89,6 +95,13 @@ const LAUNCHER_FILE: &str = "launcher";
 #[cfg(linux_host)]
 pub fn record_launcher(dir: &Path, pid: u32) {
     crate::leftovers::record(&dir.join(LAUNCHER_FILE), pid);
+}
+
+/// The launcher recorded in the VM directory `dir`, if it runs and the
+/// helper that started it is gone (a VM the next helper may adopt).
+#[cfg(linux_host)]
+pub fn orphaned_launcher(dir: &Path) -> Option<u32> {
+    crate::leftovers::orphan(&dir.join(LAUNCHER_FILE))
 }
 
 /// At helper start: kills every launcher recorded under the state dir

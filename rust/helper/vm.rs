@@ -29,6 +29,7 @@ use super::storage::{prepare_dir, share_mounts, vm_dir};
 use sandbox_image::{ImageError, ImageInfo, ImageStore};
 use sandbox_userns::IdMapper;
 
+mod adopt;
 mod images;
 
 pub use images::CommitRequest;
@@ -324,9 +325,20 @@ impl VmManager {
             return Err(HelperError::WrongState { op: "start", id: id.into(), state });
         }
         let events = Arc::new(Events::default());
-        let egress = config.network == Network::Egress;
-        let spec = BootSpec {
-            id: id.into(),
+        let spec = self.boot_spec(&slot, &config, &events);
+        let instance = slot.driver.boot(&spec).await.map_err(|e| match e {
+            DriverError::Unavailable(reason) => HelperError::Unavailable(reason),
+            other => HelperError::Driver(other),
+        })?;
+        let info = self.begin_run(&slot, &mut op, instance, events);
+        adopt::record(&slot.dir, &info, &slot.image);
+        Ok(info)
+    }
+
+    /// What the driver boots (or adopts) for VM `slot` with `config`.
+    fn boot_spec(&self, slot: &Slot, config: &VmConfig, events: &Arc<Events>) -> BootSpec {
+        BootSpec {
+            id: slot.id.clone(),
             hostname: config.hostname.clone(),
             layers: self.images.layer_paths(&slot.image.layers()),
             image_reference: Some(slot.image.reference.clone()).filter(|r| !r.is_empty()),
@@ -338,12 +350,22 @@ impl VmManager {
                 .collect(),
             limits: Limits { cpus: config.cpus, memory_bytes: config.memory_bytes, pids: config.pids_limit },
             disk_bytes: config.disk_bytes,
-            egress: egress.then(|| Egress::Stack(config.network_policy.clone(), events.clone())),
-        };
-        let instance = slot.driver.boot(&spec).await.map_err(|e| match e {
-            DriverError::Unavailable(reason) => HelperError::Unavailable(reason),
-            other => HelperError::Driver(other),
-        })?;
+            egress: (config.network == Network::Egress)
+                .then(|| Egress::Stack(config.network_policy.clone(), events.clone())),
+        }
+    }
+
+    /// Makes `instance` (booted or adopted) VM `slot`'s run: its agent link,
+    /// disk quota watcher and exit watch; returns the VM, running.
+    fn begin_run(
+        &self,
+        slot: &Arc<Slot>,
+        op: &mut Option<Run>,
+        instance: Arc<dyn Instance>,
+        events: Arc<Events>,
+    ) -> VmInfo {
+        let config = slot.data().info.config.clone();
+        let id = slot.id.as_str();
         let exit = instance.take_exit();
         let agent = AgentLink::new(id, instance.connection(), instance.agent_dialer());
         let (writers, parts) = match instance.host_processes() {
@@ -380,7 +402,7 @@ impl VmManager {
                 me.on_exit(&id_owned, generation, how).await;
             }
         });
-        Ok(slot.data().info.clone())
+        slot.data().info.clone()
     }
 
     /// The launcher of run `generation` exited without being asked to.

@@ -1,6 +1,7 @@
-//! Watching the VM helper: when it stops answering it is started again, and
-//! sandboxes whose VMs went with it (or stopped on their own) are reported
-//! as lost — never silently replaced by empty ones under the same name.
+//! Watching the VM helper: when it stops answering it is started again (and
+//! adopts the VMs it can), and sandboxes whose VMs went with it (or stopped
+//! on their own) are reported as lost — never silently replaced by empty
+//! ones under the same name.
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use super::{
@@ -30,12 +31,13 @@ impl SandboxManager {
     /// Compare the registry with the helper's VMs once; a sandbox whose VM
     /// is not running any more is marked lost with `why`. Sandboxes being
     /// created, reset or destroyed right now are left to that operation.
-    pub async fn reconcile(&self, why_missing: &str) -> Result<(), super::OrchestratorError> {
+    /// Returns the names lost.
+    pub async fn reconcile(&self, why_missing: &str) -> Result<Vec<String>, super::OrchestratorError> {
         let vms = self.helper.list_vms().await?;
-        self.lose_missing(&vms, why_missing).await;
+        let lost = self.lose_missing(&vms, why_missing).await;
         self.remove_cut_short_late(&vms).await;
         self.free_unfreed().await;
-        Ok(())
+        Ok(lost)
     }
 
     /// Marks lost each sandbox whose VM is not running among `vms`; returns
@@ -95,26 +97,23 @@ impl SandboxManager {
                 }
                 tracing::warn!("the VM helper stopped answering; starting it again");
                 let why = format!("the VM helper stopped and was restarted at {}", clock());
-                let mut lost = Vec::new();
-                if HelperClient::connect(&respawn.socket).await.is_err() {
-                    // Nothing answers on its socket: the helper died, and its
-                    // VMs with it (on every driver). They are lost before a
-                    // new helper starts, so that no call reaches the new one
-                    // first and hears that it knows no such VM.
-                    lost = manager.lose_missing(&[], &why).await;
-                }
                 // The channel inside the manager dials the socket again by
-                // itself: starting the helper is all it takes.
-                match HelperClient::connect_or_spawn(&respawn.socket, &respawn.binary).await {
-                    Ok(_) => {
-                        if let Err(e) = manager.reconcile(&why).await {
-                            tracing::warn!("the restarted VM helper does not answer yet: {e}");
-                        }
-                        // What they served comes back without waiting for a call.
-                        manager.revive_serving(lost);
+                // itself: starting the helper is all it takes. A new helper
+                // adopts the VMs the dead one left running before it answers
+                // (namespace VMs: see the helper's `keep`), so only the rest
+                // are lost.
+                let lost = match HelperClient::connect_or_spawn(&respawn.socket, &respawn.binary).await {
+                    Ok(_) => manager.reconcile(&why).await.unwrap_or_else(|e| {
+                        tracing::warn!("the restarted VM helper does not answer yet: {e}");
+                        Vec::new()
+                    }),
+                    Err(e) => {
+                        tracing::warn!("could not restart the VM helper: {e}");
+                        manager.lose_missing(&[], &why).await
                     }
-                    Err(e) => tracing::warn!("could not restart the VM helper: {e}"),
-                }
+                };
+                // What they served comes back without waiting for a call.
+                manager.revive_serving(lost);
             }
         });
     }

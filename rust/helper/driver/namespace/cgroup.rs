@@ -297,6 +297,28 @@ impl CgroupLayout {
         }
     }
 
+    /// The group named `name` of a VM a dead helper started, which its new
+    /// helper adopts: `None` if it is not there (as left by a helper in
+    /// another cgroup).
+    pub fn existing(&self, name: &str) -> Option<VmCgroup> {
+        let cg = self.group(name);
+        cg.dirs.iter().all(|d| d.is_dir()).then_some(cg)
+    }
+
+    fn group(&self, name: &str) -> VmCgroup {
+        VmCgroup {
+            dirs: match self {
+                CgroupLayout::V1 { memory, cpu, pids, cpuacct } => {
+                    let mut dirs = vec![memory.join(name), cpu.join(name), pids.join(name)];
+                    dirs.extend(cpuacct.iter().map(|a| a.join(name)));
+                    dirs
+                }
+                CgroupLayout::V2 { base } => vec![base.join(name)],
+            },
+            v2: matches!(self, CgroupLayout::V2 { .. }),
+        }
+    }
+
     /// Creates the VM's cgroup with its limits.
     pub fn create(&self, id: &str, limits: Limits) -> Result<VmCgroup, DriverError> {
         let cg = self.create_unlimited(id)?;
@@ -310,17 +332,7 @@ impl CgroupLayout {
     /// Creates a group named `name` without limits (a prepared launcher's,
     /// before its VM's config is known).
     pub fn create_unlimited(&self, name: &str) -> Result<VmCgroup, DriverError> {
-        let cg = VmCgroup {
-            dirs: match self {
-                CgroupLayout::V1 { memory, cpu, pids, cpuacct } => {
-                    let mut dirs = vec![memory.join(name), cpu.join(name), pids.join(name)];
-                    dirs.extend(cpuacct.iter().map(|a| a.join(name)));
-                    dirs
-                }
-                CgroupLayout::V2 { base } => vec![base.join(name)],
-            },
-            v2: matches!(self, CgroupLayout::V2 { .. }),
-        };
+        let cg = self.group(name);
         for d in &cg.dirs {
             // A group left by a crashed helper still carries its counters (an
             // old OOM kill would show on the new VM): start from a fresh one.

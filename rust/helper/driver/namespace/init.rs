@@ -10,17 +10,18 @@
 //! then it reads its config from stdin, stages the VM's host paths, becomes
 //! root, unshares the other namespaces and forks PID 1; then it waits for
 //! PID 1 and exits with its status, which is how the helper learns the VM
-//! ended. While it waits it also holds the lifeline for a frozen PID 1
-//! (see [`hold_lifeline`]).
+//! ended. While it waits it keeps the VM through its helper's death, for a
+//! new helper to adopt, and holds the lifeline when none does (see
+//! [`super::keep`]).
 //!
 //! PID 1 builds the filesystem, locks the sandbox down (no_new_privs,
-//! seccomp), forks the agent and reaps children until the agent dies, a stop
-//! finishes, or the helper's end of the control socket closes (the lifeline:
-//! a sandbox never outlives its helper).
+//! seccomp), forks the agent and reaps children until the agent dies, or a
+//! stop finishes. It dies with its launcher (its parent-death signal).
 //!
 //! Control socket messages (SEQPACKET, one per datagram): to the helper
 //! `tun` (with `--eth0`, carrying eth0's tun fd), `userns`, `pid:<host pid of PID 1>`, `ready`, `error:<text>`; from it
-//! `go` (carrying the agent's listening socket) and `term`.
+//! `go` (carrying the agent's listening socket, the keeper's and a copy of
+//! the helper's end) and `term`.
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
@@ -34,6 +35,7 @@ use nix::unistd::{ForkResult, Gid, Pid, Uid, fork};
 use serde::{Deserialize, Serialize};
 
 use super::DriverError;
+use super::keep::{ADOPT_WAIT, Keeper, report_exit};
 use super::rootfs;
 
 /// The control socket to the helper, inherited from the helper.
@@ -89,11 +91,14 @@ fn launcher(control: &OwnedFd, eth0: bool) -> Result<i32, DriverError> {
     // it knows its VM: eth0's tun belongs to it.
     unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNET)
         .map_err(sys("unshare user and network namespaces"))?;
-    if eth0 {
-        super::network::create_tun(control)?;
-    }
+    let tun = if eth0 { Some(super::network::create_tun(control)?) } else { None };
     report(control, "userns");
-    let listener = recv_go(control)?;
+    let (listener, keeper_listener, helper_end) = recv_go(control)?;
+    // Watched by pidfd from now on: this launcher holds a copy of the
+    // helper's end, whose closing no longer tells. A parent that is not the
+    // one that sent `go` (it died meanwhile) is no helper.
+    let helper = nix::unistd::getppid();
+    let parent = super::network::pidfd_open(helper.as_raw()).ok().filter(|_| nix::unistd::getppid() == helper);
     let mut config_json = String::new();
     std::io::Read::read_to_string(&mut std::io::stdin(), &mut config_json)
         .map_err(|e| DriverError::io("read init config", e))?;
@@ -123,9 +128,13 @@ fn launcher(control: &OwnedFd, eth0: bool) -> Result<i32, DriverError> {
         namespaces |= CloneFlags::CLONE_NEWNET;
     }
     unshare(namespaces).map_err(sys("unshare namespaces"))?;
+    // Only a VM with EGRESS keeps eth0's tun.
+    let keeper = Keeper { listener: keeper_listener, helper_end, tun: tun.filter(|_| config.egress) };
     // SAFETY: this process is single-threaded (a fresh exec, no runtime).
     match unsafe { fork() }.map_err(sys("fork PID 1"))? {
         ForkResult::Child => {
+            // What hands the VM to a helper stays out of the VM's reach.
+            drop((keeper, parent));
             let code = match pid1(control, &config, listener) {
                 Ok(code) => code,
                 Err(e) => {
@@ -138,46 +147,22 @@ fn launcher(control: &OwnedFd, eth0: bool) -> Result<i32, DriverError> {
         ForkResult::Parent { child } => {
             drop(listener);
             report(control, &format!("pid:{child}"));
-            hold_lifeline(control, child)?;
-            loop {
+            let pid1fd = super::network::pidfd_open(child.as_raw())?;
+            let adopter = keeper.keep(child, &pid1fd, parent, ADOPT_WAIT);
+            let code = loop {
                 match waitpid(child, None) {
-                    Ok(WaitStatus::Exited(_, code)) => return Ok(code),
-                    Ok(WaitStatus::Signaled(_, sig, _)) => return Ok(128 + sig as i32),
+                    Ok(WaitStatus::Exited(_, code)) => break code,
+                    Ok(WaitStatus::Signaled(_, sig, _)) => break 128 + sig as i32,
                     Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
                     Err(e) => {
                         return Err(DriverError::sys("wait for PID 1", e));
                     }
                 }
+            };
+            if let Some(adopter) = adopter {
+                report_exit(&adopter, code);
             }
-        }
-    }
-}
-
-/// Returns once PID 1 has exited, or once the helper is gone and PID 1 has
-/// been killed. PID 1 watches the control socket itself, but a stopped PID 1
-/// (a snapshot freezes every process of the sandbox with SIGSTOP) cannot:
-/// had the helper died mid-copy, the sandbox would stay frozen forever. The
-/// launcher is outside the sandbox's pid namespace, so it is never frozen;
-/// it kills PID 1, which SIGKILL reaches even when stopped, and the kernel
-/// then kills everything else in the namespace.
-fn hold_lifeline(control: &OwnedFd, pid1: Pid) -> Result<(), DriverError> {
-    let pid1fd = super::network::pidfd_open(pid1.as_raw())?;
-    loop {
-        // No POLLIN on the control socket: its messages are PID 1's to read.
-        // A hang-up is reported whatever the events asked for.
-        let mut fds =
-            [PollFd::new(control.as_fd(), PollFlags::empty()), PollFd::new(pid1fd.as_fd(), PollFlags::POLLIN)];
-        match poll(&mut fds, PollTimeout::NONE) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(DriverError::sys("poll for the helper and PID 1", e)),
-            Ok(_) => {}
-        }
-        if fds[1].revents().is_some_and(|r| !r.is_empty()) {
-            return Ok(());
-        }
-        if fds[0].revents().is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR)) {
-            super::network::pidfd_kill(&pid1fd, libc::SIGKILL);
-            return Ok(());
+            Ok(code)
         }
     }
 }
@@ -228,8 +213,10 @@ fn pid1(control: &OwnedFd, config: &InitConfig, listener: OwnedFd) -> Result<i32
 }
 
 /// PID 1's loop: reap everything, exit when the agent dies (mirroring its
-/// status), when a requested stop has emptied the sandbox, or when the helper
-/// is gone. Exiting makes the kernel kill whatever is left in the namespace.
+/// status), when a requested stop has emptied the sandbox, or when the
+/// control socket closes (its launcher is gone: the parent-death signal is
+/// on its way). Exiting makes the kernel kill whatever is left in the
+/// namespace.
 fn reap(control: &OwnedFd, sigfd: &mut SignalFd, agent: Pid) -> Result<i32, DriverError> {
     let mut stopping = false;
     loop {
@@ -304,11 +291,13 @@ fn report(control: &OwnedFd, msg: &str) {
     let _ = send(control.as_raw_fd(), msg.as_bytes(), MsgFlags::empty());
 }
 
-/// Waits for the helper's `go` and returns the agent's listening socket it
-/// carries. Anything else (the helper gone: end of file) ends the launcher.
-fn recv_go(control: &OwnedFd) -> Result<OwnedFd, DriverError> {
+/// Waits for the helper's `go` and returns what it carries: the agent's
+/// listening socket, the keeper's, and a copy of the helper's end of the
+/// control socket. Anything else (the helper gone: end of file) ends the
+/// launcher.
+fn recv_go(control: &OwnedFd) -> Result<(OwnedFd, OwnedFd, OwnedFd), DriverError> {
     let mut buf = [0u8; 64];
-    let mut cmsg = nix::cmsg_space!([RawFd; 1]);
+    let mut cmsg = nix::cmsg_space!([RawFd; 3]);
     loop {
         let mut iov = [std::io::IoSliceMut::new(&mut buf)];
         let msg = match nix::sys::socket::recvmsg::<()>(
@@ -329,9 +318,9 @@ fn recv_go(control: &OwnedFd) -> Result<OwnedFd, DriverError> {
         }
         let bytes = msg.bytes;
         // SAFETY: SCM_RIGHTS just gave us these fds; we own them now.
-        let mut owned: Vec<OwnedFd> = fds.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }).collect();
-        if &buf[..bytes] == b"go" && owned.len() == 1 {
-            return Ok(owned.remove(0));
+        let owned: Vec<OwnedFd> = fds.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }).collect();
+        if let (b"go", Ok([agent, keeper, helper_end])) = (&buf[..bytes], <[OwnedFd; 3]>::try_from(owned)) {
+            return Ok((agent, keeper, helper_end));
         }
         return Err(DriverError::InitFailed("the helper gave this launcher no vm".into()));
     }

@@ -16,6 +16,7 @@ use tokio::process::{Child, ChildStdin, Command};
 use super::DriverError;
 use super::cgroup::{CgroupLayout, Limits, UsageFiles, VmCgroup};
 use super::init::{CONTROL_FD, InitConfig};
+use super::keep;
 use super::network::{pidfd_kill, pidfd_open};
 use crate::driver::Egress;
 use crate::netstack::NetStack;
@@ -26,7 +27,7 @@ use sandbox_userns::IdMapper;
 
 /// Generous bound on a start; a healthy one takes milliseconds, this only
 /// turns a wedged launcher into an error instead of a hung RPC.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
+pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Everything needed to start one VM.
 #[derive(Debug, Clone)]
@@ -41,6 +42,8 @@ pub struct LaunchSpec {
     pub egress: Option<Egress>,
     /// Where the agent's listening socket is created (outside the VM).
     pub agent_socket: PathBuf,
+    /// Where the launcher's keeper listens (see [`super::keep`]).
+    pub keeper_socket: PathBuf,
 }
 
 /// A running VM's namespaces, as fds.
@@ -52,6 +55,19 @@ pub struct VmNamespaces {
     pub user: OwnedFd,
     /// Its network namespace.
     pub net: OwnedFd,
+}
+
+impl VmNamespaces {
+    /// The namespaces of the process `pid1` (the caller makes sure the pid
+    /// names the VM's PID 1).
+    fn open(pid1: i32) -> Result<Self, DriverError> {
+        let open = |kind: &str| {
+            std::fs::File::open(format!("/proc/{pid1}/ns/{kind}"))
+                .map(OwnedFd::from)
+                .map_err(|e| DriverError::io(format!("open the vm's {kind} namespace"), e))
+        };
+        Ok(VmNamespaces { user: open("user")?, net: open("net")? })
+    }
 }
 
 /// A running VM's host-side resources.
@@ -72,6 +88,7 @@ pub struct Instance {
     /// The VM's network stack (EGRESS); dropped at cleanup.
     net: std::sync::Mutex<Option<NetStack>>,
     agent_socket: PathBuf,
+    keeper_socket: PathBuf,
     /// The connection to the agent the start opened (and pinged).
     pub connection: Mux,
 }
@@ -108,6 +125,7 @@ impl Instance {
             cg.remove();
         }
         let _ = std::fs::remove_file(&self.agent_socket);
+        let _ = std::fs::remove_file(&self.keeper_socket);
     }
 }
 
@@ -257,17 +275,17 @@ pub async fn launch(prepared: Prepared, spec: &LaunchSpec) -> Result<(Instance, 
         Ok(l) => l,
         Err(e) => return Err(abort(state, child, spec, io("bind agent socket")(e)).await),
     };
+    let keeper = match keep::bind_keeper(&spec.keeper_socket) {
+        Ok(k) => k,
+        Err(e) => return Err(abort(state, child, spec, e).await),
+    };
+    let sockets = GoSockets { agent: listener, keeper };
     let result =
-        tokio::time::timeout(START_TIMEOUT, handshake(spec, &control, stdin, tun, listener, pid, &mut state)).await;
+        tokio::time::timeout(START_TIMEOUT, handshake(spec, &control, stdin, tun, sockets, pid, &mut state)).await;
     match result {
         Ok(Ok(connection)) => match state {
             Partial { cgroup, net, pid1: Some((pid1, pid1fd)) } => {
-                let open = |kind: &str| {
-                    std::fs::File::open(format!("/proc/{pid1}/ns/{kind}"))
-                        .map(OwnedFd::from)
-                        .map_err(|e| DriverError::io(format!("open the vm's {kind} namespace"), e))
-                };
-                let ns = match open("user").and_then(|user| Ok(VmNamespaces { user, net: open("net")? })) {
+                let ns = match VmNamespaces::open(pid1) {
                     Ok(ns) => Arc::new(ns),
                     Err(e) => {
                         let state = Partial { cgroup, net, pid1: Some((pid1, pid1fd)) };
@@ -276,9 +294,12 @@ pub async fn launch(prepared: Prepared, spec: &LaunchSpec) -> Result<(Instance, 
                 };
                 let agent = agent_pid(pid1);
                 let agent_socket = spec.agent_socket.clone();
+                let keeper_socket = spec.keeper_socket.clone();
                 let control = control.into_inner();
                 let net = std::sync::Mutex::new(net);
-                Ok((Instance { pid1, agent, ns, pid1fd, control, cgroup, net, agent_socket, connection }, child))
+                let instance =
+                    Instance { pid1, agent, ns, pid1fd, control, cgroup, net, agent_socket, keeper_socket, connection };
+                Ok((instance, child))
             }
             _ => Err(DriverError::InitFailed("PID 1 never reported its pid".into())),
         },
@@ -317,6 +338,7 @@ async fn abort(state: Partial, mut child: Child, spec: &LaunchSpec, e: DriverErr
         cg.remove();
     }
     let _ = std::fs::remove_file(&spec.agent_socket);
+    let _ = std::fs::remove_file(&spec.keeper_socket);
     e
 }
 
@@ -327,7 +349,7 @@ async fn handshake(
     control: &AsyncFd<OwnedFd>,
     mut stdin: ChildStdin,
     tun: Option<OwnedFd>,
-    listener: std::os::unix::net::UnixListener,
+    sockets: GoSockets,
     launcher_pid: i32,
     state: &mut Partial,
 ) -> Result<Mux, DriverError> {
@@ -336,29 +358,22 @@ async fn handshake(
         cg.rename(&spec.id);
         cg.limit(spec.limits)?;
     }
-    let unused_tun = match (&spec.egress, tun) {
-        (Some(Egress::Stack(policy, events)), Some(tun)) => {
-            let net = NetStack::start(tun, LinkKind::Packets, policy.clone(), events.clone())
-                .map_err(|e| DriverError::io("start the vm's network stack", e))?;
-            state.net = Some(net);
+    let unused_tun = match &spec.egress {
+        Some(egress) => {
+            let tun = tun.ok_or_else(|| {
+                DriverError::InitFailed("EGRESS needs eth0's tun, which this helper cannot create".into())
+            })?;
+            state.net = Some(serve_egress(egress, tun)?);
             None
         }
-        (Some(Egress::Frames(frames)), Some(tun)) => {
-            let frames = frames.try_clone().map_err(|e| DriverError::io("take the vm's frame socket", e))?;
-            state.net = Some(NetStack::relay(tun, frames));
-            None
-        }
-        (Some(_), None) => {
-            return Err(DriverError::InitFailed("EGRESS needs eth0's tun, which this helper cannot create".into()));
-        }
-        (None, tun) => tun,
+        None => tun,
     };
     let init_json = serde_json::to_string(&spec.init).map_err(|e| DriverError::InitFailed(e.to_string()))?;
     // A few hundred bytes: fits the pipe buffer, never blocks for long.
     stdin.write_all(init_json.as_bytes()).await.map_err(|e| DriverError::io("send init config", e))?;
     drop(stdin);
-    send_go(control, &listener)?;
-    drop(listener);
+    send_go(control, &sockets)?;
+    drop(sockets);
 
     let t1 = Instant::now();
     let mut ready = false;
@@ -394,12 +409,80 @@ async fn handshake(
     Ok(connection)
 }
 
-/// `go`, carrying the agent's listening socket.
-fn send_go(control: &AsyncFd<OwnedFd>, listener: &std::os::unix::net::UnixListener) -> Result<(), DriverError> {
-    let fds = [listener.as_raw_fd()];
+/// The VM's network stack over eth0's tun.
+fn serve_egress(egress: &Egress, tun: OwnedFd) -> Result<NetStack, DriverError> {
+    match egress {
+        Egress::Stack(policy, events) => NetStack::start(tun, LinkKind::Packets, policy.clone(), events.clone())
+            .map_err(|e| DriverError::io("start the vm's network stack", e)),
+        Egress::Frames(frames) => {
+            let frames = frames.try_clone().map_err(|e| DriverError::io("take the vm's frame socket", e))?;
+            Ok(NetStack::relay(tun, frames))
+        }
+    }
+}
+
+/// Takes over a VM a helper that died left running, from its launcher's
+/// keeper (see [`super::keep`]): the same host resources [`launch`] gathers,
+/// its network stack started again over the same tun (connections through
+/// the old one are gone), and the connection on which the launcher reports
+/// the VM's end. `cgroups`: where its group would be.
+pub async fn adopt(spec: &LaunchSpec, cgroups: Option<&CgroupLayout>) -> Result<(Instance, OwnedFd), DriverError> {
+    let keeper = spec.keeper_socket.clone();
+    let kept = tokio::task::spawn_blocking(move || keep::reclaim(&keeper))
+        .await
+        .map_err(|e| DriverError::InitFailed(format!("reclaiming the vm: {e}")))??;
+    let keep::Kept { pid1, pid1fd, control, tun, conn } = kept;
+    let ns = Arc::new(VmNamespaces::open(pid1)?);
+    // Opened by pid: they are PID 1's if it still lives now (a live
+    // process's pid is never reused).
+    if pidfd_exited(&pid1fd) {
+        return Err(DriverError::InitFailed("PID 1 exited during the handover".into()));
+    }
+    let net = match (&spec.egress, tun) {
+        (Some(egress), Some(tun)) => Some(serve_egress(egress, tun)?),
+        (Some(_), None) => return Err(DriverError::InitFailed("its launcher kept no tun for EGRESS".into())),
+        (None, _) => None,
+    };
+    let connection = ping(spec).await?;
+    let instance = Instance {
+        pid1,
+        agent: agent_pid(pid1),
+        ns,
+        pid1fd,
+        control,
+        cgroup: cgroups.and_then(|layout| layout.existing(&spec.id)),
+        net: std::sync::Mutex::new(net),
+        agent_socket: spec.agent_socket.clone(),
+        keeper_socket: spec.keeper_socket.clone(),
+        connection,
+    };
+    Ok((instance, conn))
+}
+
+/// Whether the process behind `pidfd` has exited (its pidfd reads ready).
+fn pidfd_exited(pidfd: &OwnedFd) -> bool {
+    use std::os::fd::AsFd as _;
+    let mut fds = [nix::poll::PollFd::new(pidfd.as_fd(), nix::poll::PollFlags::POLLIN)];
+    !matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(0))
+}
+
+/// The listening sockets `go` hands the launcher.
+struct GoSockets {
+    /// The agent's (PID 1 passes it on).
+    agent: std::os::unix::net::UnixListener,
+    /// The keeper's (the launcher's own).
+    keeper: OwnedFd,
+}
+
+/// `go`, carrying the agent's and the keeper's listening sockets and a copy
+/// of our end of the control socket, which the launcher keeps for the next
+/// helper should this one die (see [`super::keep`]).
+fn send_go(control: &AsyncFd<OwnedFd>, sockets: &GoSockets) -> Result<(), DriverError> {
+    let ours = control.get_ref().as_raw_fd();
+    let fds = [sockets.agent.as_raw_fd(), sockets.keeper.as_raw_fd(), ours];
     let cmsg = [ControlMessage::ScmRights(&fds)];
     let iov = [std::io::IoSlice::new(b"go")];
-    sendmsg::<()>(control.get_ref().as_raw_fd(), &iov, &cmsg, MsgFlags::MSG_DONTWAIT, None)
+    sendmsg::<()>(ours, &iov, &cmsg, MsgFlags::MSG_DONTWAIT, None)
         .map_err(|source| DriverError::sys("control socket send", source))?;
     Ok(())
 }

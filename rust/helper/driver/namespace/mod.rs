@@ -7,7 +7,8 @@
 //! [`rootfs`] the filesystem, [`seccomp`] the syscall filter, [`network`]
 //! loopback and the EGRESS tun, [`init`] the in-sandbox side, [`launch`] the helper
 //! side, [`warm`] the launcher kept ready for the next start, [`freeze`]
-//! stopping a VM's processes while its layer is copied.
+//! stopping a VM's processes while its layer is copied, [`keep`] a VM
+//! outliving its helper and adopted by the next.
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -19,6 +20,7 @@ use sandbox_agent::mux::Mux;
 pub mod cgroup;
 pub mod freeze;
 pub mod init;
+pub mod keep;
 pub mod launch;
 pub mod network;
 pub mod oom;
@@ -98,6 +100,18 @@ impl NamespaceDriver {
         }
     }
 
+    /// A started or adopted VM, as the VM manager holds it.
+    fn instance(&self, inner: launch::Instance, launcher: Launcher) -> Arc<dyn Instance> {
+        let limits_not_enforced =
+            if inner.usage_files().is_some() { String::new() } else { self.no_limits.clone().unwrap_or_default() };
+        Arc::new(NamespaceInstance {
+            inner,
+            launcher: std::sync::Mutex::new(Some(launcher)),
+            self_exe: self.self_exe.clone(),
+            limits_not_enforced,
+        })
+    }
+
     /// Where VM cgroups go on this host, or why VMs run without limits:
     /// shared with the other drivers, whose processes live in the same
     /// per-VM groups.
@@ -147,42 +161,27 @@ impl Driver for NamespaceDriver {
         {
             return Err(DriverError::Unavailable(format!("network EGRESS: {reason}")));
         }
-        let resolv_conf = match spec.egress {
-            Some(_) => {
-                let path = spec.dir.join("resolv.conf");
-                sandbox_net::setup::write_resolv_conf(&path)?;
-                Some(path)
-            }
-            None => None,
-        };
-        let launch_spec = launch::LaunchSpec {
-            id: spec.id.clone(),
-            init: init::InitConfig {
-                hostname: spec.hostname.clone(),
-                lowers: spec.layers.clone(),
-                upper: spec.dir.join("upper"),
-                work: spec.dir.join("work"),
-                mounts: spec.mounts.clone(),
-                resolv_conf,
-                shm_bytes: oom::shm_bytes(spec.limits.memory_bytes),
-                egress: spec.egress.is_some(),
-            },
-            limits: spec.limits,
-            egress: spec.egress.clone(),
-            agent_socket: crate::storage::agent_socket(&spec.id),
-        };
-        let (instance, child) = self.launch(&launch_spec).await?;
+        if spec.egress.is_some() {
+            sandbox_net::setup::write_resolv_conf(&spec.dir.join("resolv.conf"))?;
+        }
+        let (instance, child) = self.launch(&launch_spec(spec)).await?;
         if let Some(launcher) = child.id() {
             crate::storage::record_launcher(&spec.dir, launcher);
         }
-        let limits_not_enforced =
-            if instance.usage_files().is_some() { String::new() } else { self.no_limits.clone().unwrap_or_default() };
-        Ok(Arc::new(NamespaceInstance {
-            inner: instance,
-            launcher: std::sync::Mutex::new(Some(child)),
-            self_exe: self.self_exe.clone(),
-            limits_not_enforced,
-        }))
+        Ok(self.instance(instance, Launcher::Child(child)))
+    }
+
+    async fn adopt(&self, spec: &BootSpec, launcher: u32) -> Result<Arc<dyn Instance>, DriverError> {
+        if let Some(reason) = self.unavailable_reason() {
+            return Err(DriverError::Unavailable(reason));
+        }
+        let launch_spec = launch_spec(spec);
+        let adopted = launch::adopt(&launch_spec, self.cgroups.as_ref());
+        let (instance, conn) = tokio::time::timeout(launch::START_TIMEOUT, adopted)
+            .await
+            .map_err(|_| DriverError::Timeout("the vm's launcher and agent to answer"))??;
+        crate::storage::record_launcher(&spec.dir, launcher);
+        Ok(self.instance(instance, Launcher::Kept(conn)))
     }
 
     fn keep_warm(&self) {
@@ -210,13 +209,23 @@ impl Driver for NamespaceDriver {
     }
 }
 
-/// A running namespace sandbox: its launcher (which exits with PID 1) and
-/// the host resources [`launch::Instance`] holds.
+/// What tells the helper that a VM ended: its launcher, which exits with
+/// PID 1.
+#[derive(Debug)]
+enum Launcher {
+    /// This helper's child.
+    Child(tokio::process::Child),
+    /// A dead helper's, adopted: its keeper connection reports the end.
+    Kept(std::os::fd::OwnedFd),
+}
+
+/// A running namespace sandbox: its launcher and the host resources
+/// [`launch::Instance`] holds.
 #[derive(Debug)]
 struct NamespaceInstance {
     inner: launch::Instance,
     /// Taken by [`Instance::take_exit`].
-    launcher: std::sync::Mutex<Option<tokio::process::Child>>,
+    launcher: std::sync::Mutex<Option<Launcher>>,
     /// This binary, for layer copies as the VM's root.
     self_exe: PathBuf,
     /// Why this run has no cgroup limits; empty when it has.
@@ -241,13 +250,16 @@ impl Instance for NamespaceInstance {
     }
 
     fn take_exit(&self) -> Option<Exit> {
-        let mut child = self.launcher.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()?;
-        Some(Box::pin(async move {
-            match child.wait().await {
-                Ok(st) => describe_exit(st),
-                Err(e) => format!("lost track of init: {e}"),
-            }
-        }))
+        let launcher = self.launcher.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()?;
+        Some(match launcher {
+            Launcher::Child(mut child) => Box::pin(async move {
+                match child.wait().await {
+                    Ok(st) => describe_exit(st),
+                    Err(e) => format!("lost track of init: {e}"),
+                }
+            }),
+            Launcher::Kept(conn) => Box::pin(keep::wait_exit(conn)),
+        })
     }
 
     fn snapshot_layer(&self, upper: &Path, dst: &Path) -> Result<(), HelperError> {
@@ -271,6 +283,27 @@ impl Instance for NamespaceInstance {
 
     fn cleanup(&self) {
         self.inner.cleanup();
+    }
+}
+
+/// What the launcher of the VM `spec` gets, and where its sockets are.
+fn launch_spec(spec: &BootSpec) -> launch::LaunchSpec {
+    launch::LaunchSpec {
+        id: spec.id.clone(),
+        init: init::InitConfig {
+            hostname: spec.hostname.clone(),
+            lowers: spec.layers.clone(),
+            upper: spec.dir.join("upper"),
+            work: spec.dir.join("work"),
+            mounts: spec.mounts.clone(),
+            resolv_conf: spec.egress.as_ref().map(|_| spec.dir.join("resolv.conf")),
+            shm_bytes: oom::shm_bytes(spec.limits.memory_bytes),
+            egress: spec.egress.is_some(),
+        },
+        limits: spec.limits,
+        egress: spec.egress.clone(),
+        agent_socket: crate::storage::agent_socket(&spec.id),
+        keeper_socket: crate::storage::keeper_socket(&spec.id),
     }
 }
 

@@ -16,14 +16,15 @@ const IFF_NO_PI: libc::c_short = 0x1000;
 
 /// The launcher, right after unsharing its user and network namespaces:
 /// creates eth0 as a tun in the latter and sends the tun's fd to the helper
-/// (message `tun` with SCM_RIGHTS), keeping no copy. A VM without EGRESS
+/// (message `tun` with SCM_RIGHTS) and returns its own copy, which keeps
+/// the device through a helper's death (see [`super::keep`]). A VM without EGRESS
 /// never sees the device: its launcher moves to a network namespace of its
 /// own (see [`super::init`]).
 ///
 /// The open of /dev/net/tun is checked against the launcher's host
 /// credentials, which it still has here (ids are mapped later); the tun
 /// belongs to the namespace of its opener, hence the unshare first.
-pub fn create_tun(control: &OwnedFd) -> Result<(), DriverError> {
+pub fn create_tun(control: &OwnedFd) -> Result<OwnedFd, DriverError> {
     let sys = |what: &'static str| move |source| DriverError::sys(what, source);
     let tun = std::fs::OpenOptions::new()
         .read(true)
@@ -41,7 +42,7 @@ pub fn create_tun(control: &OwnedFd) -> Result<(), DriverError> {
     let iov = [std::io::IoSlice::new(b"tun")];
     nix::sys::socket::sendmsg::<()>(control.as_raw_fd(), &iov, &cmsg, nix::sys::socket::MsgFlags::empty(), None)
         .map_err(sys("send the tun to the helper"))?;
-    Ok(())
+    Ok(tun.into())
 }
 
 /// The TUNSETIFF request that makes a tun `eth0` without packet info. It
