@@ -25,6 +25,15 @@ pub fn start_time(pid: u32) -> Option<String> {
     stat_field(pid, 22)
 }
 
+/// The children of every thread of `pid` (each thread's `children` list).
+pub fn children(pid: u32) -> Vec<u32> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|list| list.split_whitespace().filter_map(|c| c.parse().ok()).collect::<Vec<u32>>())
+        .collect()
+}
+
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
@@ -38,5 +47,10 @@ mod tests {
         assert!(start_time(me).is_some_and(|t| t.parse::<u64>().is_ok()));
         assert_eq!(stat_field(me, 2), None, "the command name is not a field here");
         assert_eq!(state(u32::MAX), None);
+        let mut child = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+        assert!(children(me).contains(&child.id()));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!children(me).contains(&child.id()));
     }
 }

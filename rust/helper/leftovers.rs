@@ -21,8 +21,17 @@ pub enum Reaped {
 /// Records `pid`, started by this helper, in `file`. Not fatal: the record
 /// only matters if the helper dies and the process does not die with it.
 pub fn record(file: &Path, pid: u32) {
-    let (Some(start), Some(own)) = (start_time(pid), start_time(std::process::id())) else { return };
-    let line = format!("{pid} {start} {} {own}\n", std::process::id());
+    if let Some(start) = start_time(pid) {
+        record_owned(file, &Orphan { pid, start });
+    }
+}
+
+/// Records `process` as this helper's (an orphan it adopted), under the
+/// start time it was found with: read again, it could name a process that
+/// took the pid since.
+pub fn record_owned(file: &Path, process: &Orphan) {
+    let Some(own) = start_time(std::process::id()) else { return };
+    let line = format!("{} {} {} {own}\n", process.pid, process.start, std::process::id());
     if let Err(e) = std::fs::write(file, line) {
         tracing::warn!(path = %file.display(), error = %e, "cannot record a process the helper started");
     }
@@ -55,10 +64,19 @@ fn read_record(file: &Path) -> Option<Record> {
     Some(Record { pid, start: fields[1].to_string(), owned })
 }
 
-/// The pid of the process recorded in `file` if it runs and the helper
-/// that started it is gone: one a new helper may adopt.
-pub fn orphan(file: &Path) -> Option<u32> {
-    read_record(file).filter(|r| !r.owned).map(|r| r.pid)
+/// A recorded process whose helper is gone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Orphan {
+    /// Its pid.
+    pub pid: u32,
+    /// Its start time, against pid reuse.
+    pub start: String,
+}
+
+/// The process recorded in `file` if it runs and the helper that started
+/// it is gone: one a new helper may adopt.
+pub fn orphan(file: &Path) -> Option<Orphan> {
+    read_record(file).filter(|r| !r.owned).map(|r| Orphan { pid: r.pid, start: r.start })
 }
 
 /// Kills the process recorded in `file` if the helper that started it is
@@ -74,6 +92,17 @@ pub fn reap(file: &Path) -> Reaped {
     // process that took the pid meanwhile.
     let killed = start_time(pid).as_deref() == Some(record.start.as_str());
     if killed {
+        // Its children first: a launcher's is the sandbox's PID 1, which
+        // code in the sandbox can keep from dying with its launcher (its
+        // parent-death signal cleared through ptrace). Each pidfd names
+        // the child if the pid is still the process's child once opened.
+        let children: Vec<_> = sandbox_base::proc::children(pid)
+            .into_iter()
+            .filter_map(|c| crate::driver::network::pidfd_open(c as i32).ok().filter(|_| parent(c) == Some(pid)))
+            .collect();
+        for child in &children {
+            crate::driver::network::pidfd_kill(child, libc::SIGKILL);
+        }
         crate::driver::network::pidfd_kill(&fd, libc::SIGKILL);
     }
     let _ = std::fs::remove_file(file);
@@ -136,6 +165,38 @@ mod tests {
         let status = child.wait().unwrap();
         assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
         assert!(!file.exists());
+        std::fs::remove_dir(file.parent().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn a_killed_leftover_takes_its_children_first() {
+        // A launcher and its PID 1, which need not die with it (code in a
+        // sandbox can clear its parent-death signal): a shell and its sleep.
+        let file = record_file("a_killed_lef");
+        let mut shell = std::process::Command::new("sh").args(["-c", "sleep 60 & wait"]).spawn().unwrap();
+        let child = loop {
+            if let Some(c) = sandbox_base::proc::children(shell.id()).first() {
+                break *c;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        let child_start = start_time(child).unwrap();
+        let mut helper = sleeper();
+        let owner = format!("{} {}", helper.id(), start_time(helper.id()).unwrap());
+        helper.kill().unwrap();
+        helper.wait().unwrap();
+        std::fs::write(&file, format!("{} {} {owner}\n", shell.id(), start_time(shell.id()).unwrap())).unwrap();
+        assert_eq!(reap(&file), Reaped::Killed(shell.id()));
+        shell.wait().unwrap();
+        // Reaped by init (its parent is gone): gone, or a zombie for a moment.
+        let gone = || {
+            start_time(child).as_deref() != Some(child_start.as_str()) || sandbox_base::proc::state(child) == Some('Z')
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !gone() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(gone(), "the leftover's child lives on");
         std::fs::remove_dir(file.parent().unwrap()).unwrap();
     }
 

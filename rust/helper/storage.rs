@@ -100,8 +100,14 @@ pub fn record_launcher(dir: &Path, pid: u32) {
 /// The launcher recorded in the VM directory `dir`, if it runs and the
 /// helper that started it is gone (a VM the next helper may adopt).
 #[cfg(linux_host)]
-pub fn orphaned_launcher(dir: &Path) -> Option<u32> {
+pub fn orphaned_launcher(dir: &Path) -> Option<crate::leftovers::Orphan> {
     crate::leftovers::orphan(&dir.join(LAUNCHER_FILE))
+}
+
+/// Records the launcher of the VM in `dir` as this helper's, once adopted.
+#[cfg(linux_host)]
+pub fn record_adopted(dir: &Path, launcher: &crate::leftovers::Orphan) {
+    crate::leftovers::record_owned(&dir.join(LAUNCHER_FILE), launcher);
 }
 
 /// At helper start: kills every launcher recorded under the state dir

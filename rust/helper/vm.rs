@@ -326,6 +326,7 @@ impl VmManager {
         }
         let events = Arc::new(Events::default());
         let spec = self.boot_spec(&slot, &config, &events);
+        adopt::forget(&slot.dir);
         let instance = slot.driver.boot(&spec).await.map_err(|e| match e {
             DriverError::Unavailable(reason) => HelperError::Unavailable(reason),
             other => HelperError::Driver(other),

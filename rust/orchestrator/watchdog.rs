@@ -6,7 +6,8 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use super::{
     helper_client::{HelperClient, VmInfo, VmState},
-    sandbox::SandboxManager,
+    isolation::Isolation,
+    sandbox::{Sandbox, SandboxManager},
 };
 
 /// How often the helper is asked for its VMs.
@@ -27,14 +28,45 @@ pub(super) fn clock() -> String {
     format!("{:02}:{:02}:{:02} UTC", secs / 3600 % 24, secs / 60 % 60, secs % 60)
 }
 
+/// Why a sandbox's VM is missing from the helper's list.
+enum Missing {
+    /// The helper answers, so it did not take the VM with it: someone else
+    /// deleted it through the same helper.
+    DeletedByAnother,
+    /// The helper died and a new one, started at `at`, did not adopt it.
+    HelperRestarted { at: String },
+}
+
+impl Missing {
+    /// The loss reason of `sandbox`, as `status` and the comeback show it.
+    fn why(&self, sandbox: &Sandbox) -> String {
+        match self {
+            Missing::DeletedByAnother => format!(
+                "its VM was deleted through the VM helper by another client (another sandbox-mcp server sharing the \
+                 helper, or a helper started afresh by one) (noticed at {})",
+                clock()
+            ),
+            Missing::HelperRestarted { at } => match sandbox.isolation {
+                Isolation::Vm => {
+                    format!("the VM helper stopped and was restarted at {at}; a vm sandbox ends with its helper")
+                }
+                Isolation::Namespaces => format!(
+                    "the VM helper stopped and was restarted at {at}, which could not keep this sandbox (a snapshot \
+                     had frozen it then, it was being started, or its launcher was gone)"
+                ),
+            },
+        }
+    }
+}
+
 impl SandboxManager {
     /// Compare the registry with the helper's VMs once; a sandbox whose VM
-    /// is not running any more is marked lost with `why`. Sandboxes being
-    /// created, reset or destroyed right now are left to that operation.
-    /// Returns the names lost.
-    pub async fn reconcile(&self, why_missing: &str) -> Result<Vec<String>, super::OrchestratorError> {
+    /// is not running any more is marked lost, saying why it is `missing`.
+    /// Sandboxes being created, reset or destroyed right now are left to
+    /// that operation. Returns the names lost.
+    async fn reconcile(&self, missing: &Missing) -> Result<Vec<String>, super::OrchestratorError> {
         let vms = self.helper.list_vms().await?;
-        let lost = self.lose_missing(&vms, why_missing).await;
+        let lost = self.lose_missing(&vms, missing).await;
         self.remove_cut_short_late(&vms).await;
         self.free_unfreed().await;
         Ok(lost)
@@ -42,7 +74,7 @@ impl SandboxManager {
 
     /// Marks lost each sandbox whose VM is not running among `vms`; returns
     /// the names lost.
-    async fn lose_missing(&self, vms: &[VmInfo], why_missing: &str) -> Vec<String> {
+    async fn lose_missing(&self, vms: &[VmInfo], missing: &Missing) -> Vec<String> {
         let mut lost = Vec::new();
         for sandbox in self.list() {
             let vm = vms.iter().find(|v| v.id == sandbox.name);
@@ -64,7 +96,7 @@ impl SandboxManager {
                         None => format!("its VM stopped unexpectedly (noticed at {})", clock()),
                     }
                 }
-                None => why_missing.to_string(),
+                None => missing.why(&sandbox),
             };
             // Its children must not outlive it: they would run outside any
             // live parent's budget, and a reset of the name would adopt them.
@@ -85,31 +117,24 @@ impl SandboxManager {
             loop {
                 tick.tick().await;
                 let Some(manager) = weak.upgrade() else { break };
-                // The helper answers, so it did not take the VM with it:
-                // someone else deleted it through the same helper.
-                let why = format!(
-                    "its VM was deleted through the VM helper by another client (another sandbox-mcp server sharing \
-                     the helper, or a helper started afresh by one) (noticed at {})",
-                    clock()
-                );
-                if manager.reconcile(&why).await.is_ok() {
+                if manager.reconcile(&Missing::DeletedByAnother).await.is_ok() {
                     continue;
                 }
                 tracing::warn!("the VM helper stopped answering; starting it again");
-                let why = format!("the VM helper stopped and was restarted at {}", clock());
+                let missing = Missing::HelperRestarted { at: clock() };
                 // The channel inside the manager dials the socket again by
                 // itself: starting the helper is all it takes. A new helper
                 // adopts the VMs the dead one left running before it answers
                 // (namespace VMs: see the helper's `keep`), so only the rest
                 // are lost.
                 let lost = match HelperClient::connect_or_spawn(&respawn.socket, &respawn.binary).await {
-                    Ok(_) => manager.reconcile(&why).await.unwrap_or_else(|e| {
+                    Ok(_) => manager.reconcile(&missing).await.unwrap_or_else(|e| {
                         tracing::warn!("the restarted VM helper does not answer yet: {e}");
                         Vec::new()
                     }),
                     Err(e) => {
                         tracing::warn!("could not restart the VM helper: {e}");
-                        manager.lose_missing(&[], &why).await
+                        manager.lose_missing(&[], &missing).await
                     }
                 };
                 // What they served comes back without waiting for a call.

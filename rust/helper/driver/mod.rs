@@ -293,9 +293,13 @@ pub trait Driver: Send + Sync + std::fmt::Debug {
     /// Boots a VM; returns once its agent answers.
     async fn boot(&self, spec: &BootSpec) -> Result<Arc<dyn Instance>, DriverError>;
     /// Takes over the VM `spec` that a helper which died left running, its
-    /// launcher `launcher` (a host pid) still alive; the error says why it
-    /// cannot be kept (then it is killed and its sandbox comes back as lost).
-    async fn adopt(&self, spec: &BootSpec, launcher: u32) -> Result<Arc<dyn Instance>, DriverError> {
+    /// launcher still alive; the error says why it cannot be kept (then it
+    /// is killed and its sandbox comes back as lost).
+    async fn adopt(
+        &self,
+        spec: &BootSpec,
+        launcher: &crate::leftovers::Orphan,
+    ) -> Result<Arc<dyn Instance>, DriverError> {
         let _ = (spec, launcher);
         Err(DriverError::Unavailable(format!("the {} driver's VMs end with their helper", self.name())))
     }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use super::{Events, VmInfo, VmManager};
 use crate::error::HelperError;
+use crate::leftovers::Orphan;
 use crate::spec::VmConfig;
 use sandbox_image::ImageInfo;
 
@@ -23,6 +24,13 @@ struct Kept {
     config: VmConfig,
     image: ImageInfo,
     created_at_ms: i64,
+}
+
+/// Forgets the record in `dir`, before the VM starts again: a helper dying
+/// before the new one is written must not adopt the new run with the old
+/// run's config.
+pub(super) fn forget(dir: &Path) {
+    let _ = std::fs::remove_file(dir.join(RECORD));
 }
 
 /// Records the running VM `info` (booted from `image`) in its directory
@@ -44,23 +52,33 @@ impl VmManager {
     /// (see the module doc); call at start, before the leftovers pass and
     /// before serving.
     pub async fn adopt_left(&self) {
+        let Some(me) = self.me.upgrade() else { return };
         let root = sandbox_base::paths::state_dir().join("vms");
+        // All at once: each launcher waits a bounded time for a helper, and
+        // one VM whose agent stalls must not use up the others' wait.
+        let mut adoptions = tokio::task::JoinSet::new();
         for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
             let dir = entry.path();
             #[cfg(linux_host)]
             let Some(launcher) = crate::storage::orphaned_launcher(&dir) else { continue };
             #[cfg(not(linux_host))]
-            let launcher = 0;
+            let launcher = crate::leftovers::Orphan { pid: 0, start: String::new() };
             let id = entry.file_name().to_string_lossy().into_owned();
-            match self.adopt(&id, dir, launcher).await {
-                Ok(()) => tracing::info!(vm = %id, launcher, "kept a vm the last helper left running"),
-                Err(e) => tracing::warn!(vm = %id, reason = %e, "cannot keep a vm the last helper left running"),
-            }
+            let me = me.clone();
+            adoptions.spawn(async move {
+                match me.adopt(&id, dir, &launcher).await {
+                    Ok(()) => {
+                        tracing::info!(vm = %id, launcher = launcher.pid, "kept a vm the last helper left running")
+                    }
+                    Err(e) => tracing::warn!(vm = %id, reason = %e, "cannot keep a vm the last helper left running"),
+                }
+            });
         }
+        while adoptions.join_next().await.is_some() {}
     }
 
-    /// Adopts the VM `id` in `dir`, whose launcher (host pid) is `launcher`.
-    async fn adopt(&self, id: &str, dir: PathBuf, launcher: u32) -> Result<(), HelperError> {
+    /// Adopts the VM `id` in `dir`, whose launcher is `launcher`.
+    async fn adopt(&self, id: &str, dir: PathBuf, launcher: &Orphan) -> Result<(), HelperError> {
         let text = std::fs::read(dir.join(RECORD)).map_err(|e| HelperError::io("read the vm's record", e))?;
         let kept: Kept = serde_json::from_slice(&text)
             .map_err(|e| HelperError::invalid("the vm's record", format!("{} is not one: {e}", RECORD)))?;

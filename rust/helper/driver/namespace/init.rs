@@ -20,8 +20,8 @@
 //!
 //! Control socket messages (SEQPACKET, one per datagram): to the helper
 //! `tun` (with `--eth0`, carrying eth0's tun fd), `userns`, `pid:<host pid of PID 1>`, `ready`, `error:<text>`; from it
-//! `go` (carrying the agent's listening socket, the keeper's and a copy of
-//! the helper's end) and `term`.
+//! `go` (carrying the agent's listening socket, the keeper's, a copy of
+//! the helper's end and the helper's pidfd) and `term`.
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 
@@ -93,12 +93,9 @@ fn launcher(control: &OwnedFd, eth0: bool) -> Result<i32, DriverError> {
         .map_err(sys("unshare user and network namespaces"))?;
     let tun = if eth0 { Some(super::network::create_tun(control)?) } else { None };
     report(control, "userns");
-    let (listener, keeper_listener, helper_end) = recv_go(control)?;
-    // Watched by pidfd from now on: this launcher holds a copy of the
-    // helper's end, whose closing no longer tells. A parent that is not the
-    // one that sent `go` (it died meanwhile) is no helper.
-    let helper = nix::unistd::getppid();
-    let parent = super::network::pidfd_open(helper.as_raw()).ok().filter(|_| nix::unistd::getppid() == helper);
+    // The helper is watched by the pidfd it sent from now on: this launcher
+    // holds a copy of the helper's end, whose closing no longer tells.
+    let Go { agent: listener, keeper: keeper_listener, helper_end, helper } = recv_go(control)?;
     let mut config_json = String::new();
     std::io::Read::read_to_string(&mut std::io::stdin(), &mut config_json)
         .map_err(|e| DriverError::io("read init config", e))?;
@@ -134,7 +131,7 @@ fn launcher(control: &OwnedFd, eth0: bool) -> Result<i32, DriverError> {
     match unsafe { fork() }.map_err(sys("fork PID 1"))? {
         ForkResult::Child => {
             // What hands the VM to a helper stays out of the VM's reach.
-            drop((keeper, parent));
+            drop((keeper, helper));
             let code = match pid1(control, &config, listener) {
                 Ok(code) => code,
                 Err(e) => {
@@ -148,7 +145,7 @@ fn launcher(control: &OwnedFd, eth0: bool) -> Result<i32, DriverError> {
             drop(listener);
             report(control, &format!("pid:{child}"));
             let pid1fd = super::network::pidfd_open(child.as_raw())?;
-            let adopter = keeper.keep(child, &pid1fd, parent, ADOPT_WAIT);
+            let adopter = keeper.keep(child, &pid1fd, Some(helper), ADOPT_WAIT);
             let code = loop {
                 match waitpid(child, None) {
                     Ok(WaitStatus::Exited(_, code)) => break code,
@@ -291,13 +288,23 @@ fn report(control: &OwnedFd, msg: &str) {
     let _ = send(control.as_raw_fd(), msg.as_bytes(), MsgFlags::empty());
 }
 
-/// Waits for the helper's `go` and returns what it carries: the agent's
-/// listening socket, the keeper's, and a copy of the helper's end of the
-/// control socket. Anything else (the helper gone: end of file) ends the
-/// launcher.
-fn recv_go(control: &OwnedFd) -> Result<(OwnedFd, OwnedFd, OwnedFd), DriverError> {
+/// What the helper's `go` carries.
+struct Go {
+    /// The agent's listening socket.
+    agent: OwnedFd,
+    /// The keeper's listening socket.
+    keeper: OwnedFd,
+    /// A copy of the helper's end of the control socket.
+    helper_end: OwnedFd,
+    /// The helper's pidfd.
+    helper: OwnedFd,
+}
+
+/// Waits for the helper's `go` and returns what it carries. Anything else
+/// (the helper gone: end of file) ends the launcher.
+fn recv_go(control: &OwnedFd) -> Result<Go, DriverError> {
     let mut buf = [0u8; 64];
-    let mut cmsg = nix::cmsg_space!([RawFd; 3]);
+    let mut cmsg = nix::cmsg_space!([RawFd; 4]);
     loop {
         let mut iov = [std::io::IoSliceMut::new(&mut buf)];
         let msg = match nix::sys::socket::recvmsg::<()>(
@@ -319,8 +326,8 @@ fn recv_go(control: &OwnedFd) -> Result<(OwnedFd, OwnedFd, OwnedFd), DriverError
         let bytes = msg.bytes;
         // SAFETY: SCM_RIGHTS just gave us these fds; we own them now.
         let owned: Vec<OwnedFd> = fds.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }).collect();
-        if let (b"go", Ok([agent, keeper, helper_end])) = (&buf[..bytes], <[OwnedFd; 3]>::try_from(owned)) {
-            return Ok((agent, keeper, helper_end));
+        if let (b"go", Ok([agent, keeper, helper_end, helper])) = (&buf[..bytes], <[OwnedFd; 4]>::try_from(owned)) {
+            return Ok(Go { agent, keeper, helper_end, helper });
         }
         return Err(DriverError::InitFailed("the helper gave this launcher no vm".into()));
     }

@@ -22,9 +22,12 @@
 //!
 //! Messages (SEQPACKET): from the helper `adopt:<version>`; from the
 //! launcher `kept:<version>:<pid1>` carrying the helper's control end, PID
-//! 1's pidfd and (EGRESS) the tun, or `refused:<why>`; later `exit:<status>`
-//! when PID 1 exits. Only the helper's user can reach the keeper (it sits
-//! in the runtime dir's 0700 `vms`, never inside a VM).
+//! 1's pidfd and (EGRESS) the tun, or `refused:<why>`; from the helper
+//! `adopted` once it holds the VM (until then the wait runs on: a helper
+//! that dies mid-adoption, again and again, does not keep an orphan alive
+//! past it); from the launcher `exit:<status>` when PID 1 exits. Only the
+//! helper's user can reach the keeper (it sits in the runtime dir's 0700
+//! `vms`, never inside a VM).
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -75,8 +78,11 @@ pub struct Keeper {
 
 /// Who watches the VM now.
 enum Watcher {
-    /// The helper that started it (this launcher's parent), by pidfd.
+    /// The helper that started it, by pidfd.
     Parent(OwnedFd),
+    /// A helper that took the VM's fds and has not confirmed yet; the wait
+    /// that began at the instant runs on.
+    Adopting(OwnedFd, Instant),
     /// A helper that adopted it, by its connection.
     Adopter(OwnedFd),
     /// None since then.
@@ -92,7 +98,7 @@ impl Keeper {
         let mut watcher = parent.map_or_else(|| Watcher::Gone(Instant::now()), Watcher::Parent);
         loop {
             let timeout = match &watcher {
-                Watcher::Gone(since) => {
+                Watcher::Gone(since) | Watcher::Adopting(_, since) => {
                     let left = wait.saturating_sub(since.elapsed());
                     if left.is_zero() {
                         pidfd_kill(pid1fd, libc::SIGKILL);
@@ -103,11 +109,11 @@ impl Keeper {
                 }
                 _ => PollTimeout::NONE,
             };
-            let (pid1_done, watcher_gone, knocked) = {
+            let (pid1_done, watcher_ready, knocked) = {
                 let watched = match &watcher {
-                    Watcher::Parent(fd) => Some(PollFd::new(fd.as_fd(), PollFlags::POLLIN)),
-                    // No POLLIN: the adopter sends nothing; a hang-up is
-                    // reported whatever the events asked for.
+                    Watcher::Parent(fd) | Watcher::Adopting(fd, _) => Some(PollFd::new(fd.as_fd(), PollFlags::POLLIN)),
+                    // No POLLIN: the adopter sends nothing more; a hang-up
+                    // is reported whatever the events asked for.
                     Watcher::Adopter(fd) => Some(PollFd::new(fd.as_fd(), PollFlags::empty())),
                     Watcher::Gone(_) => None,
                 };
@@ -130,23 +136,33 @@ impl Keeper {
             };
             if pid1_done {
                 return match watcher {
-                    Watcher::Adopter(conn) => Some(conn),
+                    Watcher::Adopter(conn) | Watcher::Adopting(conn, _) => Some(conn),
                     _ => None,
                 };
             }
-            if watcher_gone {
-                watcher = Watcher::Gone(Instant::now());
-                if frozen(pid1) {
-                    pidfd_kill(pid1fd, libc::SIGKILL);
-                }
+            if watcher_ready {
+                watcher = match watcher {
+                    Watcher::Adopting(conn, since) => match recv_message(&conn, Duration::ZERO) {
+                        Some((text, _)) if text == "adopted" => Watcher::Adopter(conn),
+                        _ => Watcher::Gone(since),
+                    },
+                    _ => {
+                        if frozen(pid1) {
+                            pidfd_kill(pid1fd, libc::SIGKILL);
+                        }
+                        Watcher::Gone(Instant::now())
+                    }
+                };
             }
             if knocked {
                 let Ok(conn) = accept4(self.listener.as_raw_fd(), SockFlag::SOCK_CLOEXEC) else { continue };
                 // SAFETY: accept4 just returned this fd; we own it.
                 let conn = unsafe { OwnedFd::from_raw_fd(conn) };
                 // A knock while watched is turned away: one helper at a time.
-                if matches!(watcher, Watcher::Gone(_)) && self.hand_over(&conn, pid1, pid1fd) {
-                    watcher = Watcher::Adopter(conn);
+                if let Watcher::Gone(since) = watcher
+                    && self.hand_over(&conn, pid1, pid1fd)
+                {
+                    watcher = Watcher::Adopting(conn, since);
                 }
             }
         }
@@ -170,6 +186,14 @@ impl Keeper {
 /// Tells the adopter how PID 1 ended (an exit status, or 128 + signal).
 pub fn report_exit(conn: &OwnedFd, code: i32) {
     let _ = nix::sys::socket::send(conn.as_raw_fd(), format!("exit:{code}").as_bytes(), MsgFlags::empty());
+}
+
+/// Tells the launcher this helper holds the VM now: from then on its death
+/// starts the launcher's wait afresh.
+pub fn confirm(conn: &OwnedFd) -> Result<(), DriverError> {
+    nix::sys::socket::send(conn.as_raw_fd(), b"adopted", MsgFlags::empty())
+        .map_err(|source| DriverError::sys("confirm the adoption to the launcher", source))?;
+    Ok(())
 }
 
 /// A VM handed over by its launcher.
@@ -221,15 +245,18 @@ pub fn reclaim(keeper: &Path) -> Result<Kept, DriverError> {
     Ok(Kept { pid1, pid1fd, control, tun, conn })
 }
 
-/// Waits for the launcher's report of PID 1's end: `init exited with status
-/// N`, or what a launcher that died without one means.
+/// Waits for the launcher's report of PID 1's end, then for the launcher
+/// to exit (it holds the VM's mounts until then): `init exited with status
+/// N`, as a started VM's launcher's exit status says it, or what a launcher
+/// that died without one means.
 pub async fn wait_exit(conn: OwnedFd) -> String {
-    let text = async {
+    let messages = async {
         let nonblocking = nix::fcntl::OFlag::O_NONBLOCK;
         nix::fcntl::fcntl(&conn, nix::fcntl::FcntlArg::F_SETFL(nonblocking)).ok()?;
         // SAFETY: we own the fd and it stays open for as long as the AsyncFd.
         let conn = unsafe { tokio::io::unix::AsyncFd::register(conn) }.ok()?;
         let mut buf = [0u8; 64];
+        let mut report = None;
         loop {
             let mut guard = conn.readable().await.ok()?;
             let got = guard.try_io(|fd| {
@@ -237,15 +264,14 @@ pub async fn wait_exit(conn: OwnedFd) -> String {
                     .map_err(std::io::Error::from)
             });
             match got {
-                Ok(Ok(n)) => return Some(String::from_utf8_lossy(&buf[..n]).into_owned()),
-                Ok(Err(_)) => return None,
+                Ok(Ok(0)) | Ok(Err(_)) => return report,
+                Ok(Ok(n)) => report = Some(String::from_utf8_lossy(&buf[..n]).into_owned()),
                 Err(_would_block) => continue,
             }
         }
     };
-    let text = text.await.unwrap_or_default();
+    let text = messages.await.unwrap_or_default();
     match text.strip_prefix("exit:").and_then(|c| c.parse::<i32>().ok()) {
-        Some(code) if code > 128 => format!("init was killed by signal {}", code - 128),
         Some(code) => format!("init exited with status {code}"),
         None => "the vm's launcher died".into(),
     }
@@ -395,8 +421,33 @@ mod tests {
         // A second helper knocking now is turned away: one adopter at a time.
         assert!(reclaim(&path).is_err());
         pidfd_kill(&kept.pid1fd, libc::SIGKILL);
-        assert_eq!(wait_exit(kept.conn).await, "init was killed by signal 9");
+        confirm(&kept.conn).unwrap();
+        assert_eq!(wait_exit(kept.conn).await, "init exited with status 137");
         launcher.join().unwrap();
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn an_adopter_that_never_confirms_does_not_extend_the_wait() {
+        let (mut child, pid1fd, keeper, path, _theirs) = setup("unconfirmed");
+        let pid1 = Pid::from_raw(child.id() as i32);
+        let knocker = std::thread::spawn({
+            let path = path.clone();
+            move || {
+                // Takes the fds and drops them, twice, as a helper crashing
+                // mid-adoption would.
+                for _ in 0..2 {
+                    drop(reclaim(&path).expect("an orphan hands its vm over"));
+                    std::thread::sleep(Duration::from_millis(150));
+                }
+            }
+        });
+        let begun = Instant::now();
+        assert!(keeper.keep(pid1, &pid1fd, None, Duration::from_millis(400)).is_none());
+        knocker.join().unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
+        assert!(begun.elapsed() < Duration::from_secs(5), "the wait ran on from the first loss");
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
     }
 }

@@ -421,21 +421,54 @@ fn serve_egress(egress: &Egress, tun: OwnedFd) -> Result<NetStack, DriverError> 
     }
 }
 
-/// Takes over a VM a helper that died left running, from its launcher's
-/// keeper (see [`super::keep`]): the same host resources [`launch`] gathers,
-/// its network stack started again over the same tun (connections through
-/// the old one are gone), and the connection on which the launcher reports
-/// the VM's end. `cgroups`: where its group would be.
-pub async fn adopt(spec: &LaunchSpec, cgroups: Option<&CgroupLayout>) -> Result<(Instance, OwnedFd), DriverError> {
-    let keeper = spec.keeper_socket.clone();
-    let kept = tokio::task::spawn_blocking(move || keep::reclaim(&keeper))
-        .await
-        .map_err(|e| DriverError::InitFailed(format!("reclaiming the vm: {e}")))??;
+/// Takes over a VM a helper that died left running, handed over by its
+/// launcher's keeper (see [`super::keep`]): the same host resources
+/// [`launch`] gathers, its network stack started again over the same tun
+/// (connections through the old one are gone); returns the connection on
+/// which the launcher reports the VM's end. `cgroups`: where its group
+/// would be. On an error PID 1 is killed, through its pidfd: code in the VM
+/// may have cleared PID 1's parent-death signal, so killing its launcher
+/// would not end it.
+pub async fn adopt(
+    spec: &LaunchSpec,
+    kept: keep::Kept,
+    cgroups: Option<&CgroupLayout>,
+) -> Result<(Instance, OwnedFd), DriverError> {
     let keep::Kept { pid1, pid1fd, control, tun, conn } = kept;
+    match adopted(spec, pid1, &pid1fd, tun).await {
+        Ok((ns, net, connection)) => {
+            let instance = Instance {
+                pid1,
+                agent: agent_pid(pid1),
+                ns,
+                pid1fd,
+                control,
+                cgroup: cgroups.and_then(|layout| layout.existing(&spec.id)),
+                net: std::sync::Mutex::new(net),
+                agent_socket: spec.agent_socket.clone(),
+                keeper_socket: spec.keeper_socket.clone(),
+                connection,
+            };
+            Ok((instance, conn))
+        }
+        Err(e) => {
+            pidfd_kill(&pid1fd, libc::SIGKILL);
+            Err(e)
+        }
+    }
+}
+
+/// The namespaces, network stack and agent connection of an adopted VM.
+async fn adopted(
+    spec: &LaunchSpec,
+    pid1: i32,
+    pid1fd: &OwnedFd,
+    tun: Option<OwnedFd>,
+) -> Result<(Arc<VmNamespaces>, Option<NetStack>, Mux), DriverError> {
     let ns = Arc::new(VmNamespaces::open(pid1)?);
     // Opened by pid: they are PID 1's if it still lives now (a live
     // process's pid is never reused).
-    if pidfd_exited(&pid1fd) {
+    if pidfd_exited(pid1fd) {
         return Err(DriverError::InitFailed("PID 1 exited during the handover".into()));
     }
     let net = match (&spec.egress, tun) {
@@ -444,19 +477,7 @@ pub async fn adopt(spec: &LaunchSpec, cgroups: Option<&CgroupLayout>) -> Result<
         (None, _) => None,
     };
     let connection = ping(spec).await?;
-    let instance = Instance {
-        pid1,
-        agent: agent_pid(pid1),
-        ns,
-        pid1fd,
-        control,
-        cgroup: cgroups.and_then(|layout| layout.existing(&spec.id)),
-        net: std::sync::Mutex::new(net),
-        agent_socket: spec.agent_socket.clone(),
-        keeper_socket: spec.keeper_socket.clone(),
-        connection,
-    };
-    Ok((instance, conn))
+    Ok((ns, net, connection))
 }
 
 /// Whether the process behind `pidfd` has exited (its pidfd reads ready).
@@ -474,12 +495,15 @@ struct GoSockets {
     keeper: OwnedFd,
 }
 
-/// `go`, carrying the agent's and the keeper's listening sockets and a copy
-/// of our end of the control socket, which the launcher keeps for the next
-/// helper should this one die (see [`super::keep`]).
+/// `go`, carrying the agent's and the keeper's listening sockets, a copy of
+/// our end of the control socket, which the launcher keeps for the next
+/// helper should this one die (see [`super::keep`]), and our pidfd, by
+/// which it sees this helper die (its parent may be gone by the time it
+/// looks).
 fn send_go(control: &AsyncFd<OwnedFd>, sockets: &GoSockets) -> Result<(), DriverError> {
     let ours = control.get_ref().as_raw_fd();
-    let fds = [sockets.agent.as_raw_fd(), sockets.keeper.as_raw_fd(), ours];
+    let me = pidfd_open(std::process::id() as i32)?;
+    let fds = [sockets.agent.as_raw_fd(), sockets.keeper.as_raw_fd(), ours, me.as_raw_fd()];
     let cmsg = [ControlMessage::ScmRights(&fds)];
     let iov = [std::io::IoSlice::new(b"go")];
     sendmsg::<()>(ours, &iov, &cmsg, MsgFlags::MSG_DONTWAIT, None)

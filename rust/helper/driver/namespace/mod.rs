@@ -28,6 +28,11 @@ pub mod rootfs;
 pub mod seccomp;
 pub mod warm;
 
+/// Bound on adopting one VM once its launcher handed it over (its agent's
+/// answer, mostly): the helper adopts its VMs before it serves anyone, and
+/// a VM whose agent stalls must not hold the others up.
+const ADOPT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What this host offers for running VMs, probed once at helper start.
 #[derive(Debug)]
 pub struct NamespaceDriver {
@@ -171,16 +176,32 @@ impl Driver for NamespaceDriver {
         Ok(self.instance(instance, Launcher::Child(child)))
     }
 
-    async fn adopt(&self, spec: &BootSpec, launcher: u32) -> Result<Arc<dyn Instance>, DriverError> {
+    async fn adopt(
+        &self,
+        spec: &BootSpec,
+        launcher: &crate::leftovers::Orphan,
+    ) -> Result<Arc<dyn Instance>, DriverError> {
         if let Some(reason) = self.unavailable_reason() {
             return Err(DriverError::Unavailable(reason));
         }
         let launch_spec = launch_spec(spec);
-        let adopted = launch::adopt(&launch_spec, self.cgroups.as_ref());
-        let (instance, conn) = tokio::time::timeout(launch::START_TIMEOUT, adopted)
+        let keeper = launch_spec.keeper_socket.clone();
+        let kept = tokio::task::spawn_blocking(move || keep::reclaim(&keeper))
             .await
-            .map_err(|_| DriverError::Timeout("the vm's launcher and agent to answer"))??;
-        crate::storage::record_launcher(&spec.dir, launcher);
+            .map_err(|e| DriverError::InitFailed(format!("reclaiming the vm: {e}")))??;
+        // Ours from the handover on: another helper starting now must not
+        // take it for a dead helper's leftover.
+        crate::storage::record_adopted(&spec.dir, launcher);
+        let pid1 = kept.pid1fd.try_clone().map_err(|e| DriverError::io("keep PID 1's pidfd", e))?;
+        let adopted = launch::adopt(&launch_spec, kept, self.cgroups.as_ref());
+        let Ok(adopted) = tokio::time::timeout(ADOPT_TIMEOUT, adopted).await else {
+            // Killed now, not when its launcher's wait ends: its sandbox
+            // comes back as lost, under the same id, at once.
+            network::pidfd_kill(&pid1, libc::SIGKILL);
+            return Err(DriverError::Timeout("the vm's agent to answer"));
+        };
+        let (instance, conn) = adopted?;
+        keep::confirm(&conn)?;
         Ok(self.instance(instance, Launcher::Kept(conn)))
     }
 
