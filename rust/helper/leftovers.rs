@@ -5,7 +5,7 @@
 //! running; what a live helper sharing the directories runs is left alone.
 use std::path::Path;
 
-use sandbox_base::proc::{parent, start_time};
+use sandbox_base::proc::{parent, start_time, state};
 
 /// What [`reap`] found behind a record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +50,11 @@ struct Record {
 fn read_record(file: &Path) -> Option<Record> {
     let text = std::fs::read_to_string(file).ok()?;
     let fields: Vec<&str> = text.split_whitespace().collect();
-    let running = |pid: u32, start: Option<&&str>| start.is_some_and(|s| start_time(pid).as_deref() == Some(*s));
+    // A zombie has ended: a killed helper its parent has not reaped yet
+    // owns nothing any more.
+    let running = |pid: u32, start: Option<&&str>| {
+        start.is_some_and(|s| start_time(pid).as_deref() == Some(*s)) && state(pid) != Some('Z')
+    };
     let Some(pid) = fields.first().and_then(|p| p.parse::<u32>().ok()).filter(|p| running(*p, fields.get(1))) else {
         let _ = std::fs::remove_file(file);
         return None;
@@ -165,6 +169,24 @@ mod tests {
         let status = child.wait().unwrap();
         assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
         assert!(!file.exists());
+        std::fs::remove_dir(file.parent().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn a_helper_killed_but_not_reaped_owns_nothing() {
+        let file = record_file("a_helper_kil");
+        let mut child = sleeper();
+        let mut helper = sleeper();
+        let owner = format!("{} {}", helper.id(), start_time(helper.id()).unwrap());
+        helper.kill().unwrap();
+        while state(helper.id()) != Some('Z') {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        std::fs::write(&file, format!("{} {} {owner}\n", child.id(), start_time(child.id()).unwrap())).unwrap();
+        assert_eq!(orphan(&file).map(|o| o.pid), Some(child.id()));
+        assert_eq!(reap(&file), Reaped::Killed(child.id()));
+        child.wait().unwrap();
+        helper.wait().unwrap();
         std::fs::remove_dir(file.parent().unwrap()).unwrap();
     }
 
