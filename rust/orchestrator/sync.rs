@@ -44,6 +44,10 @@ const DEBOUNCE: Duration = Duration::from_millis(15);
 const MAX_BATCH: Duration = Duration::from_millis(250);
 /// How often an idle job checks that its sandbox still exists.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
+/// After a failed push, the whole tree goes again this much later, twice
+/// as long after each failure in a row, up to [`RETRY_MOST`].
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MOST: Duration = Duration::from_secs(60);
 /// How long a missing sandbox may take to come back (a `reset` in progress).
 const GONE_GRACE: Duration = Duration::from_secs(3);
 /// Paths per `rm` process, well below ARG_MAX.
@@ -435,8 +439,15 @@ impl JobCtx {
         let _watcher = watcher;
         let mut tick = tokio::time::interval(CHECK_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A batch that failed (the helper died mid-push; the next helper
+        // keeps the sandbox, so nothing else would push it again) is not
+        // lost: a later round pushes the whole tree, a second after the
+        // failure, then twice as long after each failure in a row (up to a
+        // minute), so a push that keeps failing does not copy the tree every
+        // second.
+        let mut retry: Option<(Instant, Duration)> = None;
         loop {
-            let mut batch = Batch::default();
+            let mut batch = Batch { rescan: retry.is_some_and(|(at, _)| Instant::now() >= at), ..Batch::default() };
             tokio::select! {
                 change = events.recv() => match change {
                     Some(c) => batch.add(c),
@@ -465,10 +476,17 @@ impl JobCtx {
             if batch.paths.is_empty() && !batch.rescan {
                 continue;
             }
-            if let Err(e) = self.flush(batch).await {
-                self.spec.counters.errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(job = %self.spec.id, "sync batch failed: {e}");
-            }
+            let whole = batch.rescan;
+            retry = match self.flush(batch).await {
+                // A smaller batch leaves the failed one still to push.
+                Ok(()) => retry.filter(|_| !whole),
+                Err(e) => {
+                    self.spec.counters.errors.fetch_add(1, Ordering::Relaxed);
+                    let wait = retry.map_or(RETRY_FIRST, |(_, w)| (w * 2).min(RETRY_MOST));
+                    tracing::warn!(job = %self.spec.id, "sync batch failed: {e}; the whole tree goes again in {wait:?}");
+                    Some((Instant::now() + wait, wait))
+                }
+            };
         }
         lock(&self.jobs).remove(&self.spec.id);
     }
