@@ -122,6 +122,7 @@ impl SandboxManager {
                 }
                 tracing::warn!("the VM helper stopped answering; starting it again");
                 let missing = Missing::HelperRestarted { at: clock() };
+                manager.helper_settled.send_replace(false);
                 // The channel inside the manager dials the socket again by
                 // itself: starting the helper is all it takes. A new helper
                 // adopts the VMs the dead one left running before it answers
@@ -137,6 +138,7 @@ impl SandboxManager {
                         manager.lose_missing(&[], &missing).await
                     }
                 };
+                manager.helper_settled.send_replace(true);
                 // What they served comes back without waiting for a call.
                 manager.revive_serving(lost);
             }

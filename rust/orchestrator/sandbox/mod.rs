@@ -365,6 +365,10 @@ pub struct SandboxManager {
     /// What the loss of a sandbox brought back without a call (see
     /// [`Self::revive_serving`]) cost: told by the next call on it.
     comeback_notices: Mutex<BTreeMap<String, revive::Comeback>>,
+    /// False while the watchdog restarts a dead helper and sorts out which
+    /// sandboxes the new one adopted: calls naming a sandbox wait for it
+    /// (see [`Self::revive`]).
+    pub(super) helper_settled: tokio::sync::watch::Sender<bool>,
     /// Child sandboxes the reaper destroyed, with what happened. A child's
     /// name is never created by first use, so a later use says why it is
     /// gone and how to get a new one rather than just "no such sandbox"

@@ -31,6 +31,7 @@ impl SandboxManager {
             state: Default::default(),
             lost: Mutex::default(),
             comeback_notices: Mutex::default(),
+            helper_settled: tokio::sync::watch::Sender::new(true),
             gone_children: Mutex::default(),
             unfreed: Mutex::default(),
             unfinished: Mutex::default(),

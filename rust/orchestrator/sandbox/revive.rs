@@ -62,6 +62,9 @@ fn one_line(text: &str) -> String {
 
 /// See [`one_line`].
 const MAX_REASON: usize = 400;
+/// Bound on a call's wait for a helper restart to be sorted out (starting
+/// a helper and adopting its VMs take well under this).
+const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// `n thing` or `n things`.
 fn count(n: usize, thing: &str) -> String {
@@ -73,7 +76,14 @@ impl SandboxManager {
     /// loss cost in one line; `None` when it was not lost (or another call
     /// brought it back first). A child never comes back on its own: its
     /// parent's spawn made it, and `destroy_child` forgets it.
+    ///
+    /// While a dead helper is being replaced it first waits (up to
+    /// [`SETTLE_WAIT`]) until the watchdog knows which sandboxes the new
+    /// helper adopted and which are lost: a call in between would reach a
+    /// new helper that does not know a VM its sandbox still names.
     pub async fn revive(&self, name: &str) -> Result<Option<Comeback>, OrchestratorError> {
+        let mut settled = self.helper_settled.subscribe();
+        let _ = tokio::time::timeout(SETTLE_WAIT, settled.wait_for(|s| *s)).await;
         self.bring_back(name, false).await
     }
 

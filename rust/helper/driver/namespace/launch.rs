@@ -44,6 +44,9 @@ pub struct LaunchSpec {
     pub agent_socket: PathBuf,
     /// Where the launcher's keeper listens (see [`super::keep`]).
     pub keeper_socket: PathBuf,
+    /// The VM's directory, where its launcher is recorded for the next
+    /// helper ([`crate::storage::record_launcher`]).
+    pub dir: PathBuf,
 }
 
 /// A running VM's namespaces, as fds.
@@ -280,6 +283,9 @@ pub async fn launch(prepared: Prepared, spec: &LaunchSpec) -> Result<(Instance, 
         Err(e) => return Err(abort(state, child, spec, e).await),
     };
     let sockets = GoSockets { agent: listener, keeper };
+    // Before `go`: a helper dying from then on leaves a VM that the next
+    // one must find, to adopt or to kill.
+    crate::storage::record_launcher(&spec.dir, pid as u32);
     let result =
         tokio::time::timeout(START_TIMEOUT, handshake(spec, &control, stdin, tun, sockets, pid, &mut state)).await;
     match result {

@@ -170,9 +170,6 @@ impl Driver for NamespaceDriver {
             sandbox_net::setup::write_resolv_conf(&spec.dir.join("resolv.conf"))?;
         }
         let (instance, child) = self.launch(&launch_spec(spec)).await?;
-        if let Some(launcher) = child.id() {
-            crate::storage::record_launcher(&spec.dir, launcher);
-        }
         Ok(self.instance(instance, Launcher::Child(child)))
     }
 
@@ -325,6 +322,7 @@ fn launch_spec(spec: &BootSpec) -> launch::LaunchSpec {
         egress: spec.egress.clone(),
         agent_socket: crate::storage::agent_socket(&spec.id),
         keeper_socket: crate::storage::keeper_socket(&spec.id),
+        dir: spec.dir.clone(),
     }
 }
 
