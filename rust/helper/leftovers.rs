@@ -7,6 +7,8 @@ use std::path::Path;
 
 use sandbox_base::proc::{parent, start_time, state};
 
+pub use crate::driver::Orphan;
+
 /// What [`reap`] found behind a record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reaped {
@@ -66,15 +68,6 @@ fn read_record(file: &Path) -> Option<Record> {
         None => parent_is_helper(pid),
     };
     Some(Record { pid, start: fields[1].to_string(), owned })
-}
-
-/// A recorded process whose helper is gone.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Orphan {
-    /// Its pid.
-    pub pid: u32,
-    /// Its start time, against pid reuse.
-    pub start: String,
 }
 
 /// The process recorded in `file` if it runs and the helper that started

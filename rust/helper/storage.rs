@@ -100,13 +100,13 @@ pub fn record_launcher(dir: &Path, pid: u32) {
 /// The launcher recorded in the VM directory `dir`, if it runs and the
 /// helper that started it is gone (a VM the next helper may adopt).
 #[cfg(linux_host)]
-pub fn orphaned_launcher(dir: &Path) -> Option<crate::leftovers::Orphan> {
+pub fn orphaned_launcher(dir: &Path) -> Option<crate::driver::Orphan> {
     crate::leftovers::orphan(&dir.join(LAUNCHER_FILE))
 }
 
 /// Records the launcher of the VM in `dir` as this helper's, once adopted.
 #[cfg(linux_host)]
-pub fn record_adopted(dir: &Path, launcher: &crate::leftovers::Orphan) {
+pub fn record_adopted(dir: &Path, launcher: &crate::driver::Orphan) {
     crate::leftovers::record_owned(&dir.join(LAUNCHER_FILE), launcher);
 }
 

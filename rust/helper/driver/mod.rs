@@ -190,6 +190,16 @@ impl From<sandbox_agent::protocol::GroupStats> for HostFacts {
     }
 }
 
+/// A process a helper that died left running (a VM's launcher), recorded
+/// beside its VM (see `leftovers`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Orphan {
+    /// Its pid.
+    pub pid: u32,
+    /// Its start time, against pid reuse.
+    pub start: String,
+}
+
 /// Where a VM's processes show on the host (the namespace driver only):
 /// the disk quota watcher finds and stops the writers there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -295,11 +305,7 @@ pub trait Driver: Send + Sync + std::fmt::Debug {
     /// Takes over the VM `spec` that a helper which died left running, its
     /// launcher still alive; the error says why it cannot be kept (then it
     /// is killed and its sandbox comes back as lost).
-    async fn adopt(
-        &self,
-        spec: &BootSpec,
-        launcher: &crate::leftovers::Orphan,
-    ) -> Result<Arc<dyn Instance>, DriverError> {
+    async fn adopt(&self, spec: &BootSpec, launcher: &Orphan) -> Result<Arc<dyn Instance>, DriverError> {
         let _ = (spec, launcher);
         Err(DriverError::Unavailable(format!("the {} driver's VMs end with their helper", self.name())))
     }

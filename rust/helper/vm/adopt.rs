@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{Events, VmInfo, VmManager};
+use crate::driver::Orphan;
 use crate::error::HelperError;
-use crate::leftovers::Orphan;
 use crate::spec::VmConfig;
 use sandbox_image::ImageInfo;
 
@@ -62,7 +62,7 @@ impl VmManager {
             #[cfg(linux_host)]
             let Some(launcher) = crate::storage::orphaned_launcher(&dir) else { continue };
             #[cfg(not(linux_host))]
-            let launcher = crate::leftovers::Orphan { pid: 0, start: String::new() };
+            let launcher = Orphan { pid: 0, start: String::new() };
             let id = entry.file_name().to_string_lossy().into_owned();
             let me = me.clone();
             adoptions.spawn(async move {

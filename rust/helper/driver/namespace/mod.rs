@@ -173,11 +173,7 @@ impl Driver for NamespaceDriver {
         Ok(self.instance(instance, Launcher::Child(child)))
     }
 
-    async fn adopt(
-        &self,
-        spec: &BootSpec,
-        launcher: &crate::leftovers::Orphan,
-    ) -> Result<Arc<dyn Instance>, DriverError> {
+    async fn adopt(&self, spec: &BootSpec, launcher: &crate::driver::Orphan) -> Result<Arc<dyn Instance>, DriverError> {
         if let Some(reason) = self.unavailable_reason() {
             return Err(DriverError::Unavailable(reason));
         }
