@@ -35,7 +35,7 @@ use nix::unistd::{ForkResult, Gid, Pid, Uid, fork};
 use serde::{Deserialize, Serialize};
 
 use super::DriverError;
-use super::keep::{ADOPT_WAIT, Keeper, report_exit};
+use super::keep::{ADOPT_WAIT, Keeper, recv_message, report_exit};
 use super::rootfs;
 
 /// The control socket to the helper, inherited from the helper.
@@ -303,32 +303,10 @@ struct Go {
 /// Waits for the helper's `go` and returns what it carries. Anything else
 /// (the helper gone: end of file) ends the launcher.
 fn recv_go(control: &OwnedFd) -> Result<Go, DriverError> {
-    let mut buf = [0u8; 64];
-    let mut cmsg = nix::cmsg_space!([RawFd; 4]);
-    loop {
-        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-        let msg = match nix::sys::socket::recvmsg::<()>(
-            control.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(DriverError::sys("read control socket", e)),
-            Ok(msg) => msg,
-        };
-        let mut fds = Vec::new();
-        for c in msg.cmsgs().map_err(|e| DriverError::sys("read control socket", e))? {
-            if let nix::sys::socket::ControlMessageOwned::ScmRights(rights) = c {
-                fds.extend(rights);
-            }
-        }
-        let bytes = msg.bytes;
-        // SAFETY: SCM_RIGHTS just gave us these fds; we own them now.
-        let owned: Vec<OwnedFd> = fds.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }).collect();
-        if let (b"go", Ok([agent, keeper, helper_end, helper])) = (&buf[..bytes], <[OwnedFd; 4]>::try_from(owned)) {
-            return Ok(Go { agent, keeper, helper_end, helper });
-        }
-        return Err(DriverError::InitFailed("the helper gave this launcher no vm".into()));
+    let no_vm = || DriverError::InitFailed("the helper gave this launcher no vm".into());
+    let (text, fds) = recv_message(control, std::time::Duration::MAX).ok_or_else(no_vm)?;
+    match (text.as_str(), <[OwnedFd; 4]>::try_from(fds)) {
+        ("go", Ok([agent, keeper, helper_end, helper])) => Ok(Go { agent, keeper, helper_end, helper }),
+        _ => Err(no_vm()),
     }
 }

@@ -328,9 +328,9 @@ fn send_with_fds(conn: &OwnedFd, bytes: &[u8], fds: &[RawFd]) -> nix::Result<usi
     sendmsg::<()>(conn.as_raw_fd(), &iov, if fds.is_empty() { &[] } else { &cmsg }, MsgFlags::empty(), None)
 }
 
-/// One message and the fds it carried, waiting at most `wait`; `None` on a
-/// hang-up, an error or the wait running out.
-fn recv_message(conn: &OwnedFd, wait: Duration) -> Option<(String, Vec<OwnedFd>)> {
+/// One message and the fds it carried (up to four: `go`'s), waiting at
+/// most `wait`; `None` on a hang-up, an error or the wait running out.
+pub fn recv_message(conn: &OwnedFd, wait: Duration) -> Option<(String, Vec<OwnedFd>)> {
     let deadline = Instant::now().checked_add(wait);
     loop {
         let timeout = match deadline {
@@ -349,7 +349,7 @@ fn recv_message(conn: &OwnedFd, wait: Duration) -> Option<(String, Vec<OwnedFd>)
             Ok(_) => {}
         }
         let mut buf = [0u8; 256];
-        let mut cmsg = nix::cmsg_space!([RawFd; 3]);
+        let mut cmsg = nix::cmsg_space!([RawFd; 4]);
         let (n, owned) = {
             let mut iov = [std::io::IoSliceMut::new(&mut buf)];
             let msg = match recvmsg::<()>(conn.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC) {
