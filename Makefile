@@ -257,7 +257,7 @@ test-faults: deps venv
 # have skip by the driver's capabilities or a stated reason. TCG is slow: .ci/run runs it when the
 # CI time budget allows; `make test` keeps its own vm cases. `make test-vm-user` runs the same
 # matrix as the test user (scripts/test-user.sh): as long again, so not in CI's 90 minutes.
-VM_TEST_FILES ?= tests/test_exec.py tests/test_files_env.py tests/test_process.py tests/test_lifecycle.py tests/test_comeback.py \
+VM_TEST_FILES ?= tests/test_exec.py tests/test_files_env.py tests/test_process.py tests/test_lifecycle.py tests/test_comeback.py tests/test_keep.py \
     tests/test_images.py tests/test_security_escape.py
 VM_MATRIX_ENV := SANDBOX_MCP_CONFORMANCE_DRIVER=vm SANDBOX_MCP_TEST_ISOLATION=vm
 test-vm: export SANDBOX_MCP_TEST_IMAGE_STORE := $(TEST_IMAGE_STORE)

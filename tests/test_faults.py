@@ -41,6 +41,10 @@ from test_keep import adopted
 from test_persistence import _get, _restarted, db_path, exited, free_port, helper_pid, rows, until
 from waiting import poll, wait_for
 
+# Both drivers keep their VMs through a helper kill; this suite checks its background process by host pid, which a
+# vm guest's processes do not have. test_vm_faults.py and test_keep.py kill helpers under vm sandboxes.
+pytestmark = pytest.mark.skipif(ON_VM, reason="its background-process check reads host pids; a vm guest has none")
+
 SEED = int(os.environ.get("SANDBOX_MCP_FAULT_SEED") or random.SystemRandom().randrange(1 << 32))
 ROUNDS = int(os.environ.get("SANDBOX_MCP_FAULT_ROUNDS") or 6)
 OPERATIONS = ("create", "exec", "write_file", "snapshot", "spawn", "sync")
@@ -288,25 +292,15 @@ class Round:
             for j in jobs:
                 j.result(timeout=CALL_LIMIT * 3)
         if self.victim == "helper":
-            self.after_helper_kill(victim, before, existing)
+            self.after_helper_kill(victim, existing)
         else:
             s.clients.restart()
         s.check(self.where, helper_killed=self.victim == "helper")
 
-    def after_helper_kill(self, old: int, before: dict[int, str], existing: set[str]) -> None:
+    def after_helper_kill(self, old: int, existing: set[str]) -> None:
         s = self.suite
-        if ON_VM:
-            # A vm dies with its helper (qemu with it).
-            try:
-                until(lambda: not _survivors(before),
-                      f"{self.where} no process of the dead helper's sandboxes left (left: {_survivors(before)})")
-            finally:
-                _kill_survivors(before)
         until(lambda: _restarted(s.env, old), f"{self.where} the helper restarted")
-        if ON_VM:
-            keeper_pid, keeper_start = s.keeper
-            assert _survivors({keeper_pid: keeper_start}) == {}, f"{self.where} the background process outlived its helper"
-        # A namespace sandbox was adopted by the new helper and runs on (one
+        # A sandbox was adopted by the new helper and runs on (one
         # a snapshot had frozen at the kill, or one being started, was not);
         # every sandbox the dead helper took along was lost and comes back on
         # its next call, which never errors, with its /workspace, env,

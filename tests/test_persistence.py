@@ -86,13 +86,14 @@ def helper_pid(env: dict[str, str]) -> int:
 
 
 def kill_helper_with_sandboxes(env: dict[str, str]) -> int:
-    """A helper crash that takes its sandboxes along, as on the vm driver
-    (a namespace sandbox's launcher would keep it for the next helper): the
-    helper and every process under it, killed at once. Returns its pid."""
+    """A helper crash that takes its sandboxes along (each sandbox's launcher
+    would keep it for the next helper): the helper, every process under it
+    and those of the sandboxes it adopted, killed at once. Returns its pid."""
     from test_crash_safety import _descendants  # noqa: PLC0415 (it imports this module)
+    from test_keep import adopted  # noqa: PLC0415 (it imports this module)
 
     old = helper_pid(env)
-    for pid in [old, *_descendants(old)]:
+    for pid in [old, *_descendants(old), *adopted(env, old)]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     return old

@@ -1,6 +1,6 @@
-"""Faults on the vm driver (issue 24): `kill -9` of one qemu, of the helper with vms up, and a full disk while a
-vm is snapshotted. Each gives a clear answer, leaves no qemu, virtiofsd or run dir behind, and the other vms keep
-working. The vm driver's assets are needed as in test_vm_isolation (else these skip, saying which is missing)."""
+"""Faults on the vm driver (issue 24): `kill -9` of one qemu, of the helper with vms up (which keeps them, issue 25),
+of the helper with its vms, and a full disk while a vm is snapshotted. Each gives a clear answer, leaves no qemu,
+virtiofsd or run dir behind, and the other vms keep working. The vm driver's assets are needed as in test_vm_isolation (else these skip, saying which is missing)."""
 from __future__ import annotations
 
 import os
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import pids_of, sandbox_key
-from test_persistence import _restarted, exited, helper_pid
+from test_persistence import _restarted, exited, helper_pid, kill_helper_with_sandboxes
 from test_vm_isolation import VM_CALL_TIMEOUT, VM_PROJECT, needs_vm, qemu_pids, run, vm_server
 from waiting import poll, wait_for
 
@@ -48,14 +48,25 @@ def test_kill9_of_a_qemu_and_of_the_helper_leaves_no_vm_behind(front_end, roots,
                 lambda r: not r[1] and "qemu was killed" in r[0], timeout=30)
     assert back and back[0].splitlines()[1] == "a", client.tool("exec", command="true", sandbox="a")
 
-    # The helper killed with two vms up: their qemu and virtiofsd go with it at once (not at the next start).
+    # The helper killed with two vms up: their keepers keep them (issue 25) and the new helper adopts both. The
+    # same qemu and virtiofsd run on with a background job, and the next call answers with no notice.
+    out, err = client.tool("bg", _timeout=VM_CALL_TIMEOUT, command="sleep 100000", name="nap", sandbox="b")
+    assert not err, out
+    kept = {name: vm_processes(keys[name]) for name in ("b", "c")}
     old = helper_pid(env)
     os.kill(old, signal.SIGKILL)
-    assert wait_for(lambda: exited(old), timeout=30)
+    assert wait_for(lambda: _restarted(env, old), timeout=60), "the helper was not started again"
+    for name in ("b", "c"):
+        assert run(client, "cat /workspace/mark", sandbox=name) == f"{name}\n"
+        assert vm_processes(keys[name]) == kept[name], (name, kept[name], vm_processes(keys[name]))
+    out, err = client.tool("logs", _timeout=VM_CALL_TIMEOUT, name="nap", sandbox="b")
+    assert not err and "(alive)" in out, out
+
+    # The helper killed with its vms, all at once (a crash of the whole tree): nothing of theirs is left, and the
+    # next call boots the sandbox again with its /workspace and says so in a line before its own answer.
+    old = kill_helper_with_sandboxes(env)
     left = poll(lambda: [p for k in keys.values() for p in vm_processes(k)], lambda p: p == [], timeout=30)
     assert left == [], f"vm processes outlived their helper: {left}"
-    # The watchdog starts a helper, which removes the dead one's run dirs. The sandbox's vm is gone: the next
-    # call boots it again with its /workspace and says so in a line before its own answer.
     answers = []
 
     def answer():

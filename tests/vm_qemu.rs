@@ -71,6 +71,8 @@ fn assets() -> Option<Assets> {
         return None;
     }
     let id = build_id(&helper).expect("read the helper's build id").expect("the helper has a build id");
+    // qemu's keeper is the helper binary, not this test process.
+    sandbox_helper::driver::qemu::keeper::use_program(&helper);
     match Assets::locate(&vm_dir(), &id) {
         Ok(a) => Some(a),
         Err(e) => panic!("{e} (for {})", helper.display()),

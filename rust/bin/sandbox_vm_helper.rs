@@ -1,7 +1,7 @@
 //! `sandbox-vm-helper`: the Linux VM helper. `serve` runs the gRPC service in
 //! the foreground (the orchestrator daemonizes it; `--through-bridge` runs
 //! it as the macOS Swift helper does, through swift-bridge's C ABI); `agent` is the in-guest
-//! agent's standalone entry (a VM's init starts it); `__vm-init` and
+//! agent's standalone entry (a VM's init starts it); `__vm-init`, `__vm-keep` and
 //! `__copy-layer` are internal (and `guest-init`, `__archive-layer` run in a
 //! `vm` guest): the helper re-executes itself with them to
 //! launch each VM and, when not root, to copy a VM's layer as the VM's root.
@@ -50,6 +50,32 @@ enum Command {
         /// Create eth0 as a tun for the helper's network stack.
         #[arg(long)]
         eth0: bool,
+    },
+    /// Start a vm's qemu and keep it through the helper's death (internal;
+    /// started by `serve` for each vm, fds inherited by number).
+    #[command(name = "__vm-keep", hide = true)]
+    VmKeep {
+        /// The keeper's end of its control socket.
+        #[arg(long)]
+        control: i32,
+        /// A copy of the helper's end, for an adopter.
+        #[arg(long)]
+        helper_end: i32,
+        /// The helper's end of the network card, for an adopter.
+        #[arg(long)]
+        link: Option<i32>,
+        /// An fd qemu's arguments name.
+        #[arg(long)]
+        pass: Vec<i32>,
+        /// The helper's pid.
+        #[arg(long)]
+        helper: i32,
+        /// Where to listen for a new helper.
+        #[arg(long)]
+        socket: PathBuf,
+        /// qemu's arguments.
+        #[arg(last = true)]
+        qemu: Vec<std::ffi::OsString>,
     },
     /// PID 1 of a `vm` driver microVM (internal; the guest kernel runs it
     /// from the initramfs scripts/vm-initramfs.sh builds).
@@ -103,6 +129,11 @@ fn main() -> ExitCode {
         // No runtime and no threads before this point: the launcher must be
         // single-threaded to enter a new user namespace.
         Command::VmInit { eth0 } => ExitCode::from(u8::try_from(sandbox_helper::vm_init(eth0)).unwrap_or(1)),
+        Command::VmKeep { control, helper_end, link, pass, helper, socket, qemu } => {
+            use sandbox_helper::driver::qemu::keeper::{KeepArgs, run};
+            let code = run(KeepArgs { control, helper_end, link, pass, helper, socket, qemu });
+            ExitCode::from(u8::try_from(code).unwrap_or(1))
+        }
         Command::GuestInit => {
             let e = sandbox_guest::run();
             eprintln!("guest-init: {e}");

@@ -99,23 +99,31 @@ pub async fn serve(socket: &Path, drivers: Drivers) -> Result<(), HelperError> {
         .map_err(io(format!("write {}", pid_file.display())))?;
 
     raise_nofile_limit();
+    #[cfg(linux_host)]
+    let mut qemu = None;
     let drivers: Vec<Arc<dyn Driver>> = match drivers {
         #[cfg(linux_host)]
         Drivers::Local => {
             let namespaces = Arc::new(NamespaceDriver::detect()?);
-            let vm = QemuDriver::detect().with_cgroups(namespaces.cgroup_layout());
-            vm.kill_leftovers();
-            vec![namespaces, Arc::new(vm)]
+            let vm = Arc::new(QemuDriver::detect().with_cgroups(namespaces.cgroup_layout()));
+            qemu = Some(vm.clone());
+            vec![namespaces, vm]
         }
         Drivers::Bridged => vec![Arc::new(SwiftDriver::new())],
     };
     // Whichever drivers run the VMs, images are unpacked for one id map.
     let vms = VmManager::new(sandbox_userns::IdMapper::detect(), drivers, helper_store());
     // What a helper that died left running: kept where its driver can, the
-    // rest killed.
+    // rest killed (sandboxes' VMs by their launcher records, then the
+    // template and pool vms by their run dirs').
     vms.adopt_left().await;
     #[cfg(linux_host)]
-    super::storage::kill_leftovers();
+    {
+        super::storage::kill_leftovers();
+        if let Some(vm) = qemu {
+            vm.kill_leftovers();
+        }
+    }
     // Copies and references a helper killed mid-snapshot left behind; the
     // other helpers sharing the store keep theirs.
     vms.collect_layers().await;

@@ -149,17 +149,17 @@ async fn a_vm_reaches_the_network_only_as_its_policy_allows_and_survives_hostile
 
     // Another vm's stack in this helper keeps answering while this guest
     // is hostile.
-    let (_neighbour, mut other) = neighbour_stack(&dir.0.join("other")).await;
+    let (_neighbour, other) = neighbour_stack();
     let hostile = exec(&agent, &["python3", "-c", HOSTILE_FRAMES]);
     let asking = async {
         for _ in 0..20 {
-            ask_gateway(&mut other).await;
+            ask_gateway(&other).await;
         }
     };
     let ((code, sent), ()) = tokio::join!(hostile, asking);
     assert_eq!(code, 0, "{sent}");
     assert!(sent.starts_with("sent "), "{sent}");
-    ask_gateway(&mut other).await;
+    ask_gateway(&other).await;
     // The stack still serves the guest: every check passes again, and the
     // guest found the gateway at the stack's MAC.
     egress_checks(&agent, &events, addr, host.as_ref()).await;
@@ -276,13 +276,6 @@ async fn egress_vms_come_from_the_pool_and_the_state_file_each_with_its_own_netw
     responder.abort();
 }
 
-/// One length-prefixed frame, as qemu's `-netdev stream` writes it.
-fn framed(frame: &[u8]) -> Vec<u8> {
-    let mut v = (frame.len() as u32).to_be_bytes().to_vec();
-    v.extend(frame);
-    v
-}
-
 /// An ARP request from the guest's address for `target`.
 fn arp_request(target: std::net::Ipv4Addr) -> Vec<u8> {
     use sandbox_helper::netstack::{GUEST, GUEST_MAC};
@@ -303,13 +296,11 @@ fn arp_request(target: std::net::Ipv4Addr) -> Vec<u8> {
     frame
 }
 
-/// The next frame the stack sends on a network socket.
-async fn reply(qemu: &mut tokio::net::UnixStream) -> Vec<u8> {
-    use tokio::io::AsyncReadExt as _;
-    let mut len = [0u8; 4];
-    tokio::time::timeout(Duration::from_secs(10), qemu.read_exact(&mut len)).await.expect("an answer").unwrap();
-    let mut frame = vec![0u8; u32::from_be_bytes(len) as usize];
-    qemu.read_exact(&mut frame).await.unwrap();
+/// The next frame the stack sends on a card's socket.
+async fn reply(qemu: &tokio::net::UnixDatagram) -> Vec<u8> {
+    let mut frame = vec![0u8; 65536];
+    let n = tokio::time::timeout(Duration::from_secs(10), qemu.recv(&mut frame)).await.expect("an answer").unwrap();
+    frame.truncate(n);
     frame
 }
 
@@ -327,52 +318,35 @@ fn expect_arp_reply(frame: &[u8]) {
 }
 
 /// A second vm's stack in the same helper, the test playing its qemu:
-/// its stack and the stream to it.
-async fn neighbour_stack(dir: &Path) -> (sandbox_helper::netstack::NetStack, tokio::net::UnixStream) {
-    use sandbox_helper::driver::qemu::network::NetLink;
-    let link = NetLink::listen(dir).expect("listen");
-    let qemu = tokio::net::UnixStream::connect(link.path()).await.expect("connect as qemu");
-    let stack = link.attach(NetworkPolicy::default(), Arc::new(Events::default())).await.expect("attach");
-    (stack, qemu)
+/// its stack and qemu's end of the card.
+fn neighbour_stack() -> (sandbox_helper::netstack::NetStack, tokio::net::UnixDatagram) {
+    let (qemu, helper) = sandbox_helper::driver::qemu::network::pair().expect("a card's socket pair");
+    let stack = helper.serve(NetworkPolicy::default(), Arc::new(Events::default())).expect("serve");
+    (stack, as_qemu(qemu))
+}
+
+/// qemu's end of a card as the test's socket.
+fn as_qemu(fd: std::os::fd::OwnedFd) -> tokio::net::UnixDatagram {
+    let socket = std::os::unix::net::UnixDatagram::from(fd);
+    socket.set_nonblocking(true).unwrap();
+    tokio::net::UnixDatagram::from_std(socket).unwrap()
 }
 
 /// Asks `qemu`'s stack for the gateway's MAC and checks the answer.
-async fn ask_gateway(qemu: &mut tokio::net::UnixStream) {
-    use tokio::io::AsyncWriteExt as _;
-    qemu.write_all(&framed(&arp_request(sandbox_net::plan::GATEWAY))).await.unwrap();
+async fn ask_gateway(qemu: &tokio::net::UnixDatagram) {
+    qemu.send(&arp_request(sandbox_net::plan::GATEWAY)).await.unwrap();
     expect_arp_reply(&reply(qemu).await);
 }
 
-/// The network socket without qemu: the test plays qemu's `-netdev stream`
-/// end. The helper accepts one connection and removes the socket; the
-/// stack answers ARP for the gateway with its MAC, and after a length
-/// prefix far beyond any frame (skipped unbuffered), garbage and a runt it
-/// is still in step and answering.
+/// The card without qemu: the test plays qemu's `-netdev dgram` end. The
+/// stack answers ARP for the gateway with its MAC, and after runts,
+/// garbage and a datagram far beyond any frame it is still answering.
 #[tokio::test]
-async fn the_network_socket_speaks_qemus_frame_stream_and_survives_a_corrupt_one() {
-    use sandbox_helper::driver::qemu::network::NetLink;
-    use tokio::io::AsyncWriteExt as _;
-    let dir = TempDir::new("netsock");
-    let link = NetLink::listen(&dir.0).expect("listen");
-    let path = link.path().to_path_buf();
-    let mut qemu = tokio::net::UnixStream::connect(&path).await.expect("connect as qemu");
-    let _stack = link.attach(NetworkPolicy::default(), Arc::new(Events::default())).await.expect("attach");
-    assert!(!path.exists(), "the socket is gone once qemu is connected");
-
-    ask_gateway(&mut qemu).await;
-
-    // A 64 MiB length prefix and its "frame" in 1 MiB writes, then a
-    // runt, garbage, and the question again.
-    let huge: u32 = 1 << 26;
-    qemu.write_all(&huge.to_be_bytes()).await.unwrap();
-    let junk = vec![0x5au8; 1 << 20];
-    let mut left = huge as usize;
-    while left > 0 {
-        let n = left.min(junk.len());
-        qemu.write_all(&junk[..n]).await.unwrap();
-        left -= n;
+async fn the_cards_socket_pair_carries_one_frame_per_datagram_and_survives_garbage() {
+    let (_stack, qemu) = neighbour_stack();
+    ask_gateway(&qemu).await;
+    for junk in [vec![1u8, 2, 3], vec![0xffu8; 1500], vec![0x5au8; 60_000], Vec::new()] {
+        qemu.send(&junk).await.unwrap();
     }
-    qemu.write_all(&framed(&[1, 2, 3])).await.unwrap();
-    qemu.write_all(&framed(&[0xffu8; 1500])).await.unwrap();
-    ask_gateway(&mut qemu).await;
+    ask_gateway(&qemu).await;
 }

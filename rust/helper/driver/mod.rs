@@ -24,6 +24,8 @@ use sandbox_agent::mux::Mux;
 use sandbox_net::policy::NetworkPolicy;
 
 #[cfg(linux_host)]
+pub mod keep;
+#[cfg(linux_host)]
 pub mod namespace;
 #[cfg(linux_host)]
 pub mod qemu;

@@ -4,17 +4,14 @@
 //! - [`LinkKind::Packets`]: any fd that delivers one IPv4 packet per read and
 //!   takes one per write (a tun opened with IFF_NO_PI, a SOCK_DGRAM or
 //!   SEQPACKET socket): the namespace driver's eth0.
-//! - [`LinkKind::EthernetStream`]: a stream socket carrying Ethernet frames,
-//!   each prefixed by its length as a 4-byte big-endian number (qemu's
-//!   `-netdev stream` wire format): the vm driver's virtio-net card. Frames
-//!   are unwrapped to IP packets here: ARP requests for the gateway and the
-//!   DNS address get this end's MAC, other ARP (spoofed replies included)
-//!   and other ether types are dropped, and packets to the VM go out in a
-//!   frame from [`super::GATEWAY_MAC`] to [`super::GUEST_MAC`].
 //! - [`LinkKind::EthernetDatagrams`]: a datagram socket carrying one
-//!   Ethernet frame per datagram (what a Mac's
-//!   `VZFileHandleNetworkDeviceAttachment` reads and writes), unwrapped the
-//!   same way. [`frame_socket`] makes the pair; [`relay_as_frames`] puts a
+//!   Ethernet frame per datagram: the vm driver's virtio-net card (qemu's
+//!   `-netdev dgram`), and what a Mac's `VZFileHandleNetworkDeviceAttachment`
+//!   reads and writes. Frames are unwrapped to IP packets here: ARP requests
+//!   for the gateway and the DNS address get this end's MAC, other ARP
+//!   (spoofed replies included) and other ether types are dropped, and
+//!   packets to the VM go out in a frame from [`super::GATEWAY_MAC`] to
+//!   [`super::GUEST_MAC`]. [`frame_socket`] makes the pair; [`relay_as_frames`] puts a
 //!   tun's packets on one the way a guest's card would (the Linux double
 //!   of the Swift layer).
 //!
@@ -32,12 +29,8 @@ use super::{DNS, GATEWAY, GATEWAY_MAC, GUEST, GUEST_MAC};
 
 pub use sandbox_net::plan::{ETHERNET_MTU, MTU};
 /// The largest frame read from an Ethernet link: a maximal IPv4 packet in
-/// its Ethernet header. A longer length prefix (a guest that raised its MTU,
-/// or a corrupt stream) is skipped, never buffered.
+/// its Ethernet header.
 const MAX_FRAME: usize = 14 + 65535;
-/// Bytes of frames to the VM waiting for the stream to take them; beyond
-/// this, frames are dropped as on a full queue.
-const MAX_TX_QUEUE: usize = 1 << 20;
 const ETHERNET_HEADER: usize = 14;
 
 /// What the link's fd carries.
@@ -45,8 +38,6 @@ const ETHERNET_HEADER: usize = 14;
 pub enum LinkKind {
     /// One IPv4 packet per read or write.
     Packets,
-    /// Length-prefixed Ethernet frames on a byte stream.
-    EthernetStream,
     /// One Ethernet frame per datagram.
     EthernetDatagrams,
 }
@@ -60,21 +51,8 @@ struct Link {
 
 enum Framing {
     Packets,
-    Ethernet(Box<Stream>),
     /// With the buffer each datagram is read into.
     EthernetDatagrams(Vec<u8>),
-}
-
-/// An Ethernet stream's buffers.
-#[derive(Default)]
-struct Stream {
-    /// Bytes read and not yet parsed, from `start`.
-    rx: Vec<u8>,
-    start: usize,
-    /// Bytes of an oversized frame still to be skipped.
-    skip: usize,
-    /// Framed bytes not yet written.
-    tx: VecDeque<u8>,
 }
 
 /// One link, nonblocking.
@@ -95,7 +73,6 @@ impl PacketDevice {
         let fd = unsafe { AsyncFd::register(fd) }?;
         let framing = match kind {
             LinkKind::Packets => Framing::Packets,
-            LinkKind::EthernetStream => Framing::Ethernet(Box::default()),
             LinkKind::EthernetDatagrams => Framing::EthernetDatagrams(vec![0u8; MAX_FRAME]),
         };
         let link = Link { fd, framing, scratch: Vec::with_capacity(MTU) };
@@ -113,23 +90,6 @@ impl PacketDevice {
         let mut guard = self.link.fd.readable().await?;
         guard.clear_ready();
         Ok(())
-    }
-
-    /// Whether frames wait for the stream to take them.
-    pub fn tx_pending(&self) -> bool {
-        matches!(&self.link.framing, Framing::Ethernet(s) if !s.tx.is_empty())
-    }
-
-    /// Waits until the link may take more bytes (then [`flush`](Self::flush)).
-    pub async fn writable(&self) -> std::io::Result<()> {
-        let mut guard = self.link.fd.writable().await?;
-        guard.clear_ready();
-        Ok(())
-    }
-
-    /// Writes as many waiting frames as the link takes now.
-    pub fn flush(&mut self) {
-        self.link.flush();
     }
 
     /// Reads one IP packet without blocking; None when there is none now.
@@ -152,8 +112,8 @@ impl PacketDevice {
     }
 }
 
-/// One read(2): the byte count, None when the fd has nothing now; the end
-/// of a stream (0) is an error.
+/// One read(2): the byte count, None when the fd has nothing now; 0 (the
+/// end of a tun) is an error.
 fn read_fd(fd: &AsyncFd<OwnedFd>, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
     match read_datagram(fd, buf)? {
         Some(0) => Err(std::io::ErrorKind::UnexpectedEof.into()),
@@ -189,12 +149,12 @@ fn write_fd(fd: &AsyncFd<OwnedFd>, bytes: &[u8]) -> usize {
 
 impl Link {
     fn read(&mut self) -> std::io::Result<Option<Vec<u8>>> {
-        let stream = match &mut self.framing {
+        match &mut self.framing {
             Framing::Packets => {
                 let mut buf = vec![0u8; MTU + 64];
                 let Some(n) = read_fd(&self.fd, &mut buf)? else { return Ok(None) };
                 buf.truncate(n);
-                return Ok(Some(buf));
+                Ok(Some(buf))
             }
             Framing::EthernetDatagrams(buf) => loop {
                 // A longer datagram is cut to the buffer (the rest is
@@ -209,26 +169,6 @@ impl Link {
                     Unwrapped::Dropped => {}
                 }
             },
-            Framing::Ethernet(stream) => stream,
-        };
-        loop {
-            while let Some(frame) = stream.next_frame() {
-                match unwrap_frame(&frame) {
-                    Unwrapped::Ip(packet) => return Ok(Some(packet)),
-                    Unwrapped::ArpReply(reply) => stream.queue_frame(&reply),
-                    Unwrapped::Dropped => {}
-                }
-            }
-            if !stream.tx.is_empty() {
-                flush_stream(&self.fd, stream);
-            }
-            let filled = stream.rx.len();
-            stream.rx.resize(filled + MAX_FRAME + 4, 0);
-            let got = read_fd(&self.fd, &mut stream.rx[filled..]);
-            stream.rx.truncate(filled + got.as_ref().ok().copied().flatten().unwrap_or(0));
-            if got?.is_none() {
-                return Ok(None);
-            }
         }
     }
 
@@ -239,10 +179,6 @@ impl Link {
                     tracing::trace!("packet to the vm dropped");
                 }
             }
-            Framing::Ethernet(stream) => {
-                stream.queue_frame(&ip_frame(GATEWAY_MAC, GUEST_MAC, packet));
-                flush_stream(&self.fd, stream);
-            }
             // A datagram the socket cannot take now is dropped, as on a
             // full queue.
             Framing::EthernetDatagrams(_) => {
@@ -251,79 +187,6 @@ impl Link {
                 }
             }
         }
-    }
-
-    fn flush(&mut self) {
-        if let Framing::Ethernet(stream) = &mut self.framing {
-            flush_stream(&self.fd, stream);
-        }
-    }
-}
-
-/// Writes as much of the queued frames as the stream takes now.
-fn flush_stream(fd: &AsyncFd<OwnedFd>, stream: &mut Stream) {
-    while !stream.tx.is_empty() {
-        let (head, _) = stream.tx.as_slices();
-        let n = write_fd(fd, head);
-        if n == 0 {
-            return;
-        }
-        stream.tx.drain(..n);
-    }
-}
-
-impl Stream {
-    /// The next whole frame in `rx`, skipping oversized ones.
-    fn next_frame(&mut self) -> Option<Vec<u8>> {
-        loop {
-            let avail = &self.rx[self.start..];
-            if self.skip > 0 {
-                let n = self.skip.min(avail.len());
-                self.skip -= n;
-                self.start += n;
-                if self.skip > 0 {
-                    self.compact();
-                    return None;
-                }
-                continue;
-            }
-            let Some(prefix) = avail.first_chunk::<4>() else {
-                self.compact();
-                return None;
-            };
-            let len = u32::from_be_bytes(*prefix) as usize;
-            if len > MAX_FRAME {
-                tracing::debug!(len, "skipping an oversized frame from the vm");
-                self.start += 4;
-                self.skip = len;
-                continue;
-            }
-            if avail.len() < 4 + len {
-                self.compact();
-                return None;
-            }
-            let frame = avail[4..4 + len].to_vec();
-            self.start += 4 + len;
-            return Some(frame);
-        }
-    }
-
-    /// Moves unparsed bytes to the front, so the buffer never outgrows one
-    /// frame and one read.
-    fn compact(&mut self) {
-        self.rx.drain(..self.start);
-        self.start = 0;
-    }
-
-    /// Queues `frame` with its length prefix, or drops it when the queue is
-    /// full (a VM that stopped reading).
-    fn queue_frame(&mut self, frame: &[u8]) {
-        if self.tx.len() + 4 + frame.len() > MAX_TX_QUEUE {
-            tracing::trace!("frame to the vm dropped: its link's queue is full");
-            return;
-        }
-        self.tx.extend((frame.len() as u32).to_be_bytes());
-        self.tx.extend(frame);
     }
 }
 
@@ -490,7 +353,7 @@ impl Device for PacketDevice {
         caps.medium = Medium::Ip;
         caps.max_transmission_unit = match self.link.framing {
             Framing::Packets => MTU,
-            Framing::Ethernet(_) | Framing::EthernetDatagrams(_) => ETHERNET_MTU,
+            Framing::EthernetDatagrams(_) => ETHERNET_MTU,
         };
         // The VM's kernel checksummed what it wrote into a memory link;
         // verifying again only costs throughput. What we send is summed.
@@ -509,46 +372,6 @@ mod tests {
     use smoltcp::wire::EthernetAddress;
 
     use super::*;
-
-    fn framed(frame: &[u8]) -> Vec<u8> {
-        let mut v = (frame.len() as u32).to_be_bytes().to_vec();
-        v.extend(frame);
-        v
-    }
-
-    fn stream_of(bytes: &[u8]) -> Stream {
-        Stream { rx: bytes.to_vec(), ..Stream::default() }
-    }
-
-    #[test]
-    fn frames_split_across_reads_come_out_whole() {
-        let (a, b) = (vec![1u8; 60], vec![2u8; 1514]);
-        let mut bytes = framed(&a);
-        bytes.extend(framed(&b));
-        let mut s = stream_of(&bytes[..70]);
-        assert_eq!(s.next_frame(), Some(a));
-        assert_eq!(s.next_frame(), None, "the second frame is not complete yet");
-        s.rx.extend(&bytes[70..]);
-        assert_eq!(s.next_frame(), Some(b));
-        assert_eq!(s.next_frame(), None);
-        assert!(s.rx.is_empty());
-    }
-
-    #[test]
-    fn an_oversized_length_is_skipped_without_buffering_it() {
-        let big = MAX_FRAME + 100;
-        let mut bytes = (big as u32).to_be_bytes().to_vec();
-        bytes.extend(vec![9u8; 1000]);
-        let mut s = stream_of(&bytes);
-        assert_eq!(s.next_frame(), None);
-        assert_eq!(s.skip, big - 1000);
-        assert!(s.rx.is_empty(), "skipped bytes are not kept");
-        // The rest of the oversized frame, then a good one: in sync again.
-        let mut rest = vec![9u8; big - 1000];
-        rest.extend(framed(&[7u8; 42]));
-        s.rx.extend(rest);
-        assert_eq!(s.next_frame(), Some(vec![7u8; 42]));
-    }
 
     fn arp(operation: ArpOperation, sender: std::net::Ipv4Addr, target: std::net::Ipv4Addr) -> Vec<u8> {
         let repr = ArpRepr::EthernetIpv4 {

@@ -1,6 +1,6 @@
 //! Egress for EGRESS VMs: a user-mode TCP/IP stack in the helper, one tokio
 //! task per VM, on the VM's link: a namespace sandbox's tun device or a vm
-//! sandbox's virtio-net card (qemu's `-netdev stream`), see [`device`]. Every TCP flow and UDP datagram is
+//! sandbox's virtio-net card (qemu's `-netdev dgram`), see [`device`]. Every TCP flow and UDP datagram is
 //! re-dialled by the helper only after [`sandbox_net::policy`] allows its real
 //! destination; the VM's DNS is answered here so domain rules can be pinned
 //! to the addresses this VM was given.

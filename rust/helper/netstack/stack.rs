@@ -212,13 +212,8 @@ pub async fn run(mut dev: PacketDevice, ctx: Arc<Ctx>) {
         let now = s.now();
         let delay = s.iface.poll_delay(now, &s.sockets).map_or(Duration::from_secs(1), Duration::from);
         let wake = s.wake.clone();
-        let tx_pending = s.dev.tx_pending();
         tokio::select! {
             r = s.dev.readable() => if r.is_err() { return },
-            r = s.dev.writable(), if tx_pending => match r {
-                Ok(()) => s.dev.flush(),
-                Err(_) => return,
-            },
             Some(msg) = inbox.recv() => s.message(msg),
             _ = wake.notified() => {}
             _ = tokio::time::sleep(delay) => {}

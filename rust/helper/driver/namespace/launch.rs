@@ -16,7 +16,7 @@ use tokio::process::{Child, ChildStdin, Command};
 use super::DriverError;
 use super::cgroup::{CgroupLayout, Limits, UsageFiles, VmCgroup};
 use super::init::{CONTROL_FD, InitConfig};
-use super::keep;
+use crate::driver::keep;
 use super::network::{pidfd_kill, pidfd_open};
 use crate::driver::Egress;
 use crate::netstack::NetStack;
@@ -440,7 +440,7 @@ pub async fn adopt(
     kept: keep::Kept,
     cgroups: Option<&CgroupLayout>,
 ) -> Result<(Instance, OwnedFd), DriverError> {
-    let keep::Kept { pid1, pid1fd, control, tun, conn } = kept;
+    let keep::Kept { pid1, pid1fd, control, link: tun, conn } = kept;
     match adopted(spec, pid1, &pid1fd, tun).await {
         Ok((ns, net, connection)) => {
             let instance = Instance {

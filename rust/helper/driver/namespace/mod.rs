@@ -7,11 +7,12 @@
 //! [`rootfs`] the filesystem, [`seccomp`] the syscall filter, [`network`]
 //! loopback and the EGRESS tun, [`init`] the in-sandbox side, [`launch`] the helper
 //! side, [`warm`] the launcher kept ready for the next start, [`freeze`]
-//! stopping a VM's processes while its layer is copied, [`keep`] a VM
+//! stopping a VM's processes while its layer is copied, [`keep`](super::keep) a VM
 //! outliving its helper and adopted by the next.
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::keep;
 use super::{BootSpec, Capabilities, Driver, DriverError, Exit, HostFacts, HostProcesses, Instance};
 use crate::HelperError;
 use crate::agent_link::Dialer;
@@ -20,7 +21,6 @@ use sandbox_agent::mux::Mux;
 pub mod cgroup;
 pub mod freeze;
 pub mod init;
-pub mod keep;
 pub mod launch;
 pub mod network;
 pub mod oom;
@@ -272,7 +272,12 @@ impl Instance for NamespaceInstance {
                     Err(e) => format!("lost track of init: {e}"),
                 }
             }),
-            Launcher::Kept(conn) => Box::pin(keep::wait_exit(conn)),
+            Launcher::Kept(conn) => Box::pin(async move {
+                match keep::wait_exit(conn).await {
+                    Some(code) => format!("init exited with status {code}"),
+                    None => "the vm's launcher died".into(),
+                }
+            }),
         })
     }
 

@@ -41,9 +41,9 @@ pub struct Machine {
     /// The socket the helper listens on for guest init's control port (the
     /// "go" handshake, [`sandbox_guest::handshake`]); none for the probe.
     pub control_socket: Option<PathBuf>,
-    /// The socket of the helper's network stack (EGRESS): the virtio-net
-    /// card's frames go there.
-    pub network: Option<PathBuf>,
+    /// qemu's end of the network card's socket pair (EGRESS), an fd qemu
+    /// inherits: the virtio-net card's frames go there.
+    pub network: Option<std::os::fd::RawFd>,
     /// QMP's socket (qemu listens).
     pub qmp_socket: PathBuf,
     /// The guest console (kernel messages, guest-init's errors).
@@ -110,7 +110,7 @@ impl Machine {
             ]);
         }
         // The helper listens; qemu connects, and reconnects to a helper that
-        // took over after a restart.
+        // took over after its keeper outlived the one before.
         push(&["-device", "virtio-serial-device"]);
         push(&["-chardev", &format!("socket,id=agent,path={},reconnect=1", path(&self.agent_socket))]);
         push(&["-device", &format!("virtserialport,chardev=agent,name={AGENT_PORT}")]);
@@ -118,10 +118,10 @@ impl Machine {
             push(&["-chardev", &format!("socket,id=control,path={},reconnect=1", path(control))]);
             push(&["-device", &format!("virtserialport,chardev=control,name={CONTROL_PORT}")]);
         }
-        if let Some(sock) = &self.network {
-            // Frames, each with its length, over the helper's socket; the
+        if let Some(fd) = self.network {
+            // One frame per datagram on the socket pair the helper made; the
             // card's MAC is the one the stack sends to.
-            push(&["-netdev", &format!("stream,id=net0,server=off,addr.type=unix,addr.path={}", path(sock))]);
+            push(&["-netdev", &format!("dgram,id=net0,local.type=fd,local.str={fd}")]);
             let mac = crate::netstack::GUEST_MAC.0.map(|b| format!("{b:02x}")).join(":");
             push(&["-device", &format!("virtio-net-device,netdev=net0,mac={mac}")]);
         }
@@ -195,10 +195,10 @@ mod tests {
     #[test]
     fn egress_adds_a_card_whose_frames_go_to_the_helpers_socket() {
         let mut m = machine();
-        m.network = Some("/v/net,1.sock".into());
+        m.network = Some(17);
         let a = joined(&m);
         for want in [
-            "-netdev stream,id=net0,server=off,addr.type=unix,addr.path=/v/net,,1.sock",
+            "-netdev dgram,id=net0,local.type=fd,local.str=17",
             "-device virtio-net-device,netdev=net0,mac=52:54:00:0a:00:0f",
         ] {
             assert!(a.contains(want), "{want:?} missing from {a}");

@@ -83,6 +83,8 @@ pub enum Origin {
         /// No snapshot yet, a stale one, or why restoring failed.
         reason: String,
     },
+    /// Left running by a helper that died, and adopted ([`super::adopt`]).
+    Kept,
 }
 
 impl QemuDriver {
@@ -132,11 +134,13 @@ impl QemuDriver {
         self
     }
 
-    /// At helper start: kills the qemu of every vm a dead helper left
-    /// running (sandboxes' and the pool's; virtiofsd ends with its qemu's
-    /// connection) and removes their run dirs. A vm of a live helper
-    /// sharing the run dirs is left alone. A sandbox whose vm this killed
-    /// is lost to the orchestrator, its writable disk kept.
+    /// At helper start, after adopting what it could ([`super::adopt`]):
+    /// kills the keeper (qemu first) of every other vm a dead helper left
+    /// running (template and pool vms, sandboxes' vms that could not be
+    /// adopted; virtiofsd ends with its qemu's connection) and removes
+    /// their run dirs. A vm of a live helper sharing the run dirs, this
+    /// one's adopted vms included, is left alone. A sandbox whose vm this
+    /// killed is lost to the orchestrator, its writable disk kept.
     pub fn kill_leftovers(&self) {
         use crate::leftovers::{Reaped, reap};
         for entry in std::fs::read_dir(&self.run_root).into_iter().flatten().flatten() {
@@ -144,12 +148,22 @@ impl QemuDriver {
             match reap(&dir.join(super::instance::QEMU_RECORD)) {
                 Reaped::Owned => continue,
                 Reaped::Killed(pid) => {
-                    tracing::warn!(vm = %entry.file_name().to_string_lossy(), qemu = pid, "killed a vm a dead helper left running");
+                    tracing::warn!(vm = %entry.file_name().to_string_lossy(), keeper = pid, "killed a vm a dead helper left running");
                 }
                 Reaped::Gone => {}
             }
             let _ = std::fs::remove_dir_all(&dir);
         }
+    }
+
+    /// The id map virtiofsd and the disks use, or why there is none.
+    pub(super) fn mapper(&self) -> Result<&IdMapper, String> {
+        self.mapper.as_ref().map_err(Clone::clone)
+    }
+
+    /// Where VMs' cgroups go, if anywhere.
+    pub(super) fn cgroup_layout(&self) -> Option<&CgroupLayout> {
+        self.cgroups.as_ref().ok()
     }
 
     /// Templates and the pool.
@@ -307,22 +321,10 @@ impl QemuDriver {
             Ok(other) => return Err(DriverError::InitFailed(format!("the agent answered {other:?} to ping"))),
             Err(_) => return Err(DriverError::Timeout("the vm's agent")),
         }
-        let pid = vm.pid().unwrap_or(0);
-        let listener = vm.listener();
-        Ok(Arc::new(VmInstance {
-            mux,
-            listener,
-            pid,
-            qmp: vm.qmp_socket().to_path_buf(),
-            vm: Mutex::new(Some(vm)),
-            mapper: mapper.clone(),
-            run_dir,
-            origin,
-            limits_not_enforced: self.cgroups.as_ref().err().cloned().unwrap_or_default(),
-            cgroup,
-            share: Mutex::new(share),
-            _net: net,
-        }))
+        // The sandbox's from here: a helper dying now leaves it to the next.
+        let share_mount = share.as_ref().filter(|s| s.is_mounted()).map(|s| s.path().to_path_buf());
+        super::adopt::Hosted { run_dir: run_dir.clone(), share_mount }.record(&spec.dir, vm.keeper_pid());
+        Ok(Arc::new(VmInstance::new(vm, mux, mapper.clone(), run_dir, origin, cgroup, share, net, self)))
     }
 
     /// KVM or TCG, probed once.
@@ -400,6 +402,13 @@ impl Driver for QemuDriver {
         Ok(self.boot_vm(spec).await?)
     }
 
+    async fn adopt(&self, spec: &BootSpec, keeper: &crate::driver::Orphan) -> Result<Arc<dyn Instance>, DriverError> {
+        if let Some(reason) = self.unavailable_reason() {
+            return Err(DriverError::Unavailable(reason));
+        }
+        Ok(self.adopt_vm(spec, keeper).await?)
+    }
+
     fn keep_warm(&self) {
         // Templates this helper cannot use go first (another kernel or
         // helper build, a deleted image); shapes booted before have
@@ -452,6 +461,35 @@ impl std::fmt::Debug for VmInstance {
 }
 
 impl VmInstance {
+    /// A vm `driver` started or adopted, its agent answering on `mux`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        vm: QemuInstance,
+        mux: Mux,
+        mapper: IdMapper,
+        run_dir: PathBuf,
+        origin: Origin,
+        cgroup: Option<VmCgroup>,
+        share: Option<Share>,
+        net: Option<NetStack>,
+        driver: &QemuDriver,
+    ) -> Self {
+        VmInstance {
+            mux,
+            listener: vm.listener(),
+            pid: vm.pid().unwrap_or(0),
+            qmp: vm.qmp_socket().to_path_buf(),
+            vm: Mutex::new(Some(vm)),
+            mapper,
+            run_dir,
+            origin,
+            limits_not_enforced: driver.cgroups.as_ref().err().cloned().unwrap_or_default(),
+            cgroup,
+            share: Mutex::new(share),
+            _net: net,
+        }
+    }
+
     /// Where this vm came from.
     pub fn origin(&self) -> &Origin {
         &self.origin

@@ -13,8 +13,11 @@
 //! is the sandbox's own ([`Attach`]): the writable disk and `/workspace`
 //! are attached over QMP on PCIe root ports, then the guest gets its "go".
 //! A shape with a network card has it from the start on every way, its
-//! host end connected to the vm's own socket ([`super::network`]).
-use std::os::fd::{AsRawFd as _, OwnedFd};
+//! host end the vm's own socket pair ([`super::network`]).
+//!
+//! qemu runs under a keeper ([`super::keeper`]), so a vm outlives a helper
+//! that dies and the next one adopts it ([`Instance::adopt`]).
+use std::os::fd::{AsRawFd as _, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -27,19 +30,22 @@ use tokio::net::{UnixListener, UnixStream};
 
 use super::argv::{Machine, UPPER_PORT, WORKSPACE_PORT, cmdline};
 use super::assets::Assets;
-use super::network::{Connected, NetLink};
+use super::keeper::{self, KEEP_SOCKET};
+use super::network::Connected;
 use super::qmp::Qmp;
 use super::ram::Backing;
 use super::virtiofsd::Virtiofsd;
 use super::{Accel, QEMU, QemuError};
 use crate::driver::cgroup::VmCgroup;
+use crate::driver::keep;
+use crate::driver::network::pidfd_kill;
 use sandbox_agent::mux::Mux;
 use sandbox_agent::protocol::Frame;
 use sandbox_guest::handshake::{Go, GuestLimits, READY, ROOTED, SEED_BYTES};
 use sandbox_guest::{UPPER_SERIAL, WORKSPACE_TAG};
 use sandbox_userns::IdMapper;
 
-/// The record of a vm's qemu in its run dir ([`crate::leftovers`]).
+/// The record of a vm's keeper in its run dir ([`crate::leftovers`]).
 pub const QEMU_RECORD: &str = "qemu.pid";
 /// How long qemu has to connect to the agent socket after it starts (it
 /// does so before the guest runs).
@@ -146,9 +152,41 @@ impl BootSpec<'_> {
     }
 }
 
+/// qemu's keeper, as this helper holds it ([`super::keeper`]).
+enum Keeping {
+    /// Started by this helper: its child, which exits with qemu's status.
+    Started(tokio::process::Child),
+    /// Adopted from a helper that died: it reports qemu's end on `conn`;
+    /// `ended` once heard.
+    Adopted { conn: OwnedFd, ended: Option<std::process::ExitStatus> },
+}
+
+impl Keeping {
+    /// Waits for qemu's end, as its keeper tells it. Cancel-safe: a wait
+    /// dropped half way loses nothing.
+    async fn ended(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        match self {
+            Keeping::Started(child) => child.wait().await.map(keeper::qemu_status),
+            Keeping::Adopted { conn, ended } => {
+                if let Some(status) = ended {
+                    return Ok(*status);
+                }
+                let code = keep::wait_exit(conn.try_clone()?).await;
+                let status = code
+                    .map(keeper::from_code)
+                    .ok_or_else(|| std::io::Error::other("qemu's keeper died without saying how qemu ended"))?;
+                *ended = Some(status);
+                Ok(status)
+            }
+        }
+    }
+}
+
 /// A started vm.
 pub struct Instance {
-    child: tokio::process::Child,
+    keeper: Keeping,
+    /// qemu's pid and pidfd.
+    qemu: (u32, OwnedFd),
     listener: Arc<UnixListener>,
     /// The first agent connection, until [`go`](Self::go) hands it out.
     agent: Option<UnixStream>,
@@ -237,13 +275,7 @@ impl Instance {
     ) -> Result<Instance, QemuError> {
         let dir = run_dir;
         std::fs::create_dir_all(dir).map_err(|e| QemuError::io(format!("create {}", dir.display()), e))?;
-        let bind = |name: &str| {
-            let path = dir.join(name);
-            let _ = std::fs::remove_file(&path);
-            UnixListener::bind(&path)
-                .map(|l| (l, path.clone()))
-                .map_err(|e| QemuError::io(format!("bind {}", path.display()), e))
-        };
+        let bind = |name: &str| bind(dir, name);
         // A restore holds its state locked shared from here on: the
         // template collector leaves a state in use alone (see
         // super::template). Its RAM starts as the template's, copied.
@@ -269,7 +301,7 @@ impl Instance {
         };
         let (listener, agent_socket) = bind("agent.sock")?;
         let (control_listener, control_socket) = bind("control.sock")?;
-        let net_link = if shape.network { Some(NetLink::listen(dir)?) } else { None };
+        let card = if shape.network { Some(super::network::pair()?) } else { None };
         let machine = Machine {
             accel: shape.accel.name(),
             cpus: shape.cpus,
@@ -281,21 +313,34 @@ impl Instance {
             layers: shape.layers.clone(),
             agent_socket,
             control_socket: Some(control_socket),
-            network: net_link.as_ref().map(|l| l.path().to_path_buf()),
+            network: card.as_ref().map(|(qemu, _)| qemu.as_raw_fd()),
             qmp_socket: dir.join("qmp.sock"),
             console_log: dir.join("console.log"),
             incoming: matches!(how, Start::Restore(_)),
             paused: !matches!(how, Start::Template(_)),
         };
-        let (child, listener) = spawn(&machine, listener, cgroup, restore.as_ref().map(|(_, ram)| ram))?;
-        if let Some(pid) = child.id() {
-            // qemu outlives a helper killed outright: the next one kills it
-            // by this record (QemuDriver::kill_leftovers).
+        // qemu names these by number: its RAM, its end of the card.
+        let pass: Vec<RawFd> = restore
+            .as_ref()
+            .map(|(_, ram)| ram.as_raw_fd())
+            .into_iter()
+            .chain(card.as_ref().map(|(qemu, _)| qemu.as_raw_fd()))
+            .collect();
+        let log = std::fs::File::create(qemu_log(&machine)).map_or(Stdio::null(), Stdio::from);
+        let link = card.as_ref().map(|(_, helper)| helper.fd());
+        let kept = keeper::start(machine.argv(), &pass, link, &dir.join(KEEP_SOCKET), log).await?;
+        // The keeper outlives a helper killed outright: the next one adopts
+        // its vm, or kills it by this record (QemuDriver::kill_leftovers).
+        if let Some(pid) = kept.keeper.id() {
             crate::leftovers::record(&dir.join(QEMU_RECORD), pid);
+        }
+        if let Some(cg) = cgroup {
+            into_cgroup(cg, kept.pid)?;
         }
         let qemu_log = qemu_log(&machine);
         let mut vm = Instance {
-            child,
+            keeper: Keeping::Started(kept.keeper),
+            qemu: (kept.pid, kept.pidfd),
             listener: Arc::new(listener),
             agent: None,
             mux: None,
@@ -308,7 +353,7 @@ impl Instance {
             qemu_log,
             virtiofsd: None,
             qmp_conn: None,
-            net: None,
+            net: card.map(|(_, helper)| helper),
         };
         let started = async {
             vm.agent = Some(vm.accept(CONNECT_WAIT).await?);
@@ -317,9 +362,6 @@ impl Instance {
                 .map_err(|_| QemuError::Timeout { what: "qemu to connect to the control socket", secs: 30 })?
                 .map_err(|e| QemuError::io("accept qemu's control connection", e))?;
             vm.control = control.0;
-            if let Some(link) = net_link {
-                vm.net = Some(link.accept().await?);
-            }
             if let Some((state, ram)) = restore {
                 // qemu holds its own copy of the RAM's fd now.
                 drop(ram);
@@ -362,14 +404,14 @@ impl Instance {
         let status = tokio::select! {
             r = tokio::time::timeout(wait, read) => match r {
                 Ok(Ok(true)) => return Ok(()),
-                Ok(Ok(false)) => match tokio::time::timeout(CONNECT_WAIT, self.child.wait()).await {
+                Ok(Ok(false)) => match tokio::time::timeout(CONNECT_WAIT, self.keeper.ended()).await {
                     Ok(status) => status,
                     Err(_) => return Err(QemuError::Exited(format!("the control port closed while waiting for {what}"))),
                 },
                 Ok(Err(e)) => return Err(e),
                 Err(_) => return Err(QemuError::Timeout { what, secs: wait.as_secs() }),
             },
-            status = self.child.wait() => status,
+            status = self.keeper.ended() => status,
         };
         let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
         Err(QemuError::Exited(format!("{status}; {}", self.output())))
@@ -490,7 +532,7 @@ impl Instance {
                 Ok(Err(e)) => Err(QemuError::io("accept qemu's agent connection", e)),
                 Err(_) => Err(QemuError::Timeout { what: "qemu to connect to the agent socket", secs: wait.as_secs() }),
             },
-            status = self.child.wait() => {
+            status = self.keeper.ended() => {
                 let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
                 Err(QemuError::Exited(format!("{status}; {}", self.output())))
             }
@@ -520,14 +562,59 @@ impl Instance {
         Qmp::connect(&self.qmp, Duration::from_secs(10)).await
     }
 
+    /// Takes over the vm in `run_dir` that a helper which died left
+    /// running, handed over by its keeper ([`keep::reclaim`]): listens on
+    /// its agent socket again, where qemu reconnects the agent's port
+    /// ([`accept`](Self::accept) takes that connection). Call
+    /// [`confirm`](Self::confirm) once the vm answers.
+    pub fn adopt(run_dir: &Path, kept: keep::Kept) -> Result<Instance, QemuError> {
+        let keep::Kept { pid1, pid1fd, control: _, link, conn } = kept;
+        let (listener, _) = bind(run_dir, "agent.sock")?;
+        Ok(Instance {
+            keeper: Keeping::Adopted { conn, ended: None },
+            qemu: (pid1 as u32, pid1fd),
+            listener: Arc::new(listener),
+            agent: None,
+            mux: None,
+            // Guest init spoke its last on the control port at the start.
+            control: UnixStream::pair().map_err(|e| QemuError::io("socketpair", e))?.0,
+            paused: false,
+            run_dir: run_dir.to_path_buf(),
+            qmp: run_dir.join("qmp.sock"),
+            console: run_dir.join("console.log"),
+            qemu_log: run_dir.join("qemu.log"),
+            virtiofsd: None,
+            qmp_conn: None,
+            net: link.map(Connected::from),
+        })
+    }
+
+    /// Tells an adopted vm's keeper that this helper holds the vm now.
+    pub fn confirm(&self) -> Result<(), QemuError> {
+        match &self.keeper {
+            Keeping::Adopted { conn, .. } => {
+                keep::confirm(conn).map_err(|e| QemuError::io("confirm the adoption", std::io::Error::other(e)))
+            }
+            Keeping::Started(_) => Ok(()),
+        }
+    }
+
+    /// The keeper's pid, for a vm this helper started.
+    pub fn keeper_pid(&self) -> Option<u32> {
+        match &self.keeper {
+            Keeping::Started(child) => child.id(),
+            Keeping::Adopted { .. } => None,
+        }
+    }
+
     /// qemu's pid, while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.id()
+        Some(self.qemu.0)
     }
 
     /// Kills qemu (SIGKILL) and waits for it and virtiofsd.
     pub async fn kill(&mut self) -> Exit {
-        let _ = self.child.start_kill();
+        pidfd_kill(&self.qemu.1, libc::SIGKILL);
         self.wait().await
     }
 
@@ -541,9 +628,9 @@ impl Instance {
             qmp.quit().await
         };
         if tokio::time::timeout(grace, quit).await.map_or(true, |r| r.is_err()) {
-            let _ = self.child.start_kill();
+            pidfd_kill(&self.qemu.1, libc::SIGKILL);
         }
-        match tokio::time::timeout(grace, self.child.wait()).await {
+        match tokio::time::timeout(grace, self.keeper.ended()).await {
             Ok(_) => self.wait().await,
             Err(_) => self.kill().await,
         }
@@ -552,7 +639,7 @@ impl Instance {
     /// Waits for qemu to exit (the guest powered off, panicked, or qemu was
     /// killed), then for virtiofsd; says how it ended.
     pub async fn wait(&mut self) -> Exit {
-        let status = self.child.wait().await;
+        let status = self.keeper.ended().await;
         if let Some(mut d) = self.virtiofsd.take() {
             let _ = tokio::task::spawn_blocking(move || d.stop()).await;
         }
@@ -599,37 +686,23 @@ fn qemu_log(machine: &Machine) -> PathBuf {
     machine.console_log.with_file_name("qemu.log")
 }
 
-/// Starts qemu with `machine`'s arguments, in `cgroup` if given.
-pub fn spawn(
-    machine: &Machine,
-    listener: UnixListener,
-    cgroup: Option<&VmCgroup>,
-    ram: Option<&OwnedFd>,
-) -> Result<(tokio::process::Child, UnixListener), QemuError> {
+/// Starts qemu with `machine`'s arguments as this helper's own child,
+/// dying with it: the KVM probe's, which nothing needs to outlive a helper
+/// (a vm's qemu runs under its keeper, [`Instance::start`]).
+pub fn spawn(machine: &Machine) -> Result<tokio::process::Child, QemuError> {
     let mut cmd = tokio::process::Command::new(QEMU);
-    // qemu opens it as /dev/fd/N (machine.memory): it stays open across
-    // the exec in the child only.
-    let ram = ram.map(|r| r.as_raw_fd());
     let helper = std::process::id() as libc::pid_t;
-    // SAFETY: only prctl, getppid and fcntl, async-signal-safe, between
-    // fork and exec.
+    // SAFETY: only prctl and getppid, async-signal-safe, between fork and
+    // exec.
     unsafe {
         cmd.pre_exec(move || {
-            // qemu dies with the helper, as a namespace sandbox does with
-            // its launcher. The signal follows the thread that forks: this
-            // runs on a runtime worker, which lives as long as the helper.
-            // A qemu that outlives a helper anyway (one started by an older
-            // build) is killed by the next helper (QEMU_RECORD).
+            // The signal follows the thread that forks: this runs on a
+            // runtime worker, which lives as long as the helper.
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
                 return Err(std::io::Error::last_os_error());
             }
             if libc::getppid() != helper {
                 return Err(std::io::Error::other("the helper exited while qemu started"));
-            }
-            if let Some(fd) = ram
-                && libc::fcntl(fd, libc::F_SETFD, 0) == -1
-            {
-                return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
@@ -642,16 +715,21 @@ pub fn spawn(
         // the console, where an exit report finds them.
         .stderr(std::fs::File::create(qemu_log(machine)).map_or(Stdio::null(), Stdio::from))
         .kill_on_drop(true);
-    let child = cmd.spawn().map_err(|e| match e.kind() {
+    cmd.spawn().map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => {
             QemuError::NotInstalled(format!("{QEMU} is not installed: {}", super::INSTALL_HINT))
         }
         _ => QemuError::io(format!("start {QEMU}"), e),
-    })?;
-    if let (Some(cg), Some(pid)) = (cgroup, child.id()) {
-        into_cgroup(cg, pid)?;
-    }
-    Ok((child, listener))
+    })
+}
+
+/// Listens on `dir/name`, replacing a stale socket.
+fn bind(dir: &Path, name: &str) -> Result<(UnixListener, PathBuf), QemuError> {
+    let path = dir.join(name);
+    let _ = std::fs::remove_file(&path);
+    UnixListener::bind(&path)
+        .map(|l| (l, path.clone()))
+        .map_err(|e| QemuError::io(format!("bind {}", path.display()), e))
 }
 
 /// Moves qemu (`pid`) into a vm's cgroup.

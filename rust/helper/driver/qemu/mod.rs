@@ -15,7 +15,9 @@
 //! - [`virtiofsd`]: the daemon serving `/workspace`.
 //! - [`share`]: where a root helper's virtiofsd reaches `/workspace`.
 //! - [`network`]: the EGRESS network card's link to the helper's stack.
-//! - [`instance`]: boot, transport, stop, kill, wait.
+//! - [`instance`]: boot, transport, stop, kill, wait, adopt.
+//! - [`keeper`]: the process qemu hangs from, which outlives a helper.
+//! - [`adopt`]: a sandbox's vm taken over by the next helper.
 //! - [`driver`]: the `vm` driver behind the helper's driver seam.
 //! - [`snapshot`]: the writable layer as a layer of the image store.
 //! - [`template`]: memory snapshots of a vm waiting at guest init's handshake.
@@ -25,12 +27,14 @@
 //! qemu runs as the helper's user with no extra privilege, under
 //! `-sandbox on` (its own seccomp filter), in the sandbox's cgroup when the
 //! host has cgroups.
+pub mod adopt;
 pub mod argv;
 pub mod assets;
 pub mod bench;
 pub mod disks;
 pub mod driver;
 pub mod instance;
+pub mod keeper;
 pub mod network;
 pub mod pool;
 pub mod probe;

@@ -103,7 +103,7 @@ pub async fn boot_probe(assets: &Assets, run_dir: &Path, accel: &Accel, timeout:
         incoming: false,
         paused: false,
     };
-    let (mut child, listener) = spawn(&machine, listener, None, None)?;
+    let mut child = spawn(&machine)?;
     let answered = async {
         let (mut stream, _) = listener.accept().await.map_err(|e| QemuError::io("accept the probe's port", e))?;
         let mut got = Vec::new();

@@ -50,6 +50,17 @@ impl Share {
         Ok(Share { path, mounted: true })
     }
 
+    /// The mount a helper that died made at `path` for a vm this one
+    /// adopted: unmounted on drop.
+    pub fn kept(path: PathBuf) -> Self {
+        Share { path, mounted: true }
+    }
+
+    /// Whether this is a mount of the helper's own (a root helper's).
+    pub fn is_mounted(&self) -> bool {
+        self.mounted
+    }
+
     /// The path to give virtiofsd.
     pub fn path(&self) -> &Path {
         &self.path

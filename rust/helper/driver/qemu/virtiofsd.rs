@@ -71,6 +71,12 @@ impl Virtiofsd {
                 Ok(())
             });
         }
+        // Its messages go to a file beside the socket, not to a pipe to the
+        // helper: it outlives a helper that dies (it serves until qemu
+        // closes its connection), and a write to a closed pipe would end it.
+        let log = socket.with_extension("log");
+        let log = std::fs::File::create(&log).map_err(|e| QemuError::io(format!("create {}", log.display()), e))?;
+        cmd.stdout(std::process::Stdio::null()).stderr(log);
         cmd.arg(format!("--fd={fd}"))
             .arg("-o")
             .arg(format!("source={}", source.display()))
@@ -94,15 +100,6 @@ impl Virtiofsd {
         &self.socket
     }
 
-    fn finish(&mut self) -> String {
-        match self.waiter.take().map(std::thread::JoinHandle::join) {
-            Some(Ok(Ok(out))) => format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()),
-            Some(Ok(Err(e))) => e,
-            Some(Err(_)) => "its thread panicked".into(),
-            None => "already stopped".into(),
-        }
-    }
-
     /// Ends it if qemu never connected (a connection that closes at once
     /// ends a waiting virtiofsd; one serving qemu ends with qemu), then
     /// waits for it.
@@ -112,7 +109,9 @@ impl Virtiofsd {
         {
             drop(std::os::unix::net::UnixStream::connect(&self.socket));
         }
-        let _ = self.finish();
+        if let Some(waiter) = self.waiter.take() {
+            let _ = waiter.join();
+        }
         let _ = std::fs::remove_file(&self.socket);
     }
 }

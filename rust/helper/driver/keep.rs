@@ -1,5 +1,8 @@
-//! A namespace VM outliving its helper: the launcher keeps it through a
-//! helper's death, and a new helper adopts it (issue 25).
+//! A VM outliving its helper: the process it hangs from keeps it through a
+//! helper's death, and a new helper adopts it (issue 25). On the namespace
+//! driver that is the VM's launcher, whose child is PID 1; on the vm driver
+//! it is qemu's keeper ([`super::qemu::keeper`]), whose child is qemu. Below,
+//! "launcher" and "PID 1" stand for either.
 //!
 //! A VM's processes hang from its launcher (PID 1 dies with it), not from
 //! the helper, so a helper that dies (a crash, `kill -9`) need not take its
@@ -15,14 +18,15 @@
 //! launcher kills PID 1, as its lifeline always did, so an orphan never
 //! runs on unwatched (no quota, no egress stack, no way to reach it).
 //!
-//! A VM frozen at its helper's death (a snapshot's copy, a quota hold), even
-//! in part, is not kept: nobody knows which of its stopped processes to
+//! A namespace VM frozen at its helper's death (a snapshot's copy, a quota
+//! hold), even in part, is not kept: nobody knows which of its stopped processes to
 //! resume, so the launcher kills it at once. Neither
 //! is one whose launcher speaks another keeper protocol ([`KEEP_VERSION`]).
 //!
 //! Messages (SEQPACKET): from the helper `adopt:<version>`; from the
 //! launcher `kept:<version>:<pid1>` carrying the helper's control end, PID
-//! 1's pidfd and (EGRESS) the tun, or `refused:<why>`; from the helper
+//! 1's pidfd and (EGRESS) the network link (eth0's tun, or the helper's end
+//! of the vm's card), or `refused:<why>`; from the helper
 //! `adopted` once it holds the VM (until then the wait runs on: a helper
 //! that dies mid-adoption, again and again, does not keep an orphan alive
 //! past it); from the launcher `exit:<status>` when PID 1 exits. Only the
@@ -72,8 +76,12 @@ pub struct Keeper {
     pub listener: OwnedFd,
     /// A copy of the helper's end of the control socket.
     pub helper_end: OwnedFd,
-    /// eth0's tun (EGRESS), whose device lives as long as one fd does.
-    pub tun: Option<OwnedFd>,
+    /// The network link (EGRESS): eth0's tun, whose device lives as long
+    /// as one fd does, or the helper's end of a vm's card.
+    pub link: Option<OwnedFd>,
+    /// Whether a helper's freeze can hold the VM's processes (a namespace
+    /// VM's, by signals or its cgroup; a vm is never frozen from the host).
+    pub freezable: bool,
 }
 
 /// Who watches the VM now.
@@ -147,7 +155,7 @@ impl Keeper {
                         _ => Watcher::Gone(since),
                     },
                     _ => {
-                        if frozen(pid1) {
+                        if self.freezable && frozen(pid1) {
                             pidfd_kill(pid1fd, libc::SIGKILL);
                         }
                         Watcher::Gone(Instant::now())
@@ -177,7 +185,7 @@ impl Keeper {
             return false;
         }
         let mut fds = vec![self.helper_end.as_raw_fd(), pid1fd.as_raw_fd()];
-        fds.extend(self.tun.as_ref().map(AsRawFd::as_raw_fd));
+        fds.extend(self.link.as_ref().map(AsRawFd::as_raw_fd));
         let text = format!("kept:{KEEP_VERSION}:{pid1}");
         send_with_fds(conn, text.as_bytes(), &fds).is_ok()
     }
@@ -205,8 +213,8 @@ pub struct Kept {
     pub pid1fd: OwnedFd,
     /// The helper's end of the control socket.
     pub control: OwnedFd,
-    /// eth0's tun (EGRESS).
-    pub tun: Option<OwnedFd>,
+    /// The network link (EGRESS), see [`Keeper::link`].
+    pub link: Option<OwnedFd>,
     /// The connection to the launcher: its hang-up or `exit:` ends the VM.
     pub conn: OwnedFd,
 }
@@ -233,7 +241,7 @@ pub fn reclaim(keeper: &Path) -> Result<Kept, DriverError> {
     if !(2..=3).contains(&fds.len()) {
         return Err(DriverError::InitFailed(format!("the vm's launcher sent {} fds", fds.len())));
     }
-    let tun = (fds.len() == 3).then(|| fds.remove(2));
+    let link = (fds.len() == 3).then(|| fds.remove(2));
     let pid1fd = fds.remove(1);
     let control = fds.remove(0);
     // The pidfd is the launcher's word for PID 1; the pid must name the
@@ -242,14 +250,14 @@ pub fn reclaim(keeper: &Path) -> Result<Kept, DriverError> {
     if !same_process(&check, &pid1fd) {
         return Err(DriverError::InitFailed("PID 1 exited during the handover".into()));
     }
-    Ok(Kept { pid1, pid1fd, control, tun, conn })
+    Ok(Kept { pid1, pid1fd, control, link, conn })
 }
 
 /// Waits for the launcher's report of PID 1's end, then for the launcher
-/// to exit (it holds the VM's mounts until then): `init exited with status
-/// N`, as a started VM's launcher's exit status says it, or what a launcher
-/// that died without one means.
-pub async fn wait_exit(conn: OwnedFd) -> String {
+/// to exit (it holds the VM's mounts until then): PID 1's exit status
+/// (128 plus the signal that killed it), or `None` from a launcher that
+/// died without saying.
+pub async fn wait_exit(conn: OwnedFd) -> Option<i32> {
     let messages = async {
         let nonblocking = nix::fcntl::OFlag::O_NONBLOCK;
         nix::fcntl::fcntl(&conn, nix::fcntl::FcntlArg::F_SETFL(nonblocking)).ok()?;
@@ -270,11 +278,7 @@ pub async fn wait_exit(conn: OwnedFd) -> String {
             }
         }
     };
-    let text = messages.await.unwrap_or_default();
-    match text.strip_prefix("exit:").and_then(|c| c.parse::<i32>().ok()) {
-        Some(code) => format!("init exited with status {code}"),
-        None => "the vm's launcher died".into(),
-    }
+    messages.await?.strip_prefix("exit:").and_then(|c| c.parse::<i32>().ok())
 }
 
 /// Whether both pidfds name the same live process: compared by their
@@ -322,7 +326,7 @@ fn frozen(pid1: Pid) -> bool {
     })
 }
 
-fn send_with_fds(conn: &OwnedFd, bytes: &[u8], fds: &[RawFd]) -> nix::Result<usize> {
+pub fn send_with_fds(conn: &OwnedFd, bytes: &[u8], fds: &[RawFd]) -> nix::Result<usize> {
     let cmsg = [ControlMessage::ScmRights(fds)];
     let iov = [std::io::IoSlice::new(bytes)];
     sendmsg::<()>(conn.as_raw_fd(), &iov, if fds.is_empty() { &[] } else { &cmsg }, MsgFlags::empty(), None)
@@ -387,7 +391,7 @@ mod tests {
         let (ours, theirs) =
             nix::sys::socket::socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
                 .unwrap();
-        let keeper = Keeper { listener: bind_keeper(&path).unwrap(), helper_end: ours, tun: None };
+        let keeper = Keeper { listener: bind_keeper(&path).unwrap(), helper_end: ours, link: None, freezable: true };
         (child, pid1fd, keeper, path, theirs)
     }
 
@@ -417,12 +421,12 @@ mod tests {
         });
         let kept = reclaimed.await.unwrap().expect("the launcher hands the vm over");
         assert_eq!(kept.pid1, pid1.as_raw());
-        assert!(kept.tun.is_none());
+        assert!(kept.link.is_none());
         // A second helper knocking now is turned away: one adopter at a time.
         assert!(reclaim(&path).is_err());
         pidfd_kill(&kept.pid1fd, libc::SIGKILL);
         confirm(&kept.conn).unwrap();
-        assert_eq!(wait_exit(kept.conn).await, "init exited with status 137");
+        assert_eq!(wait_exit(kept.conn).await, Some(137));
         launcher.join().unwrap();
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
     }
