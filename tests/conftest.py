@@ -72,7 +72,15 @@ def new_env_dir() -> str:
 def remove_env_dir(base: str) -> None:
     """Removes a test's state dir. What an ordinary user's sandboxes leave there is not all removable by the
     user as itself (files of its subordinate ids, overlayfs's mode-0 work dirs): the rest goes as root of a
-    user namespace with the same map as the sandboxes'."""
+    user namespace with the same map as the sandboxes'. With SANDBOX_MCP_TEST_KEEP_LOGS=DIR, its daemon and
+    helper logs are copied to DIR/<its name>/ first (to read after a failure)."""
+    keep = os.environ.get("SANDBOX_MCP_TEST_KEEP_LOGS")
+    if keep:
+        for log in Path(base).rglob("*.log"):
+            dest = Path(keep) / Path(base).name / log.relative_to(base)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(OSError):
+                shutil.copyfile(log, dest)
     shutil.rmtree(base, ignore_errors=True)
     if os.path.lexists(base) and os.geteuid() != 0:
         subprocess.run(["unshare", "--map-root-user", "--map-auto", "rm", "-rf", "--one-file-system", base],

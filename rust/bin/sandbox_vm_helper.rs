@@ -58,9 +58,6 @@ enum Command {
         /// The keeper's end of its control socket.
         #[arg(long)]
         control: i32,
-        /// A copy of the helper's end, for an adopter.
-        #[arg(long)]
-        helper_end: i32,
         /// The helper's end of the network card, for an adopter.
         #[arg(long)]
         link: Option<i32>,
@@ -129,9 +126,9 @@ fn main() -> ExitCode {
         // No runtime and no threads before this point: the launcher must be
         // single-threaded to enter a new user namespace.
         Command::VmInit { eth0 } => ExitCode::from(u8::try_from(sandbox_helper::vm_init(eth0)).unwrap_or(1)),
-        Command::VmKeep { control, helper_end, link, pass, helper, socket, qemu } => {
+        Command::VmKeep { control, link, pass, helper, socket, qemu } => {
             use sandbox_helper::driver::qemu::keeper::{KeepArgs, run};
-            let code = run(KeepArgs { control, helper_end, link, pass, helper, socket, qemu });
+            let code = run(KeepArgs { control, link, pass, helper, socket, qemu });
             ExitCode::from(u8::try_from(code).unwrap_or(1))
         }
         Command::GuestInit => {

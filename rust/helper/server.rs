@@ -111,11 +111,14 @@ pub async fn serve(socket: &Path, drivers: Drivers) -> Result<(), HelperError> {
         }
         Drivers::Bridged => vec![Arc::new(SwiftDriver::new())],
     };
+    #[cfg(linux_host)]
+    if let Some(vm) = &qemu {
+        vm.kill_idle_leftovers();
+    }
     // Whichever drivers run the VMs, images are unpacked for one id map.
     let vms = VmManager::new(sandbox_userns::IdMapper::detect(), drivers, helper_store());
     // What a helper that died left running: kept where its driver can, the
-    // rest killed (sandboxes' VMs by their launcher records, then the
-    // template and pool vms by their run dirs').
+    // rest killed (idle vms before, sandboxes' VMs after the adoption).
     vms.adopt_left().await;
     #[cfg(linux_host)]
     {

@@ -47,9 +47,10 @@ impl Missing {
                 clock()
             ),
             Missing::HelperRestarted { at } => match sandbox.isolation {
-                Isolation::Vm => {
-                    format!("the VM helper stopped and was restarted at {at}; a vm sandbox ends with its helper")
-                }
+                Isolation::Vm => format!(
+                    "the VM helper stopped and was restarted at {at}, which could not keep this sandbox (it was \
+                     being started, its qemu or keeper was gone, or its agent did not answer in time)"
+                ),
                 Isolation::Namespaces => format!(
                     "the VM helper stopped and was restarted at {at}, which could not keep this sandbox (a snapshot \
                      had frozen it then, it was being started, or its launcher was gone)"

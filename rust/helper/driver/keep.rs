@@ -70,18 +70,28 @@ pub fn bind_keeper(path: &Path) -> Result<OwnedFd, DriverError> {
     Ok(fd)
 }
 
+/// What a launcher keeps: its child, and what that takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keeps {
+    /// A namespace VM's PID 1: the helper's end of the control socket goes
+    /// with it, and a helper's freeze can hold the VM's processes.
+    Pid1,
+    /// A vm's qemu: a guest that escaped into it (or into another vm's
+    /// qemu, the same program) may knock, and must not be handed a vm.
+    Qemu,
+}
+
 /// What the launcher holds to hand its VM to a new helper.
 pub struct Keeper {
     /// The keeper's listening socket.
     pub listener: OwnedFd,
-    /// A copy of the helper's end of the control socket.
-    pub helper_end: OwnedFd,
+    /// A copy of the helper's end of the control socket (a namespace VM's).
+    pub helper_end: Option<OwnedFd>,
     /// The network link (EGRESS): eth0's tun, whose device lives as long
     /// as one fd does, or the helper's end of a vm's card.
     pub link: Option<OwnedFd>,
-    /// Whether a helper's freeze can hold the VM's processes (a namespace
-    /// VM's, by signals or its cgroup; a vm is never frozen from the host).
-    pub freezable: bool,
+    /// Its child.
+    pub keeps: Keeps,
 }
 
 /// Who watches the VM now.
@@ -155,7 +165,7 @@ impl Keeper {
                         _ => Watcher::Gone(since),
                     },
                     _ => {
-                        if self.freezable && frozen(pid1) {
+                        if self.keeps == Keeps::Pid1 && frozen(pid1) {
                             pidfd_kill(pid1fd, libc::SIGKILL);
                         }
                         Watcher::Gone(Instant::now())
@@ -168,12 +178,32 @@ impl Keeper {
                 let conn = unsafe { OwnedFd::from_raw_fd(conn) };
                 // A knock while watched is turned away: one helper at a time.
                 if let Watcher::Gone(since) = watcher
+                    && !self.stranger(&conn, pid1)
                     && self.hand_over(&conn, pid1, pid1fd)
                 {
                     watcher = Watcher::Adopting(conn, since);
                 }
             }
         }
+    }
+
+    /// Whether the peer on `conn` may not adopt: PID 1 itself, or (a vm)
+    /// any process running qemu's program; turned away before it speaks,
+    /// so it cannot hold the handshake's wait either.
+    fn stranger(&self, conn: &OwnedFd, pid1: Pid) -> bool {
+        let Ok(peer) = nix::sys::socket::getsockopt(conn, nix::sys::socket::sockopt::PeerCredentials) else {
+            return true;
+        };
+        if peer.pid() == pid1.as_raw() {
+            return true;
+        }
+        let exe = |pid: i32| std::fs::read_link(format!("/proc/{pid}/exe"));
+        self.keeps == Keeps::Qemu
+            && match (exe(peer.pid()), exe(pid1.as_raw())) {
+                (Ok(peer), Ok(qemu)) => peer == qemu,
+                // Not readable: not known to be a helper.
+                _ => true,
+            }
     }
 
     /// The handshake with a would-be adopter: whether it took the VM.
@@ -184,7 +214,8 @@ impl Keeper {
             let _ = nix::sys::socket::send(conn.as_raw_fd(), why.as_bytes(), MsgFlags::MSG_DONTWAIT);
             return false;
         }
-        let mut fds = vec![self.helper_end.as_raw_fd(), pid1fd.as_raw_fd()];
+        let mut fds: Vec<RawFd> = self.helper_end.iter().map(AsRawFd::as_raw_fd).collect();
+        fds.push(pid1fd.as_raw_fd());
         fds.extend(self.link.as_ref().map(AsRawFd::as_raw_fd));
         let text = format!("kept:{KEEP_VERSION}:{pid1}");
         send_with_fds(conn, text.as_bytes(), &fds).is_ok()
@@ -211,17 +242,18 @@ pub struct Kept {
     pub pid1: i32,
     /// PID 1's pidfd (the launcher's: it names PID 1, whatever reused its pid).
     pub pid1fd: OwnedFd,
-    /// The helper's end of the control socket.
-    pub control: OwnedFd,
+    /// The helper's end of the control socket (a namespace VM's).
+    pub control: Option<OwnedFd>,
     /// The network link (EGRESS), see [`Keeper::link`].
     pub link: Option<OwnedFd>,
     /// The connection to the launcher: its hang-up or `exit:` ends the VM.
     pub conn: OwnedFd,
 }
 
-/// Asks the launcher listening at `keeper` for its VM. Blocking (a few
-/// round trips on a local socket, bounded by [`HANDSHAKE_WAIT`]).
-pub fn reclaim(keeper: &Path) -> Result<Kept, DriverError> {
+/// Asks the launcher `launcher`, listening at `keeper` and keeping what
+/// `keeps` says, for its VM. Blocking (a few round trips on a local
+/// socket, bounded by [`HANDSHAKE_WAIT`]).
+pub fn reclaim(keeper: &Path, launcher: u32, keeps: Keeps) -> Result<Kept, DriverError> {
     let sys = |what: &'static str| move |source| DriverError::sys(what, source);
     let conn =
         socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None).map_err(sys("keeper socket"))?;
@@ -238,17 +270,22 @@ pub fn reclaim(keeper: &Path) -> Result<Kept, DriverError> {
         .and_then(|p| p.parse::<i32>().ok())
         .filter(|p| *p > 1)
         .ok_or_else(|| DriverError::InitFailed(format!("the vm's launcher answered {text:?}")))?;
-    if !(2..=3).contains(&fds.len()) {
+    let control_fds = usize::from(keeps == Keeps::Pid1);
+    if !(control_fds + 1..=control_fds + 2).contains(&fds.len()) {
         return Err(DriverError::InitFailed(format!("the vm's launcher sent {} fds", fds.len())));
     }
-    let link = (fds.len() == 3).then(|| fds.remove(2));
-    let pid1fd = fds.remove(1);
-    let control = fds.remove(0);
+    let control = (control_fds == 1).then(|| fds.remove(0));
+    let pid1fd = fds.remove(0);
+    let link = fds.pop();
     // The pidfd is the launcher's word for PID 1; the pid must name the
-    // same process (it cannot be reused while that process lives).
+    // same process (it cannot be reused while that process lives), and
+    // that process must be the launcher's own child.
     let check = pidfd_open(pid1)?;
     if !same_process(&check, &pid1fd) {
         return Err(DriverError::InitFailed("PID 1 exited during the handover".into()));
+    }
+    if sandbox_base::proc::parent(pid1 as u32) != Some(launcher) {
+        return Err(DriverError::InitFailed(format!("the vm's launcher handed over process {pid1}, not its child")));
     }
     Ok(Kept { pid1, pid1fd, control, link, conn })
 }
@@ -258,6 +295,19 @@ pub fn reclaim(keeper: &Path) -> Result<Kept, DriverError> {
 /// (128 plus the signal that killed it), or `None` from a launcher that
 /// died without saying.
 pub async fn wait_exit(conn: OwnedFd) -> Option<i32> {
+    report(conn, true).await
+}
+
+/// Waits for the launcher's report of its child's end, and only that (a
+/// vm's keeper reports once qemu is reaped, holding nothing after): a wait
+/// dropped half way loses no report, which stays unread in the socket.
+pub async fn wait_report(conn: OwnedFd) -> Option<i32> {
+    report(conn, false).await
+}
+
+/// The exit status a launcher reports on `conn`, read when it comes or
+/// (`until_gone`) once the launcher has hung up.
+async fn report(conn: OwnedFd, until_gone: bool) -> Option<i32> {
     let messages = async {
         let nonblocking = nix::fcntl::OFlag::O_NONBLOCK;
         nix::fcntl::fcntl(&conn, nix::fcntl::FcntlArg::F_SETFL(nonblocking)).ok()?;
@@ -273,7 +323,12 @@ pub async fn wait_exit(conn: OwnedFd) -> Option<i32> {
             });
             match got {
                 Ok(Ok(0)) | Ok(Err(_)) => return report,
-                Ok(Ok(n)) => report = Some(String::from_utf8_lossy(&buf[..n]).into_owned()),
+                Ok(Ok(n)) => {
+                    report = Some(String::from_utf8_lossy(&buf[..n]).into_owned());
+                    if !until_gone {
+                        return report;
+                    }
+                }
                 Err(_would_block) => continue,
             }
         }
@@ -391,7 +446,7 @@ mod tests {
         let (ours, theirs) =
             nix::sys::socket::socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
                 .unwrap();
-        let keeper = Keeper { listener: bind_keeper(&path).unwrap(), helper_end: ours, link: None, freezable: true };
+        let keeper = Keeper { listener: bind_keeper(&path).unwrap(), helper_end: Some(ours), link: None, keeps: Keeps::Pid1 };
         (child, pid1fd, keeper, path, theirs)
     }
 
@@ -417,13 +472,13 @@ mod tests {
         });
         let reclaimed = tokio::task::spawn_blocking({
             let path = path.clone();
-            move || reclaim(&path)
+            move || reclaim(&path, std::process::id(), Keeps::Pid1)
         });
         let kept = reclaimed.await.unwrap().expect("the launcher hands the vm over");
         assert_eq!(kept.pid1, pid1.as_raw());
         assert!(kept.link.is_none());
         // A second helper knocking now is turned away: one adopter at a time.
-        assert!(reclaim(&path).is_err());
+        assert!(reclaim(&path, std::process::id(), Keeps::Pid1).is_err());
         pidfd_kill(&kept.pid1fd, libc::SIGKILL);
         confirm(&kept.conn).unwrap();
         assert_eq!(wait_exit(kept.conn).await, Some(137));
@@ -441,7 +496,7 @@ mod tests {
                 // Takes the fds and drops them, twice, as a helper crashing
                 // mid-adoption would.
                 for _ in 0..2 {
-                    drop(reclaim(&path).expect("an orphan hands its vm over"));
+                    drop(reclaim(&path, std::process::id(), Keeps::Pid1).expect("an orphan hands its vm over"));
                     std::thread::sleep(Duration::from_millis(150));
                 }
             }
@@ -453,5 +508,40 @@ mod tests {
         assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
         assert!(begun.elapsed() < Duration::from_secs(5), "the wait ran on from the first loss");
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_vm_is_not_handed_to_a_process_running_qemus_program() {
+        // "qemu" here is a python3, and so is the knocker: to the keeper it
+        // is that vm's (or another vm's) qemu, which a guest may control.
+        let dir = std::env::temp_dir().join(format!("keep-{}-kin", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("keep.sock");
+        let mut qemu = std::process::Command::new("python3").args(["-c", "import time; time.sleep(600)"]).spawn().unwrap();
+        let qemufd = pidfd_open(qemu.id() as i32).unwrap();
+        let keeper = Keeper { listener: bind_keeper(&path).unwrap(), helper_end: None, link: None, keeps: Keeps::Qemu };
+        let pid = Pid::from_raw(qemu.id() as i32);
+        let launcher = std::thread::spawn(move || {
+            let adopter = keeper.keep(pid, &qemufd, None, Duration::from_secs(60));
+            let status = qemu.wait().unwrap();
+            let code = 128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0);
+            adopter.as_ref().inspect(|a| report_exit(a, code)).is_some()
+        });
+        let knock = "import socket,sys\ns = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n\
+                     s.settimeout(10)\ns.connect(sys.argv[1])\n\
+                     try:\n    s.send(b'adopt:1')\n    print(s.recv(256))\nexcept OSError as e:\n    print(type(e).__name__)";
+        let out = std::process::Command::new("python3").args(["-c", knock]).arg(&path).output().unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(said.trim() == "b''" || said.contains("Error"), "a kin process got an answer: {said}");
+        // A helper (this test process) still gets it, qemu's pidfd alone.
+        let p = path.clone();
+        let pid = std::process::id();
+        let kept = tokio::task::spawn_blocking(move || reclaim(&p, pid, Keeps::Qemu)).await.unwrap().expect("handed over");
+        assert!(kept.control.is_none() && kept.link.is_none());
+        confirm(&kept.conn).unwrap();
+        pidfd_kill(&kept.pid1fd, libc::SIGKILL);
+        assert_eq!(wait_report(kept.conn).await, Some(137));
+        assert!(launcher.join().unwrap(), "adopted by the helper");
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -31,6 +31,10 @@ pub use sandbox_net::plan::{ETHERNET_MTU, MTU};
 /// The largest frame read from an Ethernet link: a maximal IPv4 packet in
 /// its Ethernet header.
 const MAX_FRAME: usize = 14 + 65535;
+/// Frames one read takes that carry no packet (ARP, other ether types,
+/// garbage) before it lets the stack's other work run: a guest flooding
+/// them does not hold the stack's task.
+const NO_PACKET_BUDGET: usize = 64;
 const ETHERNET_HEADER: usize = 14;
 
 /// What the link's fd carries.
@@ -47,6 +51,8 @@ struct Link {
     fd: AsyncFd<OwnedFd>,
     framing: Framing,
     scratch: Vec<u8>,
+    /// The last read stopped at its budget, not at an empty link.
+    more: bool,
 }
 
 enum Framing {
@@ -75,7 +81,7 @@ impl PacketDevice {
             LinkKind::Packets => Framing::Packets,
             LinkKind::EthernetDatagrams => Framing::EthernetDatagrams(vec![0u8; MAX_FRAME]),
         };
-        let link = Link { fd, framing, scratch: Vec::with_capacity(MTU) };
+        let link = Link { fd, framing, scratch: Vec::with_capacity(MTU), more: false };
         Ok(PacketDevice { link, rx: VecDeque::new(), drained: false })
     }
 
@@ -95,7 +101,7 @@ impl PacketDevice {
     /// Reads one IP packet without blocking; None when there is none now.
     pub fn read(&mut self) -> std::io::Result<Option<Vec<u8>>> {
         let packet = self.link.read();
-        self.drained = matches!(packet, Ok(None));
+        self.drained = matches!(packet, Ok(None)) && !self.link.more;
         packet
     }
 
@@ -149,6 +155,7 @@ fn write_fd(fd: &AsyncFd<OwnedFd>, bytes: &[u8]) -> usize {
 
 impl Link {
     fn read(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        self.more = false;
         match &mut self.framing {
             Framing::Packets => {
                 let mut buf = vec![0u8; MTU + 64];
@@ -156,19 +163,23 @@ impl Link {
                 buf.truncate(n);
                 Ok(Some(buf))
             }
-            Framing::EthernetDatagrams(buf) => loop {
-                // A longer datagram is cut to the buffer (the rest is
-                // discarded by the socket), and its packet then fails the
-                // stack's length checks.
-                let Some(n) = read_datagram(&self.fd, buf)? else { return Ok(None) };
-                match unwrap_frame(&buf[..n]) {
-                    Unwrapped::Ip(packet) => return Ok(Some(packet)),
-                    Unwrapped::ArpReply(reply) => {
-                        write_fd(&self.fd, &reply);
+            Framing::EthernetDatagrams(buf) => {
+                for _ in 0..NO_PACKET_BUDGET {
+                    // A longer datagram is cut to the buffer (the rest is
+                    // discarded by the socket), and its packet then fails
+                    // the stack's length checks.
+                    let Some(n) = read_datagram(&self.fd, buf)? else { return Ok(None) };
+                    match unwrap_frame(&buf[..n]) {
+                        Unwrapped::Ip(packet) => return Ok(Some(packet)),
+                        Unwrapped::ArpReply(reply) => {
+                            write_fd(&self.fd, &reply);
+                        }
+                        Unwrapped::Dropped => {}
                     }
-                    Unwrapped::Dropped => {}
                 }
-            },
+                self.more = true;
+                Ok(None)
+            }
         }
     }
 
@@ -209,9 +220,9 @@ const FRAME_RCVBUF: usize = 4 << 20;
 /// stack's end and the card's (handed to the VM layer).
 pub fn frame_socket() -> std::io::Result<(OwnedFd, OwnedFd)> {
     use nix::sys::socket::{AddressFamily, SockFlag, SockType, setsockopt, socketpair, sockopt};
-    let (a, b) = socketpair(AddressFamily::Unix, SockType::Datagram, None, SockFlag::empty())?;
+    // Close-on-exec from the start: another thread may fork meanwhile.
+    let (a, b) = socketpair(AddressFamily::Unix, SockType::Datagram, None, SockFlag::SOCK_CLOEXEC)?;
     for fd in [&a, &b] {
-        nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))?;
         // Best effort: a host that caps them (net.core.*mem_max) still
         // carries frames, only with less slack.
         let _ = setsockopt(fd, sockopt::SndBuf, &FRAME_SNDBUF);

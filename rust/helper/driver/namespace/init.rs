@@ -35,7 +35,7 @@ use nix::unistd::{ForkResult, Gid, Pid, Uid, fork};
 use serde::{Deserialize, Serialize};
 
 use super::DriverError;
-use crate::driver::keep::{ADOPT_WAIT, Keeper, recv_message, report_exit};
+use crate::driver::keep::{ADOPT_WAIT, Keeper, Keeps, recv_message, report_exit};
 use super::rootfs;
 
 /// The control socket to the helper, inherited from the helper.
@@ -126,7 +126,8 @@ fn launcher(control: &OwnedFd, eth0: bool) -> Result<i32, DriverError> {
     }
     unshare(namespaces).map_err(sys("unshare namespaces"))?;
     // Only a VM with EGRESS keeps eth0's tun.
-    let keeper = Keeper { listener: keeper_listener, helper_end, link: tun.filter(|_| config.egress), freezable: true };
+    let keeper =
+        Keeper { listener: keeper_listener, helper_end: Some(helper_end), link: tun.filter(|_| config.egress), keeps: Keeps::Pid1 };
     // SAFETY: this process is single-threaded (a fresh exec, no runtime).
     match unsafe { fork() }.map_err(sys("fork PID 1"))? {
         ForkResult::Child => {

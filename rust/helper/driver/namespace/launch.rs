@@ -17,7 +17,7 @@ use super::DriverError;
 use super::cgroup::{CgroupLayout, Limits, UsageFiles, VmCgroup};
 use super::init::{CONTROL_FD, InitConfig};
 use crate::driver::keep;
-use super::network::{pidfd_kill, pidfd_open};
+use super::network::{pidfd_exited, pidfd_kill, pidfd_open};
 use crate::driver::Egress;
 use crate::netstack::NetStack;
 use crate::netstack::device::LinkKind;
@@ -441,6 +441,10 @@ pub async fn adopt(
     cgroups: Option<&CgroupLayout>,
 ) -> Result<(Instance, OwnedFd), DriverError> {
     let keep::Kept { pid1, pid1fd, control, link: tun, conn } = kept;
+    let Some(control) = control else {
+        pidfd_kill(&pid1fd, libc::SIGKILL);
+        return Err(DriverError::InitFailed("its launcher kept no control socket".into()));
+    };
     match adopted(spec, pid1, &pid1fd, tun).await {
         Ok((ns, net, connection)) => {
             let instance = Instance {
@@ -484,13 +488,6 @@ async fn adopted(
     };
     let connection = ping(spec).await?;
     Ok((ns, net, connection))
-}
-
-/// Whether the process behind `pidfd` has exited (its pidfd reads ready).
-fn pidfd_exited(pidfd: &OwnedFd) -> bool {
-    use std::os::fd::AsFd as _;
-    let mut fds = [nix::poll::PollFd::new(pidfd.as_fd(), nix::poll::PollFlags::POLLIN)];
-    !matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(0))
 }
 
 /// The listening sockets `go` hands the launcher.

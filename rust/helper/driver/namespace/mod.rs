@@ -179,7 +179,8 @@ impl Driver for NamespaceDriver {
         }
         let launch_spec = launch_spec(spec);
         let keeper = launch_spec.keeper_socket.clone();
-        let kept = tokio::task::spawn_blocking(move || keep::reclaim(&keeper))
+        let pid = launcher.pid;
+        let kept = tokio::task::spawn_blocking(move || keep::reclaim(&keeper, pid, keep::Keeps::Pid1))
             .await
             .map_err(|e| DriverError::InitFailed(format!("reclaiming the vm: {e}")))??;
         // Ours from the handover on: another helper starting now must not

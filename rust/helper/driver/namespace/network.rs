@@ -68,6 +68,13 @@ pub fn pidfd_open(pid: i32) -> Result<OwnedFd, DriverError> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// Whether the process behind `pidfd` has exited (its pidfd reads ready).
+pub fn pidfd_exited(pidfd: &OwnedFd) -> bool {
+    use std::os::fd::AsFd as _;
+    let mut fds = [nix::poll::PollFd::new(pidfd.as_fd(), nix::poll::PollFlags::POLLIN)];
+    !matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(0))
+}
+
 /// Sends `signal` through a pidfd.
 pub fn pidfd_kill(pidfd: &OwnedFd, signal: i32) {
     // SAFETY: pidfd_send_signal on a pidfd we own; the siginfo pointer is null.

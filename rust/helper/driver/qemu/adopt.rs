@@ -12,11 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::driver::{Origin, QemuDriver, VmInstance};
-use super::instance::{Instance as QemuInstance, QEMU_RECORD};
+use super::instance::{Instance as QemuInstance, KEEPER_RECORD};
 use super::keeper::KEEP_SOCKET;
 use super::share::Share;
 use crate::driver::network::pidfd_kill;
-use crate::driver::{BootSpec, DriverError, Egress, Orphan, keep};
+use crate::driver::keep::{self, Keeps};
+use crate::driver::{BootSpec, DriverError, Egress, Orphan};
 use sandbox_agent::mux::Mux;
 use sandbox_agent::protocol::Frame;
 
@@ -43,9 +44,11 @@ impl Hosted {
     /// as the VM's launcher. Not fatal: only a helper adopting the vm reads
     /// it; without it the vm is killed with its helper's other leftovers.
     pub fn record(&self, dir: &Path, keeper: Option<u32>) {
+        let tmp = dir.join(format!("{RECORD}.tmp"));
         let written = serde_json::to_vec(self)
             .map_err(std::io::Error::other)
-            .and_then(|json| std::fs::write(dir.join(RECORD), json));
+            .and_then(|json| std::fs::write(&tmp, json))
+            .and_then(|()| std::fs::rename(&tmp, dir.join(RECORD)));
         match written {
             Ok(()) => {
                 if let Some(pid) = keeper {
@@ -56,25 +59,54 @@ impl Hosted {
         }
     }
 
-    fn read(dir: &Path) -> Result<Hosted, DriverError> {
+    /// The record of vm `id` in `dir`, if it names a run dir under
+    /// `run_root` and (a root helper's) a mount of that vm's workspace
+    /// where [`Share`] makes them: a root helper unmounts what it names.
+    fn read(dir: &Path, id: &str, run_root: &Path) -> Result<Hosted, DriverError> {
         let text = std::fs::read(dir.join(RECORD)).map_err(|e| DriverError::io("read the vm's record", e))?;
-        serde_json::from_slice(&text).map_err(|e| DriverError::InitFailed(format!("{RECORD} is not a vm record: {e}")))
+        let hosted: Hosted = serde_json::from_slice(&text)
+            .map_err(|e| DriverError::InitFailed(format!("{RECORD} is not a vm record: {e}")))?;
+        let bad = |what: &str, path: &Path| DriverError::InitFailed(format!("{RECORD} names {what} {}", path.display()));
+        if hosted.run_dir.parent() != Some(run_root) {
+            return Err(bad("a run dir outside the vm driver's", &hosted.run_dir));
+        }
+        if let Some(mount) = &hosted.share_mount
+            && !Share::is_made_for(mount, id)
+        {
+            return Err(bad("a workspace mount the vm driver does not make", mount));
+        }
+        Ok(hosted)
     }
+}
+
+/// The run dirs the sandboxes' records under the state dir name: the vms
+/// a new helper may adopt.
+pub(super) fn recorded_run_dirs() -> std::collections::HashSet<PathBuf> {
+    let root = sandbox_base::paths::state_dir().join("vms");
+    let records = std::fs::read_dir(root).into_iter().flatten().flatten();
+    records
+        .filter_map(|e| std::fs::read(e.path().join(RECORD)).ok())
+        .filter_map(|text| serde_json::from_slice::<Hosted>(&text).ok())
+        .map(|h| h.run_dir)
+        .collect()
 }
 
 impl QemuDriver {
     /// Takes over the sandbox vm of `spec` whose keeper is `keeper`.
     pub(super) async fn adopt_vm(&self, spec: &BootSpec, keeper: &Orphan) -> Result<Arc<VmInstance>, DriverError> {
         let mapper = self.mapper().map_err(DriverError::Unavailable)?.clone();
-        let hosted = Hosted::read(&spec.dir)?;
+        let hosted = Hosted::read(&spec.dir, &spec.id, self.run_root())?;
+        // Unmounted on every way out but the adoption's success.
+        let share = hosted.share_mount.clone().map(Share::kept);
         let socket = hosted.run_dir.join(KEEP_SOCKET);
-        let kept = tokio::task::spawn_blocking(move || keep::reclaim(&socket))
+        let pid = keeper.pid;
+        let kept = tokio::task::spawn_blocking(move || keep::reclaim(&socket, pid, Keeps::Qemu))
             .await
             .map_err(|e| DriverError::InitFailed(format!("reclaiming the vm: {e}")))??;
         // Ours from the handover on, in both records: another helper
         // starting now must not take it for a dead helper's leftover.
         crate::storage::record_adopted(&spec.dir, keeper);
-        crate::leftovers::record_owned(&hosted.run_dir.join(QEMU_RECORD), keeper);
+        crate::leftovers::record_owned(&hosted.run_dir.join(KEEPER_RECORD), keeper);
         let qemu = kept.pid1fd.try_clone().map_err(|e| DriverError::io("keep qemu's pidfd", e))?;
         let run_dir = hosted.run_dir.clone();
         let taken = async move {
@@ -109,7 +141,6 @@ impl QemuDriver {
             }
         };
         let cgroup = self.cgroup_layout().and_then(|layout| layout.existing(&spec.id));
-        let share = hosted.share_mount.map(Share::kept);
         Ok(Arc::new(VmInstance::new(vm, mux, mapper, hosted.run_dir, Origin::Kept, cgroup, share, net, self)))
     }
 }

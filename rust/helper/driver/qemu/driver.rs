@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use super::assets::Assets;
-use super::instance::{Attach, Instance as QemuInstance, Shape, Start};
+use super::instance::{Attach, Instance as QemuInstance, KEEPER_RECORD, OWNER_RECORD, Shape, Start};
 use super::pool::Warm;
 use super::share::Share;
 use super::virtiofsd::VIRTIOFSD;
@@ -54,7 +54,12 @@ const QEMU_PIDS: u32 = 512;
 /// The qemu driver of this helper.
 #[derive(Debug)]
 pub struct QemuDriver {
-    assets: Result<Assets, String>,
+    /// The kernel and initramfs of this helper, or why they are not found.
+    assets: Mutex<Result<Assets, String>>,
+    /// Whether to look for missing assets again at the next request: a
+    /// helper's own, which `make vm` may give them while it runs (a test's
+    /// driver keeps what it was given).
+    look_again: bool,
     mapper: Result<IdMapper, String>,
     accel: tokio::sync::OnceCell<Accel>,
     /// Layer disks, built once per layer.
@@ -90,7 +95,7 @@ pub enum Origin {
 impl QemuDriver {
     /// Finds the kernel and initramfs of this helper binary and its id map.
     pub fn detect() -> Self {
-        Self::with_assets(Assets::for_this_helper().map_err(|e| e.to_string()))
+        Self { look_again: true, ..Self::with_assets(Assets::for_this_helper().map_err(|e| e.to_string())) }
     }
 
     /// A driver booting `assets` (tests boot the helper binary's initramfs
@@ -100,7 +105,8 @@ impl QemuDriver {
         let run_root = sandbox_base::paths::runtime_dir().join("qemu");
         let templates = super::assets::vm_dir().join("templates");
         QemuDriver {
-            assets,
+            assets: Mutex::new(assets),
+            look_again: false,
             mapper,
             accel: tokio::sync::OnceCell::new(),
             disk_cache: super::assets::vm_dir().join("disks"),
@@ -134,18 +140,41 @@ impl QemuDriver {
         self
     }
 
+    /// At helper start, before adopting: kills the template and pool vms a
+    /// dead helper left running (no sandbox's record names their run dir),
+    /// which would only take the CPU the adopted vms' agents need to
+    /// answer in time.
+    pub fn kill_idle_leftovers(&self) {
+        let sandboxes = super::adopt::recorded_run_dirs();
+        self.reap_run_dirs(|dir| !sandboxes.contains(dir));
+    }
+
     /// At helper start, after adopting what it could ([`super::adopt`]):
     /// kills the keeper (qemu first) of every other vm a dead helper left
-    /// running (template and pool vms, sandboxes' vms that could not be
-    /// adopted; virtiofsd ends with its qemu's connection) and removes
-    /// their run dirs. A vm of a live helper sharing the run dirs, this
-    /// one's adopted vms included, is left alone. A sandbox whose vm this
-    /// killed is lost to the orchestrator, its writable disk kept.
+    /// running (sandboxes' vms that could not be adopted; virtiofsd ends
+    /// with its qemu's connection) and removes their run dirs. A vm of a
+    /// live helper sharing the run dirs, this one's adopted vms included,
+    /// and one of another state dir's helpers (which shares the runtime
+    /// dir) are left alone. A sandbox whose vm this killed is lost to the
+    /// orchestrator, its writable disk kept.
     pub fn kill_leftovers(&self) {
+        self.reap_run_dirs(|_| true);
+    }
+
+    /// Kills what a dead helper left running in the run dirs `chosen`
+    /// picks, and removes them (see [`kill_leftovers`](Self::kill_leftovers)).
+    fn reap_run_dirs(&self, chosen: impl Fn(&Path) -> bool) {
         use crate::leftovers::{Reaped, reap};
+        let ours = sandbox_base::paths::state_dir();
         for entry in std::fs::read_dir(&self.run_root).into_iter().flatten().flatten() {
             let dir = entry.path();
-            match reap(&dir.join(super::instance::QEMU_RECORD)) {
+            // Another state dir's helper's: its own next helper adopts it.
+            if !chosen(&dir)
+                || std::fs::read(dir.join(OWNER_RECORD)).is_ok_and(|o| o != ours.as_os_str().as_encoded_bytes())
+            {
+                continue;
+            }
+            match reap(&dir.join(KEEPER_RECORD)) {
                 Reaped::Owned => continue,
                 Reaped::Killed(pid) => {
                     tracing::warn!(vm = %entry.file_name().to_string_lossy(), keeper = pid, "killed a vm a dead helper left running");
@@ -156,9 +185,28 @@ impl QemuDriver {
         }
     }
 
+    /// The kernel and initramfs, looked for again while missing (see
+    /// `look_again`): the first request after `make vm` finds them.
+    fn assets(&self) -> Result<Assets, String> {
+        let mut assets = self.assets.lock().unwrap_or_else(PoisonError::into_inner);
+        if assets.is_err()
+            && self.look_again
+            && let Ok(found) = Assets::for_this_helper()
+        {
+            tracing::info!(initramfs = %found.initramfs.display(), "vm assets found");
+            *assets = Ok(found);
+        }
+        assets.clone()
+    }
+
     /// The id map virtiofsd and the disks use, or why there is none.
     pub(super) fn mapper(&self) -> Result<&IdMapper, String> {
         self.mapper.as_ref().map_err(Clone::clone)
+    }
+
+    /// Where vms' run dirs go.
+    pub(super) fn run_root(&self) -> &Path {
+        &self.run_root
     }
 
     /// Where VMs' cgroups go, if anywhere.
@@ -232,7 +280,8 @@ impl QemuDriver {
     /// Boots a vm for `spec` (what [`Driver::boot`] does), the vm's own
     /// type: its [`Origin`] says whether the pool or a snapshot served it.
     pub async fn boot_vm(&self, spec: &BootSpec) -> Result<Arc<VmInstance>, DriverError> {
-        let assets = self.assets.as_ref().map_err(unavailable)?;
+        let assets = self.assets().map_err(unavailable)?;
+        let assets = &assets;
         let mapper = self.mapper.as_ref().map_err(unavailable)?;
         if let Some(Egress::Frames(_)) = &spec.egress {
             return Err(unavailable("the vm driver's card is served by the helper's own stack, not a frame socket"));
@@ -370,8 +419,8 @@ impl Driver for QemuDriver {
     }
 
     fn unavailable_reason(&self) -> Option<String> {
-        if let Some(reason) = self.assets.as_ref().err().or(self.mapper.as_ref().err()) {
-            return Some(reason.clone());
+        if let Some(reason) = self.assets().err().or_else(|| self.mapper.as_ref().err().cloned()) {
+            return Some(reason);
         }
         if !on_path(super::QEMU) {
             return Some(format!("{} is not installed: {}", super::QEMU, super::INSTALL_HINT));
@@ -415,8 +464,8 @@ impl Driver for QemuDriver {
         // templates: their pools fill now; others get theirs after their
         // first boot.
         // (Without assets no vm boots: nothing to keep warm.)
-        if let Ok(assets) = &self.assets {
-            self.warm.keep_warm(assets);
+        if let Ok(assets) = self.assets() {
+            self.warm.keep_warm(&assets);
         }
     }
 
@@ -439,6 +488,9 @@ pub struct VmInstance {
     mux: Mux,
     listener: Arc<tokio::net::UnixListener>,
     pid: u32,
+    /// qemu's pidfd: what kills it (its pid may be another process's once
+    /// its keeper reaped it).
+    qemu: Option<std::os::fd::OwnedFd>,
     qmp: PathBuf,
     vm: Mutex<Option<QemuInstance>>,
     mapper: IdMapper,
@@ -478,6 +530,7 @@ impl VmInstance {
             mux,
             listener: vm.listener(),
             pid: vm.pid().unwrap_or(0),
+            qemu: vm.pidfd().ok(),
             qmp: vm.qmp_socket().to_path_buf(),
             vm: Mutex::new(Some(vm)),
             mapper,
@@ -537,10 +590,8 @@ impl Instance for VmInstance {
     }
 
     fn kill(&self) {
-        if let Ok(pid) = i32::try_from(self.pid)
-            && pid > 0
-        {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+        if let Some(qemu) = &self.qemu {
+            crate::driver::network::pidfd_kill(qemu, libc::SIGKILL);
         }
     }
 

@@ -35,10 +35,10 @@ use super::network::Connected;
 use super::qmp::Qmp;
 use super::ram::Backing;
 use super::virtiofsd::Virtiofsd;
-use super::{Accel, QEMU, QemuError};
+use super::{Accel, QemuError};
 use crate::driver::cgroup::VmCgroup;
 use crate::driver::keep;
-use crate::driver::network::pidfd_kill;
+use crate::driver::network::{pidfd_exited, pidfd_kill};
 use sandbox_agent::mux::Mux;
 use sandbox_agent::protocol::Frame;
 use sandbox_guest::handshake::{Go, GuestLimits, READY, ROOTED, SEED_BYTES};
@@ -46,7 +46,11 @@ use sandbox_guest::{UPPER_SERIAL, WORKSPACE_TAG};
 use sandbox_userns::IdMapper;
 
 /// The record of a vm's keeper in its run dir ([`crate::leftovers`]).
-pub const QEMU_RECORD: &str = "qemu.pid";
+pub const KEEPER_RECORD: &str = "keeper.pid";
+/// The state dir of the helper that made a run dir: helpers of other state
+/// dirs share the run root and leave it alone
+/// ([`super::driver::QemuDriver::kill_leftovers`]).
+pub const OWNER_RECORD: &str = "state-dir";
 /// How long qemu has to connect to the agent socket after it starts (it
 /// does so before the guest runs).
 const CONNECT_WAIT: Duration = Duration::from_secs(30);
@@ -171,7 +175,7 @@ impl Keeping {
                 if let Some(status) = ended {
                     return Ok(*status);
                 }
-                let code = keep::wait_exit(conn.try_clone()?).await;
+                let code = keep::wait_report(conn.try_clone()?).await;
                 let status = code
                     .map(keeper::from_code)
                     .ok_or_else(|| std::io::Error::other("qemu's keeper died without saying how qemu ended"))?;
@@ -275,6 +279,9 @@ impl Instance {
     ) -> Result<Instance, QemuError> {
         let dir = run_dir;
         std::fs::create_dir_all(dir).map_err(|e| QemuError::io(format!("create {}", dir.display()), e))?;
+        let owner = sandbox_base::paths::state_dir();
+        std::fs::write(dir.join(OWNER_RECORD), owner.as_os_str().as_encoded_bytes())
+            .map_err(|e| QemuError::io(format!("write {}", dir.join(OWNER_RECORD).display()), e))?;
         let bind = |name: &str| bind(dir, name);
         // A restore holds its state locked shared from here on: the
         // template collector leaves a state in use alone (see
@@ -332,10 +339,10 @@ impl Instance {
         // The keeper outlives a helper killed outright: the next one adopts
         // its vm, or kills it by this record (QemuDriver::kill_leftovers).
         if let Some(pid) = kept.keeper.id() {
-            crate::leftovers::record(&dir.join(QEMU_RECORD), pid);
+            crate::leftovers::record(&dir.join(KEEPER_RECORD), pid);
         }
         if let Some(cg) = cgroup {
-            into_cgroup(cg, kept.pid)?;
+            into_cgroup(cg, kept.pid, &kept.pidfd)?;
         }
         let qemu_log = qemu_log(&machine);
         let mut vm = Instance {
@@ -452,8 +459,8 @@ impl Instance {
     /// the time it reads it), and waits until the sandbox's root is made and
     /// the agent runs in it. Returns the agent's connection.
     pub async fn go(&mut self, attach: Attach<'_>, wait_ready: bool) -> Result<Mux, QemuError> {
-        if let (Some(cg), Some(pid)) = (attach.cgroup, self.pid()) {
-            into_cgroup(cg, pid)?;
+        if let Some(cg) = attach.cgroup {
+            into_cgroup(cg, self.qemu.0, &self.qemu.1)?;
         }
         if let Some(source) = attach.workspace {
             let socket = self.run_dir.join("workspace.sock");
@@ -607,9 +614,15 @@ impl Instance {
         }
     }
 
-    /// qemu's pid, while it runs.
+    /// qemu's pid, while it runs (its keeper reaps it at once: past its
+    /// end the number may name another process).
     pub fn pid(&self) -> Option<u32> {
-        Some(self.qemu.0)
+        (!pidfd_exited(&self.qemu.1)).then_some(self.qemu.0)
+    }
+
+    /// A copy of qemu's pidfd, to signal it by.
+    pub fn pidfd(&self) -> std::io::Result<OwnedFd> {
+        self.qemu.1.try_clone()
     }
 
     /// Kills qemu (SIGKILL) and waits for it and virtiofsd.
@@ -690,37 +703,11 @@ fn qemu_log(machine: &Machine) -> PathBuf {
 /// dying with it: the KVM probe's, which nothing needs to outlive a helper
 /// (a vm's qemu runs under its keeper, [`Instance::start`]).
 pub fn spawn(machine: &Machine) -> Result<tokio::process::Child, QemuError> {
-    let mut cmd = tokio::process::Command::new(QEMU);
-    let helper = std::process::id() as libc::pid_t;
-    // SAFETY: only prctl and getppid, async-signal-safe, between fork and
-    // exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            // The signal follows the thread that forks: this runs on a
-            // runtime worker, which lives as long as the helper.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::getppid() != helper {
-                return Err(std::io::Error::other("the helper exited while qemu started"));
-            }
-            Ok(())
-        });
-    }
-    cmd.args(machine.argv())
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        // qemu's own complaints (a bad option, a missing file) go next to
-        // the console, where an exit report finds them.
-        .stderr(std::fs::File::create(qemu_log(machine)).map_or(Stdio::null(), Stdio::from))
-        .kill_on_drop(true);
-    cmd.spawn().map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => {
-            QemuError::NotInstalled(format!("{QEMU} is not installed: {}", super::INSTALL_HINT))
-        }
-        _ => QemuError::io(format!("start {QEMU}"), e),
-    })
+    let mut cmd = tokio::process::Command::from(super::command(machine.argv(), Vec::new()));
+    // qemu's own complaints (a bad option, a missing file) go next to the
+    // console, where an exit report finds them.
+    cmd.stderr(std::fs::File::create(qemu_log(machine)).map_or(Stdio::null(), Stdio::from)).kill_on_drop(true);
+    cmd.spawn().map_err(super::spawn_error)
 }
 
 /// Listens on `dir/name`, replacing a stale socket.
@@ -732,8 +719,23 @@ fn bind(dir: &Path, name: &str) -> Result<(UnixListener, PathBuf), QemuError> {
         .map_err(|e| QemuError::io(format!("bind {}", path.display()), e))
 }
 
-/// Moves qemu (`pid`) into a vm's cgroup.
-fn into_cgroup(cg: &VmCgroup, pid: u32) -> Result<(), QemuError> {
+/// Moves qemu (`pid`, `pidfd`) into a vm's cgroup. Its keeper reaps it at
+/// once, so the pid is checked after the move: a qemu still running then
+/// was the process moved (a live process keeps its pid).
+fn into_cgroup(cg: &VmCgroup, pid: u32, pidfd: &OwnedFd) -> Result<(), QemuError> {
     cg.add(pid as i32)
-        .map_err(|e| QemuError::io("move qemu into the vm's cgroup", std::io::Error::other(e.to_string())))
+        .map_err(|e| QemuError::io("move qemu into the vm's cgroup", std::io::Error::other(e.to_string())))?;
+    if pidfd_exited(pidfd) {
+        return Err(QemuError::Exited("qemu exited before it joined the vm's cgroup".into()));
+    }
+    Ok(())
+}
+
+impl Drop for Instance {
+    /// qemu goes with its handle: through its pidfd, as a qemu a guest
+    /// took over may have cleared its parent-death signal (and a keeper
+    /// dropped with this is killed).
+    fn drop(&mut self) {
+        pidfd_kill(&self.qemu.1, libc::SIGKILL);
+    }
 }

@@ -15,19 +15,19 @@
 //! on its socket and reconnects the agent's port to whoever listens on the
 //! agent socket next; virtiofsd serves until qemu closes its connection;
 //! the network card is a datagram socket pair, so frames sent while no
-//! helper reads wait whole, never torn ([`super::network`]).
+//! helper reads wait whole, never torn ([`super::network`]). The keeper
+//! hands an adopter no control socket: its helper has nothing to tell it.
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd, RawFd};
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 
-use super::{QEMU, QemuError};
+use super::QemuError;
 use crate::driver::DriverError;
-use crate::driver::keep::{ADOPT_WAIT, Keeper, bind_keeper, recv_message, report_exit, send_with_fds};
+use crate::driver::keep::{ADOPT_WAIT, Keeper, Keeps, bind_keeper, recv_message, report_exit, send_with_fds};
 use crate::driver::network::pidfd_open;
 
 /// The keeper's socket in a vm's run dir, where a new helper asks for it.
@@ -41,8 +41,6 @@ const START_WAIT: Duration = Duration::from_secs(30);
 pub struct KeepArgs {
     /// The keeper's end of its control socket (`qemu:` goes there).
     pub control: RawFd,
-    /// A copy of the helper's end, handed to an adopter.
-    pub helper_end: RawFd,
     /// The helper's end of the network card (EGRESS), handed to an adopter.
     pub link: Option<RawFd>,
     /// Fds qemu's command line names (its RAM, its end of the card): qemu
@@ -68,13 +66,20 @@ pub fn use_program(program: &Path) {
 
 /// Entry point of `__vm-keep`; returns the exit code.
 pub fn run(args: KeepArgs) -> i32 {
+    // Nothing this process did not open itself reaches qemu but what it
+    // names: another thread of the helper may have forked this process
+    // while an fd of another vm was open without close-on-exec.
+    // SAFETY: close_range with integer arguments; it only sets flags.
+    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
     // SAFETY: the helper left this fd open for us; nothing else here owns it.
     let control = unsafe { OwnedFd::from_raw_fd(args.control) };
+    let socket = args.socket.clone();
     match keep(&control, args) {
         Ok(code) => code,
         Err(e) => {
             let word = if matches!(e, KeepError::Missing(_)) { "missing" } else { "error" };
             let _ = send_with_fds(&control, format!("{word}:{e}").as_bytes(), &[]);
+            let _ = std::fs::remove_file(&socket);
             1
         }
     }
@@ -87,21 +92,20 @@ enum KeepError {
     #[error("{0}")]
     Missing(String),
     /// Anything else.
-    #[error(transparent)]
-    Failed(#[from] DriverError),
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<DriverError> for KeepError {
+    fn from(e: DriverError) -> Self {
+        KeepError::Failed(e.to_string())
+    }
 }
 
 fn keep(control: &OwnedFd, args: KeepArgs) -> Result<i32, KeepError> {
-    let own = |fd: RawFd| {
-        // SAFETY: inherited from the helper for us, as `control` was.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // Ours, not qemu's.
-        let _ = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC));
-        fd
-    };
-    let _ = nix::fcntl::fcntl(control, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC));
-    let helper_end = own(args.helper_end);
-    let link = args.link.map(own);
+    // SAFETY: inherited from the helper for us, as `control` was (and
+    // close-on-exec since the start).
+    let link = args.link.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
     // Watched by pidfd from here; it must still be our parent, or it died
     // before the pidfd named it.
     let helper = pidfd_open(args.helper)?;
@@ -112,27 +116,11 @@ fn keep(control: &OwnedFd, args: KeepArgs) -> Result<i32, KeepError> {
     // hand is not for its vms.
     let _ = nix::unistd::setsid();
     let listener = bind_keeper(&args.socket)?;
-    let keeper_pid = std::process::id() as libc::pid_t;
-    let mut cmd = std::process::Command::new(QEMU);
-    // The helper gave this process qemu's stdio (its log).
-    cmd.args(&args.qemu).env_clear();
-    // SAFETY: only prctl and getppid, async-signal-safe, between fork and
-    // exec; this process is single-threaded, so the parent-death signal
-    // follows the keeper itself.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::getppid() != keeper_pid {
-                return Err(std::io::Error::other("the keeper exited while qemu started"));
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => KeepError::Missing(format!("{QEMU} is not installed: {}", super::INSTALL_HINT)),
-        _ => DriverError::io(format!("start {QEMU}"), e).into(),
+    // This process is single-threaded: qemu's parent-death signal follows
+    // the keeper itself.
+    let mut child = super::command(&args.qemu, args.pass.clone()).spawn().map_err(|e| match super::spawn_error(e) {
+        QemuError::NotInstalled(why) => KeepError::Missing(why),
+        other => KeepError::Failed(other.to_string()),
     })?;
     for fd in args.pass {
         // SAFETY: inherited for qemu, which has its own copy now.
@@ -143,7 +131,7 @@ fn keep(control: &OwnedFd, args: KeepArgs) -> Result<i32, KeepError> {
     let qemu = pidfd_open(pid)?;
     send_with_fds(control, format!("qemu:{pid}").as_bytes(), &[qemu.as_raw_fd()])
         .map_err(|source| DriverError::sys("report qemu to the helper", source))?;
-    let keeper = Keeper { listener, helper_end, link, freezable: false };
+    let keeper = Keeper { listener, helper_end: None, link, keeps: Keeps::Qemu };
     let adopter = keeper.keep(nix::unistd::Pid::from_raw(pid), &qemu, Some(helper), ADOPT_WAIT);
     let status = child.wait().map_err(|e| DriverError::io("wait for qemu", e))?;
     let code = status.code().unwrap_or_else(|| 128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0));
@@ -181,7 +169,7 @@ pub async fn start(
     let mut cmd = tokio::process::Command::new(program);
     let num = |fd: RawFd| fd.to_string();
     cmd.arg0("sandbox-vm-keep").arg("__vm-keep");
-    cmd.args(["--control", &num(theirs.as_raw_fd()), "--helper-end", &num(ours.as_raw_fd())]);
+    cmd.args(["--control", &num(theirs.as_raw_fd())]);
     cmd.args(["--helper", &std::process::id().to_string()]).arg("--socket").arg(socket);
     if let Some(link) = link {
         cmd.args(["--link", &num(link.as_raw_fd())]);
@@ -190,7 +178,7 @@ pub async fn start(
         cmd.args(["--pass", &num(*fd)]);
     }
     cmd.arg("--").args(argv);
-    let mut inherited = vec![theirs.as_raw_fd(), ours.as_raw_fd()];
+    let mut inherited = vec![theirs.as_raw_fd()];
     inherited.extend(link.map(|l| l.as_raw_fd()));
     inherited.extend_from_slice(pass);
     // SAFETY: only fcntl, async-signal-safe, between fork and exec, on fds

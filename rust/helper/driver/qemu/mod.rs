@@ -50,6 +50,48 @@ pub const QEMU: &str = "qemu-system-x86_64";
 /// The apt line that installs what the vm driver runs.
 pub const INSTALL_HINT: &str = "apt-get install qemu-system-x86 (or `make vm`)";
 
+/// qemu's command with `args`, none of the caller's environment, no stdin
+/// or stdout, and the fds `inherit` open across the exec. qemu dies with
+/// the thread that forks it (its parent-death signal), checked against a
+/// parent that died first: the keeper, which is single-threaded, or the
+/// KVM probe's runtime worker, which lives as long as the helper.
+pub fn command<A: AsRef<std::ffi::OsStr>>(
+    args: impl IntoIterator<Item = A>,
+    inherit: Vec<std::os::fd::RawFd>,
+) -> std::process::Command {
+    use std::os::unix::process::CommandExt as _;
+    let mut cmd = std::process::Command::new(QEMU);
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: only prctl, getppid and fcntl, async-signal-safe, between
+    // fork and exec, on fds open in this process.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                return Err(std::io::Error::other("the process starting qemu exited"));
+            }
+            for fd in &inherit {
+                if libc::fcntl(*fd, libc::F_SETFD, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    cmd.args(args).env_clear().stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null());
+    cmd
+}
+
+/// What a failed start of qemu means.
+pub fn spawn_error(e: std::io::Error) -> QemuError {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => QemuError::NotInstalled(format!("{QEMU} is not installed: {INSTALL_HINT}")),
+        _ => QemuError::io(format!("start {QEMU}"), e),
+    }
+}
+
 /// Why a vm could not be prepared, started or driven.
 #[derive(Debug, thiserror::Error)]
 pub enum QemuError {

@@ -56,6 +56,14 @@ impl Share {
         Share { path, mounted: true }
     }
 
+    /// Whether `path` is where [`of`](Self::of) mounts vm `id`'s workspace.
+    pub fn is_made_for(path: &Path, id: &str) -> bool {
+        path.parent() == Some(Path::new(BASE))
+            && path.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.strip_suffix(id).and_then(|p| p.strip_suffix('-')).is_some_and(|pid| pid.parse::<u32>().is_ok())
+            })
+    }
+
     /// Whether this is a mount of the helper's own (a root helper's).
     pub fn is_mounted(&self) -> bool {
         self.mounted
