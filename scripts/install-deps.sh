@@ -64,9 +64,22 @@ else
     echo "deps: installed ${missing[*]}"
 fi
 
-for tool in cargo cc python3; do
+# Rust: the workspace's rust-version. Debian 12's own cargo (1.63) is older, so the message names rustup and
+# the package, which needs no toolchain at all (README, Set-up).
+rust_min=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' "$(dirname "$0")/../Cargo.toml")
+if ! command -v cargo >/dev/null || ! command -v rustc >/dev/null; then
+    echo "deps: cargo not found on PATH: building sandbox-mcp needs Rust $rust_min or later (https://rustup.rs;" \
+         "Debian's own cargo is older). Without Rust, install the Debian package instead (README, Set-up)." >&2
+    exit 1
+fi
+rust_now=$(rustc --version | cut -d' ' -f2)
+if [ "$(printf '%s\n%s\n' "$rust_min" "$rust_now" | sort -V | head -n 1)" != "$rust_min" ]; then
+    echo "deps: rustc $rust_now is older than the $rust_min sandbox-mcp needs: rustup update (https://rustup.rs)" >&2
+    exit 1
+fi
+for tool in cc python3; do
     if ! command -v "$tool" >/dev/null; then
-        echo "deps: $tool not found on PATH (install the Rust toolchain, a C linker and Python 3.10+)" >&2
+        echo "deps: $tool not found on PATH (install a C linker, build-essential, and Python 3.10+)" >&2
         exit 1
     fi
 done

@@ -6,7 +6,7 @@ import re
 import subprocess
 import threading
 
-from conftest import write_config
+from conftest import sandbox_key, write_config
 from waiting import wait_for
 
 IMAGE = os.environ.get("SANDBOX_MCP_TEST_IMAGE", "mcp-test")
@@ -67,7 +67,7 @@ def test_spawn_defaults_overrides_and_children(server_factory):
     assert err and text == "Error: port forwarding not permitted on child sandboxes", text
 
     text, err = srv.tool("destroy_child", name="default..kid")
-    assert not err and text == "Destroyed sandbox 'default..kid' (default..kid)", text
+    assert not err and text == f"Destroyed sandbox 'default..kid' ({sandbox_key('default..kid')})", text
     text, err = srv.tool("destroy_child", name="default..kid")
     assert err and text == "Error: no active sandbox 'default..kid'", text
     text, err = srv.tool("destroy_child", name="default")
@@ -206,7 +206,7 @@ def test_grandchildren_derived_policy_and_subtree_cascades(server_factory, env):
     assert err and text == "Error: SpawnLimitError: CPU budget exceeded", text
 
     text, err = srv.tool("destroy_child", name="boss..kid..grand2")
-    assert not err and text == "Destroyed sandbox 'boss..kid..grand2' (boss..kid..grand2)", text
+    assert not err and text == f"Destroyed sandbox 'boss..kid..grand2' ({sandbox_key('boss..kid..grand2')})", text
 
     # reset of the root destroys the whole subtree, grandchildren included.
     text, err = srv.tool("reset", sandbox="boss")

@@ -7,6 +7,7 @@ import threading
 import urllib.request
 from pathlib import Path
 
+from conftest import sandbox_key
 from waiting import poll
 
 SIZE = r"\d+(\.\d)?[KMG]?B"
@@ -21,7 +22,7 @@ def out(srv, command, sandbox="default"):
 # ---------------------------------------------------------------- snapshots
 
 
-def test_snapshot_restore_roundtrip(isrv):
+def test_snapshot_restore_roundtrip(isrv, roots):
     isrv.tool("exec", command="echo one > /etc/snapfile; rm /etc/issue.net; echo w1 > /workspace/w1")
     isrv.tool("env", action="set", key="SNAP_VAR", value="before")
     text, err = isrv.tool("snapshot", snapshot_name="s1")
@@ -32,7 +33,10 @@ def test_snapshot_restore_roundtrip(isrv):
     isrv.tool("exec", command="echo two > /etc/snapfile; touch /etc/extra; echo w2 > /workspace/w2")
     isrv.tool("env", action="set", key="SNAP_VAR", value="after")
     text, err = isrv.tool("restore", snapshot_name="s1")
-    assert (text, err) == ("Restored 's1' as 'default': default", False)
+    assert (text, err) == (f"Restored 's1' as 'default': {sandbox_key('default', roots)}", False)
+    # The restored sandbox is the same one to its history: the commands run before the restore are listed.
+    history, _ = isrv.tool("history")
+    assert "echo two > /etc/snapfile" in history, history
     got = out(isrv, 'cat /etc/snapfile; ls /etc/issue.net /etc/extra 2>&1 | wc -l; echo "$SNAP_VAR"; '
                     "cat /workspace/w1 /workspace/w2")
     # Restored root filesystem, deletion kept, env from the snapshot, workspace untouched.
@@ -40,7 +44,7 @@ def test_snapshot_restore_roundtrip(isrv):
 
     # /workspace is not in the snapshot: another sandbox restored from it has its own.
     text, err = isrv.tool("restore", snapshot_name="s1", sandbox="other")
-    assert (text, err) == ("Restored 's1' as 'other': other", False)
+    assert (text, err) == (f"Restored 's1' as 'other': {sandbox_key('other', roots)}", False)
     got = out(isrv, "cat /etc/snapfile; ls -A /workspace | wc -l", sandbox="other")
     assert got.startswith("one\n0\n"), got
 

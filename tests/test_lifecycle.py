@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from conftest import ON_VM, TEST_ISOLATION, isolated_env, new_env_dir, remove_env_dir, required_env
+from conftest import ON_VM, TEST_ISOLATION, isolated_env, new_env_dir, remove_env_dir, required_env, sandbox_key
 from waiting import poll
 
 
@@ -39,7 +39,7 @@ def test_a_name_with_underscores_boots_with_a_valid_hostname(server):
 def test_destroy_keeps_workspace(server):
     server.tool("exec", command="echo kept > /workspace/keep.txt; echo gone > /tmp/gone")
     text, err = server.tool("destroy", sandbox="default")
-    assert not err and text == "Destroyed sandbox 'default' (default)"
+    assert not err and text == f"Destroyed sandbox 'default' ({sandbox_key('default')})", text
     assert server.tool("status")[0].startswith("No active sandboxes")
     out, _ = server.tool("exec", command="cat /workspace/keep.txt; cat /tmp/gone")
     assert out.startswith("kept\n[stderr] cat: /tmp/gone: No such file or directory")
@@ -94,6 +94,46 @@ def test_install_with_apt(server):
     server.tool("reset")
     out, _ = server.tool("exec", command="ls /var/cache/apt/archives/ | grep -c '^jq_' ; command -v jq || echo gone")
     assert out.startswith("1\ngone\n"), out
+
+
+# A wheel made inside the sandbox (no index reached): one module, its metadata and record.
+MAKE_WHEEL = r"""
+import zipfile
+name = "/tmp/hello_smcp-1.0-py3-none-any.whl"
+files = {
+    "hello_smcp/__init__.py": "GREETING = 'hello from a wheel'\n",
+    "hello_smcp-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: hello-smcp\nVersion: 1.0\n",
+    "hello_smcp-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+files["hello_smcp-1.0.dist-info/RECORD"] = "".join(f"{f},,\n" for f in files) + "hello_smcp-1.0.dist-info/RECORD,,\n"
+with zipfile.ZipFile(name, "w") as z:
+    for f, text in files.items():
+        z.writestr(f, text)
+print(name)
+"""
+
+
+def test_pip_install_works_as_an_agent_types_it(server):
+    """Debian's Python refuses a plain `pip install` (PEP 668); the image's /etc/pip.conf lets it install into
+    /usr/local, so an agent's first pip install works without flags or a venv."""
+    text, err = server.tool("python", code=MAKE_WHEEL)
+    assert not err and "/tmp/hello_smcp-1.0-py3-none-any.whl" in text, text
+    out, err = server.tool("exec", command="pip install /tmp/hello_smcp-1.0-py3-none-any.whl 2>&1; echo rc=$?")
+    assert not err and "rc=0" in out and "Successfully installed hello-smcp-1.0" in out, out
+    assert "externally-managed" not in out, out
+    out, err = server.tool("exec", command="python3 -c 'import hello_smcp; print(hello_smcp.GREETING, hello_smcp.__file__)'")
+    assert not err and out.startswith("hello from a wheel /usr/local/lib/python3"), out
+
+
+def test_a_missing_default_image_names_the_command_that_builds_it(front_end, tmp_path):
+    """A user who installed without `make install` (a package, an archive) has no default image yet: the first
+    call says how to make it, and the server stays up."""
+    client = front_end(SANDBOX_MCP_IMAGE_STORE=str(tmp_path), SANDBOX_MCP_DEFAULT_IMAGE="mcp-dev")
+    for name in ("default", "other"):
+        text, err = client.tool("exec", command="true", sandbox=name)
+        assert err and "image 'mcp-dev' not found" in text and "sandbox-mcp image build" in text, text
+    text, err = client.tool("status")
+    assert not err, text
 
 
 def test_install_rejects_options_and_shell(server):

@@ -82,3 +82,9 @@ def test_git_clone_errors(srv):
     assert err and text == "Error: invalid repository '--upload-pack=evil'"
     text, err = srv.tool("git_clone", repo="file:///nowhere/x.git")
     assert err and text.startswith("Error: cloning: "), text
+    # A host path is read inside the sandbox: the answer says so and how a host repository gets in.
+    text, err = srv.tool("git_clone", repo="/home/someone/project")
+    assert err and "'/home/someone/project' was read inside the sandbox, not on the host" in text, text
+    assert "upload(local_path='/home/someone/project', sandbox_path='/workspace/project')" in text, text
+    text, err = srv.tool("git_clone", repo="https://127.0.0.1:1/x.git")
+    assert err and "inside the sandbox" not in text, text

@@ -20,6 +20,7 @@ import pytest
 
 from conftest import (TEST_HOST_BODY, TEST_HOST_PORT, pids_of, required_env, sandbox_key, vm_dir, volume_dir,
                       write_config)
+from test_persistence import helper_pid
 from waiting import poll
 
 # Long enough for a TCG boot on a loaded machine, and the first build of the image's layer disk.
@@ -83,6 +84,8 @@ def test_a_vm_sandbox_from_the_project_file(front_end, roots, env):
 
     status, _ = client.tool("status")
     assert "isolation:vm" in status, status
+    # Its volumes are what it has: /workspace, no package caches (the vm driver shares nothing else).
+    assert "apt/pip/npm caches on namespace sandboxes, none on vm ones" in status, status
     table, _ = client.tool("list_all")
     assert table.split("\n")[2].split()[5] == "vm", table
     health, _ = client.tool("health")
@@ -118,6 +121,26 @@ def test_isolation_errors_name_the_setting_and_the_fix(front_end, roots, env):
     assert err and 'isolation: must be "namespaces" or "vm", not "gvisor"' in text, text
     text, err = client.tool("validate_config")
     assert err and '  isolation: must be "namespaces" or "vm", not "gvisor"' in text, text
+
+
+@needs_vm
+def test_vm_assets_put_in_place_while_the_helper_runs_are_found(front_end, roots, env):
+    """`make vm` after a vm request failed: the next request finds the kernel and initramfs, without anyone
+    restarting the helper (issue 26)."""
+    write_config(env, '[profiles.bare]\nisolation = "vm"\nnetwork = "none"\n')
+    client = front_end(SANDBOX_MCP_HOST_ROOTS=str(roots))
+    text, err = client.tool("exec", command="true", sandbox="bare")
+    assert err and "no vm kernel in" in text and "make vm" in text, text
+    helper = helper_pid(env)
+    # Where make vm puts them for this user (the data dir's vm), as links to the ones built for this helper.
+    target = Path(env["XDG_DATA_HOME"]) / "sandbox-mcp" / "vm"
+    target.mkdir(parents=True, exist_ok=True)
+    built = vm_dir()
+    for name in ["vmlinux", "kernel.release", *(p.name for p in built.glob("initramfs-*.cpio.gz"))]:
+        os.symlink(built / name, target / name)
+    release = (built / "kernel.release").read_text().strip()
+    assert run(client, "uname -r", sandbox="bare").strip() == release
+    assert helper_pid(env) == helper, "the helper was restarted"
 
 
 @needs_vm

@@ -3,7 +3,7 @@
 use std::{io::IsTerminal, net::SocketAddr, path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand, ValueEnum};
-use sandbox_base::paths;
+use sandbox_base::{paths, size::human_size};
 use sandbox_image::ImageStore;
 #[cfg(linux_host)]
 use sandbox_image::{self as image, BuildRequest};
@@ -283,7 +283,7 @@ fn image_cmd(cmd: ImageCmd) -> Result<(), String> {
             let req = BuildRequest { name, suite, packages: packages.unwrap_or_else(image::default_packages), force };
             let mapper = sandbox_userns::IdMapper::detect()?;
             let info = store.build(&req, &mapper, &mut |line| eprintln!("{line}")).map_err(|e| e.to_string())?;
-            println!("image {} ready in {} ({} MB)", info.name, store.root().display(), info.size_bytes >> 20);
+            println!("image {} ready in {} ({})", info.name, store.root().display(), human_size(info.size_bytes));
         }
         #[cfg(linux_host)]
         ImageCmd::Pull { reference, name, store, force } => {
@@ -297,7 +297,7 @@ fn image_cmd(cmd: ImageCmd) -> Result<(), String> {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
             let installed = rt.block_on(pull_image(&store, &reference, &name, force, &registries, mapper));
             let info = installed.map_err(|e| image_error(e, &name))?;
-            println!("image {} ready from {} ({} MB)", info.name, info.source, info.size_bytes >> 20);
+            println!("image {} ready from {} ({})", info.name, info.source, human_size(info.size_bytes));
         }
         #[cfg(not(linux_host))]
         ImageCmd::Pull { reference, name, shell, package_manager, store, force } => {
@@ -317,7 +317,7 @@ fn image_cmd(cmd: ImageCmd) -> Result<(), String> {
                 .map_err(|e| format!("cannot import {}: {e}", path.display()))?;
             let info =
                 store.add_oci(&name, &fetched, &blobs, &mapper, force, &mut log).map_err(|e| image_error(e, &name))?;
-            println!("image {} ready from {} ({} MB)", info.name, info.source, info.size_bytes >> 20);
+            println!("image {} ready from {} ({})", info.name, info.source, human_size(info.size_bytes));
         }
         #[cfg(linux_host)]
         ImageCmd::Export { args, snapshot, store } => {
@@ -340,7 +340,7 @@ fn image_cmd(cmd: ImageCmd) -> Result<(), String> {
                 // Where its files came from: pulled or imported here, or pulled by the VM layer.
                 let from = [&i.source, &i.reference].into_iter().find(|s| !s.is_empty());
                 let from = from.map(|s| format!("\t{s}")).unwrap_or_default();
-                println!("{}\t{} MB\t{}\t{}{from}", i.name, i.size_bytes >> 20, i.package_manager, i.shell);
+                println!("{}\t{}\t{}\t{}{from}", i.name, human_size(i.size_bytes), i.package_manager, i.shell);
             }
         }
     }

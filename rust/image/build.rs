@@ -7,6 +7,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use sandbox_base::size::human_size;
+
 use super::mmdebstrap::{self, Mode};
 use super::store::{INFO_FILE, ROOTFS_DIR, remove_tree, write_info};
 use super::{BuildRequest, DEFAULT_SUITE, ImageError, ImageInfo, ImageStore, inspect, package_list, unpack};
@@ -72,7 +74,7 @@ impl ImageStore {
         };
         write_info(&work.0.join(INFO_FILE), &info)?;
         self.install(work, &req.name, force)?;
-        progress(&format!("image {} ready ({} MB)", info.name, info.size_bytes / 1_000_000));
+        progress(&format!("image {} ready ({})", info.name, human_size(info.size_bytes)));
         if force { Ok(info) } else { self.get(&req.name) }
     }
 

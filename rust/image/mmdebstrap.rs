@@ -55,10 +55,19 @@ pub(super) fn host_sources(etc_apt: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// What every image's `/etc/pip.conf` says: `pip install` works as an
+/// agent types it. Debian marks its Python externally managed (PEP 668),
+/// which makes a plain `pip install` fail; in a sandbox, which is its own
+/// throwaway system, pip installs for root into /usr/local, apart from
+/// Debian's own packages under /usr/lib. (Images pulled from a registry
+/// keep whatever their Python does.)
+pub const PIP_CONF: &str = "[global]\nbreak-system-packages = true\nroot-user-action = ignore\n";
+
 /// The argument list for building `suite` with `packages` into the tarball
 /// `target`.
 /// Package lists are kept (`--skip=cleanup/apt/lists`) so `apt-get install`
-/// works in a fresh sandbox without first downloading them again.
+/// works in a fresh sandbox without first downloading them again; a hook
+/// writes [`PIP_CONF`].
 pub(super) fn args(mode: Mode, suite: &str, packages: &[String], target: &Path, sources: &[PathBuf]) -> Vec<OsString> {
     let mode = match mode {
         Mode::Root => "--mode=root",
@@ -69,6 +78,7 @@ pub(super) fn args(mode: Mode, suite: &str, packages: &[String], target: &Path, 
         .map(OsString::from)
         .collect();
     a.push(format!("--include={}", packages.join(",")).into());
+    a.push(format!("--customize-hook=printf '{}' > \"$1/etc/pip.conf\"", PIP_CONF.replace('\n', "\\n")).into());
     a.push(suite.into());
     a.push(target.into());
     a.extend(sources.iter().map(OsString::from));
@@ -202,6 +212,7 @@ mod tests {
                 "--format=tar",
                 "--skip=cleanup/apt/lists",
                 "--include=python3,gpgv",
+                "--customize-hook=printf '[global]\\nbreak-system-packages = true\\nroot-user-action = ignore\\n' > \"$1/etc/pip.conf\"",
                 "bookworm",
                 "/s/.x/rootfs.tar",
                 "/etc/apt/sources.list.d/debian.sources"

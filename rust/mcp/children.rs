@@ -140,6 +140,6 @@ impl SandboxServer {
                 Err(e) => return fail(e),
             }
         }
-        reply(destroyed.map(|s| format!("Destroyed sandbox '{}' ({})", s.shown(), s.shown())))
+        reply(destroyed.map(|s| format!("Destroyed sandbox '{}' ({})", s.shown(), s.vm_id())))
     }
 }

@@ -278,7 +278,8 @@ pub fn status_footer(c: &Config) -> Vec<String> {
     let d = c.defaults();
     let mut lines = vec![
         format!("Image:    {}", d.image),
-        "Volumes:  per-sandbox (workspace + apt/pip/npm caches)".to_string(),
+        // The vm driver shares only /workspace into its guest.
+        "Volumes:  per-sandbox (workspace; apt/pip/npm caches on namespace sandboxes, none on vm ones)".to_string(),
         format!("Network:  {}", network(&d.network)),
     ];
     let mut profiles: Vec<String> = c

@@ -264,7 +264,7 @@ impl SandboxServer {
     )]
     async fn restore(&self, Parameters(p): Parameters<SnapshotParams>) -> Result<CallToolResult, rmcp::ErrorData> {
         match self.manager.restore(&p.snapshot_name, &p.sandbox).await {
-            Ok(s) => ok(format!("Restored '{}' as '{}': {}", p.snapshot_name, s.shown(), s.shown())),
+            Ok(s) => ok(format!("Restored '{}' as '{}': {}", p.snapshot_name, s.shown(), s.vm_id())),
             Err(ImagesError::Restoring(e)) => fail_as("Error restoring", e),
             Err(e) => fail(e),
         }

@@ -159,10 +159,27 @@ impl SandboxServer {
             Ok((dir, r, Some(summary))) => {
                 ok(format!("Cloned {} -> {dir}\n{summary}\n({})", p.repo, format::ms(r.duration)))
             }
-            Ok((_, r, None)) => {
-                fail(format!("cloning: {}\n({})", render(&r.stderr).trim_end(), format::ms(r.duration)))
-            }
+            Ok((_, r, None)) => fail(format!(
+                "cloning: {}{}\n({})",
+                render(&r.stderr).trim_end(),
+                local_path_hint(&p.repo),
+                format::ms(r.duration)
+            )),
             Err(e) => fail(e),
         }
     }
+}
+
+/// What a failed clone of what looks like a local path adds: the path was
+/// read inside the sandbox, and how a host repository gets there.
+fn local_path_hint(repo: &str) -> String {
+    let local = ["/", "./", "../", "~", "file:"].iter().any(|p| repo.starts_with(p));
+    if !local {
+        return String::new();
+    }
+    let name = repo.trim_end_matches('/').rsplit('/').next().filter(|n| !n.is_empty()).unwrap_or("repo");
+    format!(
+        "\n'{repo}' was read inside the sandbox, not on the host. A host repository gets in, .git and all, with \
+         upload(local_path='{repo}', sandbox_path='/workspace/{name}'), or sync_start to keep it in step."
+    )
 }

@@ -44,6 +44,9 @@ pub enum OrchestratorError {
     /// A parameter was out of range or malformed; the message names it.
     #[error("{0}")]
     InvalidArgument(String),
+    /// A sandbox's image is not in the store.
+    #[error("{}", missing_image(.0))]
+    ImageMissing(String),
     /// The image has no package manager `install` knows.
     #[error("image '{0}' has no supported package manager (apt-get, apk or dnf)")]
     NoPackageManager(String),
@@ -127,5 +130,18 @@ fn lost_hint(name: &str) -> String {
         format!(
             "any call on it but status starts it again with its /workspace, env and history; destroy('{name}') forgets it"
         )
+    }
+}
+
+/// What a sandbox of an image the store lacks is told: how to get it.
+fn missing_image(image: &str) -> String {
+    if image == sandbox_image::DEFAULT_IMAGE {
+        format!(
+            "image '{image}' not found: the default image is built once per user with `sandbox-mcp image build` \
+             (a few minutes; `make install` runs it), or name another image in a profile or .sandbox-mcp.toml \
+             (see images, pull_image)"
+        )
+    } else {
+        format!("image '{image}' not found: see images; pull_image or build_image makes it, or name another image")
     }
 }

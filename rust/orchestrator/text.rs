@@ -34,20 +34,8 @@ pub fn render(c: &Captured) -> String {
     text
 }
 
-/// Sizes as the reference prints them: `512B`, `48.8KB`, `1.5MB`, `2.0GB`.
-pub fn human_size(n: u64) -> String {
-    const KB: f64 = 1024.0;
-    let f = n as f64;
-    if f < KB {
-        format!("{n}B")
-    } else if f < KB * KB {
-        format!("{:.1}KB", f / KB)
-    } else if f < KB * KB * KB {
-        format!("{:.1}MB", f / KB / KB)
-    } else {
-        format!("{:.1}GB", f / KB / KB / KB)
-    }
-}
+/// Sizes as every answer prints them ([`sandbox_base::size`]).
+pub use sandbox_base::size::human_size;
 
 /// A path for a message: its names may come from a sandbox (see
 /// [`escaped_bytes`]).
@@ -95,13 +83,6 @@ mod tests {
     #[test]
     fn replaces_invalid_bytes_only() {
         assert_eq!(lossy(b"h\xc3\xa9\x00\xff!\\xff"), "hé\u{0}\u{fffd}!\\xff");
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(human_size(12), "12B");
-        assert_eq!(human_size(50_000), "48.8KB");
-        assert_eq!(human_size(3 << 20), "3.0MB");
     }
 
     #[test]

@@ -18,6 +18,8 @@ use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::Path;
 
+use sandbox_base::size::human_size;
+
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 use serde_json::{Value, json};
 
@@ -592,7 +594,7 @@ pub fn export(
     // A link, not a rename: it fails rather than replace a file that
     // appeared at `dest` meanwhile.
     std::fs::hard_link(&temp.0[1], dest).map_err(|e| OciError::io(format!("creating {}", dest.display()), e))?;
-    progress(&format!("exported image {name} to {} ({} MB)", dest.display(), flat.size / 1_000_000));
+    progress(&format!("exported image {name} to {} ({})", dest.display(), human_size(flat.size)));
     Ok(())
 }
 

@@ -11,6 +11,8 @@ use std::fs::File;
 use std::io::Read as _;
 use std::path::Path;
 
+use sandbox_base::size::human_size;
+
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 
 use super::layers::{open_path_dir, unpack_image};
@@ -76,7 +78,7 @@ impl ImageStore {
             self.check_replaceable(name, force)?;
             self.install(work, name, force)?;
         }
-        progress(&format!("image {name} ready ({} MB)", info.size_bytes / 1_000_000));
+        progress(&format!("image {name} ready ({})", human_size(info.size_bytes)));
         if force { Ok(info) } else { self.get(name) }
     }
 

@@ -20,6 +20,8 @@ use std::io::{BufReader, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
+use sandbox_base::size::human_size;
+
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, openat, openat2};
 use nix::sys::stat::{Mode, SFlag, UtimensatFlags, fchmod, fstatat, futimens, mkdirat, mknodat, utimensat};
@@ -116,9 +118,9 @@ pub fn unpack_image(
         let job = Job::Apply { root: confined::fd_of(&dir), layers };
         let size: u64 = image.layers.iter().map(|l| l.size).sum();
         progress(&format!(
-            "unpacking {} layers ({} MB) for the sandbox's ids ({})",
+            "unpacking {} layers ({}) for the sandbox's ids ({})",
             image.layers.len(),
-            size / 1_000_000,
+            human_size(size),
             mapper.id_map().describe()
         ));
         let mut handed: Vec<&File> = files.iter().collect();

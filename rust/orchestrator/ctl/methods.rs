@@ -142,7 +142,7 @@ pub(super) async fn call(
         "destroy" => {
             let name = required(params, "name")?;
             let child = spawns.destroy_own_child(parent, &name).await?;
-            Ok(json!({"ok": true, "message": format!("Destroyed sandbox '{}' ({})", child.plain(), child.plain())}))
+            Ok(json!({"ok": true, "message": format!("Destroyed sandbox '{}' ({})", child.plain(), child.vm_id())}))
         }
         "exec" => {
             let name = required(params, "name")?;

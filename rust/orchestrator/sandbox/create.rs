@@ -123,6 +123,10 @@ impl SandboxManager {
                     self.discard_vm(name).await;
                     return Err(e.into());
                 }
+                // The store lacks the image (a clone names none).
+                Err(HelperError::NotFound(_)) if origin.clone_from.is_none() => {
+                    return Err(OrchestratorError::ImageMissing(profile.image.clone()));
+                }
                 Err(e) => return Err(e.into()),
             };
         let seeded = match &seed {

@@ -143,6 +143,12 @@ impl Sandbox {
         names::plain(&self.name)
     }
 
+    /// Its VM's id at the helper (what the drop-in answers call its
+    /// container): its key, which also names its volume directory.
+    pub fn vm_id(&self) -> &str {
+        &self.name
+    }
+
     /// Its name as the session serving this task sees it (see
     /// [`names::display`]).
     pub fn shown(&self) -> String {

@@ -133,6 +133,11 @@ impl SandboxManager {
         if existed {
             self.notify(|l| l.replaced(name));
         }
+        // Nor the history: the commands run before are the same sandbox's
+        // (their rows in the state file stay under its name).
+        if let Some(old) = &old {
+            fresh.restore_audit(old.history(usize::MAX).into_iter().rev().collect());
+        }
         if let Some(lease) = old.and_then(|s| s.lease_expires()) {
             fresh.set_lease(Some(lease));
             self.record_sandbox(&fresh).saved().await.map_err(|source| OrchestratorError::NotSaved {
