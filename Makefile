@@ -41,7 +41,7 @@ VM ?= 1
 TEST_TOOLS ?= 0
 VM_DIR := $(CURDIR)/target/vm
 
-.PHONY: swift-glue conformance deps build install test test-user test-faults test-vm test-vm-user test-install test-image test-image-docker test-docker venv bench clean-test fuzz vm vm-assets
+.PHONY: swift-glue conformance deps build install deb dist test test-user test-faults test-vm test-vm-user test-install test-deb test-image test-image-docker test-docker venv bench clean-test fuzz vm vm-assets
 
 deps:
 	@SANDBOX_MCP_VM=$(VM) SANDBOX_MCP_TEST_TOOLS=$(TEST_TOOLS) scripts/install-deps.sh
@@ -277,6 +277,23 @@ test-vm: deps venv
 test-vm-user: VM := 1
 test-vm-user:
 	@$(VM_MATRIX_ENV) $(MAKE) --no-print-directory test-user USER_TESTS="$(VM_TEST_FILES)"
+
+# Installing without a Rust toolchain (issue 26): `make deb` packages the release build for Debian
+# (sandbox-mcp_VERSION_ARCH.deb: the three binaries, depending on mmdebstrap and uidmap, a postinst
+# that only prints what each user runs next), `make dist` as a release archive
+# (sandbox-mcp-VERSION-linux-ARCH.tar.gz), both in DIST_DIR (scripts/make-deb.sh).
+DIST_DIR ?= $(CURDIR)/target/dist
+deb: build
+	@scripts/make-deb.sh deb "$(RELEASE_BIN)" "$(DIST_DIR)"
+dist: build
+	@scripts/make-deb.sh dist "$(RELEASE_BIN)" "$(DIST_DIR)"
+
+# The package end to end (scripts/test-deb.sh): `apt-get install ./the.deb` as root, then a new
+# ordinary user with no toolchain follows the postinst's steps and uses the server through a real
+# MCP client; the package is removed afterwards. Heavy (a release build and the default image as
+# that user): .ci/run runs it when the CI time budget allows. Needs root.
+test-deb: deb venv
+	@scripts/test-deb.sh "$(DIST_DIR)"
 
 # `make install` end to end as a new ordinary user (scripts/test-install.sh):
 # its sudo limited to apt-get and host-setup, a release build and the default

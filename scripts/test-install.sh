@@ -20,8 +20,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 set -e
 repo=$(pwd)
+. scripts/throwaway-user.sh
 user=smcp-inst$$
-sudoers=/etc/sudoers.d/$user
 sudo_log=$(mktemp /tmp/smcp-test-install-sudo.XXXXXX)
 venv=${SMCP_USER_VENV:-/var/tmp/smcp-test-venv}
 root_home=$(mktemp -d /tmp/smcp-root-home.XXXXXX)
@@ -29,42 +29,17 @@ chmod 700 "$root_home"
 
 cleanup() {
     set +e
-    local home pidfile
-    home=$(getent passwd "$user" | cut -d: -f6)
-    if [ -n "$home" ]; then
-        # The orchestrator daemon, then the helper (the daemon would start it
-        # again), each stopped by its pid file.
-        for pidfile in "$home"/.local/state/sandbox-mcp/run/{daemon,helper}.pid; do
-            [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null && sleep 2
-        done
-        userdel -r -f "$user" >/dev/null 2>&1
-    fi
-    for pidfile in "$root_home"/.local/state/sandbox-mcp/run/{daemon,helper}.pid; do
-        [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null && sleep 2
-    done
+    throwaway_user_remove "$user"
+    stop_servers_of "$root_home"
     rm -rf "$root_home"
-    rm -f "$sudoers" "$sudo_log"
-    for d in /sys/fs/cgroup/*/sandbox-mcp."$user" /sys/fs/cgroup/sandbox-mcp."$user"; do
-        [ -d "$d" ] && find "$d" -depth -type d -exec rmdir {} + 2>/dev/null
-    done
+    rm -f "$sudo_log"
 }
 trap cleanup EXIT
 
-if ! command -v sudo >/dev/null; then
-    echo "test-install: apt-get install sudo"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends sudo >/dev/null
-fi
-# Without subordinate ids, as a new account on a host without useradd's
-# defaults: host-setup must add them.
-useradd -m -s /bin/bash -K SUB_UID_COUNT=0 -K SUB_GID_COUNT=0 "$user"
+throwaway_user_create "$user"
 home=$(getent passwd "$user" | cut -d: -f6)
-echo "test-install: created $user"
-cat >"$sudoers" <<EOF
-Defaults:$user logfile=$sudo_log, loglinelen=0
-$user ALL=(root) NOPASSWD: /usr/bin/env DEBIAN_FRONTEND=noninteractive apt-get *, $home/.local/bin/sandbox-mcp host-setup --user $user
-EOF
-chmod 440 "$sudoers"
-visudo -cqf "$sudoers"
+THROWAWAY_SUDO_LOG=$sudo_log throwaway_user_sudo "$user" \
+    "/usr/bin/env DEBIAN_FRONTEND=noninteractive apt-get *" "$home/.local/bin/sandbox-mcp host-setup --user $user"
 
 # A toolchain as rustup leaves one in a home: the active toolchain, cargo's
 # bin dir and its download cache (so the build needs no registry access).
@@ -86,16 +61,15 @@ chown -R "$user:" "$home/.rustup" "$home/.cargo" "$home/sandbox-mcp"
 # The venv of the MCP client, readable by every user (scripts/test-user.sh's).
 PATH=/usr/bin:/bin:$PATH scripts/venv.sh "$venv" tests/requirements.txt
 
-as_user() { runuser -l "$user" -c "$1"; }
 status=0
 echo "== make install as $user"
-if ! as_user "cd ~/sandbox-mcp && make install"; then
+if ! as_user "$user" "cd ~/sandbox-mcp && make install"; then
     echo "== make install as $user FAILED"
     status=1
 fi
 if [ $status -eq 0 ]; then
     echo "== the installed server through a real MCP client, as $user"
-    if ! as_user "$venv/bin/python ~/sandbox-mcp/scripts/install-smoke.py ~/.local/bin/sandbox-mcp"; then
+    if ! as_user "$user" "$venv/bin/python ~/sandbox-mcp/scripts/install-smoke.py ~/.local/bin/sandbox-mcp"; then
         echo "== MCP client as $user FAILED"
         status=1
     fi

@@ -18,7 +18,7 @@ use sandbox_agent::protocol::{ExitStatus, Frame, StartSpec};
 use sandbox_helper::driver::cgroup::CgroupLayout;
 use sandbox_helper::driver::qemu::assets::{Assets, build_id, vm_dir};
 use sandbox_helper::driver::qemu::driver::{Origin, QemuDriver, VmInstance};
-use sandbox_helper::driver::qemu::instance::{BootSpec, Instance, QEMU_RECORD, Shape};
+use sandbox_helper::driver::qemu::instance::{BootSpec, Instance, KEEPER_RECORD, Shape};
 use sandbox_helper::driver::qemu::{Accel, disks, probe, snapshot};
 use sandbox_helper::driver::{BindMount, BootSpec as SeamBootSpec, Driver as _, Egress, Instance as _, Limits};
 use sandbox_userns::IdMapper;

@@ -101,6 +101,9 @@ pub async fn serve(socket: &Path, drivers: Drivers) -> Result<(), HelperError> {
     raise_nofile_limit();
     #[cfg(linux_host)]
     let mut qemu = None;
+    // No VM runs without an id map: a helper started before host-setup gave
+    // this user one waits for it (see `host_set_up`).
+    let awaiting_ids = cfg!(linux_host) && sandbox_userns::IdMapper::detect().is_err();
     let drivers: Vec<Arc<dyn Driver>> = match drivers {
         #[cfg(linux_host)]
         Drivers::Local => {
@@ -158,7 +161,7 @@ pub async fn serve(socket: &Path, drivers: Drivers) -> Result<(), HelperError> {
         .add_service(reflection_v1alpha)
         .add_service(VmHelperServer::new(HelperService::new(vms)))
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-            let why = shutdown_signal().await;
+            let why = shutdown_signal(awaiting_ids).await;
             tracing::info!(signal = why, "stopping every vm");
             // Stopping VMs first ends their Exec streams, so the server's
             // graceful shutdown has nothing left to wait for.
@@ -203,7 +206,9 @@ fn pid_file_for(socket: &Path) -> PathBuf {
     }
 }
 
-async fn shutdown_signal() -> &'static str {
+/// What stops the helper: SIGTERM, SIGINT, or (`awaiting_ids`) the id map
+/// this user lacked at its start ([`host_set_up`]).
+async fn shutdown_signal(awaiting_ids: bool) -> &'static str {
     let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
         tracing::error!("cannot install signal handlers; the helper only stops when killed");
         return std::future::pending().await;
@@ -211,6 +216,22 @@ async fn shutdown_signal() -> &'static str {
     tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
+        () = host_set_up(), if awaiting_ids => "host-setup gave this user an id map",
+    }
+}
+
+/// Returns once this user has an id map, which it lacked when the helper
+/// started (`sandbox-mcp doctor` started the helper, then `sudo sandbox-mcp
+/// host-setup` ran): the helper then stops, with no VM to lose (none runs
+/// without a map), and the next one (the daemon's watchdog starts it at
+/// once) sees the map and the cgroups host-setup delegated. Reading
+/// /etc/subuid every two seconds costs nothing.
+async fn host_set_up() {
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        if sandbox_userns::IdMapper::detect().is_ok() {
+            return;
+        }
     }
 }
 

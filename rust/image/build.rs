@@ -11,7 +11,7 @@ use sandbox_base::size::human_size;
 
 use super::mmdebstrap::{self, Mode};
 use super::store::{INFO_FILE, ROOTFS_DIR, remove_tree, write_info};
-use super::{BuildRequest, DEFAULT_SUITE, ImageError, ImageInfo, ImageStore, inspect, package_list, unpack};
+use super::{BuildRequest, DEFAULT_SUITE, ImageError, ImageInfo, ImageStore, RECIPE, inspect, package_list, unpack};
 use sandbox_userns::IdMapper;
 
 /// mmdebstrap's output in a build directory, removed once unpacked.
@@ -35,7 +35,15 @@ impl ImageStore {
         let mut force = req.force;
         if !force {
             match self.get(&req.name) {
-                Ok(info) if info.check_id_map(mapper.id_map()).is_ok() => return Ok(info),
+                Ok(info) if info.check_id_map(mapper.id_map()).is_ok() && info.recipe >= RECIPE => return Ok(info),
+                Ok(info) if info.check_id_map(mapper.id_map()).is_ok() => {
+                    progress(&format!(
+                        "rebuilding image {}: it was built by an older sandbox-mcp (recipe {} of {RECIPE}: \
+                         without /etc/pip.conf)",
+                        info.name, info.recipe
+                    ));
+                    force = true;
+                }
                 Ok(info) => {
                     progress(&format!(
                         "rebuilding image {}: it was built for other ids ({})",
@@ -70,6 +78,7 @@ impl ImageStore {
             shell: inspect::shell(&rootfs),
             package_manager: inspect::package_manager(&rootfs),
             id_map: mapper.id_map().clone(),
+            recipe: RECIPE,
             ..ImageInfo::default()
         };
         write_info(&work.0.join(INFO_FILE), &info)?;
@@ -166,7 +175,7 @@ mod tests {
         let t = TempDir::new("idem");
         let store = ImageStore::new(t.path().to_path_buf());
         let mapper = mapper();
-        let built = ImageInfo { id_map: mapper.id_map().clone(), ..info("mcp-dev") };
+        let built = ImageInfo { id_map: mapper.id_map().clone(), recipe: RECIPE, ..info("mcp-dev") };
         put(&store, &built);
         let req = BuildRequest { name: "mcp-dev".into(), suite: String::new(), packages: vec![], force: false };
         let mut lines = 0;

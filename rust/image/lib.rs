@@ -71,6 +71,16 @@ pub fn default_packages() -> Vec<String> {
         .collect()
 }
 
+/// What an image built here gets besides its packages, counted up when it
+/// changes: `image build` without `--force` rebuilds an image of an older
+/// recipe, as one built for another id map. 1: `/etc/pip.conf` lets a plain
+/// `pip install` work (the mmdebstrap module's `PIP_CONF`).
+pub const RECIPE: u32 = 1;
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 /// Packages every image gets whatever was asked for: apt inside a sandbox
 /// cannot verify its lists without `gpgv`, nor reach https mirrors without
 /// `ca-certificates`.
@@ -95,6 +105,11 @@ pub struct ImageInfo {
     /// with the same map sees them with their right owners.
     pub id_map: IdMap,
     /// Image this one was committed on top of; empty for a base image.
+    /// The build recipe an image built here had ([`RECIPE`]); 0 for one
+    /// built before recipes were counted, or not built here (pulled,
+    /// committed).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub recipe: u32,
     #[serde(default)]
     pub parent: String,
     /// Layer directories relative to the store root, bottom first. Empty

@@ -64,7 +64,7 @@ async fn the_next_helper_kills_the_vms_a_dead_one_left_and_no_other() {
         std::fs::read_dir(dir.0.join("run")).unwrap().flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect()
     };
     let [run_dir] = run_dirs().try_into().unwrap_or_else(|d| panic!("one run dir: {d:?}"));
-    let record = run_dir.join(QEMU_RECORD);
+    let record = run_dir.join(KEEPER_RECORD);
     let text = std::fs::read_to_string(&record).expect("qemu's record");
     // This process started it and runs: the vm stays.
     QemuDriver::with_assets(Ok(assets.clone())).with_warm(&dir.0, 0).kill_leftovers();

@@ -64,6 +64,8 @@ impl VmManager {
             labels: req.labels,
             reference: base.reference.clone(),
             source: base.source.clone(),
+            // Committed, not built: `image build` never rebuilds it.
+            recipe: 0,
         };
         let images = self.images.clone();
         blocking(move || Ok(images.install_layer(staged, info)?)).await
