@@ -62,18 +62,9 @@ if as_user "$user" "command -v cargo || command -v rustc"; then
     echo "== $user has a Rust toolchain: not the user this test is for"
     exit 1
 fi
-echo "== the postinst's steps as $user"
 as_user "$user" "sandbox-mcp doctor" || true
-if ! as_user "$user" "sudo /usr/bin/sandbox-mcp host-setup --user $user && sandbox-mcp image build"; then
-    echo "== the postinst's steps as $user FAILED"
-    status=1
-fi
-if [ $status -eq 0 ]; then
-    echo "== the packaged server through a real MCP client, as $user"
-    if ! as_user "$user" "$venv/bin/python ~/smoke/scripts/install-smoke.py /usr/bin/sandbox-mcp --no-vm"; then
-        echo "== MCP client as $user FAILED"
-        status=1
-    fi
-fi
+user_step "$user" "the postinst's steps as $user" "sudo /usr/bin/sandbox-mcp host-setup --user $user && sandbox-mcp image build"
+user_step "$user" "the packaged server through a real MCP client, as $user" \
+    "$venv/bin/python ~/smoke/scripts/install-smoke.py /usr/bin/sandbox-mcp --no-vm"
 if [ $status -eq 0 ]; then echo "== test-deb passed"; fi
 exit $status

@@ -62,18 +62,9 @@ chown -R "$user:" "$home/.rustup" "$home/.cargo" "$home/sandbox-mcp"
 PATH=/usr/bin:/bin:$PATH scripts/venv.sh "$venv" tests/requirements.txt
 
 status=0
-echo "== make install as $user"
-if ! as_user "$user" "cd ~/sandbox-mcp && make install"; then
-    echo "== make install as $user FAILED"
-    status=1
-fi
-if [ $status -eq 0 ]; then
-    echo "== the installed server through a real MCP client, as $user"
-    if ! as_user "$user" "$venv/bin/python ~/sandbox-mcp/scripts/install-smoke.py ~/.local/bin/sandbox-mcp"; then
-        echo "== MCP client as $user FAILED"
-        status=1
-    fi
-fi
+user_step "$user" "make install as $user" "cd ~/sandbox-mcp && make install"
+user_step "$user" "the installed server through a real MCP client, as $user" \
+    "$venv/bin/python ~/sandbox-mcp/scripts/install-smoke.py ~/.local/bin/sandbox-mcp"
 # Root for itself, in a home only root can enter: the release build is the
 # one just made (the same checkout), the default image is built anew.
 as_root() {

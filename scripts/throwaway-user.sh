@@ -4,6 +4,8 @@
 #   throwaway_user_remove USER        its servers stopped by their pid files, the account and home, its sudoers
 #                                     rule and cgroups removed
 #   as_user USER COMMAND              COMMAND in a login shell of USER
+#   user_step USER WHAT COMMAND       as_user under the heading WHAT, skipped once $status is 1, which a
+#                                     failure sets (saying WHAT FAILED)
 
 throwaway_user_create() {
     if ! command -v sudo >/dev/null; then
@@ -50,3 +52,12 @@ throwaway_user_remove() {
 }
 
 as_user() { runuser -l "$1" -c "$2"; }
+
+user_step() {
+    [ "${status:-0}" -eq 0 ] || return 0
+    echo "== $2"
+    if ! as_user "$1" "$3"; then
+        echo "== $2 FAILED"
+        status=1
+    fi
+}
